@@ -1,0 +1,1 @@
+//! cachet-api: the `cachet` service and command line.

@@ -1,0 +1,1 @@
+//! cachet-engine: cachet's inference engine.

@@ -1,0 +1,153 @@
+//! The narrow interface the model runner computes through. A backend owns
+//! device memory for weights, activations and the KV pool; the runner only
+//! sees the associated types and calls these ops, so the same model code runs
+//! on every backend.
+
+use crate::quant::QuantError;
+use crate::tensor::HostTensor;
+use std::ops::Range;
+
+/// Errors of backend operations.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum BackendError {
+    /// A tensor's bytes do not match its format and shape.
+    #[error(transparent)]
+    Quant(#[from] QuantError),
+    /// The backend cannot use a tensor of this shape or format.
+    #[error("unsupported tensor: {0}")]
+    Unsupported(String),
+    /// A token id outside the embedding table.
+    #[error("token id {token} is outside the vocabulary of {vocab}")]
+    TokenOutOfRange { token: u32, vocab: usize },
+    /// An allocation did not fit.
+    #[error("out of memory allocating {bytes} bytes for {what}")]
+    OutOfMemory { what: &'static str, bytes: usize },
+}
+
+/// How rotary position embedding pairs the dimensions of a head.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum RopeStyle {
+    /// Dimension `i` with `i + d/2` (GPT-NeoX; Qwen2, Qwen3, Hugging Face Llama).
+    Neox,
+    /// Dimension `2i` with `2i + 1` (GGUF Llama, whose Q/K rows are permuted).
+    Interleaved,
+}
+
+/// Rotary position embedding of one model.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct RopeConfig {
+    pub head_dim: usize,
+    pub theta: f32,
+    pub style: RopeStyle,
+}
+
+/// Shape of the KV pool: K and V of every layer for `slots` token slots.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct KvLayout {
+    pub layers: usize,
+    pub slots: usize,
+    pub kv_heads: usize,
+    pub head_dim: usize,
+}
+
+impl KvLayout {
+    /// Bytes of one slot across layers, K and V (f16).
+    pub fn bytes_per_slot(&self) -> usize {
+        2 * self.layers * self.kv_heads * self.head_dim * 2
+    }
+
+    /// Bytes of the whole pool.
+    pub fn bytes(&self) -> usize {
+        self.bytes_per_slot() * self.slots
+    }
+}
+
+/// Head shape of an attention call.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct AttnShape {
+    pub n_heads: usize,
+    pub n_kv_heads: usize,
+    pub head_dim: usize,
+    pub scale: f32,
+}
+
+/// One sequence's part of a batched attention call.
+#[derive(Clone, Debug)]
+pub struct AttnSeq<'a> {
+    /// Rows of `q` (and of the output) holding this sequence's new tokens.
+    pub rows: Range<usize>,
+    /// Position of the first of those tokens.
+    pub first_pos: usize,
+    /// The KV slot of every position `0..first_pos + rows.len()`; the new
+    /// tokens' K/V must already be stored there.
+    pub slots: &'a [u32],
+}
+
+/// Compute backend. Buffers are row-major f32 matrices; weights are
+/// `[rows, cols]` matrices (or vectors, `rows == 1`) in their file format.
+pub trait Backend: Send + Sync {
+    type Weight: Send + Sync;
+    type Buf: Send + Sync;
+    type Kv: Send + Sync;
+
+    /// A short description (`"cpu (avx512, 2 threads)"`).
+    fn name(&self) -> String;
+    /// Makes a host tensor usable by the kernels (upload, or keep the mapping).
+    fn load(&self, t: HostTensor) -> Result<Self::Weight, BackendError>;
+    /// `(rows, cols)` of a weight.
+    fn weight_shape(&self, w: &Self::Weight) -> (usize, usize);
+
+    /// An empty buffer.
+    fn buf(&self) -> Self::Buf;
+    /// Gives `b` the shape `rows × cols`; its contents are unspecified after.
+    fn resize(&self, b: &mut Self::Buf, rows: usize, cols: usize);
+    /// `(rows, cols)` of a buffer.
+    fn buf_shape(&self, b: &Self::Buf) -> (usize, usize);
+    /// Copies host data into `b` (shape `rows × cols`).
+    fn upload(&self, b: &mut Self::Buf, rows: usize, cols: usize, data: &[f32]);
+    /// Copies `b` to the host.
+    fn download(&self, b: &Self::Buf, out: &mut Vec<f32>);
+    /// Allocates the KV pool.
+    fn kv(&self, layout: KvLayout) -> Result<Self::Kv, BackendError>;
+
+    /// Runs `f` in the backend's execution context (e.g. its thread pool), so
+    /// that a whole forward pass does not hop threads per op.
+    fn scope<R: Send>(&self, f: impl FnOnce() -> R + Send) -> R {
+        f()
+    }
+
+    /// `out[i] = table[tokens[i]]` as f32.
+    fn embed(&self, table: &Self::Weight, tokens: &[u32], out: &mut Self::Buf) -> Result<(), BackendError>;
+    /// For each job `(w, out)`: `out = x · wᵀ`. All jobs share `x`.
+    fn matmul(&self, x: &Self::Buf, jobs: &mut [(&Self::Weight, &mut Self::Buf)]);
+    /// Adds the vector `bias` to every row of `x`.
+    fn add_bias(&self, x: &mut Self::Buf, bias: &Self::Weight);
+    /// `x += y`.
+    fn add(&self, x: &mut Self::Buf, y: &Self::Buf);
+    /// Row-wise RMSNorm: `out = w * (x / sqrt(mean(x²) + eps))`.
+    fn rms_norm(&self, x: &Self::Buf, w: &Self::Weight, eps: f32, out: &mut Self::Buf);
+    /// RMSNorm of every `head_dim` group of every row, in place, with one
+    /// shared weight of length `head_dim` (Qwen3's Q/K norm).
+    fn rms_norm_heads(&self, x: &mut Self::Buf, w: &Self::Weight, eps: f32, head_dim: usize);
+    /// The cos/sin table of `positions`, for `rope`.
+    fn rope_table(&self, positions: &[u32], rope: &RopeConfig, out: &mut Self::Buf);
+    /// Rotates every head of every row of `x` by its row's entry in `table`.
+    fn rope(&self, x: &mut Self::Buf, table: &Self::Buf, rope: &RopeConfig);
+    /// `gate = silu(gate) * up`.
+    fn silu_mul(&self, gate: &mut Self::Buf, up: &Self::Buf);
+    /// Stores row `i` of `k` and `v` into slot `slots[i]` of `layer`.
+    fn kv_store(&self, kv: &mut Self::Kv, layer: usize, k: &Self::Buf, v: &Self::Buf, slots: &[u32]);
+    /// Causal attention of each sequence's rows of `q` over its slots.
+    fn attention(
+        &self,
+        q: &Self::Buf,
+        kv: &Self::Kv,
+        layer: usize,
+        seqs: &[AttnSeq<'_>],
+        shape: &AttnShape,
+        out: &mut Self::Buf,
+    );
+    /// `out[i] = x[rows[i]]`.
+    fn gather_rows(&self, x: &Self::Buf, rows: &[usize], out: &mut Self::Buf);
+}

@@ -1,0 +1,253 @@
+//! AVX2 + FMA + F16C dot products (`u8 × i8` via `maddubs`).
+//!
+//! Safety: every function here requires the `avx2`, `fma` and `f16c` CPU
+//! features; `Dots::for_level` hands them out only after detecting them.
+
+use super::scalar::{combine_k_min, k_mins, q6_k_offset};
+use crate::quant::*;
+use half::{bf16, f16};
+use std::arch::x86_64::*;
+
+#[inline(always)]
+unsafe fn f16_to_f32(h: f16) -> f32 {
+    _mm_cvtss_f32(_mm_cvtph_ps(_mm_cvtsi32_si128(h.to_bits() as i32)))
+}
+
+#[inline(always)]
+unsafe fn hsum_ps(v: __m256) -> f32 {
+    let s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    let s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+    _mm_cvtss_f32(_mm_add_ss(s, _mm_movehdup_ps(s)))
+}
+
+#[inline(always)]
+unsafe fn hsum_epi32(v: __m256i) -> i32 {
+    let s = _mm_add_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1));
+    let s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 0b01_00_11_10));
+    _mm_cvtsi128_si32(_mm_add_epi32(s, _mm_shuffle_epi32(s, 0b10_11_00_01)))
+}
+
+#[inline(always)]
+unsafe fn load256(p: *const u8) -> __m256i {
+    unsafe { _mm256_loadu_si256(p.cast()) }
+}
+
+/// 16 bytes of packed nibbles → 32 bytes: low nibbles first, then high ones.
+#[inline(always)]
+pub(super) unsafe fn nibbles32(p: *const u8) -> __m256i {
+    let x = unsafe { _mm_loadu_si128(p.cast()) };
+    let v = _mm256_set_m128i(_mm_srli_epi16(x, 4), x);
+    _mm256_and_si256(v, _mm256_set1_epi8(0x0F))
+}
+
+/// 32 bits → 32 bytes, `val` where the bit is set and 0 elsewhere.
+#[inline(always)]
+pub(super) unsafe fn bits32(bits: u32, val: i8) -> __m256i {
+    let v = _mm256_set1_epi32(bits as i32);
+    #[rustfmt::skip]
+    let spread = _mm256_setr_epi8(
+        0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1,
+        2, 2, 2, 2, 2, 2, 2, 2, 3, 3, 3, 3, 3, 3, 3, 3,
+    );
+    let b = _mm256_shuffle_epi8(v, spread);
+    let sel = _mm256_set1_epi64x(0x8040_2010_0804_0201u64 as i64);
+    let set = _mm256_cmpeq_epi8(_mm256_and_si256(b, sel), sel);
+    _mm256_and_si256(set, _mm256_set1_epi8(val))
+}
+
+/// Σ u8 × i8 over 32 bytes as 8 i32 lanes.
+#[inline(always)]
+unsafe fn dot_u8i8(w: __m256i, x: __m256i) -> __m256i {
+    _mm256_madd_epi16(_mm256_maddubs_epi16(w, x), _mm256_set1_epi16(1))
+}
+
+/// Accumulates one 32-value block whose weights are unsigned with `offset`.
+#[inline(always)]
+unsafe fn block32(acc: __m256, wq: __m256i, a: &BlockQ8A, d: f16, offset: i32) -> __m256 {
+    unsafe {
+        let xq = load256(a.qs.as_ptr().cast());
+        let p = _mm256_add_epi32(dot_u8i8(wq, xq), _mm256_setr_epi32(-offset * a.sum, 0, 0, 0, 0, 0, 0, 0));
+        let d = _mm256_set1_ps(f16_to_f32(d) * a.d);
+        _mm256_fmadd_ps(_mm256_cvtepi32_ps(p), d, acc)
+    }
+}
+
+#[target_feature(enable = "avx2,fma,f16c")]
+pub unsafe fn q4_0(w: &[BlockQ4_0], x: &[BlockQ8A]) -> f32 {
+    let mut acc = _mm256_setzero_ps();
+    for (b, a) in w.iter().zip(x) {
+        unsafe { acc = block32(acc, nibbles32(b.qs.as_ptr()), a, b.d, 8) };
+    }
+    unsafe { hsum_ps(acc) }
+}
+
+#[target_feature(enable = "avx2,fma,f16c")]
+pub unsafe fn q5_0(w: &[BlockQ5_0], x: &[BlockQ8A]) -> f32 {
+    let mut acc = _mm256_setzero_ps();
+    for (b, a) in w.iter().zip(x) {
+        unsafe {
+            let wq = _mm256_or_si256(nibbles32(b.qs.as_ptr()), bits32(u32::from_le_bytes(b.qh), 0x10));
+            acc = block32(acc, wq, a, b.d, 16);
+        }
+    }
+    unsafe { hsum_ps(acc) }
+}
+
+#[target_feature(enable = "avx2,fma,f16c")]
+pub unsafe fn q8_0(w: &[BlockQ8_0], x: &[BlockQ8A]) -> f32 {
+    let mut acc = _mm256_setzero_ps();
+    for (b, a) in w.iter().zip(x) {
+        unsafe {
+            let wq = load256(b.qs.as_ptr().cast());
+            let xq = load256(a.qs.as_ptr().cast());
+            // |w| × (x with w's sign): products stay within maddubs' i16 range.
+            let p = dot_u8i8(_mm256_sign_epi8(wq, wq), _mm256_sign_epi8(xq, wq));
+            let d = _mm256_set1_ps(f16_to_f32(b.d) * a.d);
+            acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p), d, acc);
+        }
+    }
+    unsafe { hsum_ps(acc) }
+}
+
+/// Σ u8 × i8 over 32 bytes, each i16 pair product scaled by `sc`, as i32 lanes.
+#[inline(always)]
+unsafe fn dot_scaled(w: __m256i, x: __m256i, sc: __m256i) -> __m256i {
+    _mm256_madd_epi16(_mm256_maddubs_epi16(w, x), sc)
+}
+
+#[target_feature(enable = "avx2,fma,f16c")]
+pub unsafe fn q4_k(w: &[BlockQ4K], x: &[BlockQ8K]) -> f32 {
+    let mut acc = 0f32;
+    let low = _mm256_set1_epi8(0x0F);
+    for (b, a) in w.iter().zip(x) {
+        let mut iacc = _mm256_setzero_si256();
+        for j in 0..4 {
+            let (sc0, _) = scale_min_k4(2 * j, &b.scales);
+            let (sc1, _) = scale_min_k4(2 * j + 1, &b.scales);
+            unsafe {
+                let q = load256(b.qs[32 * j..].as_ptr());
+                let lo = _mm256_and_si256(q, low);
+                let hi = _mm256_and_si256(_mm256_srli_epi16(q, 4), low);
+                let x0 = load256(a.qs[64 * j..].as_ptr().cast());
+                let x1 = load256(a.qs[64 * j + 32..].as_ptr().cast());
+                iacc = _mm256_add_epi32(iacc, dot_scaled(lo, x0, _mm256_set1_epi16(sc0 as i16)));
+                iacc = _mm256_add_epi32(iacc, dot_scaled(hi, x1, _mm256_set1_epi16(sc1 as i16)));
+            }
+        }
+        let sumi = unsafe { hsum_epi32(iacc) };
+        acc = combine_k_min(acc, a, b.d, b.dmin, sumi, k_mins(&b.scales, &a.bsums));
+    }
+    acc
+}
+
+#[target_feature(enable = "avx2,fma,f16c")]
+pub unsafe fn q5_k(w: &[BlockQ5K], x: &[BlockQ8K]) -> f32 {
+    let mut acc = 0f32;
+    let low = _mm256_set1_epi8(0x0F);
+    let one = _mm256_set1_epi8(1);
+    for (b, a) in w.iter().zip(x) {
+        let mut iacc = _mm256_setzero_si256();
+        let qh = unsafe { load256(b.qh.as_ptr()) };
+        for j in 0..4 {
+            let (sc0, _) = scale_min_k4(2 * j, &b.scales);
+            let (sc1, _) = scale_min_k4(2 * j + 1, &b.scales);
+            unsafe {
+                let q = load256(b.qs[32 * j..].as_ptr());
+                let h0 = _mm256_and_si256(_mm256_srl_epi16(qh, _mm_cvtsi32_si128(2 * j as i32)), one);
+                let h1 = _mm256_and_si256(_mm256_srl_epi16(qh, _mm_cvtsi32_si128(2 * j as i32 + 1)), one);
+                let lo = _mm256_or_si256(_mm256_and_si256(q, low), _mm256_slli_epi16(h0, 4));
+                let hi = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(q, 4), low), _mm256_slli_epi16(h1, 4));
+                let x0 = load256(a.qs[64 * j..].as_ptr().cast());
+                let x1 = load256(a.qs[64 * j + 32..].as_ptr().cast());
+                iacc = _mm256_add_epi32(iacc, dot_scaled(lo, x0, _mm256_set1_epi16(sc0 as i16)));
+                iacc = _mm256_add_epi32(iacc, dot_scaled(hi, x1, _mm256_set1_epi16(sc1 as i16)));
+            }
+        }
+        let sumi = unsafe { hsum_epi32(iacc) };
+        acc = combine_k_min(acc, a, b.d, b.dmin, sumi, k_mins(&b.scales, &a.bsums));
+    }
+    acc
+}
+
+#[target_feature(enable = "avx2,fma,f16c")]
+pub unsafe fn q6_k(w: &[BlockQ6K], x: &[BlockQ8K]) -> f32 {
+    let mut acc = 0f32;
+    let low = _mm256_set1_epi8(0x0F);
+    let two = _mm256_set1_epi8(3);
+    for (b, a) in w.iter().zip(x) {
+        let mut iacc = _mm256_setzero_si256();
+        for half in 0..2 {
+            let sc = |g: usize| b.scales[8 * half + g] as i16;
+            let scales = |g: usize| _mm256_set_m128i(_mm_set1_epi16(sc(g + 1)), _mm_set1_epi16(sc(g)));
+            unsafe {
+                let ql0 = load256(b.ql[64 * half..].as_ptr());
+                let ql1 = load256(b.ql[64 * half + 32..].as_ptr());
+                let qh = load256(b.qh[32 * half..].as_ptr());
+                let hbits = |shift: i32| {
+                    let h = _mm256_and_si256(_mm256_srl_epi16(qh, _mm_cvtsi32_si128(shift)), two);
+                    _mm256_slli_epi16(h, 4)
+                };
+                let q1 = _mm256_or_si256(_mm256_and_si256(ql0, low), hbits(0));
+                let q2 = _mm256_or_si256(_mm256_and_si256(ql1, low), hbits(2));
+                let q3 = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(ql0, 4), low), hbits(4));
+                let q4 = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(ql1, 4), low), hbits(6));
+                let xs = a.qs[128 * half..].as_ptr();
+                iacc = _mm256_add_epi32(iacc, dot_scaled(q1, load256(xs.cast()), scales(0)));
+                iacc = _mm256_add_epi32(iacc, dot_scaled(q2, load256(xs.add(32).cast()), scales(2)));
+                iacc = _mm256_add_epi32(iacc, dot_scaled(q3, load256(xs.add(64).cast()), scales(4)));
+                iacc = _mm256_add_epi32(iacc, dot_scaled(q4, load256(xs.add(96).cast()), scales(6)));
+            }
+        }
+        let sumi = unsafe { hsum_epi32(iacc) } - q6_k_offset(&b.scales, &a.bsums);
+        acc += (a.d * b.d.to_f32()) * sumi as f32;
+    }
+    acc
+}
+
+/// Dense dot with 8-wide FMA; `load(i)` widens the 8 weights at `i` to f32.
+#[inline(always)]
+unsafe fn dense(n: usize, x: &[f32], load: impl Fn(usize) -> __m256, tail: impl Fn(usize) -> f32) -> f32 {
+    let mut acc = [_mm256_setzero_ps(); 4];
+    let mut i = 0;
+    unsafe {
+        while i + 32 <= n {
+            for (k, a) in acc.iter_mut().enumerate() {
+                *a = _mm256_fmadd_ps(load(i + 8 * k), _mm256_loadu_ps(x.as_ptr().add(i + 8 * k)), *a);
+            }
+            i += 32;
+        }
+        while i + 8 <= n {
+            acc[0] = _mm256_fmadd_ps(load(i), _mm256_loadu_ps(x.as_ptr().add(i)), acc[0]);
+            i += 8;
+        }
+        let s = _mm256_add_ps(_mm256_add_ps(acc[0], acc[1]), _mm256_add_ps(acc[2], acc[3]));
+        let mut sum = hsum_ps(s);
+        while i < n {
+            sum += tail(i) * x[i];
+            i += 1;
+        }
+        sum
+    }
+}
+
+#[target_feature(enable = "avx2,fma,f16c")]
+pub unsafe fn f32(w: &[f32], x: &[f32]) -> f32 {
+    let n = w.len().min(x.len());
+    unsafe { dense(n, x, |i| _mm256_loadu_ps(w.as_ptr().add(i)), |i| w[i]) }
+}
+
+#[target_feature(enable = "avx2,fma,f16c")]
+pub unsafe fn f16(w: &[f16], x: &[f32]) -> f32 {
+    let n = w.len().min(x.len());
+    unsafe { dense(n, x, |i| _mm256_cvtph_ps(_mm_loadu_si128(w.as_ptr().add(i).cast())), |i| w[i].to_f32()) }
+}
+
+#[target_feature(enable = "avx2,fma,f16c")]
+pub unsafe fn bf16(w: &[bf16], x: &[f32]) -> f32 {
+    let n = w.len().min(x.len());
+    let load = |i: usize| unsafe {
+        let h = _mm256_cvtepu16_epi32(_mm_loadu_si128(w.as_ptr().add(i).cast()));
+        _mm256_castsi256_ps(_mm256_slli_epi32(h, 16))
+    };
+    unsafe { dense(n, x, load, |i| w[i].to_f32()) }
+}

@@ -1,0 +1,183 @@
+//! Row dot products between a quantized (or dense) weight row and an
+//! activation row, one implementation per SIMD level, chosen at run time.
+
+pub mod scalar;
+#[cfg(target_arch = "x86_64")]
+#[allow(unsafe_op_in_unsafe_fn)]
+mod avx2;
+#[cfg(target_arch = "x86_64")]
+#[allow(unsafe_op_in_unsafe_fn)]
+mod avx512;
+
+use crate::quant::*;
+use half::{bf16, f16};
+
+/// The SIMD instruction set a kernel uses.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum SimdLevel {
+    /// Portable Rust; the reference.
+    Scalar,
+    /// AVX2 with FMA and F16C.
+    Avx2,
+    /// AVX-512 F/BW/DQ/VL with VNNI (plus AVX2, FMA, F16C).
+    Avx512,
+}
+
+impl SimdLevel {
+    /// Every level, lowest first.
+    pub const ALL: [SimdLevel; 3] = [SimdLevel::Scalar, SimdLevel::Avx2, SimdLevel::Avx512];
+
+    /// Whether this CPU can run the level.
+    pub fn is_supported(self) -> bool {
+        match self {
+            SimdLevel::Scalar => true,
+            #[cfg(target_arch = "x86_64")]
+            SimdLevel::Avx2 => {
+                is_x86_feature_detected!("avx2") && is_x86_feature_detected!("fma") && is_x86_feature_detected!("f16c")
+            }
+            #[cfg(target_arch = "x86_64")]
+            SimdLevel::Avx512 => {
+                SimdLevel::Avx2.is_supported()
+                    && is_x86_feature_detected!("avx512f")
+                    && is_x86_feature_detected!("avx512bw")
+                    && is_x86_feature_detected!("avx512dq")
+                    && is_x86_feature_detected!("avx512vl")
+                    && is_x86_feature_detected!("avx512vnni")
+            }
+            #[cfg(not(target_arch = "x86_64"))]
+            _ => false,
+        }
+    }
+
+    /// The best level this CPU supports, capped by `CACHET_SIMD`
+    /// (`scalar`, `avx2`, `avx512`) when that is set.
+    pub fn detect() -> SimdLevel {
+        let cap = match std::env::var("CACHET_SIMD").ok().as_deref().map(str::to_ascii_lowercase).as_deref() {
+            Some("scalar") => SimdLevel::Scalar,
+            Some("avx2") => SimdLevel::Avx2,
+            _ => SimdLevel::Avx512,
+        };
+        Self::ALL.into_iter().rev().find(|l| *l <= cap && l.is_supported()).unwrap_or(SimdLevel::Scalar)
+    }
+
+    /// Lower-case name.
+    pub fn name(self) -> &'static str {
+        match self {
+            SimdLevel::Scalar => "scalar",
+            SimdLevel::Avx2 => "avx2",
+            SimdLevel::Avx512 => "avx512",
+        }
+    }
+}
+
+/// The dot products of one SIMD level.
+#[derive(Clone, Copy, Debug)]
+pub struct Dots {
+    pub level: SimdLevel,
+    pub q4_0: fn(&[BlockQ4_0], &[BlockQ8A]) -> f32,
+    pub q5_0: fn(&[BlockQ5_0], &[BlockQ8A]) -> f32,
+    pub q8_0: fn(&[BlockQ8_0], &[BlockQ8A]) -> f32,
+    pub q4_k: fn(&[BlockQ4K], &[BlockQ8K]) -> f32,
+    pub q5_k: fn(&[BlockQ5K], &[BlockQ8K]) -> f32,
+    pub q6_k: fn(&[BlockQ6K], &[BlockQ8K]) -> f32,
+    pub f32: fn(&[f32], &[f32]) -> f32,
+    pub f16: fn(&[f16], &[f32]) -> f32,
+    pub bf16: fn(&[bf16], &[f32]) -> f32,
+}
+
+/// Wraps `unsafe fn`s that need CPU features into safe `fn`s. Only
+/// `Dots::for_level` uses the wrappers, after checking the features.
+macro_rules! safe_table {
+    ($level:expr, $m:ident) => {{
+        mod safe {
+            use super::*;
+            pub fn q4_0(w: &[BlockQ4_0], x: &[BlockQ8A]) -> f32 {
+                // SAFETY: reachable only through `Dots::for_level`, which checked the features.
+                unsafe { super::$m::q4_0(w, x) }
+            }
+            pub fn q5_0(w: &[BlockQ5_0], x: &[BlockQ8A]) -> f32 {
+                // SAFETY: as above.
+                unsafe { super::$m::q5_0(w, x) }
+            }
+            pub fn q8_0(w: &[BlockQ8_0], x: &[BlockQ8A]) -> f32 {
+                // SAFETY: as above.
+                unsafe { super::$m::q8_0(w, x) }
+            }
+            pub fn q4_k(w: &[BlockQ4K], x: &[BlockQ8K]) -> f32 {
+                // SAFETY: as above.
+                unsafe { super::$m::q4_k(w, x) }
+            }
+            pub fn q5_k(w: &[BlockQ5K], x: &[BlockQ8K]) -> f32 {
+                // SAFETY: as above.
+                unsafe { super::$m::q5_k(w, x) }
+            }
+            pub fn q6_k(w: &[BlockQ6K], x: &[BlockQ8K]) -> f32 {
+                // SAFETY: as above.
+                unsafe { super::$m::q6_k(w, x) }
+            }
+            pub fn f32(w: &[f32], x: &[f32]) -> f32 {
+                // SAFETY: as above.
+                unsafe { super::$m::f32(w, x) }
+            }
+            pub fn f16(w: &[f16], x: &[f32]) -> f32 {
+                // SAFETY: as above.
+                unsafe { super::$m::f16(w, x) }
+            }
+            pub fn bf16(w: &[bf16], x: &[f32]) -> f32 {
+                // SAFETY: as above.
+                unsafe { super::$m::bf16(w, x) }
+            }
+        }
+        Dots {
+            level: $level,
+            q4_0: safe::q4_0,
+            q5_0: safe::q5_0,
+            q8_0: safe::q8_0,
+            q4_k: safe::q4_k,
+            q5_k: safe::q5_k,
+            q6_k: safe::q6_k,
+            f32: safe::f32,
+            f16: safe::f16,
+            bf16: safe::bf16,
+        }
+    }};
+}
+
+impl Dots {
+    /// The portable reference.
+    pub fn scalar() -> Dots {
+        Dots {
+            level: SimdLevel::Scalar,
+            q4_0: scalar::q4_0,
+            q5_0: scalar::q5_0,
+            q8_0: scalar::q8_0,
+            q4_k: scalar::q4_k,
+            q5_k: scalar::q5_k,
+            q6_k: scalar::q6_k,
+            f32: scalar::f32,
+            f16: scalar::f16,
+            bf16: scalar::bf16,
+        }
+    }
+
+    /// The kernels of `level`, or `None` when this CPU cannot run them.
+    pub fn for_level(level: SimdLevel) -> Option<Dots> {
+        if !level.is_supported() {
+            return None;
+        }
+        match level {
+            SimdLevel::Scalar => Some(Dots::scalar()),
+            #[cfg(target_arch = "x86_64")]
+            SimdLevel::Avx2 => Some(safe_table!(SimdLevel::Avx2, avx2)),
+            #[cfg(target_arch = "x86_64")]
+            SimdLevel::Avx512 => Some(safe_table!(SimdLevel::Avx512, avx512)),
+            #[cfg(not(target_arch = "x86_64"))]
+            _ => None,
+        }
+    }
+
+    /// The kernels of the best level this CPU supports (see `SimdLevel::detect`).
+    pub fn detect() -> Dots {
+        Dots::for_level(SimdLevel::detect()).unwrap_or_else(Dots::scalar)
+    }
+}

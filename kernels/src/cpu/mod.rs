@@ -1,0 +1,234 @@
+//! The CPU backend: quantized weights used in place (memory-mapped), integer
+//! dot products at the best SIMD level of the machine, and a rayon thread pool
+//! of the configured size.
+
+mod attention;
+pub mod dot;
+mod matmul;
+pub mod ops;
+
+pub use attention::LayerKv;
+pub use dot::{Dots, SimdLevel};
+pub use matmul::{matmul_many, CpuMatrix, MatmulScratch};
+
+use crate::backend::*;
+use crate::quant::{dequantize_row, DType};
+use crate::tensor::HostTensor;
+use half::f16;
+use std::sync::{Arc, Mutex};
+
+/// A row-major f32 matrix in host memory.
+#[derive(Clone, Debug, Default)]
+pub struct CpuBuf {
+    pub data: Vec<f32>,
+    pub rows: usize,
+    pub cols: usize,
+}
+
+/// The KV pool in host memory.
+#[derive(Debug)]
+pub struct CpuKv {
+    pub layout: KvLayout,
+    pub layers: Vec<LayerKv>,
+}
+
+/// The CPU backend.
+#[derive(Debug)]
+pub struct CpuBackend {
+    dots: Dots,
+    pool: Arc<rayon::ThreadPool>,
+    /// Activation buffers reused across matmul calls.
+    scratch: Mutex<MatmulScratch>,
+}
+
+impl CpuBackend {
+    /// A backend with `threads` worker threads (0: one per core) at the best
+    /// SIMD level of this CPU (capped by `CACHET_SIMD`).
+    pub fn new(threads: usize) -> Result<CpuBackend, BackendError> {
+        CpuBackend::with_level(threads, SimdLevel::detect())
+    }
+
+    /// A backend at a given SIMD level; an error if this CPU lacks it.
+    pub fn with_level(threads: usize, level: SimdLevel) -> Result<CpuBackend, BackendError> {
+        let dots = Dots::for_level(level)
+            .ok_or_else(|| BackendError::Unsupported(format!("this CPU cannot run {} kernels", level.name())))?;
+        let threads = if threads == 0 { std::thread::available_parallelism().map_or(1, |n| n.get()) } else { threads };
+        let pool = rayon::ThreadPoolBuilder::new()
+            .num_threads(threads)
+            .thread_name(|i| format!("cachet-cpu-{i}"))
+            .build()
+            .map_err(|e| BackendError::Unsupported(format!("thread pool: {e}")))?;
+        Ok(CpuBackend { dots, pool: Arc::new(pool), scratch: Mutex::new(MatmulScratch::default()) })
+    }
+
+    /// The SIMD level in use.
+    pub fn level(&self) -> SimdLevel {
+        self.dots.level
+    }
+
+    /// Worker threads.
+    pub fn threads(&self) -> usize {
+        self.pool.current_num_threads()
+    }
+
+    fn vector<'a>(&self, w: &'a CpuMatrix) -> &'a [f32] {
+        crate::quant::cast_blocks::<f32>(w.tensor.bytes.as_slice()).expect("vectors are loaded as f32")
+    }
+}
+
+impl Backend for CpuBackend {
+    type Weight = CpuMatrix;
+    type Buf = CpuBuf;
+    type Kv = CpuKv;
+
+    fn name(&self) -> String {
+        format!("cpu ({}, {} threads)", self.dots.level.name(), self.threads())
+    }
+
+    fn load(&self, t: HostTensor) -> Result<CpuMatrix, BackendError> {
+        if t.shape.len() > 2 {
+            return Err(BackendError::Unsupported(format!("{}-dimensional tensor", t.shape.len())));
+        }
+        // Vectors (norm weights, biases) are used as f32 directly.
+        if t.rows() == 1 && t.dtype != DType::F32 {
+            let values = t.to_f32()?;
+            return Ok(CpuMatrix { tensor: HostTensor::from_f32(t.shape.clone(), &values) });
+        }
+        let t = HostTensor::new(t.dtype, t.shape, t.bytes)?;
+        Ok(CpuMatrix { tensor: t })
+    }
+
+    fn weight_shape(&self, w: &CpuMatrix) -> (usize, usize) {
+        (w.rows(), w.cols())
+    }
+
+    fn buf(&self) -> CpuBuf {
+        CpuBuf::default()
+    }
+
+    fn resize(&self, b: &mut CpuBuf, rows: usize, cols: usize) {
+        b.data.resize(rows * cols, 0.0);
+        b.rows = rows;
+        b.cols = cols;
+    }
+
+    fn buf_shape(&self, b: &CpuBuf) -> (usize, usize) {
+        (b.rows, b.cols)
+    }
+
+    fn upload(&self, b: &mut CpuBuf, rows: usize, cols: usize, data: &[f32]) {
+        self.resize(b, rows, cols);
+        b.data.copy_from_slice(data);
+    }
+
+    fn download(&self, b: &CpuBuf, out: &mut Vec<f32>) {
+        out.clear();
+        out.extend_from_slice(&b.data);
+    }
+
+    fn kv(&self, layout: KvLayout) -> Result<CpuKv, BackendError> {
+        let per_layer = layout.slots * layout.kv_heads * layout.head_dim;
+        let mut layers = Vec::new();
+        for _ in 0..layout.layers {
+            let alloc = || {
+                let mut v: Vec<f16> = Vec::new();
+                v.try_reserve_exact(per_layer)
+                    .map_err(|_| BackendError::OutOfMemory { what: "KV pool", bytes: layout.bytes() })?;
+                v.resize(per_layer, f16::ZERO);
+                Ok::<_, BackendError>(v)
+            };
+            layers.push(LayerKv { k: alloc()?, v: alloc()? });
+        }
+        Ok(CpuKv { layout, layers })
+    }
+
+    fn scope<R: Send>(&self, f: impl FnOnce() -> R + Send) -> R {
+        self.pool.install(f)
+    }
+
+    fn embed(&self, table: &CpuMatrix, tokens: &[u32], out: &mut CpuBuf) -> Result<(), BackendError> {
+        let (vocab, cols) = (table.rows(), table.cols());
+        self.resize(out, tokens.len(), cols);
+        let row_bytes = table.tensor.dtype.bytes_for(cols)?;
+        let bytes = table.tensor.bytes.as_slice();
+        for (&tok, row) in tokens.iter().zip(out.data.chunks_mut(cols)) {
+            let t = tok as usize;
+            if t >= vocab {
+                return Err(BackendError::TokenOutOfRange { token: tok, vocab });
+            }
+            dequantize_row(table.tensor.dtype, &bytes[t * row_bytes..(t + 1) * row_bytes], row)?;
+        }
+        Ok(())
+    }
+
+    fn matmul(&self, x: &CpuBuf, jobs: &mut [(&CpuMatrix, &mut CpuBuf)]) {
+        for (w, out) in jobs.iter_mut() {
+            self.resize(out, x.rows, w.rows());
+        }
+        let mut slices: Vec<(&CpuMatrix, &mut [f32])> =
+            jobs.iter_mut().map(|(w, out)| (*w, out.data.as_mut_slice())).collect();
+        let mut guard = self.scratch.lock().unwrap_or_else(|e| e.into_inner());
+        let scratch: &mut MatmulScratch = &mut guard;
+        self.pool.install(|| matmul_many(&self.dots, &x.data, x.rows, &mut slices, scratch));
+    }
+
+    fn add_bias(&self, x: &mut CpuBuf, bias: &CpuMatrix) {
+        let b = self.vector(bias);
+        self.pool.install(|| ops::add(&mut x.data, b, x.cols));
+    }
+
+    fn add(&self, x: &mut CpuBuf, y: &CpuBuf) {
+        self.pool.install(|| ops::add(&mut x.data, &y.data, x.cols));
+    }
+
+    fn rms_norm(&self, x: &CpuBuf, w: &CpuMatrix, eps: f32, out: &mut CpuBuf) {
+        self.resize(out, x.rows, x.cols);
+        let w = self.vector(w);
+        self.pool.install(|| ops::rms_norm(&x.data, w, eps, &mut out.data));
+    }
+
+    fn rms_norm_heads(&self, x: &mut CpuBuf, w: &CpuMatrix, eps: f32, head_dim: usize) {
+        let w = self.vector(w);
+        self.pool.install(|| ops::rms_norm_inplace(&mut x.data, w, eps, head_dim));
+    }
+
+    fn rope_table(&self, positions: &[u32], rope: &RopeConfig, out: &mut CpuBuf) {
+        self.resize(out, positions.len(), rope.head_dim);
+        ops::rope_table(positions, rope, &mut out.data);
+    }
+
+    fn rope(&self, x: &mut CpuBuf, table: &CpuBuf, rope: &RopeConfig) {
+        let cols = x.cols;
+        self.pool.install(|| ops::rope(&mut x.data, cols, &table.data, rope));
+    }
+
+    fn silu_mul(&self, gate: &mut CpuBuf, up: &CpuBuf) {
+        let cols = gate.cols;
+        self.pool.install(|| ops::silu_mul(&mut gate.data, &up.data, cols));
+    }
+
+    fn kv_store(&self, kv: &mut CpuKv, layer: usize, k: &CpuBuf, v: &CpuBuf, slots: &[u32]) {
+        let cols = kv.layout.kv_heads * kv.layout.head_dim;
+        attention::store(&mut kv.layers[layer], &k.data, &v.data, cols, slots);
+    }
+
+    fn attention(
+        &self,
+        q: &CpuBuf,
+        kv: &CpuKv,
+        layer: usize,
+        seqs: &[AttnSeq<'_>],
+        shape: &AttnShape,
+        out: &mut CpuBuf,
+    ) {
+        self.resize(out, q.rows, q.cols);
+        self.pool.install(|| attention::attention(&self.dots, &q.data, &kv.layers[layer], seqs, shape, &mut out.data));
+    }
+
+    fn gather_rows(&self, x: &CpuBuf, rows: &[usize], out: &mut CpuBuf) {
+        self.resize(out, rows.len(), x.cols);
+        for (i, &r) in rows.iter().enumerate() {
+            out.data[i * x.cols..(i + 1) * x.cols].copy_from_slice(&x.data[r * x.cols..(r + 1) * x.cols]);
+        }
+    }
+}
