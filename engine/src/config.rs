@@ -1,0 +1,176 @@
+//! Model hyper-parameters, read from GGUF metadata or a Hugging Face
+//! `config.json`, and checked for consistency before any weight is loaded.
+
+use crate::gguf::GgufFile;
+use crate::LoadError;
+use cachet_kernels::backend::{RopeConfig, RopeStyle};
+
+/// The decoder architectures the generic model runs.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Arch {
+    /// Qwen2 / Qwen2.5: biases on Q/K/V.
+    Qwen2,
+    /// Llama 2/3 style (no biases).
+    Llama,
+    /// Qwen3: RMSNorm on each head of Q and K, no biases.
+    Qwen3,
+}
+
+impl Arch {
+    fn parse(name: &str) -> Result<Arch, LoadError> {
+        match name {
+            "qwen2" | "Qwen2ForCausalLM" => Ok(Arch::Qwen2),
+            "llama" | "LlamaForCausalLM" => Ok(Arch::Llama),
+            "qwen3" | "Qwen3ForCausalLM" => Ok(Arch::Qwen3),
+            other => Err(LoadError::Unsupported(format!("architecture {other:?} (supported: qwen2, llama, qwen3)"))),
+        }
+    }
+
+    /// The GGUF / llama.cpp name.
+    pub fn name(self) -> &'static str {
+        match self {
+            Arch::Qwen2 => "qwen2",
+            Arch::Llama => "llama",
+            Arch::Qwen3 => "qwen3",
+        }
+    }
+}
+
+/// Everything the forward pass needs to know about a model's shape.
+#[derive(Clone, Debug, PartialEq)]
+pub struct ModelConfig {
+    pub arch: Arch,
+    pub vocab_size: usize,
+    pub hidden: usize,
+    pub intermediate: usize,
+    pub n_layers: usize,
+    pub n_heads: usize,
+    pub n_kv_heads: usize,
+    pub head_dim: usize,
+    pub rope_theta: f32,
+    pub rope_style: RopeStyle,
+    pub rms_eps: f32,
+    /// The context length the model was trained for.
+    pub max_context: usize,
+    /// Q/K/V projections have biases (Qwen2).
+    pub qkv_bias: bool,
+    /// Per-head RMSNorm of Q and K (Qwen3).
+    pub qk_norm: bool,
+}
+
+impl ModelConfig {
+    /// From GGUF metadata (`general.architecture` and `<arch>.*` keys).
+    pub fn from_gguf(f: &GgufFile) -> Result<ModelConfig, LoadError> {
+        let arch_name = f.get_str("general.architecture")?.ok_or_else(|| missing("general.architecture"))?;
+        let arch = Arch::parse(arch_name)?;
+        let a = arch.name();
+        let req = |k: &str| -> Result<usize, LoadError> {
+            let key = format!("{a}.{k}");
+            Ok(f.get_u64(&key)?.ok_or_else(|| missing(&key))? as usize)
+        };
+        let hidden = req("embedding_length")?;
+        let n_heads = req("attention.head_count")?;
+        let n_kv_heads = f.get_u64(&format!("{a}.attention.head_count_kv"))?.map_or(n_heads, |v| v as usize);
+        let head_dim = f.get_u64(&format!("{a}.attention.key_length"))?.map(|v| v as usize);
+        let embed = f.tensor_info("token_embd.weight").ok_or_else(|| LoadError::MissingTensor("token_embd.weight".into()))?;
+        let vocab_size = embed.shape[0];
+        if f.get(&format!("{a}.rope.scaling.type")).is_some() || f.tensor_info("rope_freqs.weight").is_some() {
+            return Err(LoadError::Unsupported("RoPE scaling (rope.scaling / rope_freqs) is not supported yet".into()));
+        }
+        let config = ModelConfig {
+            arch,
+            vocab_size,
+            hidden,
+            intermediate: req("feed_forward_length")?,
+            n_layers: req("block_count")?,
+            n_heads,
+            n_kv_heads,
+            head_dim: head_dim.unwrap_or(if n_heads > 0 { hidden / n_heads } else { 0 }),
+            rope_theta: f.get_f64(&format!("{a}.rope.freq_base"))?.unwrap_or(10_000.0) as f32,
+            // llama.cpp's converter permutes Llama's Q/K rows for interleaved
+            // rotation; Qwen files keep the NeoX layout.
+            rope_style: if arch == Arch::Llama { RopeStyle::Interleaved } else { RopeStyle::Neox },
+            rms_eps: f.get_f64(&format!("{a}.attention.layer_norm_rms_epsilon"))?.unwrap_or(1e-6) as f32,
+            max_context: f.get_u64(&format!("{a}.context_length"))?.map_or(2048, |v| v as usize),
+            qkv_bias: f.tensor_info("blk.0.attn_q.bias").is_some(),
+            qk_norm: f.tensor_info("blk.0.attn_q_norm.weight").is_some(),
+        };
+        config.validate()?;
+        Ok(config)
+    }
+
+    /// From a Hugging Face `config.json`.
+    pub fn from_hf(json: &serde_json::Value) -> Result<ModelConfig, LoadError> {
+        let arch_name = json["architectures"][0]
+            .as_str()
+            .or_else(|| json["model_type"].as_str())
+            .ok_or_else(|| missing("architectures"))?;
+        let arch = Arch::parse(arch_name)?;
+        let int = |k: &str| json[k].as_u64().map(|v| v as usize);
+        let req = |k: &str| int(k).ok_or_else(|| missing(k));
+        let hidden = req("hidden_size")?;
+        let n_heads = req("num_attention_heads")?;
+        if !json["rope_scaling"].is_null() {
+            return Err(LoadError::Unsupported("config.json rope_scaling is not supported yet".into()));
+        }
+        let config = ModelConfig {
+            arch,
+            vocab_size: req("vocab_size")?,
+            hidden,
+            intermediate: req("intermediate_size")?,
+            n_layers: req("num_hidden_layers")?,
+            n_heads,
+            n_kv_heads: int("num_key_value_heads").unwrap_or(n_heads),
+            head_dim: int("head_dim").unwrap_or(if n_heads > 0 { hidden / n_heads } else { 0 }),
+            rope_theta: json["rope_theta"].as_f64().unwrap_or(10_000.0) as f32,
+            rope_style: RopeStyle::Neox,
+            rms_eps: json["rms_norm_eps"].as_f64().unwrap_or(1e-6) as f32,
+            max_context: int("max_position_embeddings").unwrap_or(2048),
+            qkv_bias: arch == Arch::Qwen2 || json["attention_bias"].as_bool() == Some(true),
+            qk_norm: arch == Arch::Qwen3,
+        };
+        config.validate()?;
+        Ok(config)
+    }
+
+    fn validate(&self) -> Result<(), LoadError> {
+        let bad = |m: String| Err(LoadError::BadConfig(m));
+        if [self.vocab_size, self.hidden, self.intermediate, self.n_layers, self.n_heads, self.n_kv_heads, self.head_dim]
+            .contains(&0)
+        {
+            return bad(format!("a zero dimension in {self:?}"));
+        }
+        if self.n_heads % self.n_kv_heads != 0 {
+            return bad(format!("{} heads is not a multiple of {} KV heads", self.n_heads, self.n_kv_heads));
+        }
+        if self.head_dim % 2 != 0 {
+            return bad(format!("head dimension {} is odd", self.head_dim));
+        }
+        if self.n_layers > 1024 || self.hidden > 1 << 16 || self.head_dim > 1024 || self.vocab_size > 1 << 24 {
+            return bad(format!("implausible shape {self:?}"));
+        }
+        if !(self.rms_eps.is_finite() && self.rms_eps > 0.0 && self.rope_theta.is_finite() && self.rope_theta > 0.0) {
+            return bad(format!("rms_eps {} / rope_theta {} out of range", self.rms_eps, self.rope_theta));
+        }
+        Ok(())
+    }
+
+    /// Rotary embedding parameters.
+    pub fn rope(&self) -> RopeConfig {
+        RopeConfig { head_dim: self.head_dim, theta: self.rope_theta, style: self.rope_style }
+    }
+
+    /// Width of the Q projection.
+    pub fn q_dim(&self) -> usize {
+        self.n_heads * self.head_dim
+    }
+
+    /// Width of the K and V projections.
+    pub fn kv_dim(&self) -> usize {
+        self.n_kv_heads * self.head_dim
+    }
+}
+
+fn missing(key: &str) -> LoadError {
+    LoadError::BadConfig(format!("missing {key:?}"))
+}

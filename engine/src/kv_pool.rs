@@ -1,0 +1,224 @@
+//! The KV pool: K and V of every layer for a fixed number of token slots, in
+//! backend memory, plus the allocator that hands slots out. The pool is owned
+//! outside the model; a sequence is just the list of its slots.
+
+use crate::config::ModelConfig;
+use crate::EngineError;
+use cachet_kernels::backend::{Backend, BackendError, KvLayout};
+
+/// Index of one token slot in the pool.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+#[repr(transparent)]
+pub struct SlotId(pub u32);
+
+impl SlotId {
+    /// The raw indices of a slice of slots (what the kernels take).
+    pub fn raw(slots: &[SlotId]) -> &[u32] {
+        // SAFETY: SlotId is #[repr(transparent)] over u32.
+        unsafe { std::slice::from_raw_parts(slots.as_ptr().cast::<u32>(), slots.len()) }
+    }
+}
+
+/// How big to make the pool.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum PoolSize {
+    /// This many token slots.
+    Tokens(usize),
+    /// As many slots as fit in this many bytes.
+    Bytes(usize),
+}
+
+impl PoolSize {
+    /// Number of slots for a model.
+    pub fn slots(self, config: &ModelConfig) -> usize {
+        match self {
+            PoolSize::Tokens(n) => n,
+            PoolSize::Bytes(b) => b / layout(config, 1).bytes_per_slot(),
+        }
+    }
+}
+
+fn layout(config: &ModelConfig, slots: usize) -> KvLayout {
+    KvLayout { layers: config.n_layers, slots, kv_heads: config.n_kv_heads, head_dim: config.head_dim }
+}
+
+/// Broken allocator invariants, reported by `check_integrity`.
+#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+#[error("KV pool integrity: {0}")]
+pub struct IntegrityError(pub String);
+
+/// K/V storage and its slot allocator.
+pub struct KvPool<B: Backend> {
+    storage: B::Kv,
+    layout: KvLayout,
+    /// Free slots; allocation pops from the end (lowest indices first).
+    free: Vec<SlotId>,
+    in_use: Vec<bool>,
+}
+
+impl<B: Backend> std::fmt::Debug for KvPool<B> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("KvPool").field("layout", &self.layout).field("free", &self.free.len()).finish()
+    }
+}
+
+impl<B: Backend> KvPool<B> {
+    /// Allocates a pool of `size` for `config` on backend `b`.
+    pub fn new(b: &B, config: &ModelConfig, size: PoolSize) -> Result<KvPool<B>, BackendError> {
+        let slots = size.slots(config);
+        if slots == 0 || slots > u32::MAX as usize {
+            return Err(BackendError::Unsupported(format!("a KV pool of {slots} slots")));
+        }
+        let layout = layout(config, slots);
+        let storage = b.kv(layout)?;
+        Ok(KvPool {
+            storage,
+            layout,
+            free: (0..slots as u32).rev().map(SlotId).collect(),
+            in_use: vec![false; slots],
+        })
+    }
+
+    /// The pool's shape.
+    pub fn layout(&self) -> KvLayout {
+        self.layout
+    }
+
+    /// Total slots.
+    pub fn capacity(&self) -> usize {
+        self.layout.slots
+    }
+
+    /// Slots not in use.
+    pub fn free_slots(&self) -> usize {
+        self.free.len()
+    }
+
+    /// Whether `n` slots can be allocated now.
+    pub fn can_allocate(&self, n: usize) -> bool {
+        n <= self.free.len()
+    }
+
+    /// Takes `n` slots, or fails without taking any.
+    pub fn allocate(&mut self, n: usize) -> Result<Vec<SlotId>, EngineError> {
+        if !self.can_allocate(n) {
+            return Err(EngineError::OutOfSlots { needed: n, free: self.free.len() });
+        }
+        let slots = self.free.split_off(self.free.len() - n);
+        let slots: Vec<SlotId> = slots.into_iter().rev().collect();
+        for s in &slots {
+            self.in_use[s.0 as usize] = true;
+        }
+        Ok(slots)
+    }
+
+    /// Returns slots to the pool. Slots that are not in use (a double free)
+    /// are reported and ignored, leaving the pool consistent.
+    pub fn free(&mut self, slots: &[SlotId]) -> Result<(), IntegrityError> {
+        let mut bad = Vec::new();
+        for &s in slots {
+            match self.in_use.get_mut(s.0 as usize) {
+                Some(u) if *u => {
+                    *u = false;
+                    self.free.push(s);
+                }
+                _ => bad.push(s.0),
+            }
+        }
+        if bad.is_empty() {
+            Ok(())
+        } else {
+            Err(IntegrityError(format!("freed slots that were not in use: {bad:?}")))
+        }
+    }
+
+    /// Checks that every slot is exactly once either free or in use.
+    pub fn check_integrity(&self) -> Result<(), IntegrityError> {
+        let mut seen = vec![false; self.layout.slots];
+        for s in &self.free {
+            let i = s.0 as usize;
+            if i >= seen.len() {
+                return Err(IntegrityError(format!("free slot {i} out of range")));
+            }
+            if seen[i] {
+                return Err(IntegrityError(format!("slot {i} is free twice")));
+            }
+            if self.in_use[i] {
+                return Err(IntegrityError(format!("slot {i} is both free and in use")));
+            }
+            seen[i] = true;
+        }
+        let used = self.in_use.iter().filter(|&&u| u).count();
+        if used + self.free.len() != self.layout.slots {
+            return Err(IntegrityError(format!(
+                "{used} in use + {} free != {} slots",
+                self.free.len(),
+                self.layout.slots
+            )));
+        }
+        Ok(())
+    }
+
+    /// The backend storage, for the forward pass.
+    pub fn storage_mut(&mut self) -> &mut B::Kv {
+        &mut self.storage
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::Arch;
+    use cachet_kernels::backend::RopeStyle;
+    use cachet_kernels::cpu::CpuBackend;
+
+    fn config() -> ModelConfig {
+        ModelConfig {
+            arch: Arch::Qwen2,
+            vocab_size: 10,
+            hidden: 8,
+            intermediate: 16,
+            n_layers: 2,
+            n_heads: 2,
+            n_kv_heads: 1,
+            head_dim: 4,
+            rope_theta: 10000.0,
+            rope_style: RopeStyle::Neox,
+            rms_eps: 1e-6,
+            max_context: 64,
+            qkv_bias: false,
+            qk_norm: false,
+        }
+    }
+
+    #[test]
+    fn allocate_and_free_keep_the_pool_consistent() {
+        let b = CpuBackend::new(1).unwrap();
+        let mut pool = KvPool::new(&b, &config(), PoolSize::Tokens(10)).unwrap();
+        let a = pool.allocate(4).unwrap();
+        assert_eq!(SlotId::raw(&a), &[0, 1, 2, 3]);
+        pool.check_integrity().unwrap();
+        assert!(pool.can_allocate(6) && !pool.can_allocate(7));
+        assert!(matches!(pool.allocate(7), Err(EngineError::OutOfSlots { needed: 7, free: 6 })));
+        pool.check_integrity().unwrap();
+        let c = pool.allocate(6).unwrap();
+        assert_eq!(pool.free_slots(), 0);
+        pool.free(&a).unwrap();
+        pool.check_integrity().unwrap();
+        assert!(pool.free(&a[..1]).is_err(), "double free is reported");
+        assert!(pool.free(&[SlotId(99)]).is_err(), "unknown slot is reported");
+        pool.check_integrity().unwrap();
+        pool.free(&c).unwrap();
+        assert_eq!(pool.free_slots(), 10);
+        pool.check_integrity().unwrap();
+    }
+
+    #[test]
+    fn size_in_bytes() {
+        let c = config();
+        // 2 layers × (K + V) × 1 head × 4 dims × 2 bytes = 32 bytes a slot.
+        assert_eq!(PoolSize::Bytes(320).slots(&c), 10);
+        let b = CpuBackend::new(1).unwrap();
+        assert!(KvPool::new(&b, &c, PoolSize::Bytes(16)).is_err(), "zero slots is an error");
+    }
+}

@@ -1,0 +1,177 @@
+//! Where a model's tensors come from: a GGUF file or a Hugging Face directory
+//! of safetensors. Both are memory-mapped and hand out tensors lazily under
+//! one canonical naming.
+
+use crate::gguf::GgufFile;
+use crate::LoadError;
+use cachet_kernels::quant::DType;
+use cachet_kernels::tensor::{Bytes, HostTensor};
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+/// A model tensor, independent of the file format's naming.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum TensorName {
+    Embed,
+    OutputNorm,
+    Output,
+    AttnNorm(usize),
+    Q(usize),
+    K(usize),
+    V(usize),
+    QBias(usize),
+    KBias(usize),
+    VBias(usize),
+    QNorm(usize),
+    KNorm(usize),
+    AttnOut(usize),
+    FfnNorm(usize),
+    Gate(usize),
+    Up(usize),
+    Down(usize),
+}
+
+impl TensorName {
+    /// The llama.cpp name.
+    pub fn gguf(self) -> String {
+        use TensorName::*;
+        let blk = |l: usize, s: &str| format!("blk.{l}.{s}");
+        match self {
+            Embed => "token_embd.weight".into(),
+            OutputNorm => "output_norm.weight".into(),
+            Output => "output.weight".into(),
+            AttnNorm(l) => blk(l, "attn_norm.weight"),
+            Q(l) => blk(l, "attn_q.weight"),
+            K(l) => blk(l, "attn_k.weight"),
+            V(l) => blk(l, "attn_v.weight"),
+            QBias(l) => blk(l, "attn_q.bias"),
+            KBias(l) => blk(l, "attn_k.bias"),
+            VBias(l) => blk(l, "attn_v.bias"),
+            QNorm(l) => blk(l, "attn_q_norm.weight"),
+            KNorm(l) => blk(l, "attn_k_norm.weight"),
+            AttnOut(l) => blk(l, "attn_output.weight"),
+            FfnNorm(l) => blk(l, "ffn_norm.weight"),
+            Gate(l) => blk(l, "ffn_gate.weight"),
+            Up(l) => blk(l, "ffn_up.weight"),
+            Down(l) => blk(l, "ffn_down.weight"),
+        }
+    }
+
+    /// The Hugging Face transformers name.
+    pub fn hf(self) -> String {
+        use TensorName::*;
+        let layer = |l: usize, s: &str| format!("model.layers.{l}.{s}");
+        match self {
+            Embed => "model.embed_tokens.weight".into(),
+            OutputNorm => "model.norm.weight".into(),
+            Output => "lm_head.weight".into(),
+            AttnNorm(l) => layer(l, "input_layernorm.weight"),
+            Q(l) => layer(l, "self_attn.q_proj.weight"),
+            K(l) => layer(l, "self_attn.k_proj.weight"),
+            V(l) => layer(l, "self_attn.v_proj.weight"),
+            QBias(l) => layer(l, "self_attn.q_proj.bias"),
+            KBias(l) => layer(l, "self_attn.k_proj.bias"),
+            VBias(l) => layer(l, "self_attn.v_proj.bias"),
+            QNorm(l) => layer(l, "self_attn.q_norm.weight"),
+            KNorm(l) => layer(l, "self_attn.k_norm.weight"),
+            AttnOut(l) => layer(l, "self_attn.o_proj.weight"),
+            FfnNorm(l) => layer(l, "post_attention_layernorm.weight"),
+            Gate(l) => layer(l, "mlp.gate_proj.weight"),
+            Up(l) => layer(l, "mlp.up_proj.weight"),
+            Down(l) => layer(l, "mlp.down_proj.weight"),
+        }
+    }
+}
+
+/// A source of model tensors.
+pub trait WeightSource {
+    /// The tensor, or `None` when the file does not have it.
+    fn get(&self, name: TensorName) -> Result<Option<HostTensor>, LoadError>;
+    /// Total bytes of the underlying files.
+    fn file_bytes(&self) -> u64;
+}
+
+impl WeightSource for GgufFile {
+    fn get(&self, name: TensorName) -> Result<Option<HostTensor>, LoadError> {
+        let n = name.gguf();
+        if self.tensor_info(&n).is_none() {
+            return Ok(None);
+        }
+        Ok(Some(self.tensor(&n)?))
+    }
+
+    fn file_bytes(&self) -> u64 {
+        self.file_size() as u64
+    }
+}
+
+/// The `*.safetensors` files of a Hugging Face model directory.
+pub struct SafetensorsDir {
+    tensors: HashMap<String, (DType, Vec<usize>, Bytes)>,
+    bytes: u64,
+}
+
+impl std::fmt::Debug for SafetensorsDir {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("SafetensorsDir").field("tensors", &self.tensors.len()).finish()
+    }
+}
+
+impl SafetensorsDir {
+    /// Maps every `*.safetensors` file in `dir` (sorted by name).
+    pub fn open(dir: &Path) -> Result<SafetensorsDir, LoadError> {
+        let io = |p: &Path, e| LoadError::Io { path: p.display().to_string(), source: e };
+        let mut files: Vec<PathBuf> = std::fs::read_dir(dir)
+            .map_err(|e| io(dir, e))?
+            .filter_map(|e| e.ok().map(|e| e.path()))
+            .filter(|p| p.extension().is_some_and(|x| x == "safetensors"))
+            .collect();
+        files.sort();
+        if files.is_empty() {
+            return Err(LoadError::BadConfig(format!("no *.safetensors files in {}", dir.display())));
+        }
+        let mut tensors = HashMap::new();
+        let mut bytes = 0;
+        for path in files {
+            let file = std::fs::File::open(&path).map_err(|e| io(&path, e))?;
+            // SAFETY: read-only map of a model file that is not modified while loaded.
+            let map = Arc::new(unsafe { memmap2::Mmap::map(&file) }.map_err(|e| io(&path, e))?);
+            bytes += map.len() as u64;
+            let bad = |m: String| LoadError::BadFile { path: path.display().to_string(), reason: m };
+            let (header_len, meta) =
+                safetensors::SafeTensors::read_metadata(&map[..]).map_err(|e| bad(format!("{e:?}")))?;
+            let data_start = 8 + header_len;
+            for (name, info) in meta.tensors() {
+                let dtype = match info.dtype {
+                    safetensors::Dtype::F32 => DType::F32,
+                    safetensors::Dtype::F16 => DType::F16,
+                    safetensors::Dtype::BF16 => DType::BF16,
+                    other => return Err(bad(format!("tensor {name:?} has unsupported dtype {other:?}"))),
+                };
+                let (s, e) = info.data_offsets;
+                let owner: Arc<dyn cachet_kernels::tensor::ByteOwner> = map.clone();
+                let window = Bytes::window(owner, data_start + s..data_start + e)
+                    .ok_or_else(|| bad(format!("tensor {name:?} lies outside the file")))?;
+                if tensors.insert(name.clone(), (dtype, info.shape.clone(), window)).is_some() {
+                    return Err(bad(format!("tensor {name:?} appears in two files")));
+                }
+            }
+        }
+        Ok(SafetensorsDir { tensors, bytes })
+    }
+}
+
+impl WeightSource for SafetensorsDir {
+    fn get(&self, name: TensorName) -> Result<Option<HostTensor>, LoadError> {
+        let n = name.hf();
+        let Some((dtype, shape, bytes)) = self.tensors.get(&n) else { return Ok(None) };
+        let t = HostTensor::new(*dtype, shape.clone(), bytes.clone())
+            .map_err(|e| LoadError::BadFile { path: n.clone(), reason: e.to_string() })?;
+        Ok(Some(t))
+    }
+
+    fn file_bytes(&self) -> u64 {
+        self.bytes
+    }
+}
