@@ -72,7 +72,8 @@ impl ModelConfig {
         let n_heads = req("attention.head_count")?;
         let n_kv_heads = f.get_u64(&format!("{a}.attention.head_count_kv"))?.map_or(n_heads, |v| v as usize);
         let head_dim = f.get_u64(&format!("{a}.attention.key_length"))?.map(|v| v as usize);
-        let embed = f.tensor_info("token_embd.weight").ok_or_else(|| LoadError::MissingTensor("token_embd.weight".into()))?;
+        let embed =
+            f.tensor_info("token_embd.weight").ok_or_else(|| LoadError::MissingTensor("token_embd.weight".into()))?;
         let vocab_size = embed.shape[0];
         if f.get(&format!("{a}.rope.scaling.type")).is_some() || f.tensor_info("rope_freqs.weight").is_some() {
             return Err(LoadError::Unsupported("RoPE scaling (rope.scaling / rope_freqs) is not supported yet".into()));
@@ -135,8 +136,16 @@ impl ModelConfig {
 
     fn validate(&self) -> Result<(), LoadError> {
         let bad = |m: String| Err(LoadError::BadConfig(m));
-        if [self.vocab_size, self.hidden, self.intermediate, self.n_layers, self.n_heads, self.n_kv_heads, self.head_dim]
-            .contains(&0)
+        if [
+            self.vocab_size,
+            self.hidden,
+            self.intermediate,
+            self.n_layers,
+            self.n_heads,
+            self.n_kv_heads,
+            self.head_dim,
+        ]
+        .contains(&0)
         {
             return bad(format!("a zero dimension in {self:?}"));
         }

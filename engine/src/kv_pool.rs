@@ -71,12 +71,7 @@ impl<B: Backend> KvPool<B> {
         }
         let layout = layout(config, slots);
         let storage = b.kv(layout)?;
-        Ok(KvPool {
-            storage,
-            layout,
-            free: (0..slots as u32).rev().map(SlotId).collect(),
-            in_use: vec![false; slots],
-        })
+        Ok(KvPool { storage, layout, free: (0..slots as u32).rev().map(SlotId).collect(), in_use: vec![false; slots] })
     }
 
     /// The pool's shape.

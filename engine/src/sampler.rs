@@ -45,14 +45,20 @@ impl SamplingParams {
     /// Checks every parameter's range; the message names the bad one.
     pub fn validate(&self) -> Result<(), String> {
         let check = |ok: bool, msg: &str| if ok { Ok(()) } else { Err(msg.to_string()) };
-        check(self.temperature.is_finite() && (0.0..=100.0).contains(&self.temperature), "temperature must be in [0, 100]")?;
+        check(
+            self.temperature.is_finite() && (0.0..=100.0).contains(&self.temperature),
+            "temperature must be in [0, 100]",
+        )?;
         check(self.top_p.is_finite() && self.top_p > 0.0 && self.top_p <= 1.0, "top_p must be in (0, 1]")?;
         check(self.min_p.is_finite() && (0.0..=1.0).contains(&self.min_p), "min_p must be in [0, 1]")?;
         check(
             self.repetition_penalty.is_finite() && self.repetition_penalty > 0.0 && self.repetition_penalty <= 10.0,
             "repetition_penalty must be in (0, 10]",
         )?;
-        check(self.presence_penalty.is_finite() && self.presence_penalty.abs() <= 2.0, "presence_penalty must be in [-2, 2]")?;
+        check(
+            self.presence_penalty.is_finite() && self.presence_penalty.abs() <= 2.0,
+            "presence_penalty must be in [-2, 2]",
+        )?;
         check(
             self.frequency_penalty.is_finite() && self.frequency_penalty.abs() <= 2.0,
             "frequency_penalty must be in [-2, 2]",
@@ -115,10 +121,13 @@ impl Sampler {
         let seed = params.seed.unwrap_or_else(|| {
             use std::hash::{BuildHasher, Hasher};
             let mut h = std::collections::hash_map::RandomState::new().build_hasher();
-            h.write_u128(std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_nanos()));
+            h.write_u128(
+                std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_nanos()),
+            );
             h.finish()
         });
-        let seen = if params.repetition_penalty != 1.0 { prompt.iter().map(|&t| (t, ())).collect() } else { HashMap::new() };
+        let seen =
+            if params.repetition_penalty != 1.0 { prompt.iter().map(|&t| (t, ())).collect() } else { HashMap::new() };
         Sampler { params, rng: Rng::new(seed), seen, generated: HashMap::new(), candidates: Vec::new() }
     }
 

@@ -33,12 +33,7 @@ impl Runner {
         let pool = KvPool::new(&b, &config, PoolSize::Tokens(256)).unwrap();
         let model = Model::load(&b, src, config).unwrap();
         let scratch = ForwardScratch::new(&b);
-        Runner {
-            b,
-            model,
-            pool,
-            scratch,
-        }
+        Runner { b, model, pool, scratch }
     }
 
     /// All-position logits of one sequence, run in chunks of `chunk` tokens.
@@ -57,15 +52,7 @@ impl Runner {
                     logits: LogitsFor::All,
                 }],
             };
-            self.model
-                .forward(
-                    &self.b,
-                    self.pool.storage_mut(),
-                    &batch,
-                    &mut self.scratch,
-                    &mut out,
-                )
-                .unwrap();
+            self.model.forward(&self.b, self.pool.storage_mut(), &batch, &mut self.scratch, &mut out).unwrap();
             rows.extend(out.chunks(vocab).map(<[f32]>::to_vec));
         }
         self.pool.free(&slots).unwrap();
@@ -78,10 +65,7 @@ const PROMPT: [u32; 12] = [3, 200, 17, 45, 45, 99, 260, 1, 0, 318, 77, 150];
 
 /// Worst relative error over all positions.
 fn worst(ours: &[Vec<f32>], reference: &[Vec<f32>]) -> f32 {
-    ours.iter()
-        .zip(reference)
-        .map(|(a, b)| rel_err(a, b))
-        .fold(0.0, f32::max)
+    ours.iter().zip(reference).map(|(a, b)| rel_err(a, b)).fold(0.0, f32::max)
 }
 
 /// Every GGUF format, every architecture, tied and untied output: the engine
@@ -105,11 +89,7 @@ fn gguf_every_format_matches_the_reference() {
             let err = worst(&ours, &reference);
             let tol = if dtype.is_quantized() { 0.04 } else { 0.01 };
             println!("{:6} {dtype:5} tied={tied:5} rel err {err:.5}", arch.name());
-            assert!(
-                err < tol,
-                "{} {dtype}: relative error {err} ≥ {tol}",
-                arch.name()
-            );
+            assert!(err < tol, "{} {dtype}: relative error {err} ≥ {tol}", arch.name());
         }
     }
 }
@@ -125,8 +105,7 @@ fn safetensors_match_the_reference_and_the_gguf() {
             let tiny = Tiny::random(arch, 5, arch == TinyArch::Qwen2);
             tiny.write_hf(dtype, dir.path());
             let json: serde_json::Value =
-                serde_json::from_slice(&std::fs::read(dir.path().join("config.json")).unwrap())
-                    .unwrap();
+                serde_json::from_slice(&std::fs::read(dir.path().join("config.json")).unwrap()).unwrap();
             let config = ModelConfig::from_hf(&json).unwrap();
             let src = SafetensorsDir::open(dir.path()).unwrap();
             let mut r = Runner::new(&src, config);
@@ -140,11 +119,7 @@ fn safetensors_match_the_reference_and_the_gguf() {
             assert!(err < 0.01, "{} {dtype}: {err}", arch.name());
             let via_gguf = Runner::gguf(&gguf).logits(&PROMPT, PROMPT.len());
             let err = worst(&ours, &via_gguf);
-            assert!(
-                err < 1e-3,
-                "{} {dtype}: HF layout vs GGUF layout differ by {err}",
-                arch.name()
-            );
+            assert!(err < 1e-3, "{} {dtype}: HF layout vs GGUF layout differ by {err}", arch.name());
         }
     }
 }
@@ -165,51 +140,30 @@ fn batching_and_chunking_do_not_change_results() {
         let alone: Vec<Vec<Vec<f32>>> = seqs.iter().map(|s| r.logits(s, s.len())).collect();
 
         // Chunked prefill of the long prompt: 4 + 4 + 4 tokens.
-        assert_eq!(
-            r.logits(seqs[1], 4),
-            alone[1],
-            "{dtype}: chunking changed the logits"
-        );
+        assert_eq!(r.logits(seqs[1], 4), alone[1], "{dtype}: chunking changed the logits");
 
         // All three at once, with slots interleaved in the pool.
-        let slots: Vec<Vec<SlotId>> = seqs
-            .iter()
-            .map(|s| r.pool.allocate(s.len()).unwrap())
-            .collect();
+        let slots: Vec<Vec<SlotId>> = seqs.iter().map(|s| r.pool.allocate(s.len()).unwrap()).collect();
         let batch = Batch {
             seqs: seqs
                 .iter()
                 .zip(&slots)
-                .map(|(s, sl)| SeqChunk {
-                    tokens: s,
-                    start_pos: 0,
-                    slots: SlotId::raw(sl),
-                    logits: LogitsFor::All,
-                })
+                .map(|(s, sl)| SeqChunk { tokens: s, start_pos: 0, slots: SlotId::raw(sl), logits: LogitsFor::All })
                 .collect(),
         };
         let mut out = Vec::new();
-        r.model
-            .forward(&r.b, r.pool.storage_mut(), &batch, &mut r.scratch, &mut out)
-            .unwrap();
+        r.model.forward(&r.b, r.pool.storage_mut(), &batch, &mut r.scratch, &mut out).unwrap();
         let rows: Vec<Vec<f32>> = out.chunks(vocab).map(<[f32]>::to_vec).collect();
         let mut i = 0;
         for (s, expected) in seqs.iter().zip(&alone) {
-            assert_eq!(
-                &rows[i..i + s.len()],
-                &expected[..],
-                "{dtype}: batching changed the logits"
-            );
+            assert_eq!(&rows[i..i + s.len()], &expected[..], "{dtype}: batching changed the logits");
             i += s.len();
         }
 
         // Decode one more token for each sequence in one batch vs alone.
         let extra: Vec<SlotId> = r.pool.allocate(3).unwrap();
-        let all_slots: Vec<Vec<SlotId>> = slots
-            .iter()
-            .zip(&extra)
-            .map(|(s, e)| s.iter().copied().chain([*e]).collect())
-            .collect();
+        let all_slots: Vec<Vec<SlotId>> =
+            slots.iter().zip(&extra).map(|(s, e)| s.iter().copied().chain([*e]).collect()).collect();
         let step = Batch {
             seqs: seqs
                 .iter()
@@ -222,18 +176,12 @@ fn batching_and_chunking_do_not_change_results() {
                 })
                 .collect(),
         };
-        r.model
-            .forward(&r.b, r.pool.storage_mut(), &step, &mut r.scratch, &mut out)
-            .unwrap();
+        r.model.forward(&r.b, r.pool.storage_mut(), &step, &mut r.scratch, &mut out).unwrap();
         for (k, s) in seqs.iter().enumerate() {
             let mut with = s.to_vec();
             with.push(42);
             let single = r.logits(&with, with.len());
-            assert_eq!(
-                &out[k * vocab..(k + 1) * vocab],
-                single.last().unwrap().as_slice(),
-                "{dtype}: decode batch"
-            );
+            assert_eq!(&out[k * vocab..(k + 1) * vocab], single.last().unwrap().as_slice(), "{dtype}: decode batch");
         }
     }
 }
@@ -256,9 +204,7 @@ fn bad_batches_are_errors() {
                 logits: LogitsFor::Last,
             }],
         };
-        r.model
-            .forward(&r.b, r.pool.storage_mut(), &batch, &mut r.scratch, &mut out)
-            .map_err(|e| e.to_string())
+        r.model.forward(&r.b, r.pool.storage_mut(), &batch, &mut r.scratch, &mut out).map_err(|e| e.to_string())
     };
     assert!(run(&[1, 2, 999], 0, 3).unwrap_err().contains("999"));
     assert!(run(&[1, 2], 0, 3).unwrap_err().contains("slots"));

@@ -118,12 +118,7 @@ pub trait Backend: Send + Sync {
     }
 
     /// `out[i] = table[tokens[i]]` as f32.
-    fn embed(
-        &self,
-        table: &Self::Weight,
-        tokens: &[u32],
-        out: &mut Self::Buf,
-    ) -> Result<(), BackendError>;
+    fn embed(&self, table: &Self::Weight, tokens: &[u32], out: &mut Self::Buf) -> Result<(), BackendError>;
     /// For each job `(w, out)`: `out = x · wᵀ`. All jobs share `x`.
     fn matmul(&self, x: &Self::Buf, jobs: &mut [(&Self::Weight, &mut Self::Buf)]);
     /// Adds the vector `bias` to every row of `x`.
@@ -142,14 +137,7 @@ pub trait Backend: Send + Sync {
     /// `gate = silu(gate) * up`.
     fn silu_mul(&self, gate: &mut Self::Buf, up: &Self::Buf);
     /// Stores row `i` of `k` and `v` into slot `slots[i]` of `layer`.
-    fn kv_store(
-        &self,
-        kv: &mut Self::Kv,
-        layer: usize,
-        k: &Self::Buf,
-        v: &Self::Buf,
-        slots: &[u32],
-    );
+    fn kv_store(&self, kv: &mut Self::Kv, layer: usize, k: &Self::Buf, v: &Self::Buf, slots: &[u32]);
     /// Causal attention of each sequence's rows of `q` over its slots.
     fn attention(
         &self,

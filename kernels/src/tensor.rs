@@ -47,18 +47,9 @@ impl Bytes {
     pub fn copy_from(data: &[u8]) -> Bytes {
         let mut words = vec![[0u64; 8]; data.len().div_ceil(64)];
         // SAFETY: `words` has at least `data.len()` bytes; u64 arrays accept any bytes.
-        unsafe {
-            std::ptr::copy_nonoverlapping(
-                data.as_ptr(),
-                words.as_mut_ptr().cast::<u8>(),
-                data.len(),
-            )
-        };
+        unsafe { std::ptr::copy_nonoverlapping(data.as_ptr(), words.as_mut_ptr().cast::<u8>(), data.len()) };
         let len = data.len();
-        Bytes {
-            owner: Arc::new(Aligned { words, len }),
-            range: 0..len,
-        }
+        Bytes { owner: Arc::new(Aligned { words, len }), range: 0..len }
     }
 
     /// The bytes.
@@ -102,27 +93,15 @@ impl HostTensor {
         let rows: usize = shape.iter().rev().skip(1).product();
         let expected = dtype.bytes_for(cols)? * rows;
         if bytes.len() != expected {
-            return Err(QuantError::ByteLength {
-                dtype,
-                expected,
-                got: bytes.len(),
-            });
+            return Err(QuantError::ByteLength { dtype, expected, got: bytes.len() });
         }
-        Ok(HostTensor {
-            dtype,
-            shape,
-            bytes: bytes.aligned(dtype.align()),
-        })
+        Ok(HostTensor { dtype, shape, bytes: bytes.aligned(dtype.align()) })
     }
 
     /// An f32 tensor holding a copy of `values`.
     pub fn from_f32(shape: Vec<usize>, values: &[f32]) -> HostTensor {
         let bytes: Vec<u8> = values.iter().flat_map(|v| v.to_le_bytes()).collect();
-        HostTensor {
-            dtype: DType::F32,
-            shape,
-            bytes: Bytes::copy_from(&bytes),
-        }
+        HostTensor { dtype: DType::F32, shape, bytes: Bytes::copy_from(&bytes) }
     }
 
     /// Number of elements.

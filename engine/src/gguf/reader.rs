@@ -178,7 +178,8 @@ impl GgufFile {
         for i in 0..n_kv {
             let key = c.string(&|| format!("key of metadata entry {i}"))?;
             let raw = c.u32(&|| format!("type of {key:?}"))?;
-            let ty = ValueType::from_u32(raw).ok_or_else(|| GgufError::UnknownValueType { key: key.clone(), ty: raw })?;
+            let ty =
+                ValueType::from_u32(raw).ok_or_else(|| GgufError::UnknownValueType { key: key.clone(), ty: raw })?;
             let value = c.value(ty, &key, 0)?;
             if index.insert(key.clone(), metadata.len()).is_some() {
                 return Err(GgufError::Duplicate { what: "metadata key", name: key });
@@ -233,7 +234,8 @@ impl GgufFile {
             if ne.contains(&0) {
                 return Err(bad(format!("zero-sized dimension in {ne:?}")));
             }
-            let numel = ne.iter().try_fold(1u64, |a, &d| a.checked_mul(d)).ok_or_else(|| bad("size overflows".into()))?;
+            let numel =
+                ne.iter().try_fold(1u64, |a, &d| a.checked_mul(d)).ok_or_else(|| bad("size overflows".into()))?;
             let cols = ne[0];
             let row_bytes = usize::try_from(cols)
                 .ok()
@@ -278,7 +280,9 @@ impl GgufFile {
     /// A string value; `Ok(None)` when absent, an error when of another type.
     pub fn get_str(&self, key: &str) -> Result<Option<&str>, GgufError> {
         self.get(key)
-            .map(|v| v.as_str().ok_or(GgufError::WrongType { key: key.into(), expected: "string", found: v.type_name() }))
+            .map(|v| {
+                v.as_str().ok_or(GgufError::WrongType { key: key.into(), expected: "string", found: v.type_name() })
+            })
             .transpose()
     }
 
@@ -298,14 +302,18 @@ impl GgufFile {
     /// A float value (integers convert).
     pub fn get_f64(&self, key: &str) -> Result<Option<f64>, GgufError> {
         self.get(key)
-            .map(|v| v.as_f64().ok_or(GgufError::WrongType { key: key.into(), expected: "number", found: v.type_name() }))
+            .map(|v| {
+                v.as_f64().ok_or(GgufError::WrongType { key: key.into(), expected: "number", found: v.type_name() })
+            })
             .transpose()
     }
 
     /// A bool value.
     pub fn get_bool(&self, key: &str) -> Result<Option<bool>, GgufError> {
         self.get(key)
-            .map(|v| v.as_bool().ok_or(GgufError::WrongType { key: key.into(), expected: "bool", found: v.type_name() }))
+            .map(|v| {
+                v.as_bool().ok_or(GgufError::WrongType { key: key.into(), expected: "bool", found: v.type_name() })
+            })
             .transpose()
     }
 

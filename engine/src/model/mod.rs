@@ -50,7 +50,8 @@ impl<B: Backend> Model<B> {
         let get = |name: TensorName, shape: &[usize]| -> Result<B::Weight, LoadError> {
             let t = src.get(name)?.ok_or_else(|| LoadError::MissingTensor(name.gguf()))?;
             // Vectors may be stored as [n] or [1, n].
-            let found: Vec<usize> = t.shape.iter().copied().skip_while(|&d| d == 1 && t.shape.len() > shape.len()).collect();
+            let found: Vec<usize> =
+                t.shape.iter().copied().skip_while(|&d| d == 1 && t.shape.len() > shape.len()).collect();
             if found != shape {
                 return Err(LoadError::Shape { name: name.gguf(), expected: shape.to_vec(), found: t.shape });
             }
@@ -66,7 +67,11 @@ impl<B: Backend> Model<B> {
         let mut layers = Vec::with_capacity(c.n_layers);
         for l in 0..c.n_layers {
             use TensorName::*;
-            let bias = if c.qkv_bias { Some([get(QBias(l), &[q])?, get(KBias(l), &[kv])?, get(VBias(l), &[kv])?]) } else { None };
+            let bias = if c.qkv_bias {
+                Some([get(QBias(l), &[q])?, get(KBias(l), &[kv])?, get(VBias(l), &[kv])?])
+            } else {
+                None
+            };
             let qk_norm =
                 if c.qk_norm { Some([get(QNorm(l), &[c.head_dim])?, get(KNorm(l), &[c.head_dim])?]) } else { None };
             layers.push(Layer {

@@ -48,18 +48,14 @@ pub struct Tiny {
 struct Lcg(u64);
 impl Lcg {
     fn next(&mut self) -> f32 {
-        self.0 = self
-            .0
-            .wrapping_mul(6364136223846793005)
-            .wrapping_add(1442695040888963407);
+        self.0 = self.0.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
         ((self.0 >> 40) as f32 / (1u64 << 24) as f32) * 2.0 - 1.0
     }
 }
 
 impl Tiny {
     pub fn random(arch: TinyArch, seed: u64, tied: bool) -> Tiny {
-        let (vocab, hidden, inter, layers, heads, kv_heads, head_dim) =
-            (320, 256, 512, 2, 4, 2, 64);
+        let (vocab, hidden, inter, layers, heads, kv_heads, head_dim) = (320, 256, 512, 2, 4, 2, 64);
         let mut rng = Lcg(seed);
         let mut tensors = Vec::new();
         let mut add = |name: TensorName, shape: Vec<usize>, scale: f32, offset: f32| {
@@ -94,27 +90,11 @@ impl Tiny {
         if !tied {
             add(Output, vec![vocab, hidden], 0.15, 0.0);
         }
-        Tiny {
-            arch,
-            vocab,
-            hidden,
-            inter,
-            layers,
-            heads,
-            kv_heads,
-            head_dim,
-            theta: 10000.0,
-            eps: 1e-6,
-            tied,
-            tensors,
-        }
+        Tiny { arch, vocab, hidden, inter, layers, heads, kv_heads, head_dim, theta: 10000.0, eps: 1e-6, tied, tensors }
     }
 
     pub fn get(&self, name: TensorName) -> Option<&[f32]> {
-        self.tensors
-            .iter()
-            .find(|(n, _, _)| *n == name)
-            .map(|(_, _, v)| v.as_slice())
+        self.tensors.iter().find(|(n, _, _)| *n == name).map(|(_, _, v)| v.as_slice())
     }
 
     fn is_matrix(shape: &[usize]) -> bool {
@@ -130,53 +110,27 @@ impl Tiny {
         w.metadata("general.architecture", Value::String(a.into()))
             .metadata(&format!("{a}.block_count"), Value::U32(self.layers as u32))
             .metadata(&format!("{a}.context_length"), Value::U32(4096))
-            .metadata(
-                &format!("{a}.embedding_length"),
-                Value::U32(self.hidden as u32),
-            )
-            .metadata(
-                &format!("{a}.feed_forward_length"),
-                Value::U32(self.inter as u32),
-            )
-            .metadata(
-                &format!("{a}.attention.head_count"),
-                Value::U32(self.heads as u32),
-            )
-            .metadata(
-                &format!("{a}.attention.head_count_kv"),
-                Value::U32(self.kv_heads as u32),
-            )
+            .metadata(&format!("{a}.embedding_length"), Value::U32(self.hidden as u32))
+            .metadata(&format!("{a}.feed_forward_length"), Value::U32(self.inter as u32))
+            .metadata(&format!("{a}.attention.head_count"), Value::U32(self.heads as u32))
+            .metadata(&format!("{a}.attention.head_count_kv"), Value::U32(self.kv_heads as u32))
             .metadata(&format!("{a}.rope.freq_base"), Value::F32(self.theta))
-            .metadata(
-                &format!("{a}.attention.layer_norm_rms_epsilon"),
-                Value::F32(self.eps),
-            );
+            .metadata(&format!("{a}.attention.layer_norm_rms_epsilon"), Value::F32(self.eps));
         if self.arch == TinyArch::Qwen3 {
-            w.metadata(
-                &format!("{a}.attention.key_length"),
-                Value::U32(self.head_dim as u32),
-            );
+            w.metadata(&format!("{a}.attention.key_length"), Value::U32(self.head_dim as u32));
         }
         tiny_vocab(&mut w, self.vocab);
         for (name, shape, values) in &self.tensors {
             let mut values = values.clone();
             if self.arch == TinyArch::Llama {
                 match name {
-                    TensorName::Q(_) => {
-                        values = permute_rows(&values, self.heads, self.head_dim, self.hidden)
-                    }
-                    TensorName::K(_) => {
-                        values = permute_rows(&values, self.kv_heads, self.head_dim, self.hidden)
-                    }
+                    TensorName::Q(_) => values = permute_rows(&values, self.heads, self.head_dim, self.hidden),
+                    TensorName::K(_) => values = permute_rows(&values, self.kv_heads, self.head_dim, self.hidden),
                     _ => {}
                 }
             }
             // Vectors stay F32 next to quantized matrices (as in llama.cpp's files).
-            let dt = if Self::is_matrix(shape) || !dtype.is_quantized() {
-                dtype
-            } else {
-                DType::F32
-            };
+            let dt = if Self::is_matrix(shape) || !dtype.is_quantized() { dtype } else { DType::F32 };
             let mut bytes = vec![0u8; dt.bytes_for(values.len()).unwrap()];
             quantize_row(dt, &values, &mut bytes).unwrap();
             w.tensor(&name.gguf(), dt, shape, bytes);
@@ -208,11 +162,7 @@ impl Tiny {
             "tie_word_embeddings": self.tied,
             "rope_scaling": null,
         });
-        std::fs::write(
-            dir.join("config.json"),
-            serde_json::to_string_pretty(&config).unwrap(),
-        )
-        .unwrap();
+        std::fs::write(dir.join("config.json"), serde_json::to_string_pretty(&config).unwrap()).unwrap();
         let st_dtype = match dtype {
             DType::F32 => safetensors::Dtype::F32,
             DType::F16 => safetensors::Dtype::F16,
@@ -230,12 +180,7 @@ impl Tiny {
             .collect();
         let views: Vec<(String, safetensors::tensor::TensorView<'_>)> = data
             .iter()
-            .map(|(n, b, s)| {
-                (
-                    n.clone(),
-                    safetensors::tensor::TensorView::new(st_dtype, s.clone(), b).unwrap(),
-                )
-            })
+            .map(|(n, b, s)| (n.clone(), safetensors::tensor::TensorView::new(st_dtype, s.clone(), b).unwrap()))
             .collect();
         safetensors::serialize_to_file(views, None, &dir.join("model.safetensors")).unwrap();
     }
@@ -282,7 +227,10 @@ pub fn tiny_vocab(w: &mut GgufWriter, vocab: usize) {
     w.metadata("tokenizer.ggml.model", Value::String("gpt2".into()))
         .metadata("tokenizer.ggml.pre", Value::String("qwen2".into()))
         .metadata("tokenizer.ggml.tokens", Value::strings(&tokens))
-        .metadata("tokenizer.ggml.token_type", Value::Array(ValueType::I32, types.into_iter().map(Value::I32).collect()))
+        .metadata(
+            "tokenizer.ggml.token_type",
+            Value::Array(ValueType::I32, types.into_iter().map(Value::I32).collect()),
+        )
         .metadata("tokenizer.ggml.merges", Value::strings(&merges))
         .metadata("tokenizer.ggml.eos_token_id", Value::U32(eos))
         .metadata("tokenizer.ggml.bos_token_id", Value::U32(eos - 2))
@@ -299,10 +247,7 @@ pub fn tiny_vocab(w: &mut GgufWriter, vocab: usize) {
 
 /// GPT-2's byte → printable character map.
 pub fn byte_alphabet() -> Vec<char> {
-    let mut bs: Vec<u32> = (b'!' as u32..=b'~' as u32)
-        .chain(0xA1..=0xAC)
-        .chain(0xAE..=0xFF)
-        .collect();
+    let mut bs: Vec<u32> = (b'!' as u32..=b'~' as u32).chain(0xA1..=0xAC).chain(0xAE..=0xFF).collect();
     let mut cs = bs.clone();
     let mut n = 0;
     for b in 0..256u32 {
@@ -329,9 +274,7 @@ pub fn dequantized(tiny: &Tiny, file: &GgufFile) -> Tiny {
             // Undo the converter's permutation: the reference uses the HF layout.
             match name {
                 TensorName::Q(_) => v = unpermute_rows(&v, tiny.heads, tiny.head_dim, tiny.hidden),
-                TensorName::K(_) => {
-                    v = unpermute_rows(&v, tiny.kv_heads, tiny.head_dim, tiny.hidden)
-                }
+                TensorName::K(_) => v = unpermute_rows(&v, tiny.kv_heads, tiny.head_dim, tiny.hidden),
                 _ => {}
             }
         }
@@ -357,15 +300,7 @@ fn unpermute_rows(w: &[f32], heads: usize, head_dim: usize, cols: usize) -> Vec<
 
 fn matvec(w: &[f32], x: &[f64], rows: usize) -> Vec<f64> {
     let cols = x.len();
-    (0..rows)
-        .map(|r| {
-            w[r * cols..(r + 1) * cols]
-                .iter()
-                .zip(x)
-                .map(|(&a, &b)| a as f64 * b)
-                .sum()
-        })
-        .collect()
+    (0..rows).map(|r| w[r * cols..(r + 1) * cols].iter().zip(x).map(|(&a, &b)| a as f64 * b).sum()).collect()
 }
 
 fn rms(x: &[f64], w: &[f32], eps: f32) -> Vec<f64> {
@@ -394,12 +329,7 @@ pub fn reference_logits(m: &Tiny, tokens: &[u32]) -> Vec<Vec<f32>> {
     let g = |n| m.get(n).unwrap();
     let mut xs: Vec<Vec<f64>> = tokens
         .iter()
-        .map(|&t| {
-            g(Embed)[t as usize * m.hidden..][..m.hidden]
-                .iter()
-                .map(|&v| v as f64)
-                .collect()
-        })
+        .map(|&t| g(Embed)[t as usize * m.hidden..][..m.hidden].iter().map(|&v| v as f64).collect())
         .collect();
     for l in 0..m.layers {
         let mut ks: Vec<Vec<f64>> = Vec::new();
@@ -410,9 +340,7 @@ pub fn reference_logits(m: &Tiny, tokens: &[u32]) -> Vec<Vec<f32>> {
             let mut q = matvec(g(Q(l)), &h, nh * hd);
             let mut k = matvec(g(K(l)), &h, nkv * hd);
             let mut v = matvec(g(V(l)), &h, nkv * hd);
-            if let (Some(bq), Some(bk), Some(bv)) =
-                (m.get(QBias(l)), m.get(KBias(l)), m.get(VBias(l)))
-            {
+            if let (Some(bq), Some(bk), Some(bv)) = (m.get(QBias(l)), m.get(KBias(l)), m.get(VBias(l))) {
                 q.iter_mut().zip(bq).for_each(|(a, &b)| *a += b as f64);
                 k.iter_mut().zip(bk).for_each(|(a, &b)| *a += b as f64);
                 v.iter_mut().zip(bv).for_each(|(a, &b)| *a += b as f64);
@@ -440,10 +368,7 @@ pub fn reference_logits(m: &Tiny, tokens: &[u32]) -> Vec<Vec<f32>> {
                 let q = &qs[pos][h * hd..(h + 1) * hd];
                 let scores: Vec<f64> = (0..=pos)
                     .map(|s| {
-                        q.iter()
-                            .zip(&ks[s][kvh * hd..(kvh + 1) * hd])
-                            .map(|(a, b)| a * b)
-                            .sum::<f64>()
+                        q.iter().zip(&ks[s][kvh * hd..(kvh + 1) * hd]).map(|(a, b)| a * b).sum::<f64>()
                             / (hd as f64).sqrt()
                     })
                     .collect();
@@ -461,23 +386,14 @@ pub fn reference_logits(m: &Tiny, tokens: &[u32]) -> Vec<Vec<f32>> {
             let h = rms(x, g(FfnNorm(l)), m.eps);
             let gate = matvec(g(Gate(l)), &h, m.inter);
             let up = matvec(g(Up(l)), &h, m.inter);
-            let act: Vec<f64> = gate
-                .iter()
-                .zip(&up)
-                .map(|(g, u)| g / (1.0 + (-g).exp()) * u)
-                .collect();
+            let act: Vec<f64> = gate.iter().zip(&up).map(|(g, u)| g / (1.0 + (-g).exp()) * u).collect();
             let d = matvec(g(Down(l)), &act, m.hidden);
             x.iter_mut().zip(&d).for_each(|(a, b)| *a += b);
         }
     }
     let out = m.get(Output).unwrap_or_else(|| g(Embed));
     xs.iter()
-        .map(|x| {
-            matvec(out, &rms(x, g(OutputNorm), m.eps), m.vocab)
-                .into_iter()
-                .map(|v| v as f32)
-                .collect()
-        })
+        .map(|x| matvec(out, &rms(x, g(OutputNorm), m.eps), m.vocab).into_iter().map(|v| v as f32).collect())
         .collect()
 }
 

@@ -27,23 +27,13 @@ unsafe impl Send for OutPtr {}
 unsafe impl Sync for OutPtr {}
 
 /// `q` and `out` are `rows × (n_heads · head_dim)`.
-pub fn attention(
-    dots: &Dots,
-    q: &[f32],
-    kv: &LayerKv,
-    seqs: &[AttnSeq<'_>],
-    s: &AttnShape,
-    out: &mut [f32],
-) {
+pub fn attention(dots: &Dots, q: &[f32], kv: &LayerKv, seqs: &[AttnSeq<'_>], s: &AttnShape, out: &mut [f32]) {
     let (hd, nkv) = (s.head_dim, s.n_kv_heads);
     let rep = s.n_heads / nkv;
     let q_cols = s.n_heads * hd;
     let kv_cols = nkv * hd;
-    let row_seq: Vec<(usize, usize)> = seqs
-        .iter()
-        .enumerate()
-        .flat_map(|(i, sq)| sq.rows.clone().map(move |r| (r, i)))
-        .collect();
+    let row_seq: Vec<(usize, usize)> =
+        seqs.iter().enumerate().flat_map(|(i, sq)| sq.rows.clone().map(move |r| (r, i))).collect();
     let ptr = OutPtr(out.as_mut_ptr());
     let task = |idx: usize| {
         let ptr = ptr;
@@ -92,9 +82,7 @@ pub fn attention(
                 let dst = row * q_cols + (g * rep + h) * hd;
                 // SAFETY: `dst..dst+hd` is inside `out` (row < rows, head < n_heads)
                 // and only this task writes heads g*rep..(g+1)*rep of this row.
-                unsafe {
-                    std::ptr::copy_nonoverlapping(acc[h * hd..].as_ptr(), ptr.0.add(dst), hd)
-                };
+                unsafe { std::ptr::copy_nonoverlapping(acc[h * hd..].as_ptr(), ptr.0.add(dst), hd) };
             }
         });
     };

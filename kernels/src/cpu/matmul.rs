@@ -45,14 +45,7 @@ unsafe impl Sync for OutPtr {}
 /// Tokens per tile: a tile's activations stay in L2 while a weight row is reused.
 const TOKEN_TILE: usize = 64;
 
-fn run<W: Block, A: Sync>(
-    w: &[W],
-    x: &[A],
-    t: usize,
-    n: usize,
-    out: &mut [f32],
-    dot: fn(&[W], &[A]) -> f32,
-) {
+fn run<W: Block, A: Sync>(w: &[W], x: &[A], t: usize, n: usize, out: &mut [f32], dot: fn(&[W], &[A]) -> f32) {
     let wpr = w.len() / n;
     let apr = x.len() / t;
     let threads = rayon::current_num_threads().max(1);
@@ -97,13 +90,7 @@ impl CpuMatrix {
 }
 
 /// `x` is `t × k` f32, each `out` is `t × rows(w)`; all weights share `x`.
-pub fn matmul_many(
-    dots: &Dots,
-    x: &[f32],
-    t: usize,
-    jobs: &mut [(&CpuMatrix, &mut [f32])],
-    s: &mut MatmulScratch,
-) {
+pub fn matmul_many(dots: &Dots, x: &[f32], t: usize, jobs: &mut [(&CpuMatrix, &mut [f32])], s: &mut MatmulScratch) {
     if t == 0 {
         return;
     }
@@ -111,15 +98,11 @@ pub fn matmul_many(
     let forms: Vec<ActForm> = jobs.iter().map(|(w, _)| act_form(w.tensor.dtype)).collect();
     if forms.contains(&ActForm::Q8A) {
         s.q8a.resize(t * k / 32, BlockQ8A::default());
-        x.par_chunks(k)
-            .zip(s.q8a.par_chunks_mut(k / 32))
-            .for_each(|(xr, qr)| quantize_q8a(xr, qr));
+        x.par_chunks(k).zip(s.q8a.par_chunks_mut(k / 32)).for_each(|(xr, qr)| quantize_q8a(xr, qr));
     }
     if forms.contains(&ActForm::Q8K) {
         s.q8k.resize(t * k / 256, BlockQ8K::default());
-        x.par_chunks(k)
-            .zip(s.q8k.par_chunks_mut(k / 256))
-            .for_each(|(xr, qr)| quantize_q8k(xr, qr));
+        x.par_chunks(k).zip(s.q8k.par_chunks_mut(k / 256)).for_each(|(xr, qr)| quantize_q8k(xr, qr));
     }
     for (w, out) in jobs.iter_mut() {
         debug_assert_eq!(w.cols(), k);

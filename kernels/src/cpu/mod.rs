@@ -50,24 +50,15 @@ impl CpuBackend {
 
     /// A backend at a given SIMD level; an error if this CPU lacks it.
     pub fn with_level(threads: usize, level: SimdLevel) -> Result<CpuBackend, BackendError> {
-        let dots = Dots::for_level(level).ok_or_else(|| {
-            BackendError::Unsupported(format!("this CPU cannot run {} kernels", level.name()))
-        })?;
-        let threads = if threads == 0 {
-            std::thread::available_parallelism().map_or(1, |n| n.get())
-        } else {
-            threads
-        };
+        let dots = Dots::for_level(level)
+            .ok_or_else(|| BackendError::Unsupported(format!("this CPU cannot run {} kernels", level.name())))?;
+        let threads = if threads == 0 { std::thread::available_parallelism().map_or(1, |n| n.get()) } else { threads };
         let pool = rayon::ThreadPoolBuilder::new()
             .num_threads(threads)
             .thread_name(|i| format!("cachet-cpu-{i}"))
             .build()
             .map_err(|e| BackendError::Unsupported(format!("thread pool: {e}")))?;
-        Ok(CpuBackend {
-            dots,
-            pool: Arc::new(pool),
-            scratch: Mutex::new(MatmulScratch::default()),
-        })
+        Ok(CpuBackend { dots, pool: Arc::new(pool), scratch: Mutex::new(MatmulScratch::default()) })
     }
 
     /// The SIMD level in use.
@@ -81,8 +72,7 @@ impl CpuBackend {
     }
 
     fn vector<'a>(&self, w: &'a CpuMatrix) -> &'a [f32] {
-        crate::quant::cast_blocks::<f32>(w.tensor.bytes.as_slice())
-            .expect("vectors are loaded as f32")
+        crate::quant::cast_blocks::<f32>(w.tensor.bytes.as_slice()).expect("vectors are loaded as f32")
     }
 }
 
@@ -92,26 +82,17 @@ impl Backend for CpuBackend {
     type Kv = CpuKv;
 
     fn name(&self) -> String {
-        format!(
-            "cpu ({}, {} threads)",
-            self.dots.level.name(),
-            self.threads()
-        )
+        format!("cpu ({}, {} threads)", self.dots.level.name(), self.threads())
     }
 
     fn load(&self, t: HostTensor) -> Result<CpuMatrix, BackendError> {
         if t.shape.len() > 2 {
-            return Err(BackendError::Unsupported(format!(
-                "{}-dimensional tensor",
-                t.shape.len()
-            )));
+            return Err(BackendError::Unsupported(format!("{}-dimensional tensor", t.shape.len())));
         }
         // Vectors (norm weights, biases) are used as f32 directly.
         if t.rows() == 1 && t.dtype != DType::F32 {
             let values = t.to_f32()?;
-            return Ok(CpuMatrix {
-                tensor: HostTensor::from_f32(t.shape.clone(), &values),
-            });
+            return Ok(CpuMatrix { tensor: HostTensor::from_f32(t.shape.clone(), &values) });
         }
         let t = HostTensor::new(t.dtype, t.shape, t.bytes)?;
         Ok(CpuMatrix { tensor: t })
@@ -152,17 +133,11 @@ impl Backend for CpuBackend {
             let alloc = || {
                 let mut v: Vec<f16> = Vec::new();
                 v.try_reserve_exact(per_layer)
-                    .map_err(|_| BackendError::OutOfMemory {
-                        what: "KV pool",
-                        bytes: layout.bytes(),
-                    })?;
+                    .map_err(|_| BackendError::OutOfMemory { what: "KV pool", bytes: layout.bytes() })?;
                 v.resize(per_layer, f16::ZERO);
                 Ok::<_, BackendError>(v)
             };
-            layers.push(LayerKv {
-                k: alloc()?,
-                v: alloc()?,
-            });
+            layers.push(LayerKv { k: alloc()?, v: alloc()? });
         }
         Ok(CpuKv { layout, layers })
     }
@@ -171,12 +146,7 @@ impl Backend for CpuBackend {
         self.pool.install(f)
     }
 
-    fn embed(
-        &self,
-        table: &CpuMatrix,
-        tokens: &[u32],
-        out: &mut CpuBuf,
-    ) -> Result<(), BackendError> {
+    fn embed(&self, table: &CpuMatrix, tokens: &[u32], out: &mut CpuBuf) -> Result<(), BackendError> {
         let (vocab, cols) = (table.rows(), table.cols());
         self.resize(out, tokens.len(), cols);
         let row_bytes = table.tensor.dtype.bytes_for(cols)?;
@@ -186,11 +156,7 @@ impl Backend for CpuBackend {
             if t >= vocab {
                 return Err(BackendError::TokenOutOfRange { token: tok, vocab });
             }
-            dequantize_row(
-                table.tensor.dtype,
-                &bytes[t * row_bytes..(t + 1) * row_bytes],
-                row,
-            )?;
+            dequantize_row(table.tensor.dtype, &bytes[t * row_bytes..(t + 1) * row_bytes], row)?;
         }
         Ok(())
     }
@@ -199,14 +165,11 @@ impl Backend for CpuBackend {
         for (w, out) in jobs.iter_mut() {
             self.resize(out, x.rows, w.rows());
         }
-        let mut slices: Vec<(&CpuMatrix, &mut [f32])> = jobs
-            .iter_mut()
-            .map(|(w, out)| (*w, out.data.as_mut_slice()))
-            .collect();
+        let mut slices: Vec<(&CpuMatrix, &mut [f32])> =
+            jobs.iter_mut().map(|(w, out)| (*w, out.data.as_mut_slice())).collect();
         let mut guard = self.scratch.lock().unwrap_or_else(|e| e.into_inner());
         let scratch: &mut MatmulScratch = &mut guard;
-        self.pool
-            .install(|| matmul_many(&self.dots, &x.data, x.rows, &mut slices, scratch));
+        self.pool.install(|| matmul_many(&self.dots, &x.data, x.rows, &mut slices, scratch));
     }
 
     fn add_bias(&self, x: &mut CpuBuf, bias: &CpuMatrix) {
@@ -221,14 +184,12 @@ impl Backend for CpuBackend {
     fn rms_norm(&self, x: &CpuBuf, w: &CpuMatrix, eps: f32, out: &mut CpuBuf) {
         self.resize(out, x.rows, x.cols);
         let w = self.vector(w);
-        self.pool
-            .install(|| ops::rms_norm(&x.data, w, eps, &mut out.data));
+        self.pool.install(|| ops::rms_norm(&x.data, w, eps, &mut out.data));
     }
 
     fn rms_norm_heads(&self, x: &mut CpuBuf, w: &CpuMatrix, eps: f32, head_dim: usize) {
         let w = self.vector(w);
-        self.pool
-            .install(|| ops::rms_norm_inplace(&mut x.data, w, eps, head_dim));
+        self.pool.install(|| ops::rms_norm_inplace(&mut x.data, w, eps, head_dim));
     }
 
     fn rope_table(&self, positions: &[u32], rope: &RopeConfig, out: &mut CpuBuf) {
@@ -238,14 +199,12 @@ impl Backend for CpuBackend {
 
     fn rope(&self, x: &mut CpuBuf, table: &CpuBuf, rope: &RopeConfig) {
         let cols = x.cols;
-        self.pool
-            .install(|| ops::rope(&mut x.data, cols, &table.data, rope));
+        self.pool.install(|| ops::rope(&mut x.data, cols, &table.data, rope));
     }
 
     fn silu_mul(&self, gate: &mut CpuBuf, up: &CpuBuf) {
         let cols = gate.cols;
-        self.pool
-            .install(|| ops::silu_mul(&mut gate.data, &up.data, cols));
+        self.pool.install(|| ops::silu_mul(&mut gate.data, &up.data, cols));
     }
 
     fn kv_store(&self, kv: &mut CpuKv, layer: usize, k: &CpuBuf, v: &CpuBuf, slots: &[u32]) {
@@ -263,23 +222,13 @@ impl Backend for CpuBackend {
         out: &mut CpuBuf,
     ) {
         self.resize(out, q.rows, q.cols);
-        self.pool.install(|| {
-            attention::attention(
-                &self.dots,
-                &q.data,
-                &kv.layers[layer],
-                seqs,
-                shape,
-                &mut out.data,
-            )
-        });
+        self.pool.install(|| attention::attention(&self.dots, &q.data, &kv.layers[layer], seqs, shape, &mut out.data));
     }
 
     fn gather_rows(&self, x: &CpuBuf, rows: &[usize], out: &mut CpuBuf) {
         self.resize(out, rows.len(), x.cols);
         for (i, &r) in rows.iter().enumerate() {
-            out.data[i * x.cols..(i + 1) * x.cols]
-                .copy_from_slice(&x.data[r * x.cols..(r + 1) * x.cols]);
+            out.data[i * x.cols..(i + 1) * x.cols].copy_from_slice(&x.data[r * x.cols..(r + 1) * x.cols]);
         }
     }
 }

@@ -9,9 +9,7 @@ const PAR_ROWS: usize = 16;
 
 fn for_rows(x: &mut [f32], cols: usize, f: impl Fn(usize, &mut [f32]) + Sync) {
     if x.len() / cols.max(1) >= PAR_ROWS {
-        x.par_chunks_mut(cols)
-            .enumerate()
-            .for_each(|(i, r)| f(i, r));
+        x.par_chunks_mut(cols).enumerate().for_each(|(i, r)| f(i, r));
     } else {
         x.chunks_mut(cols).enumerate().for_each(|(i, r)| f(i, r));
     }
@@ -94,11 +92,7 @@ pub fn silu_mul(gate: &mut [f32], up: &[f32], cols: usize) {
 pub fn add(x: &mut [f32], y: &[f32], cols: usize) {
     let broadcast = y.len() == cols;
     for_rows(x, cols, |i, r| {
-        let y = if broadcast {
-            y
-        } else {
-            &y[i * cols..(i + 1) * cols]
-        };
+        let y = if broadcast { y } else { &y[i * cols..(i + 1) * cols] };
         for (a, b) in r.iter_mut().zip(y) {
             *a += b;
         }

@@ -98,11 +98,7 @@ pub struct BlockQ8K {
 
 impl Default for BlockQ8K {
     fn default() -> Self {
-        Self {
-            d: 0.0,
-            qs: [0; 256],
-            bsums: [0; 16],
-        }
+        Self { d: 0.0, qs: [0; 256], bsums: [0; 16] }
     }
 }
 
@@ -166,9 +162,7 @@ pub fn cast_blocks<T: Block>(bytes: &[u8]) -> Option<&[T]> {
 /// The bytes of a slice of blocks.
 pub fn block_bytes<T: Block>(blocks: &[T]) -> &[u8] {
     // SAFETY: T has no padding (Block contract), so every byte is initialised.
-    unsafe {
-        std::slice::from_raw_parts(blocks.as_ptr().cast::<u8>(), std::mem::size_of_val(blocks))
-    }
+    unsafe { std::slice::from_raw_parts(blocks.as_ptr().cast::<u8>(), std::mem::size_of_val(blocks)) }
 }
 
 /// Unpacks the 6-bit scale and min of sub-block `j` (0..8) of a `Q4_K`/`Q5_K`
@@ -178,9 +172,6 @@ pub fn scale_min_k4(j: usize, q: &[u8; 12]) -> (u8, u8) {
     if j < 4 {
         (q[j] & 63, q[j + 4] & 63)
     } else {
-        (
-            (q[j + 4] & 0xF) | ((q[j - 4] >> 6) << 4),
-            (q[j + 4] >> 4) | ((q[j] >> 6) << 4),
-        )
+        ((q[j + 4] & 0xF) | ((q[j - 4] >> 6) << 4), (q[j + 4] >> 4) | ((q[j] >> 6) << 4))
     }
 }

@@ -8,25 +8,16 @@ use half::{bf16, f16};
 /// Dequantizes `out.len()` values of `dtype` from `bytes`.
 pub fn dequantize_row(dtype: DType, bytes: &[u8], out: &mut [f32]) -> Result<(), QuantError> {
     dtype.check(bytes, out.len())?;
-    let view = |_| QuantError::Misaligned {
-        dtype,
-        align: dtype.align(),
-    };
+    let view = |_| QuantError::Misaligned { dtype, align: dtype.align() };
     match dtype {
         DType::F32 => out.copy_from_slice(cast_blocks::<f32>(bytes).ok_or(()).map_err(view)?),
         DType::F16 => {
-            for (o, v) in out
-                .iter_mut()
-                .zip(cast_blocks::<f16>(bytes).ok_or(()).map_err(view)?)
-            {
+            for (o, v) in out.iter_mut().zip(cast_blocks::<f16>(bytes).ok_or(()).map_err(view)?) {
                 *o = v.to_f32();
             }
         }
         DType::BF16 => {
-            for (o, v) in out
-                .iter_mut()
-                .zip(cast_blocks::<bf16>(bytes).ok_or(()).map_err(view)?)
-            {
+            for (o, v) in out.iter_mut().zip(cast_blocks::<bf16>(bytes).ok_or(()).map_err(view)?) {
                 *o = v.to_f32();
             }
         }

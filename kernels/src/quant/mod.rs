@@ -16,18 +16,10 @@ pub use quantize::{quantize_q8a, quantize_q8k, quantize_row};
 pub enum QuantError {
     /// The element count is not a whole number of blocks of the format.
     #[error("{dtype:?}: {len} values is not a multiple of the block length {block}")]
-    PartialBlock {
-        dtype: DType,
-        len: usize,
-        block: usize,
-    },
+    PartialBlock { dtype: DType, len: usize, block: usize },
     /// The byte slice does not hold exactly the expected number of bytes.
     #[error("{dtype:?}: expected {expected} bytes, got {got}")]
-    ByteLength {
-        dtype: DType,
-        expected: usize,
-        got: usize,
-    },
+    ByteLength { dtype: DType, expected: usize, got: usize },
     /// The bytes are not aligned for the format's blocks.
     #[error("{dtype:?}: data is not aligned to {align} bytes")]
     Misaligned { dtype: DType, align: usize },
@@ -138,11 +130,7 @@ impl DType {
     pub fn bytes_for(self, n: usize) -> Result<usize, QuantError> {
         let block = self.block_len();
         if n % block != 0 {
-            return Err(QuantError::PartialBlock {
-                dtype: self,
-                len: n,
-                block,
-            });
+            return Err(QuantError::PartialBlock { dtype: self, len: n, block });
         }
         Ok(n / block * self.block_bytes())
     }
@@ -151,17 +139,10 @@ impl DType {
     pub fn check(self, bytes: &[u8], n: usize) -> Result<(), QuantError> {
         let expected = self.bytes_for(n)?;
         if bytes.len() != expected {
-            return Err(QuantError::ByteLength {
-                dtype: self,
-                expected,
-                got: bytes.len(),
-            });
+            return Err(QuantError::ByteLength { dtype: self, expected, got: bytes.len() });
         }
         if (bytes.as_ptr() as usize) % self.align() != 0 {
-            return Err(QuantError::Misaligned {
-                dtype: self,
-                align: self.align(),
-            });
+            return Err(QuantError::Misaligned { dtype: self, align: self.align() });
         }
         Ok(())
     }

@@ -11,11 +11,7 @@ use half::{bf16, f16};
 pub fn quantize_row(dtype: DType, x: &[f32], out: &mut [u8]) -> Result<(), QuantError> {
     let expected = dtype.bytes_for(x.len())?;
     if out.len() != expected {
-        return Err(QuantError::ByteLength {
-            dtype,
-            expected,
-            got: out.len(),
-        });
+        return Err(QuantError::ByteLength { dtype, expected, got: out.len() });
     }
     let block = dtype.block_len();
     let size = dtype.block_bytes();
@@ -41,8 +37,7 @@ fn write<T: Block>(out: &mut [u8], block: &T) {
 
 /// The value of largest magnitude, with its sign.
 fn signed_max(xs: &[f32]) -> f32 {
-    xs.iter()
-        .fold(0.0f32, |m, &v| if v.abs() > m.abs() { v } else { m })
+    xs.iter().fold(0.0f32, |m, &v| if v.abs() > m.abs() { v } else { m })
 }
 
 fn q4_0(xs: &[f32]) -> BlockQ4_0 {
@@ -54,10 +49,7 @@ fn q4_0(xs: &[f32]) -> BlockQ4_0 {
     for j in 0..16 {
         qs[j] = q(xs[j]) | (q(xs[j + 16]) << 4);
     }
-    BlockQ4_0 {
-        d: f16::from_f32(d),
-        qs,
-    }
+    BlockQ4_0 { d: f16::from_f32(d), qs }
 }
 
 fn q5_0(xs: &[f32]) -> BlockQ5_0 {
@@ -72,11 +64,7 @@ fn q5_0(xs: &[f32]) -> BlockQ5_0 {
         qs[j] = ((a & 0xF) | ((b & 0xF) << 4)) as u8;
         qh |= ((a >> 4) << j) | ((b >> 4) << (j + 16));
     }
-    BlockQ5_0 {
-        d: f16::from_f32(d),
-        qh: qh.to_le_bytes(),
-        qs,
-    }
+    BlockQ5_0 { d: f16::from_f32(d), qh: qh.to_le_bytes(), qs }
 }
 
 fn q8_0(xs: &[f32]) -> BlockQ8_0 {
@@ -87,10 +75,7 @@ fn q8_0(xs: &[f32]) -> BlockQ8_0 {
     for (q, &v) in qs.iter_mut().zip(xs) {
         *q = (v * id).round() as i8;
     }
-    BlockQ8_0 {
-        d: f16::from_f32(d),
-        qs,
-    }
+    BlockQ8_0 { d: f16::from_f32(d), qs }
 }
 
 /// Per-sub-block affine parameters of a K block: for each sub-block, the scale
@@ -154,23 +139,11 @@ fn q4_k(xs: &[f32]) -> BlockQ4K {
     for j in 0..4 {
         for l in 0..32 {
             let lo = k_level(xs[64 * j + l], df, dminf, sc[2 * j], m[2 * j], 15);
-            let hi = k_level(
-                xs[64 * j + 32 + l],
-                df,
-                dminf,
-                sc[2 * j + 1],
-                m[2 * j + 1],
-                15,
-            );
+            let hi = k_level(xs[64 * j + 32 + l], df, dminf, sc[2 * j + 1], m[2 * j + 1], 15);
             qs[32 * j + l] = (lo | (hi << 4)) as u8;
         }
     }
-    BlockQ4K {
-        d,
-        dmin,
-        scales: pack_scales_k4(&sc, &m),
-        qs,
-    }
+    BlockQ4K { d, dmin, scales: pack_scales_k4(&sc, &m), qs }
 }
 
 fn q5_k(xs: &[f32]) -> BlockQ5K {
@@ -182,25 +155,12 @@ fn q5_k(xs: &[f32]) -> BlockQ5K {
     for j in 0..4 {
         for l in 0..32 {
             let lo = k_level(xs[64 * j + l], df, dminf, sc[2 * j], m[2 * j], 31);
-            let hi = k_level(
-                xs[64 * j + 32 + l],
-                df,
-                dminf,
-                sc[2 * j + 1],
-                m[2 * j + 1],
-                31,
-            );
+            let hi = k_level(xs[64 * j + 32 + l], df, dminf, sc[2 * j + 1], m[2 * j + 1], 31);
             qs[32 * j + l] = ((lo & 0xF) | ((hi & 0xF) << 4)) as u8;
             qh[l] |= (((lo >> 4) << (2 * j)) | ((hi >> 4) << (2 * j + 1))) as u8;
         }
     }
-    BlockQ5K {
-        d,
-        dmin,
-        scales: pack_scales_k4(&sc, &m),
-        qh,
-        qs,
-    }
+    BlockQ5K { d, dmin, scales: pack_scales_k4(&sc, &m), qh, qs }
 }
 
 fn q6_k(xs: &[f32]) -> BlockQ6K {
@@ -209,29 +169,17 @@ fn q6_k(xs: &[f32]) -> BlockQ6K {
         scale[i] = signed_max(c) / -32.0;
     }
     let max_scale = signed_max(&scale);
-    let d = if max_scale != 0.0 {
-        max_scale / -128.0
-    } else {
-        0.0
-    };
+    let d = if max_scale != 0.0 { max_scale / -128.0 } else { 0.0 };
     let dh = f16::from_f32(d);
     let df = dh.to_f32();
     let mut scales = [0i8; 16];
     for (s, &v) in scales.iter_mut().zip(&scale) {
-        *s = if df != 0.0 {
-            (v / df).round().clamp(-128.0, 127.0) as i8
-        } else {
-            0
-        };
+        *s = if df != 0.0 { (v / df).round().clamp(-128.0, 127.0) as i8 } else { 0 };
     }
     let mut q = [0u8; 256];
     for (i, v) in q.iter_mut().enumerate() {
         let ds = df * scales[i / 16] as f32;
-        let level = if ds != 0.0 {
-            (xs[i] / ds).round() as i32
-        } else {
-            0
-        };
+        let level = if ds != 0.0 { (xs[i] / ds).round() as i32 } else { 0 };
         *v = (level.clamp(-32, 31) + 32) as u8;
     }
     let mut ql = [0u8; 128];
@@ -245,12 +193,7 @@ fn q6_k(xs: &[f32]) -> BlockQ6K {
             qh[l] = (q1 >> 4) | ((q2 >> 4) << 2) | ((q3 >> 4) << 4) | ((q4 >> 4) << 6);
         }
     }
-    BlockQ6K {
-        ql,
-        qh,
-        scales,
-        d: dh,
-    }
+    BlockQ6K { ql, qh, scales, d: dh }
 }
 
 /// Quantizes activations for the 32-value formats: per block, `d = amax/127`
@@ -294,9 +237,7 @@ mod tests {
     use super::*;
 
     fn wave(n: usize, seed: u32) -> Vec<f32> {
-        (0..n)
-            .map(|i| ((i as f32 * 0.37 + seed as f32).sin() * (1.0 + (i % 7) as f32 * 0.3)))
-            .collect()
+        (0..n).map(|i| ((i as f32 * 0.37 + seed as f32).sin() * (1.0 + (i % 7) as f32 * 0.3))).collect()
     }
 
     /// Every weight format round-trips within the error its bit width allows.
@@ -320,10 +261,7 @@ mod tests {
                 DType::Q4_0 | DType::Q4_K => 2.0,
             };
             let tol = amax * 2f32.powf(-bits);
-            let err = x
-                .iter()
-                .zip(&y)
-                .fold(0.0f32, |m, (a, b)| m.max((a - b).abs()));
+            let err = x.iter().zip(&y).fold(0.0f32, |m, (a, b)| m.max((a - b).abs()));
             assert!(err <= tol, "{dtype}: max error {err} > {tol}");
         }
     }
@@ -340,13 +278,7 @@ mod tests {
         quantize_q8k(&x, &mut k);
         for (i, b) in k.iter().enumerate() {
             for (g, s) in b.bsums.iter().enumerate() {
-                assert_eq!(
-                    *s as i32,
-                    b.qs[16 * g..16 * g + 16]
-                        .iter()
-                        .map(|&q| q as i32)
-                        .sum::<i32>()
-                );
+                assert_eq!(*s as i32, b.qs[16 * g..16 * g + 16].iter().map(|&q| q as i32).sum::<i32>());
             }
             let back: Vec<f32> = b.qs.iter().map(|&q| q as f32 * b.d).collect();
             for (u, v) in back.iter().zip(&x[256 * i..]) {
@@ -359,14 +291,8 @@ mod tests {
     fn wrong_lengths_are_errors() {
         let x = wave(40, 1);
         let mut out = vec![0u8; 100];
-        assert!(matches!(
-            quantize_row(DType::Q4_0, &x, &mut out),
-            Err(QuantError::PartialBlock { .. })
-        ));
+        assert!(matches!(quantize_row(DType::Q4_0, &x, &mut out), Err(QuantError::PartialBlock { .. })));
         let mut y = vec![0f32; 32];
-        assert!(matches!(
-            dequantize_row(DType::Q8_0, &[0u8; 30], &mut y),
-            Err(QuantError::ByteLength { .. })
-        ));
+        assert!(matches!(dequantize_row(DType::Q8_0, &[0u8; 30], &mut y), Err(QuantError::ByteLength { .. })));
     }
 }

@@ -66,10 +66,7 @@ unsafe fn dot_u8i8(w: __m256i, x: __m256i) -> __m256i {
 unsafe fn block32(acc: __m256, wq: __m256i, a: &BlockQ8A, d: f16, offset: i32) -> __m256 {
     unsafe {
         let xq = load256(a.qs.as_ptr().cast());
-        let p = _mm256_add_epi32(
-            dot_u8i8(wq, xq),
-            _mm256_setr_epi32(-offset * a.sum, 0, 0, 0, 0, 0, 0, 0),
-        );
+        let p = _mm256_add_epi32(dot_u8i8(wq, xq), _mm256_setr_epi32(-offset * a.sum, 0, 0, 0, 0, 0, 0, 0));
         let d = _mm256_set1_ps(f16_to_f32(d) * a.d);
         _mm256_fmadd_ps(_mm256_cvtepi32_ps(p), d, acc)
     }
@@ -89,10 +86,7 @@ pub unsafe fn q5_0(w: &[BlockQ5_0], x: &[BlockQ8A]) -> f32 {
     let mut acc = _mm256_setzero_ps();
     for (b, a) in w.iter().zip(x) {
         unsafe {
-            let wq = _mm256_or_si256(
-                nibbles32(b.qs.as_ptr()),
-                bits32(u32::from_le_bytes(b.qh), 0x10),
-            );
+            let wq = _mm256_or_si256(nibbles32(b.qs.as_ptr()), bits32(u32::from_le_bytes(b.qh), 0x10));
             acc = block32(acc, wq, a, b.d, 16);
         }
     }
@@ -159,17 +153,10 @@ pub unsafe fn q5_k(w: &[BlockQ5K], x: &[BlockQ8K]) -> f32 {
             let (sc1, _) = scale_min_k4(2 * j + 1, &b.scales);
             unsafe {
                 let q = load256(b.qs[32 * j..].as_ptr());
-                let h0 =
-                    _mm256_and_si256(_mm256_srl_epi16(qh, _mm_cvtsi32_si128(2 * j as i32)), one);
-                let h1 = _mm256_and_si256(
-                    _mm256_srl_epi16(qh, _mm_cvtsi32_si128(2 * j as i32 + 1)),
-                    one,
-                );
+                let h0 = _mm256_and_si256(_mm256_srl_epi16(qh, _mm_cvtsi32_si128(2 * j as i32)), one);
+                let h1 = _mm256_and_si256(_mm256_srl_epi16(qh, _mm_cvtsi32_si128(2 * j as i32 + 1)), one);
                 let lo = _mm256_or_si256(_mm256_and_si256(q, low), _mm256_slli_epi16(h0, 4));
-                let hi = _mm256_or_si256(
-                    _mm256_and_si256(_mm256_srli_epi16(q, 4), low),
-                    _mm256_slli_epi16(h1, 4),
-                );
+                let hi = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(q, 4), low), _mm256_slli_epi16(h1, 4));
                 let x0 = load256(a.qs[64 * j..].as_ptr().cast());
                 let x1 = load256(a.qs[64 * j + 32..].as_ptr().cast());
                 iacc = _mm256_add_epi32(iacc, dot_scaled(lo, x0, _mm256_set1_epi16(sc0 as i16)));
@@ -191,8 +178,7 @@ pub unsafe fn q6_k(w: &[BlockQ6K], x: &[BlockQ8K]) -> f32 {
         let mut iacc = _mm256_setzero_si256();
         for half in 0..2 {
             let sc = |g: usize| b.scales[8 * half + g] as i16;
-            let scales =
-                |g: usize| _mm256_set_m128i(_mm_set1_epi16(sc(g + 1)), _mm_set1_epi16(sc(g)));
+            let scales = |g: usize| _mm256_set_m128i(_mm_set1_epi16(sc(g + 1)), _mm_set1_epi16(sc(g)));
             unsafe {
                 let ql0 = load256(b.ql[64 * half..].as_ptr());
                 let ql1 = load256(b.ql[64 * half + 32..].as_ptr());
@@ -203,18 +189,13 @@ pub unsafe fn q6_k(w: &[BlockQ6K], x: &[BlockQ8K]) -> f32 {
                 };
                 let q1 = _mm256_or_si256(_mm256_and_si256(ql0, low), hbits(0));
                 let q2 = _mm256_or_si256(_mm256_and_si256(ql1, low), hbits(2));
-                let q3 =
-                    _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(ql0, 4), low), hbits(4));
-                let q4 =
-                    _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(ql1, 4), low), hbits(6));
+                let q3 = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(ql0, 4), low), hbits(4));
+                let q4 = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(ql1, 4), low), hbits(6));
                 let xs = a.qs[128 * half..].as_ptr();
                 iacc = _mm256_add_epi32(iacc, dot_scaled(q1, load256(xs.cast()), scales(0)));
-                iacc =
-                    _mm256_add_epi32(iacc, dot_scaled(q2, load256(xs.add(32).cast()), scales(2)));
-                iacc =
-                    _mm256_add_epi32(iacc, dot_scaled(q3, load256(xs.add(64).cast()), scales(4)));
-                iacc =
-                    _mm256_add_epi32(iacc, dot_scaled(q4, load256(xs.add(96).cast()), scales(6)));
+                iacc = _mm256_add_epi32(iacc, dot_scaled(q2, load256(xs.add(32).cast()), scales(2)));
+                iacc = _mm256_add_epi32(iacc, dot_scaled(q3, load256(xs.add(64).cast()), scales(4)));
+                iacc = _mm256_add_epi32(iacc, dot_scaled(q4, load256(xs.add(96).cast()), scales(6)));
             }
         }
         let sumi = unsafe { hsum_epi32(iacc) } - q6_k_offset(&b.scales, &a.bsums);
@@ -225,22 +206,13 @@ pub unsafe fn q6_k(w: &[BlockQ6K], x: &[BlockQ8K]) -> f32 {
 
 /// Dense dot with 8-wide FMA; `load(i)` widens the 8 weights at `i` to f32.
 #[inline(always)]
-unsafe fn dense(
-    n: usize,
-    x: &[f32],
-    load: impl Fn(usize) -> __m256,
-    tail: impl Fn(usize) -> f32,
-) -> f32 {
+unsafe fn dense(n: usize, x: &[f32], load: impl Fn(usize) -> __m256, tail: impl Fn(usize) -> f32) -> f32 {
     let mut acc = [_mm256_setzero_ps(); 4];
     let mut i = 0;
     unsafe {
         while i + 32 <= n {
             for (k, a) in acc.iter_mut().enumerate() {
-                *a = _mm256_fmadd_ps(
-                    load(i + 8 * k),
-                    _mm256_loadu_ps(x.as_ptr().add(i + 8 * k)),
-                    *a,
-                );
+                *a = _mm256_fmadd_ps(load(i + 8 * k), _mm256_loadu_ps(x.as_ptr().add(i + 8 * k)), *a);
             }
             i += 32;
         }
@@ -267,14 +239,7 @@ pub unsafe fn f32(w: &[f32], x: &[f32]) -> f32 {
 #[target_feature(enable = "avx2,fma,f16c")]
 pub unsafe fn f16(w: &[f16], x: &[f32]) -> f32 {
     let n = w.len().min(x.len());
-    unsafe {
-        dense(
-            n,
-            x,
-            |i| _mm256_cvtph_ps(_mm_loadu_si128(w.as_ptr().add(i).cast())),
-            |i| w[i].to_f32(),
-        )
-    }
+    unsafe { dense(n, x, |i| _mm256_cvtph_ps(_mm_loadu_si128(w.as_ptr().add(i).cast())), |i| w[i].to_f32()) }
 }
 
 #[target_feature(enable = "avx2,fma,f16c")]

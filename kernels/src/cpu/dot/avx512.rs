@@ -51,12 +51,7 @@ impl Block32 for BlockQ5_0 {
     }
     #[inline(always)]
     unsafe fn weights(&self) -> __m256i {
-        unsafe {
-            _mm256_or_si256(
-                nibbles32(self.qs.as_ptr()),
-                bits32(u32::from_le_bytes(self.qh), 0x10),
-            )
-        }
+        unsafe { _mm256_or_si256(nibbles32(self.qs.as_ptr()), bits32(u32::from_le_bytes(self.qh), 0x10)) }
     }
 }
 
@@ -81,10 +76,7 @@ unsafe fn dot32<B: Block32>(w: &[B], x: &[BlockQ8A]) -> f32 {
         while i + 2 <= n {
             let (b0, b1, a0, a1) = (&w[i], &w[i + 1], &x[i], &x[i + 1]);
             let wv = join(b0.weights(), b1.weights());
-            let xv = join(
-                load256(a0.qs.as_ptr().cast()),
-                load256(a1.qs.as_ptr().cast()),
-            );
+            let xv = join(load256(a0.qs.as_ptr().cast()), load256(a1.qs.as_ptr().cast()));
             #[rustfmt::skip]
             let init = _mm512_setr_epi32(
                 -B::OFFSET * a0.sum, 0, 0, 0, 0, 0, 0, 0,
@@ -145,14 +137,10 @@ pub unsafe fn q4_k(w: &[BlockQ4K], x: &[BlockQ8K]) -> f32 {
             let (sc1, _) = scale_min_k4(2 * j + 1, &b.scales);
             unsafe {
                 let q = load256(b.qs[32 * j..].as_ptr());
-                let wv = join(
-                    _mm256_and_si256(q, low),
-                    _mm256_and_si256(_mm256_srli_epi16(q, 4), low),
-                );
+                let wv = join(_mm256_and_si256(q, low), _mm256_and_si256(_mm256_srli_epi16(q, 4), low));
                 let xv = _mm512_loadu_si512(a.qs[64 * j..].as_ptr().cast());
                 let p = _mm512_dpbusd_epi32(_mm512_setzero_si512(), wv, xv);
-                iacc =
-                    _mm512_add_epi32(iacc, _mm512_mullo_epi32(p, splat2(sc0 as i32, sc1 as i32)));
+                iacc = _mm512_add_epi32(iacc, _mm512_mullo_epi32(p, splat2(sc0 as i32, sc1 as i32)));
             }
         }
         let sumi = _mm512_reduce_add_epi32(iacc);
@@ -174,21 +162,13 @@ pub unsafe fn q5_k(w: &[BlockQ5K], x: &[BlockQ8K]) -> f32 {
             let (sc1, _) = scale_min_k4(2 * j + 1, &b.scales);
             unsafe {
                 let q = load256(b.qs[32 * j..].as_ptr());
-                let h0 =
-                    _mm256_and_si256(_mm256_srl_epi16(qh, _mm_cvtsi32_si128(2 * j as i32)), one);
-                let h1 = _mm256_and_si256(
-                    _mm256_srl_epi16(qh, _mm_cvtsi32_si128(2 * j as i32 + 1)),
-                    one,
-                );
+                let h0 = _mm256_and_si256(_mm256_srl_epi16(qh, _mm_cvtsi32_si128(2 * j as i32)), one);
+                let h1 = _mm256_and_si256(_mm256_srl_epi16(qh, _mm_cvtsi32_si128(2 * j as i32 + 1)), one);
                 let lo = _mm256_or_si256(_mm256_and_si256(q, low), _mm256_slli_epi16(h0, 4));
-                let hi = _mm256_or_si256(
-                    _mm256_and_si256(_mm256_srli_epi16(q, 4), low),
-                    _mm256_slli_epi16(h1, 4),
-                );
+                let hi = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(q, 4), low), _mm256_slli_epi16(h1, 4));
                 let xv = _mm512_loadu_si512(a.qs[64 * j..].as_ptr().cast());
                 let p = _mm512_dpbusd_epi32(_mm512_setzero_si512(), join(lo, hi), xv);
-                iacc =
-                    _mm512_add_epi32(iacc, _mm512_mullo_epi32(p, splat2(sc0 as i32, sc1 as i32)));
+                iacc = _mm512_add_epi32(iacc, _mm512_mullo_epi32(p, splat2(sc0 as i32, sc1 as i32)));
             }
         }
         let sumi = _mm512_reduce_add_epi32(iacc);
@@ -209,21 +189,14 @@ pub unsafe fn q6_k(w: &[BlockQ6K], x: &[BlockQ8K]) -> f32 {
             unsafe {
                 let ql = _mm512_loadu_si512(b.ql[64 * half..].as_ptr().cast());
                 let qh = load256(b.qh[32 * half..].as_ptr());
-                let hb = |shift: i32| {
-                    _mm256_and_si256(_mm256_srl_epi16(qh, _mm_cvtsi32_si128(shift)), three)
-                };
+                let hb = |shift: i32| _mm256_and_si256(_mm256_srl_epi16(qh, _mm_cvtsi32_si128(shift)), three);
                 let ha = _mm512_slli_epi16(join(hb(0), hb(2)), 4);
                 let hz = _mm512_slli_epi16(join(hb(4), hb(6)), 4);
                 let qa = _mm512_or_si512(_mm512_and_si512(ql, low), ha);
                 let qz = _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi16(ql, 4), low), hz);
                 let xs = a.qs[128 * half..].as_ptr();
-                let pa =
-                    _mm512_dpbusd_epi32(_mm512_setzero_si512(), qa, _mm512_loadu_si512(xs.cast()));
-                let pz = _mm512_dpbusd_epi32(
-                    _mm512_setzero_si512(),
-                    qz,
-                    _mm512_loadu_si512(xs.add(64).cast()),
-                );
+                let pa = _mm512_dpbusd_epi32(_mm512_setzero_si512(), qa, _mm512_loadu_si512(xs.cast()));
+                let pz = _mm512_dpbusd_epi32(_mm512_setzero_si512(), qz, _mm512_loadu_si512(xs.add(64).cast()));
                 // Each i32 lane covers 4 values; a 16-value group's scale covers 4 lanes.
                 let g = 8 * half as i8;
                 #[rustfmt::skip]
@@ -244,22 +217,13 @@ pub unsafe fn q6_k(w: &[BlockQ6K], x: &[BlockQ8K]) -> f32 {
 
 /// Dense dot with 16-wide FMA; `load(i)` widens the 16 weights at `i` to f32.
 #[inline(always)]
-unsafe fn dense(
-    n: usize,
-    x: &[f32],
-    load: impl Fn(usize) -> __m512,
-    tail: impl Fn(usize) -> f32,
-) -> f32 {
+unsafe fn dense(n: usize, x: &[f32], load: impl Fn(usize) -> __m512, tail: impl Fn(usize) -> f32) -> f32 {
     let mut acc = [_mm512_setzero_ps(); 4];
     let mut i = 0;
     unsafe {
         while i + 64 <= n {
             for (k, a) in acc.iter_mut().enumerate() {
-                *a = _mm512_fmadd_ps(
-                    load(i + 16 * k),
-                    _mm512_loadu_ps(x.as_ptr().add(i + 16 * k)),
-                    *a,
-                );
+                *a = _mm512_fmadd_ps(load(i + 16 * k), _mm512_loadu_ps(x.as_ptr().add(i + 16 * k)), *a);
             }
             i += 64;
         }
@@ -286,14 +250,7 @@ pub unsafe fn f32(w: &[f32], x: &[f32]) -> f32 {
 #[target_feature(enable = "avx512f,avx512bw,avx512dq,avx512vl,avx512vnni,avx2,fma,f16c")]
 pub unsafe fn f16(w: &[f16], x: &[f32]) -> f32 {
     let n = w.len().min(x.len());
-    unsafe {
-        dense(
-            n,
-            x,
-            |i| _mm512_cvtph_ps(load256(w.as_ptr().add(i).cast())),
-            |i| w[i].to_f32(),
-        )
-    }
+    unsafe { dense(n, x, |i| _mm512_cvtph_ps(load256(w.as_ptr().add(i).cast())), |i| w[i].to_f32()) }
 }
 
 #[target_feature(enable = "avx512f,avx512bw,avx512dq,avx512vl,avx512vnni,avx2,fma,f16c")]

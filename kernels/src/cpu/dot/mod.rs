@@ -33,9 +33,7 @@ impl SimdLevel {
             SimdLevel::Scalar => true,
             #[cfg(target_arch = "x86_64")]
             SimdLevel::Avx2 => {
-                is_x86_feature_detected!("avx2")
-                    && is_x86_feature_detected!("fma")
-                    && is_x86_feature_detected!("f16c")
+                is_x86_feature_detected!("avx2") && is_x86_feature_detected!("fma") && is_x86_feature_detected!("f16c")
             }
             #[cfg(target_arch = "x86_64")]
             SimdLevel::Avx512 => {
@@ -54,21 +52,12 @@ impl SimdLevel {
     /// The best level this CPU supports, capped by `CACHET_SIMD`
     /// (`scalar`, `avx2`, `avx512`) when that is set.
     pub fn detect() -> SimdLevel {
-        let cap = match std::env::var("CACHET_SIMD")
-            .ok()
-            .as_deref()
-            .map(str::to_ascii_lowercase)
-            .as_deref()
-        {
+        let cap = match std::env::var("CACHET_SIMD").ok().as_deref().map(str::to_ascii_lowercase).as_deref() {
             Some("scalar") => SimdLevel::Scalar,
             Some("avx2") => SimdLevel::Avx2,
             _ => SimdLevel::Avx512,
         };
-        Self::ALL
-            .into_iter()
-            .rev()
-            .find(|l| *l <= cap && l.is_supported())
-            .unwrap_or(SimdLevel::Scalar)
+        Self::ALL.into_iter().rev().find(|l| *l <= cap && l.is_supported()).unwrap_or(SimdLevel::Scalar)
     }
 
     /// Lower-case name.

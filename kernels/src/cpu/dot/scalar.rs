@@ -42,11 +42,7 @@ pub fn q5_0(w: &[BlockQ5_0], x: &[BlockQ8A]) -> f32 {
 pub fn q8_0(w: &[BlockQ8_0], x: &[BlockQ8A]) -> f32 {
     let mut acc = 0f32;
     for (b, a) in w.iter().zip(x) {
-        let isum: i32 =
-            b.qs.iter()
-                .zip(&a.qs)
-                .map(|(&p, &q)| p as i32 * q as i32)
-                .sum();
+        let isum: i32 = b.qs.iter().zip(&a.qs).map(|(&p, &q)| p as i32 * q as i32).sum();
         acc += (b.d.to_f32() * a.d) * isum as f32;
     }
     acc
@@ -55,14 +51,7 @@ pub fn q8_0(w: &[BlockQ8_0], x: &[BlockQ8A]) -> f32 {
 /// The float combination shared by the K formats with mins (`Q4_K`, `Q5_K`):
 /// every path computes `sumi` and `summ` exactly and then this.
 #[inline(always)]
-pub(crate) fn combine_k_min(
-    acc: f32,
-    a: &BlockQ8K,
-    d: f16,
-    dmin: f16,
-    sumi: i32,
-    summ: i32,
-) -> f32 {
+pub(crate) fn combine_k_min(acc: f32, a: &BlockQ8K, d: f16, dmin: f16, sumi: i32, summ: i32) -> f32 {
     acc + (a.d * d.to_f32()) * sumi as f32 - (a.d * dmin.to_f32()) * summ as f32
 }
 
@@ -123,12 +112,7 @@ pub fn q5_k(w: &[BlockQ5K], x: &[BlockQ8K]) -> f32 {
 /// the correction that turns a dot with the unsigned `q + 32` into one with `q`.
 #[inline(always)]
 pub(crate) fn q6_k_offset(scales: &[i8; 16], bsums: &[i16; 16]) -> i32 {
-    scales
-        .iter()
-        .zip(bsums)
-        .map(|(&s, &b)| s as i32 * b as i32)
-        .sum::<i32>()
-        * 32
+    scales.iter().zip(bsums).map(|(&s, &b)| s as i32 * b as i32).sum::<i32>() * 32
 }
 
 pub fn q6_k(w: &[BlockQ6K], x: &[BlockQ8K]) -> f32 {
@@ -151,11 +135,7 @@ pub fn q6_k(w: &[BlockQ6K], x: &[BlockQ8K]) -> f32 {
                 group[g + 6] += q4 as i32 * aq[l + 96] as i32;
             }
         }
-        let sumi: i32 = group
-            .iter()
-            .zip(&b.scales)
-            .map(|(&s, &c)| s * c as i32)
-            .sum();
+        let sumi: i32 = group.iter().zip(&b.scales).map(|(&s, &c)| s * c as i32).sum();
         let sumi = sumi - q6_k_offset(&b.scales, &a.bsums);
         acc += (a.d * b.d.to_f32()) * sumi as f32;
     }
