@@ -86,7 +86,7 @@ impl ModelConfig {
             n_layers: req("block_count")?,
             n_heads,
             n_kv_heads,
-            head_dim: head_dim.unwrap_or(if n_heads > 0 { hidden / n_heads } else { 0 }),
+            head_dim: head_dim.unwrap_or(hidden.checked_div(n_heads).unwrap_or(0)),
             rope_theta: f.get_f64(&format!("{a}.rope.freq_base"))?.unwrap_or(10_000.0) as f32,
             // llama.cpp's converter permutes Llama's Q/K rows for interleaved
             // rotation; Qwen files keep the NeoX layout.
@@ -122,7 +122,7 @@ impl ModelConfig {
             n_layers: req("num_hidden_layers")?,
             n_heads,
             n_kv_heads: int("num_key_value_heads").unwrap_or(n_heads),
-            head_dim: int("head_dim").unwrap_or(if n_heads > 0 { hidden / n_heads } else { 0 }),
+            head_dim: int("head_dim").unwrap_or(hidden.checked_div(n_heads).unwrap_or(0)),
             rope_theta: json["rope_theta"].as_f64().unwrap_or(10_000.0) as f32,
             rope_style: RopeStyle::Neox,
             rms_eps: json["rms_norm_eps"].as_f64().unwrap_or(1e-6) as f32,
@@ -149,10 +149,10 @@ impl ModelConfig {
         {
             return bad(format!("a zero dimension in {self:?}"));
         }
-        if self.n_heads % self.n_kv_heads != 0 {
+        if !self.n_heads.is_multiple_of(self.n_kv_heads) {
             return bad(format!("{} heads is not a multiple of {} KV heads", self.n_heads, self.n_kv_heads));
         }
-        if self.head_dim % 2 != 0 {
+        if !self.head_dim.is_multiple_of(2) {
             return bad(format!("head dimension {} is odd", self.head_dim));
         }
         if self.n_layers > 1024 || self.hidden > 1 << 16 || self.head_dim > 1024 || self.vocab_size > 1 << 24 {

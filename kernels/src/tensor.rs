@@ -69,7 +69,7 @@ impl Bytes {
 
     /// These bytes if aligned to `align`, else an aligned copy.
     pub fn aligned(self, align: usize) -> Bytes {
-        if (self.as_slice().as_ptr() as usize) % align == 0 {
+        if (self.as_slice().as_ptr() as usize).is_multiple_of(align) {
             self
         } else {
             Bytes::copy_from(self.as_slice())

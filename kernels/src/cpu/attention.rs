@@ -26,6 +26,13 @@ struct OutPtr(*mut f32);
 unsafe impl Send for OutPtr {}
 unsafe impl Sync for OutPtr {}
 
+impl OutPtr {
+    /// The pointer (a method, so closures capture the whole `Send` wrapper).
+    fn get(self) -> *mut f32 {
+        self.0
+    }
+}
+
 /// `q` and `out` are `rows × (n_heads · head_dim)`.
 pub fn attention(dots: &Dots, q: &[f32], kv: &LayerKv, seqs: &[AttnSeq<'_>], s: &AttnShape, out: &mut [f32]) {
     let (hd, nkv) = (s.head_dim, s.n_kv_heads);
@@ -36,7 +43,6 @@ pub fn attention(dots: &Dots, q: &[f32], kv: &LayerKv, seqs: &[AttnSeq<'_>], s: 
         seqs.iter().enumerate().flat_map(|(i, sq)| sq.rows.clone().map(move |r| (r, i))).collect();
     let ptr = OutPtr(out.as_mut_ptr());
     let task = |idx: usize| {
-        let ptr = ptr;
         let (row, si) = row_seq[idx / nkv];
         let g = idx % nkv;
         let seq = &seqs[si];
@@ -82,7 +88,7 @@ pub fn attention(dots: &Dots, q: &[f32], kv: &LayerKv, seqs: &[AttnSeq<'_>], s: 
                 let dst = row * q_cols + (g * rep + h) * hd;
                 // SAFETY: `dst..dst+hd` is inside `out` (row < rows, head < n_heads)
                 // and only this task writes heads g*rep..(g+1)*rep of this row.
-                unsafe { std::ptr::copy_nonoverlapping(acc[h * hd..].as_ptr(), ptr.0.add(dst), hd) };
+                unsafe { std::ptr::copy_nonoverlapping(acc[h * hd..].as_ptr(), ptr.get().add(dst), hd) };
             }
         });
     };

@@ -42,6 +42,13 @@ struct OutPtr(*mut f32);
 unsafe impl Send for OutPtr {}
 unsafe impl Sync for OutPtr {}
 
+impl OutPtr {
+    /// The pointer (a method, so closures capture the whole `Send` wrapper).
+    fn get(self) -> *mut f32 {
+        self.0
+    }
+}
+
 /// Tokens per tile: a tile's activations stay in L2 while a weight row is reused.
 const TOKEN_TILE: usize = 64;
 
@@ -53,7 +60,6 @@ fn run<W: Block, A: Sync>(w: &[W], x: &[A], t: usize, n: usize, out: &mut [f32],
     let tasks = n.div_ceil(rows_per_task);
     let ptr = OutPtr(out.as_mut_ptr());
     (0..tasks).into_par_iter().for_each(|task| {
-        let ptr = ptr;
         let rows = task * rows_per_task..((task + 1) * rows_per_task).min(n);
         for t0 in (0..t).step_by(TOKEN_TILE) {
             for r in rows.clone() {
@@ -62,7 +68,7 @@ fn run<W: Block, A: Sync>(w: &[W], x: &[A], t: usize, n: usize, out: &mut [f32],
                     let v = dot(wr, &x[ti * apr..(ti + 1) * apr]);
                     // SAFETY: ti < t and r < n, so the index is in bounds; no
                     // other task writes column r.
-                    unsafe { *ptr.0.add(ti * n + r) = v };
+                    unsafe { *ptr.get().add(ti * n + r) = v };
                 }
             }
         }

@@ -151,7 +151,7 @@ unsafe impl Block for half::bf16 {
 /// number of blocks or the start is not aligned for `T`.
 pub fn cast_blocks<T: Block>(bytes: &[u8]) -> Option<&[T]> {
     let size = std::mem::size_of::<T>();
-    if bytes.len() % size != 0 || (bytes.as_ptr() as usize) % std::mem::align_of::<T>() != 0 {
+    if !bytes.len().is_multiple_of(size) || !(bytes.as_ptr() as usize).is_multiple_of(std::mem::align_of::<T>()) {
         return None;
     }
     // SAFETY: T is POD (Block contract), the pointer is aligned for T and the

@@ -129,7 +129,7 @@ impl DType {
     /// of blocks.
     pub fn bytes_for(self, n: usize) -> Result<usize, QuantError> {
         let block = self.block_len();
-        if n % block != 0 {
+        if !n.is_multiple_of(block) {
             return Err(QuantError::PartialBlock { dtype: self, len: n, block });
         }
         Ok(n / block * self.block_bytes())
@@ -141,7 +141,7 @@ impl DType {
         if bytes.len() != expected {
             return Err(QuantError::ByteLength { dtype: self, expected, got: bytes.len() });
         }
-        if (bytes.as_ptr() as usize) % self.align() != 0 {
+        if !(bytes.as_ptr() as usize).is_multiple_of(self.align()) {
             return Err(QuantError::Misaligned { dtype: self, align: self.align() });
         }
         Ok(())

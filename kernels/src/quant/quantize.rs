@@ -237,7 +237,7 @@ mod tests {
     use super::*;
 
     fn wave(n: usize, seed: u32) -> Vec<f32> {
-        (0..n).map(|i| ((i as f32 * 0.37 + seed as f32).sin() * (1.0 + (i % 7) as f32 * 0.3))).collect()
+        (0..n).map(|i| (i as f32 * 0.37 + seed as f32).sin() * (1.0 + (i % 7) as f32 * 0.3)).collect()
     }
 
     /// Every weight format round-trips within the error its bit width allows.

@@ -1,0 +1,240 @@
+//! Every SIMD path against the scalar reference, per format. The K formats'
+//! integer sums are exact on every path, so their results must be identical
+//! bit for bit; the 32-value and dense formats combine partial sums in another
+//! order and must agree within 1e-5 of the sum of absolute products.
+
+use cachet_kernels::backend::{AttnSeq, AttnShape, Backend, KvLayout, RopeConfig, RopeStyle};
+use cachet_kernels::cpu::{CpuBackend, Dots, SimdLevel};
+use cachet_kernels::quant::*;
+use cachet_kernels::tensor::{Bytes, HostTensor};
+use half::{bf16, f16};
+
+struct Lcg(u64);
+impl Lcg {
+    fn f(&mut self) -> f32 {
+        self.0 = self.0.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+        ((self.0 >> 40) as f32 / (1u64 << 24) as f32) * 2.0 - 1.0
+    }
+    fn vec(&mut self, n: usize, scale: f32) -> Vec<f32> {
+        (0..n).map(|_| self.f() * scale).collect()
+    }
+}
+
+fn levels() -> Vec<Dots> {
+    let v: Vec<Dots> = SimdLevel::ALL.iter().filter_map(|&l| Dots::for_level(l)).collect();
+    println!("levels on this CPU: {:?}", v.iter().map(|d| d.level).collect::<Vec<_>>());
+    v
+}
+
+fn quantized(dtype: DType, x: &[f32]) -> Bytes {
+    let mut b = vec![0u8; dtype.bytes_for(x.len()).unwrap()];
+    quantize_row(dtype, x, &mut b).unwrap();
+    Bytes::copy_from(&b)
+}
+
+/// Σ|w·x| from dequantized weights and activations, the scale of the error.
+fn magnitude(dtype: DType, w: &Bytes, x: &[f32]) -> f32 {
+    let mut wd = vec![0f32; x.len()];
+    dequantize_row(dtype, w.as_slice(), &mut wd).unwrap();
+    wd.iter().zip(x).map(|(a, b)| (a * b).abs()).sum()
+}
+
+fn dot(d: &Dots, dtype: DType, w: &Bytes, x: &[f32]) -> f32 {
+    let b = w.as_slice();
+    let q8a = || {
+        let mut a = vec![BlockQ8A::default(); x.len() / 32];
+        quantize_q8a(x, &mut a);
+        a
+    };
+    let q8k = || {
+        let mut a = vec![BlockQ8K::default(); x.len() / 256];
+        quantize_q8k(x, &mut a);
+        a
+    };
+    match dtype {
+        DType::F32 => (d.f32)(cast_blocks(b).unwrap(), x),
+        DType::F16 => (d.f16)(cast_blocks::<f16>(b).unwrap(), x),
+        DType::BF16 => (d.bf16)(cast_blocks::<bf16>(b).unwrap(), x),
+        DType::Q4_0 => (d.q4_0)(cast_blocks(b).unwrap(), &q8a()),
+        DType::Q5_0 => (d.q5_0)(cast_blocks(b).unwrap(), &q8a()),
+        DType::Q8_0 => (d.q8_0)(cast_blocks(b).unwrap(), &q8a()),
+        DType::Q4_K => (d.q4_k)(cast_blocks(b).unwrap(), &q8k()),
+        DType::Q5_K => (d.q5_k)(cast_blocks(b).unwrap(), &q8k()),
+        DType::Q6_K => (d.q6_k)(cast_blocks(b).unwrap(), &q8k()),
+    }
+}
+
+#[test]
+fn every_simd_dot_matches_scalar() {
+    let scalar = Dots::scalar();
+    let mut rng = Lcg(7);
+    for d in levels() {
+        for dtype in DType::ALL {
+            // Lengths with odd block counts and (for dense) ragged tails.
+            for &n in &[256usize, 768, 2304, 4864] {
+                let n = if dtype.is_quantized() { n } else { n + 13 };
+                for trial in 0..4 {
+                    let scale = [1.0, 0.01, 100.0, 3.0][trial];
+                    let w = quantized(dtype, &rng.vec(n, scale));
+                    let x = rng.vec(n, 2.0);
+                    let (a, b) = (dot(&scalar, dtype, &w, &x), dot(&d, dtype, &w, &x));
+                    let k_format = matches!(dtype, DType::Q4_K | DType::Q5_K | DType::Q6_K);
+                    if k_format {
+                        assert_eq!(a.to_bits(), b.to_bits(), "{:?} {dtype} n={n}: {a} vs {b}", d.level);
+                    } else {
+                        let tol = 1e-5 * magnitude(dtype, &w, &x) + 1e-30;
+                        assert!((a - b).abs() <= tol, "{:?} {dtype} n={n}: {a} vs {b} (tol {tol})", d.level);
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// The quantized dot product stays close to the exact dot of the dequantized
+/// weights with the unquantized activations (activation quantization only).
+#[test]
+fn quantized_dot_is_close_to_the_exact_one() {
+    let mut rng = Lcg(99);
+    let d = Dots::for_level(SimdLevel::detect()).unwrap();
+    for dtype in DType::ALL {
+        let n = 1024;
+        let w = quantized(dtype, &rng.vec(n, 1.0));
+        let x = rng.vec(n, 1.0);
+        let mut wd = vec![0f32; n];
+        dequantize_row(dtype, w.as_slice(), &mut wd).unwrap();
+        let exact: f64 = wd.iter().zip(&x).map(|(a, b)| *a as f64 * *b as f64).sum();
+        let got = dot(&d, dtype, &w, &x) as f64;
+        let tol = 0.01 * magnitude(dtype, &w, &x) as f64;
+        assert!((exact - got).abs() <= tol, "{dtype}: {got} vs {exact}");
+    }
+}
+
+fn matrix(cpu: &CpuBackend, dtype: DType, rows: usize, cols: usize, rng: &mut Lcg) -> cachet_kernels::cpu::CpuMatrix {
+    let t = HostTensor::new(dtype, vec![rows, cols], quantized(dtype, &rng.vec(rows * cols, 1.0))).unwrap();
+    cpu.load(t).unwrap()
+}
+
+/// Every level's matmul gives each output row exactly what a single-row call
+/// gives (batch invariance), for every format.
+#[test]
+fn matmul_rows_do_not_depend_on_the_batch() {
+    let mut rng = Lcg(3);
+    for level in SimdLevel::ALL.into_iter().filter(|l| l.is_supported()) {
+        let cpu = CpuBackend::with_level(2, level).unwrap();
+        for dtype in DType::ALL {
+            let (rows, cols, t) = (37, 512, 70);
+            let w = matrix(&cpu, dtype, rows, cols, &mut rng);
+            let xs = rng.vec(t * cols, 1.0);
+            let (mut x, mut y) = (cpu.buf(), cpu.buf());
+            cpu.upload(&mut x, t, cols, &xs);
+            cpu.matmul(&x, &mut [(&w, &mut y)]);
+            for ti in [0, 1, 63, 64, 69] {
+                let (mut x1, mut y1) = (cpu.buf(), cpu.buf());
+                cpu.upload(&mut x1, 1, cols, &xs[ti * cols..(ti + 1) * cols]);
+                cpu.matmul(&x1, &mut [(&w, &mut y1)]);
+                assert_eq!(&y.data[ti * rows..(ti + 1) * rows], &y1.data[..], "{level:?} {dtype} row {ti}");
+            }
+        }
+    }
+}
+
+/// Attention over a slot pool matches a naive f64 computation on the same
+/// (f16-rounded) K and V, for scattered slots and grouped heads.
+#[test]
+fn attention_matches_naive() {
+    let cpu = CpuBackend::new(2).unwrap();
+    let (heads, kv_heads, hd) = (4, 2, 64);
+    let layout = KvLayout { layers: 1, slots: 64, kv_heads, head_dim: hd };
+    let mut kv = cpu.kv(layout).unwrap();
+    let mut rng = Lcg(5);
+    let n = 9;
+    let slots: Vec<u32> = (0..n as u32).map(|i| (i * 7 + 3) % 64).collect();
+    let (k, v, q) = (rng.vec(n * kv_heads * hd, 1.0), rng.vec(n * kv_heads * hd, 1.0), rng.vec(n * heads * hd, 1.0));
+    let (mut kb, mut vb, mut qb, mut out) = (cpu.buf(), cpu.buf(), cpu.buf(), cpu.buf());
+    cpu.upload(&mut kb, n, kv_heads * hd, &k);
+    cpu.upload(&mut vb, n, kv_heads * hd, &v);
+    cpu.upload(&mut qb, n, heads * hd, &q);
+    cpu.kv_store(&mut kv, 0, &kb, &vb, &slots);
+    let shape = AttnShape { n_heads: heads, n_kv_heads: kv_heads, head_dim: hd, scale: 0.125 };
+    let seqs = [AttnSeq { rows: 0..n, first_pos: 0, slots: &slots }];
+    cpu.attention(&qb, &kv, 0, &seqs, &shape, &mut out);
+    let r = |x: f32| f16::from_f32(x).to_f64();
+    for t in 0..n {
+        for h in 0..heads {
+            let g = h / 2;
+            let qh = &q[t * heads * hd + h * hd..][..hd];
+            let scores: Vec<f64> = (0..=t)
+                .map(|s| (0..hd).map(|d| qh[d] as f64 * r(k[s * kv_heads * hd + g * hd + d])).sum::<f64>() * 0.125)
+                .collect();
+            let max = scores.iter().cloned().fold(f64::MIN, f64::max);
+            let sum: f64 = scores.iter().map(|s| (s - max).exp()).sum();
+            for d in 0..hd {
+                let want: f64 = (0..=t)
+                    .map(|s| (scores[s] - max).exp() / sum * r(v[s * kv_heads * hd + g * hd + d]))
+                    .sum();
+                let got = out.data[t * heads * hd + h * hd + d] as f64;
+                assert!((got - want).abs() < 1e-4, "t={t} h={h} d={d}: {got} vs {want}");
+            }
+        }
+    }
+}
+
+#[test]
+fn rope_styles_rotate_the_right_pairs() {
+    let cpu = CpuBackend::new(1).unwrap();
+    for style in [RopeStyle::Neox, RopeStyle::Interleaved] {
+        let rope = RopeConfig { head_dim: 8, theta: 10000.0, style };
+        let (mut table, mut x) = (cpu.buf(), cpu.buf());
+        cpu.rope_table(&[0, 5], &rope, &mut table);
+        let vals: Vec<f32> = (0..16).map(|i| i as f32 + 1.0).collect();
+        cpu.upload(&mut x, 2, 8, &vals);
+        cpu.rope(&mut x, &table, &rope);
+        // Position 0 is the identity.
+        assert_eq!(&x.data[..8], &vals[..8]);
+        // Pair 0 rotates by 5 radians (frequency 1).
+        let partner = match style {
+            RopeStyle::Neox => 8 + 4,
+            RopeStyle::Interleaved => 8 + 1,
+        };
+        let (x0, x1) = (vals[8], vals[partner]);
+        let (s, c) = 5f32.sin_cos();
+        assert!((x.data[8] - (x0 * c - x1 * s)).abs() < 1e-5, "{style:?}");
+        assert!((x.data[partner] - (x1 * c + x0 * s)).abs() < 1e-5, "{style:?}");
+        // Norms are preserved.
+        let n0: f32 = vals[8..].iter().map(|v| v * v).sum();
+        let n1: f32 = x.data[8..].iter().map(|v| v * v).sum();
+        assert!((n0 - n1).abs() / n0 < 1e-5);
+    }
+}
+
+#[test]
+fn rms_norm_and_silu() {
+    let cpu = CpuBackend::new(1).unwrap();
+    let w = cpu.load(HostTensor::from_f32(vec![4], &[1.0, 2.0, 0.5, 1.0])).unwrap();
+    let (mut x, mut y) = (cpu.buf(), cpu.buf());
+    cpu.upload(&mut x, 1, 4, &[1.0, -2.0, 3.0, -4.0]);
+    cpu.rms_norm(&x, &w, 0.0, &mut y);
+    let inv = 1.0 / (30f32 / 4.0).sqrt();
+    let want = [inv, -4.0 * inv, 1.5 * inv, -4.0 * inv];
+    for (a, b) in y.data.iter().zip(want) {
+        assert!((a - b).abs() < 1e-6);
+    }
+    let mut up = cpu.buf();
+    cpu.upload(&mut up, 1, 4, &[2.0; 4]);
+    cpu.silu_mul(&mut x, &up);
+    for (g, v) in [1.0f32, -2.0, 3.0, -4.0].iter().zip(&x.data) {
+        assert!((g / (1.0 + (-g).exp()) * 2.0 - v).abs() < 1e-6);
+    }
+}
+
+#[test]
+fn embedding_rejects_out_of_range_tokens() {
+    let cpu = CpuBackend::new(1).unwrap();
+    let mut rng = Lcg(1);
+    let table = matrix(&cpu, DType::Q8_0, 10, 64, &mut rng);
+    let mut out = cpu.buf();
+    assert!(cpu.embed(&table, &[0, 9], &mut out).is_ok());
+    let e = cpu.embed(&table, &[10], &mut out).unwrap_err();
+    assert!(e.to_string().contains("token id 10"), "{e}");
+}
