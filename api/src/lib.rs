@@ -1,1 +1,5 @@
-//! cachet-api: the `cachet` service and command line.
+//! cachet-api: the `cachet` command line (and, later, the HTTP service).
+
+pub mod cli;
+pub mod models;
+pub mod telemetry;

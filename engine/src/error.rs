@@ -44,6 +44,9 @@ pub enum EngineError {
     /// A token id the model does not have.
     #[error("token id {token} is outside the vocabulary ({vocab} tokens)")]
     TokenOutOfRange { token: u32, vocab: usize },
+    /// Request parameters out of range (the message names which).
+    #[error("invalid request: {0}")]
+    InvalidRequest(String),
     /// A batch that does not describe its sequences consistently.
     #[error("invalid batch: {0}")]
     BadBatch(String),

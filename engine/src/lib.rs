@@ -1,1 +1,21 @@
 //! cachet-engine: cachet's inference engine.
+//!
+//! - [`gguf`]: the GGUF container (reader and writer).
+//! - [`config`], [`weights`]: hyper-parameters and tensors from GGUF files or
+//!   Hugging Face safetensors directories.
+//! - [`model::Model`]: the generic Qwen2 / Llama / Qwen3 decoder and its
+//!   batched forward pass over a slot-indexed KV pool ([`kv_pool::KvPool`]).
+
+pub mod config;
+mod error;
+pub mod generate;
+pub mod gguf;
+pub mod kv_pool;
+pub mod loader;
+pub mod model;
+pub mod sampler;
+pub mod weights;
+
+pub use error::{EngineError, LoadError};
+pub mod chat_template;
+pub mod tokenizer;

@@ -170,9 +170,8 @@ fn attention_matches_naive() {
             let max = scores.iter().cloned().fold(f64::MIN, f64::max);
             let sum: f64 = scores.iter().map(|s| (s - max).exp()).sum();
             for d in 0..hd {
-                let want: f64 = (0..=t)
-                    .map(|s| (scores[s] - max).exp() / sum * r(v[s * kv_heads * hd + g * hd + d]))
-                    .sum();
+                let want: f64 =
+                    (0..=t).map(|s| (scores[s] - max).exp() / sum * r(v[s * kv_heads * hd + g * hd + d])).sum();
                 let got = out.data[t * heads * hd + h * hd + d] as f64;
                 assert!((got - want).abs() < 1e-4, "t={t} h={h} d={d}: {got} vs {want}");
             }

@@ -15,7 +15,12 @@ use crate::backend::*;
 use crate::quant::{dequantize_row, DType};
 use crate::tensor::HostTensor;
 use half::f16;
+use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+/// Time spent per op (and per weight shape for matmuls), when profiling.
+pub type Profile = Vec<(String, Duration, u64)>;
 
 /// A row-major f32 matrix in host memory.
 #[derive(Clone, Debug, Default)]
@@ -39,6 +44,8 @@ pub struct CpuBackend {
     pool: Arc<rayon::ThreadPool>,
     /// Activation buffers reused across matmul calls.
     scratch: Mutex<MatmulScratch>,
+    /// Per-label (time, calls) when profiling is on.
+    profile: Option<Mutex<HashMap<String, (Duration, u64)>>>,
 }
 
 impl CpuBackend {
@@ -58,7 +65,34 @@ impl CpuBackend {
             .thread_name(|i| format!("cachet-cpu-{i}"))
             .build()
             .map_err(|e| BackendError::Unsupported(format!("thread pool: {e}")))?;
-        Ok(CpuBackend { dots, pool: Arc::new(pool), scratch: Mutex::new(MatmulScratch::default()) })
+        Ok(CpuBackend { dots, pool: Arc::new(pool), scratch: Mutex::new(MatmulScratch::default()), profile: None })
+    }
+
+    /// Records the time of every op (see [`CpuBackend::profile`]).
+    pub fn with_profiling(mut self) -> CpuBackend {
+        self.profile = Some(Mutex::new(HashMap::new()));
+        self
+    }
+
+    /// Time per op label, longest first (empty unless profiling).
+    pub fn profile(&self) -> Profile {
+        let Some(p) = &self.profile else { return Vec::new() };
+        let map = p.lock().unwrap_or_else(|e| e.into_inner());
+        let mut v: Profile = map.iter().map(|(k, &(d, n))| (k.clone(), d, n)).collect();
+        v.sort_by_key(|e| std::cmp::Reverse(e.1));
+        v
+    }
+
+    fn timed<R>(&self, label: impl FnOnce() -> String, f: impl FnOnce() -> R) -> R {
+        let Some(p) = &self.profile else { return f() };
+        let start = Instant::now();
+        let r = f();
+        let took = start.elapsed();
+        let mut map = p.lock().unwrap_or_else(|e| e.into_inner());
+        let e = map.entry(label()).or_default();
+        e.0 += took;
+        e.1 += 1;
+        r
     }
 
     /// The SIMD level in use.
@@ -167,24 +201,30 @@ impl Backend for CpuBackend {
         }
         let mut slices: Vec<(&CpuMatrix, &mut [f32])> =
             jobs.iter_mut().map(|(w, out)| (*w, out.data.as_mut_slice())).collect();
+        let label = || {
+            let shapes: Vec<String> =
+                slices.iter().map(|(w, _)| format!("{} {}x{}", w.tensor.dtype, w.rows(), w.cols())).collect();
+            format!("matmul {}", shapes.join(" + "))
+        };
+        let label = label();
         let mut guard = self.scratch.lock().unwrap_or_else(|e| e.into_inner());
         let scratch: &mut MatmulScratch = &mut guard;
-        self.pool.install(|| matmul_many(&self.dots, &x.data, x.rows, &mut slices, scratch));
+        self.timed(|| label, || self.pool.install(|| matmul_many(&self.dots, &x.data, x.rows, &mut slices, scratch)));
     }
 
     fn add_bias(&self, x: &mut CpuBuf, bias: &CpuMatrix) {
         let b = self.vector(bias);
-        self.pool.install(|| ops::add(&mut x.data, b, x.cols));
+        self.timed(|| "add_bias".into(), || self.pool.install(|| ops::add(&mut x.data, b, x.cols)));
     }
 
     fn add(&self, x: &mut CpuBuf, y: &CpuBuf) {
-        self.pool.install(|| ops::add(&mut x.data, &y.data, x.cols));
+        self.timed(|| "add".into(), || self.pool.install(|| ops::add(&mut x.data, &y.data, x.cols)));
     }
 
     fn rms_norm(&self, x: &CpuBuf, w: &CpuMatrix, eps: f32, out: &mut CpuBuf) {
         self.resize(out, x.rows, x.cols);
         let w = self.vector(w);
-        self.pool.install(|| ops::rms_norm(&x.data, w, eps, &mut out.data));
+        self.timed(|| "rms_norm".into(), || self.pool.install(|| ops::rms_norm(&x.data, w, eps, &mut out.data)));
     }
 
     fn rms_norm_heads(&self, x: &mut CpuBuf, w: &CpuMatrix, eps: f32, head_dim: usize) {
@@ -199,17 +239,17 @@ impl Backend for CpuBackend {
 
     fn rope(&self, x: &mut CpuBuf, table: &CpuBuf, rope: &RopeConfig) {
         let cols = x.cols;
-        self.pool.install(|| ops::rope(&mut x.data, cols, &table.data, rope));
+        self.timed(|| "rope".into(), || self.pool.install(|| ops::rope(&mut x.data, cols, &table.data, rope)));
     }
 
     fn silu_mul(&self, gate: &mut CpuBuf, up: &CpuBuf) {
         let cols = gate.cols;
-        self.pool.install(|| ops::silu_mul(&mut gate.data, &up.data, cols));
+        self.timed(|| "silu_mul".into(), || self.pool.install(|| ops::silu_mul(&mut gate.data, &up.data, cols)));
     }
 
     fn kv_store(&self, kv: &mut CpuKv, layer: usize, k: &CpuBuf, v: &CpuBuf, slots: &[u32]) {
         let cols = kv.layout.kv_heads * kv.layout.head_dim;
-        attention::store(&mut kv.layers[layer], &k.data, &v.data, cols, slots);
+        self.timed(|| "kv_store".into(), || attention::store(&mut kv.layers[layer], &k.data, &v.data, cols, slots));
     }
 
     fn attention(
@@ -222,7 +262,14 @@ impl Backend for CpuBackend {
         out: &mut CpuBuf,
     ) {
         self.resize(out, q.rows, q.cols);
-        self.pool.install(|| attention::attention(&self.dots, &q.data, &kv.layers[layer], seqs, shape, &mut out.data));
+        self.timed(
+            || "attention".into(),
+            || {
+                self.pool.install(|| {
+                    attention::attention(&self.dots, &q.data, &kv.layers[layer], seqs, shape, &mut out.data)
+                })
+            },
+        );
     }
 
     fn gather_rows(&self, x: &CpuBuf, rows: &[usize], out: &mut CpuBuf) {

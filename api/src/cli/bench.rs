@@ -1,0 +1,185 @@
+//! `cachet bench`: prompt processing and decode speed of the engine, measured
+//! the way `llama-bench` measures them (pseudo-random tokens, no sampling):
+//! `pp` = one forward pass over a `--prompt`-token prompt, `tg` = `--gen`
+//! single-token decode steps for each of `--batch` sequences at once.
+
+use anyhow::Context;
+use cachet_engine::kv_pool::{KvPool, PoolSize, SlotId};
+use cachet_engine::model::{Batch, ForwardScratch, LogitsFor, Model, SeqChunk};
+use cachet_engine::sampler::Rng;
+use cachet_kernels::backend::Backend;
+use cachet_kernels::cpu::CpuBackend;
+use std::path::PathBuf;
+use std::time::Instant;
+
+#[derive(Debug, clap::Args)]
+pub struct BenchArgs {
+    /// A .gguf file or Hugging Face directory (default: the default model, pulled if missing).
+    #[arg(long, env = "CACHET_MODEL")]
+    pub model: Option<PathBuf>,
+    /// Worker threads (default: one per core).
+    #[arg(long, default_value_t = 0)]
+    pub threads: usize,
+    /// Prompt tokens of the prefill test (0 skips it).
+    #[arg(long, default_value_t = 512)]
+    pub prompt: usize,
+    /// Decode steps of the generation test (0 skips it).
+    #[arg(long, default_value_t = 128)]
+    pub gen: usize,
+    /// Sequences decoded together (comma-separated list).
+    #[arg(long, value_delimiter = ',', default_value = "1")]
+    pub batch: Vec<usize>,
+    /// Repetitions (the median is reported).
+    #[arg(long, default_value_t = 5)]
+    pub reps: usize,
+    /// Print per-op time of the whole run.
+    #[arg(long)]
+    pub profile: bool,
+    /// Print JSON instead of a table.
+    #[arg(long)]
+    pub json: bool,
+}
+
+struct Bench {
+    b: CpuBackend,
+    model: Model<CpuBackend>,
+    pool: KvPool<CpuBackend>,
+    scratch: ForwardScratch<CpuBackend>,
+    logits: Vec<f32>,
+    rng: Rng,
+}
+
+impl Bench {
+    fn tokens(&mut self, n: usize) -> Vec<u32> {
+        let vocab = self.model.config().vocab_size as u64;
+        (0..n).map(|_| (self.rng.next_u64() % vocab) as u32).collect()
+    }
+
+    fn forward(&mut self, seqs: Vec<SeqChunk<'_>>) -> anyhow::Result<()> {
+        let batch = Batch { seqs };
+        Ok(self.model.forward(&self.b, self.pool.storage_mut(), &batch, &mut self.scratch, &mut self.logits)?)
+    }
+
+    /// Seconds for one forward pass over `n` prompt tokens.
+    fn prefill(&mut self, n: usize) -> anyhow::Result<f64> {
+        let tokens = self.tokens(n);
+        let slots = self.pool.allocate(n)?;
+        let start = Instant::now();
+        let r = self.forward(vec![SeqChunk {
+            tokens: &tokens,
+            start_pos: 0,
+            slots: SlotId::raw(&slots),
+            logits: LogitsFor::Last,
+        }]);
+        let secs = start.elapsed().as_secs_f64();
+        self.pool.free(&slots)?;
+        r.map(|_| secs)
+    }
+
+    /// Seconds for `steps` decode steps of `batch` sequences (each starting
+    /// from one untimed token).
+    fn decode(&mut self, batch: usize, steps: usize) -> anyhow::Result<f64> {
+        let mut slots: Vec<Vec<SlotId>> = Vec::new();
+        for _ in 0..batch {
+            slots.push(self.pool.allocate(1 + steps)?);
+        }
+        let first = self.tokens(batch);
+        let seqs = (0..batch)
+            .map(|i| SeqChunk {
+                tokens: &first[i..i + 1],
+                start_pos: 0,
+                slots: SlotId::raw(&slots[i][..1]),
+                logits: LogitsFor::Last,
+            })
+            .collect();
+        let mut result = self.forward(seqs);
+        let start = Instant::now();
+        for step in 1..=steps {
+            if result.is_err() {
+                break;
+            }
+            let next = self.tokens(batch);
+            let seqs = (0..batch)
+                .map(|i| SeqChunk {
+                    tokens: &next[i..i + 1],
+                    start_pos: step,
+                    slots: SlotId::raw(&slots[i][..step + 1]),
+                    logits: LogitsFor::Last,
+                })
+                .collect();
+            result = self.forward(seqs);
+        }
+        let secs = start.elapsed().as_secs_f64();
+        for s in &slots {
+            self.pool.free(s)?;
+        }
+        result.map(|_| secs)
+    }
+}
+
+fn median(mut v: Vec<f64>) -> f64 {
+    v.sort_by(f64::total_cmp);
+    let n = v.len();
+    if n == 0 {
+        return f64::NAN;
+    }
+    if n % 2 == 1 {
+        v[n / 2]
+    } else {
+        (v[n / 2 - 1] + v[n / 2]) / 2.0
+    }
+}
+
+pub fn run(args: BenchArgs) -> anyhow::Result<()> {
+    let path = match &args.model {
+        Some(p) => p.clone(),
+        None => super::pull_default(None)?,
+    };
+    let mut b = CpuBackend::new(args.threads)?;
+    if args.profile {
+        b = b.with_profiling();
+    }
+    let loaded = cachet_engine::loader::load(&path, &b).with_context(|| format!("loading {}", path.display()))?;
+    let max_batch = args.batch.iter().copied().max().unwrap_or(1);
+    let slots = args.prompt.max(max_batch * (args.gen + 1)).max(16);
+    let pool = KvPool::new(&b, loaded.model.config(), PoolSize::Tokens(slots))?;
+    let scratch = ForwardScratch::new(&b);
+    let mut bench = Bench { b, model: loaded.model, pool, scratch, logits: Vec::new(), rng: Rng::new(1234) };
+
+    // Warm-up: fault the weights in and size the buffers.
+    bench.prefill(args.prompt.clamp(1, 64))?;
+    bench.decode(1, 2)?;
+
+    let mut rows = Vec::new();
+    if args.prompt > 0 {
+        let times: Vec<f64> = (0..args.reps.max(1)).map(|_| bench.prefill(args.prompt)).collect::<Result<_, _>>()?;
+        rows.push((format!("pp{}", args.prompt), 1, args.prompt as f64 / median(times.clone()), times));
+    }
+    if args.gen > 0 {
+        for &batch in &args.batch {
+            let times: Vec<f64> =
+                (0..args.reps.max(1)).map(|_| bench.decode(batch, args.gen)).collect::<Result<_, _>>()?;
+            rows.push((format!("tg{}", args.gen), batch, (batch * args.gen) as f64 / median(times.clone()), times));
+        }
+    }
+    if args.json {
+        let tests: Vec<serde_json::Value> = rows
+            .iter()
+            .map(|(test, batch, tps, times)| {
+                serde_json::json!({"test": test, "batch": batch, "tokens_per_second": tps, "seconds": times})
+            })
+            .collect();
+        println!("{}", serde_json::json!({"model": loaded.name, "backend": bench.b.name(), "tests": tests}));
+    } else {
+        println!("model: {} · backend: {}", loaded.name, bench.b.name());
+        println!("| test | sequences | tokens/s (median of {}) |", args.reps.max(1));
+        println!("|---|---:|---:|");
+        for (test, batch, tps, _) in &rows {
+            println!("| {test} | {batch} | {tps:.1} |");
+        }
+    }
+    if args.profile {
+        super::generate::print_profile(&bench.b.profile());
+    }
+    Ok(())
+}

@@ -1,0 +1,73 @@
+//! The command line: `cachet models pull`, `cachet generate`.
+
+mod bench;
+mod generate;
+
+use crate::models::{self, ModelSpec, Progress, PullOptions};
+use crate::telemetry::LogFormat;
+use clap::{Parser, Subcommand};
+use std::path::PathBuf;
+
+pub use bench::BenchArgs;
+pub use generate::GenerateArgs;
+
+/// cachet: an LLM backend for coding agents.
+#[derive(Debug, Parser)]
+#[command(name = "cachet", version, about)]
+pub struct Cli {
+    /// Log format on stderr.
+    #[arg(long, global = true, value_enum, default_value_t, env = "CACHET_LOG_FORMAT")]
+    pub log_format: LogFormat,
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// Manage model files.
+    #[command(subcommand)]
+    Models(ModelsCommand),
+    /// Generate a completion on this machine and report its speed.
+    Generate(GenerateArgs),
+    /// Measure prompt and decode speed the way llama-bench does.
+    Bench(BenchArgs),
+}
+
+#[derive(Debug, Subcommand)]
+pub enum ModelsCommand {
+    /// Download the default model (idempotent; verifies every hash).
+    Pull {
+        /// Models folder (default: $CACHET_MODELS_DIR or ~/.cache/cachet/models).
+        #[arg(long)]
+        dir: Option<PathBuf>,
+    },
+    /// Print where the default model lives.
+    Path {
+        #[arg(long)]
+        dir: Option<PathBuf>,
+    },
+}
+
+/// Runs a parsed command line.
+pub fn run(cli: Cli) -> anyhow::Result<()> {
+    match cli.command {
+        Command::Models(ModelsCommand::Pull { dir }) => {
+            let path = pull_default(dir)?;
+            println!("{}", path.display());
+            Ok(())
+        }
+        Command::Models(ModelsCommand::Path { dir }) => {
+            println!("{}", dir.unwrap_or_else(models::models_dir).join(ModelSpec::default_model().file_name).display());
+            Ok(())
+        }
+        Command::Generate(args) => generate::run(args),
+        Command::Bench(args) => bench::run(args),
+    }
+}
+
+/// Pulls the default model into `dir` (or the default models folder).
+pub fn pull_default(dir: Option<PathBuf>) -> anyhow::Result<PathBuf> {
+    let dir = dir.unwrap_or_else(models::models_dir);
+    let opts = PullOptions { progress: Progress::Auto, ..Default::default() };
+    Ok(models::pull(&ModelSpec::default_model(), &dir, &opts)?)
+}

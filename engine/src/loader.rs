@@ -1,0 +1,97 @@
+//! Loading a model from a path: a `.gguf` file (weights, tokenizer and chat
+//! template from its metadata) or a Hugging Face directory (`config.json`,
+//! `*.safetensors`, `tokenizer.json`, `tokenizer_config.json`).
+
+use crate::chat_template::ChatTemplate;
+use crate::config::ModelConfig;
+use crate::gguf::GgufFile;
+use crate::model::Model;
+use crate::tokenizer::{GgufTokenizerSpec, Tokenizer};
+use crate::weights::{SafetensorsDir, WeightSource};
+use crate::LoadError;
+use cachet_kernels::backend::Backend;
+use std::path::Path;
+
+/// A model with everything needed to talk to it.
+pub struct LoadedModel<B: Backend> {
+    pub model: Model<B>,
+    pub tokenizer: Tokenizer,
+    /// The model's own chat template, if it has one.
+    pub chat_template: Option<ChatTemplate>,
+    /// A display name (`general.name`, or the file/directory name).
+    pub name: String,
+    /// Bytes of the weight files (memory-mapped, not copied).
+    pub file_bytes: u64,
+}
+
+impl<B: Backend> std::fmt::Debug for LoadedModel<B> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("LoadedModel").field("name", &self.name).field("model", &self.model).finish()
+    }
+}
+
+/// Loads the model at `path` onto backend `b`.
+pub fn load<B: Backend>(path: &Path, b: &B) -> Result<LoadedModel<B>, LoadError> {
+    let file_name = path.file_name().map_or_else(|| path.display().to_string(), |n| n.to_string_lossy().into_owned());
+    if path.is_dir() {
+        load_hf_dir(path, b, file_name)
+    } else {
+        load_gguf(path, b, file_name)
+    }
+}
+
+fn tok_err(e: impl std::fmt::Display) -> LoadError {
+    LoadError::Tokenizer(e.to_string())
+}
+
+fn load_gguf<B: Backend>(path: &Path, b: &B, file_name: String) -> Result<LoadedModel<B>, LoadError> {
+    let file = GgufFile::open(path)?;
+    let config = ModelConfig::from_gguf(&file)?;
+    let spec = GgufTokenizerSpec::from_gguf_file(&file).map_err(tok_err)?;
+    let tokenizer = Tokenizer::from_gguf(spec).map_err(tok_err)?;
+    check_vocab(&tokenizer, &config)?;
+    let chat_template = match file.get_str("tokenizer.chat_template")? {
+        Some(src) => Some(
+            ChatTemplate::new(src, tokenizer.bos_token().as_deref(), tokenizer.eos_token().as_deref())
+                .map_err(|e| LoadError::BadFile { path: path.display().to_string(), reason: e.to_string() })?,
+        ),
+        None => None,
+    };
+    let name = file.get_str("general.name")?.map_or(file_name, str::to_owned);
+    let file_bytes = file.file_bytes();
+    let model = Model::load(b, &file, config)?;
+    Ok(LoadedModel { model, tokenizer, chat_template, name, file_bytes })
+}
+
+fn load_hf_dir<B: Backend>(dir: &Path, b: &B, name: String) -> Result<LoadedModel<B>, LoadError> {
+    let config_path = dir.join("config.json");
+    let read = |p: &Path| std::fs::read(p).map_err(|e| LoadError::Io { path: p.display().to_string(), source: e });
+    let json: serde_json::Value = serde_json::from_slice(&read(&config_path)?)
+        .map_err(|e| LoadError::BadFile { path: config_path.display().to_string(), reason: e.to_string() })?;
+    let config = ModelConfig::from_hf(&json)?;
+    let tokenizer = Tokenizer::from_file(dir.join("tokenizer.json")).map_err(tok_err)?;
+    check_vocab(&tokenizer, &config)?;
+    let chat_template = match ChatTemplate::source_from_hf_dir(dir).map_err(tok_err)? {
+        Some(src) => Some(
+            ChatTemplate::new(&src, tokenizer.bos_token().as_deref(), tokenizer.eos_token().as_deref())
+                .map_err(|e| LoadError::BadFile { path: dir.display().to_string(), reason: e.to_string() })?,
+        ),
+        None => None,
+    };
+    let weights = SafetensorsDir::open(dir)?;
+    let file_bytes = weights.file_bytes();
+    let model = Model::load(b, &weights, config)?;
+    Ok(LoadedModel { model, tokenizer, chat_template, name, file_bytes })
+}
+
+/// Every token the tokenizer can produce must have an embedding row.
+fn check_vocab(tokenizer: &Tokenizer, config: &ModelConfig) -> Result<(), LoadError> {
+    if tokenizer.vocab_size() > config.vocab_size {
+        return Err(LoadError::BadConfig(format!(
+            "the tokenizer has {} tokens but the model only {} embeddings",
+            tokenizer.vocab_size(),
+            config.vocab_size
+        )));
+    }
+    Ok(())
+}
