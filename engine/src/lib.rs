@@ -18,4 +18,5 @@ pub mod weights;
 
 pub use error::{EngineError, LoadError};
 pub mod chat_template;
+pub mod testing;
 pub mod tokenizer;

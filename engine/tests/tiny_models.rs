@@ -81,7 +81,7 @@ fn gguf_every_format_matches_the_reference() {
             let tied = matches!(dtype, DType::Q4_0 | DType::Q6_K | DType::BF16);
             let tiny = Tiny::random(arch, 11, tied);
             let path = dir.path().join(format!("{}-{dtype}.gguf", arch.name()));
-            tiny.write_gguf(dtype, &path);
+            tiny.write_gguf(dtype, &path).unwrap();
             let file = GgufFile::open(&path).unwrap();
             let reference = reference_logits(&dequantized(&tiny, &file), &PROMPT);
             let mut r = Runner::gguf(&path);
@@ -103,7 +103,7 @@ fn safetensors_match_the_reference_and_the_gguf() {
         for dtype in [DType::F32, DType::F16, DType::BF16] {
             let dir = tempfile::tempdir().unwrap();
             let tiny = Tiny::random(arch, 5, arch == TinyArch::Qwen2);
-            tiny.write_hf(dtype, dir.path());
+            tiny.write_hf(dtype, dir.path()).unwrap();
             let json: serde_json::Value =
                 serde_json::from_slice(&std::fs::read(dir.path().join("config.json")).unwrap()).unwrap();
             let config = ModelConfig::from_hf(&json).unwrap();
@@ -112,7 +112,7 @@ fn safetensors_match_the_reference_and_the_gguf() {
             let ours = r.logits(&PROMPT, PROMPT.len());
             // The reference reads back what the file holds (rounded to dtype).
             let gguf = dir.path().join("same.gguf");
-            tiny.write_gguf(dtype, &gguf);
+            tiny.write_gguf(dtype, &gguf).unwrap();
             let stored = dequantized(&tiny, &GgufFile::open(&gguf).unwrap());
             let err = worst(&ours, &reference_logits(&stored, &PROMPT));
             println!("{:6} {dtype:5} safetensors rel err {err:.5}", arch.name());
@@ -133,7 +133,7 @@ fn batching_and_chunking_do_not_change_results() {
     let dir = tempfile::tempdir().unwrap();
     for dtype in [DType::Q5_0, DType::Q4_K, DType::F16] {
         let path = dir.path().join(format!("m-{dtype}.gguf"));
-        Tiny::random(TinyArch::Qwen2, 23, false).write_gguf(dtype, &path);
+        Tiny::random(TinyArch::Qwen2, 23, false).write_gguf(dtype, &path).unwrap();
         let mut r = Runner::gguf(&path);
         let vocab = r.model.config().vocab_size;
         let seqs: [&[u32]; 3] = [&PROMPT[..5], &PROMPT[..], &[7, 8, 9]];
@@ -191,7 +191,7 @@ fn batching_and_chunking_do_not_change_results() {
 fn bad_batches_are_errors() {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("m.gguf");
-    Tiny::random(TinyArch::Qwen2, 1, false).write_gguf(DType::Q8_0, &path);
+    Tiny::random(TinyArch::Qwen2, 1, false).write_gguf(DType::Q8_0, &path).unwrap();
     let mut r = Runner::gguf(&path);
     let slots = r.pool.allocate(3).unwrap();
     let mut out = Vec::new();

@@ -1,0 +1,114 @@
+//! The `cachet` binary end to end: generation on a tiny model the test
+//! writes, clear errors for bad input, and the resident-memory bound on the
+//! real default model.
+
+use cachet_engine::testing::{Tiny, TinyArch};
+use cachet_kernels::quant::DType;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+
+fn cachet(args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_cachet")).args(args).env("RUST_LOG", "warn").output().unwrap()
+}
+
+fn stderr(o: &Output) -> String {
+    String::from_utf8_lossy(&o.stderr).into_owned()
+}
+
+fn tiny_model(dir: &Path) -> PathBuf {
+    let path = dir.join("tiny.gguf");
+    Tiny::random(TinyArch::Qwen2, 9, false).write_gguf(DType::Q8_0, &path).unwrap();
+    path
+}
+
+#[test]
+fn generate_streams_and_reports_speed() {
+    let dir = tempfile::tempdir().unwrap();
+    let model = tiny_model(dir.path());
+    let m = model.to_str().unwrap();
+    let out = cachet(&["generate", "--model", m, "--prompt", "hello", "--max-tokens", "12", "--ignore-eos", "--json"]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(v["generated_tokens"], 12);
+    assert_eq!(v["finish_reason"], "length");
+    assert!(v["decode_tokens_per_second"].as_f64().unwrap() > 0.0);
+
+    // Same seed, same text; the human-readable form prints the speeds.
+    let args = ["generate", "--model", m, "--chat", "--prompt", "hi", "--max-tokens", "16", "--temperature", "1.0"];
+    let a = cachet(&[&args[..], &["--seed", "5", "--ignore-eos"]].concat());
+    let b = cachet(&[&args[..], &["--seed", "5", "--ignore-eos"]].concat());
+    assert!(a.status.success(), "{}", stderr(&a));
+    assert_eq!(a.stdout, b.stdout);
+    assert!(stderr(&a).contains("tok/s"), "{}", stderr(&a));
+}
+
+#[test]
+fn bad_input_gives_clear_errors() {
+    let dir = tempfile::tempdir().unwrap();
+    let model = tiny_model(dir.path());
+    let m = model.to_str().unwrap();
+    let check = |args: &[&str], needle: &str| {
+        let out = cachet(args);
+        assert!(!out.status.success(), "{args:?} succeeded");
+        let err = stderr(&out);
+        assert!(err.contains(needle), "{args:?}: {err}");
+        assert!(!err.contains("panicked"), "{args:?} panicked: {err}");
+    };
+    check(&["generate", "--model", "/nonexistent/model.gguf", "--prompt", "x"], "/nonexistent/model.gguf");
+
+    let garbage = dir.path().join("garbage.gguf");
+    std::fs::write(&garbage, b"definitely not a model").unwrap();
+    check(&["generate", "--model", garbage.to_str().unwrap(), "--prompt", "x"], "not a GGUF file");
+
+    let truncated = dir.path().join("truncated.gguf");
+    let bytes = std::fs::read(&model).unwrap();
+    std::fs::write(&truncated, &bytes[..bytes.len() / 3]).unwrap();
+    check(&["generate", "--model", truncated.to_str().unwrap(), "--prompt", "x"], "beyond the end of the file");
+
+    check(&["generate", "--model", m, "--prompt", "x", "--top-p", "0"], "top_p");
+    check(&["generate", "--model", m, "--prompt", "a b c d e f g h", "--ctx", "4"], "context window");
+    check(&["generate", "--model", m, "--prompt", ""], "empty");
+}
+
+/// Weights are memory-mapped and used quantized: peak RSS while generating
+/// stays within the file size + the KV pool + 300 MiB.
+#[test]
+fn resident_memory_stays_within_budget() {
+    let models = std::env::var_os("CACHET_MODELS_DIR")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from(std::env::var_os("HOME").unwrap_or_default()).join(".cache/cachet/models"));
+    let path = models.join("qwen2.5-coder-0.5b-instruct-q4_k_m.gguf");
+    if !path.exists() {
+        assert!(
+            std::env::var("REQUIRE_MODEL").as_deref() != Ok("1"),
+            "REQUIRE_MODEL=1 but {} is missing",
+            path.display()
+        );
+        eprintln!("skipping: {} not found", path.display());
+        return;
+    }
+    let prompt = "Explain, with a short Rust example, how ownership and borrowing work. ".repeat(20);
+    let out = cachet(&[
+        "generate",
+        "--model",
+        path.to_str().unwrap(),
+        "--prompt",
+        &prompt,
+        "--max-tokens",
+        "48",
+        "--ignore-eos",
+        "--ctx",
+        "4096",
+        "--json",
+    ]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let (rss, file, kv) = (
+        v["peak_rss_bytes"].as_u64().unwrap(),
+        v["model_file_bytes"].as_u64().unwrap(),
+        v["kv_pool_bytes"].as_u64().unwrap(),
+    );
+    let budget = file + kv + (300 << 20);
+    eprintln!("peak RSS {} MiB, budget {} MiB", rss >> 20, budget >> 20);
+    assert!(rss <= budget, "peak RSS {rss} > file {file} + KV {kv} + 300 MiB");
+}

