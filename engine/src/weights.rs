@@ -90,6 +90,8 @@ pub trait WeightSource {
     fn get(&self, name: TensorName) -> Result<Option<HostTensor>, LoadError>;
     /// Total bytes of the underlying files.
     fn file_bytes(&self) -> u64;
+    /// The name a tensor has in this source's files (for error messages).
+    fn file_name(&self, name: TensorName) -> String;
 }
 
 impl WeightSource for GgufFile {
@@ -103,6 +105,10 @@ impl WeightSource for GgufFile {
 
     fn file_bytes(&self) -> u64 {
         self.file_size() as u64
+    }
+
+    fn file_name(&self, name: TensorName) -> String {
+        name.gguf()
     }
 }
 
@@ -173,5 +179,9 @@ impl WeightSource for SafetensorsDir {
 
     fn file_bytes(&self) -> u64 {
         self.bytes
+    }
+
+    fn file_name(&self, name: TensorName) -> String {
+        name.hf()
     }
 }

@@ -48,12 +48,12 @@ impl<B: Backend> Model<B> {
     pub fn load(backend: &B, src: &dyn WeightSource, config: ModelConfig) -> Result<Model<B>, LoadError> {
         let c = &config;
         let get = |name: TensorName, shape: &[usize]| -> Result<B::Weight, LoadError> {
-            let t = src.get(name)?.ok_or_else(|| LoadError::MissingTensor(name.gguf()))?;
+            let t = src.get(name)?.ok_or_else(|| LoadError::MissingTensor(src.file_name(name)))?;
             // Vectors may be stored as [n] or [1, n].
             let found: Vec<usize> =
                 t.shape.iter().copied().skip_while(|&d| d == 1 && t.shape.len() > shape.len()).collect();
             if found != shape {
-                return Err(LoadError::Shape { name: name.gguf(), expected: shape.to_vec(), found: t.shape });
+                return Err(LoadError::Shape { name: src.file_name(name), expected: shape.to_vec(), found: t.shape });
             }
             Ok(backend.load(t)?)
         };

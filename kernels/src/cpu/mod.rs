@@ -201,15 +201,19 @@ impl Backend for CpuBackend {
         }
         let mut slices: Vec<(&CpuMatrix, &mut [f32])> =
             jobs.iter_mut().map(|(w, out)| (*w, out.data.as_mut_slice())).collect();
-        let label = || {
-            let shapes: Vec<String> =
-                slices.iter().map(|(w, _)| format!("{} {}x{}", w.tensor.dtype, w.rows(), w.cols())).collect();
-            format!("matmul {}", shapes.join(" + "))
+        // Built only when profiling (the label borrows the weights, not `slices`).
+        let shapes: Vec<(DType, usize, usize)> = if self.profile.is_some() {
+            slices.iter().map(|(w, _)| (w.tensor.dtype, w.rows(), w.cols())).collect()
+        } else {
+            Vec::new()
         };
-        let label = label();
+        let label = move || {
+            let parts: Vec<String> = shapes.iter().map(|(d, r, c)| format!("{d} {r}x{c}")).collect();
+            format!("matmul {}", parts.join(" + "))
+        };
         let mut guard = self.scratch.lock().unwrap_or_else(|e| e.into_inner());
         let scratch: &mut MatmulScratch = &mut guard;
-        self.timed(|| label, || self.pool.install(|| matmul_many(&self.dots, &x.data, x.rows, &mut slices, scratch)));
+        self.timed(label, || self.pool.install(|| matmul_many(&self.dots, &x.data, x.rows, &mut slices, scratch)));
     }
 
     fn add_bias(&self, x: &mut CpuBuf, bias: &CpuMatrix) {
