@@ -5,7 +5,7 @@
 //! the level's row dot product — the same call whatever the batch, so a row's
 //! result does not depend on what else is in the batch.
 
-use super::dot::Dots;
+use super::dot::Kernels;
 use crate::quant::*;
 use crate::tensor::HostTensor;
 use half::{bf16, f16};
@@ -96,7 +96,13 @@ impl CpuMatrix {
 }
 
 /// `x` is `t × k` f32, each `out` is `t × rows(w)`; all weights share `x`.
-pub fn matmul_many(dots: &Dots, x: &[f32], t: usize, jobs: &mut [(&CpuMatrix, &mut [f32])], s: &mut MatmulScratch) {
+pub fn matmul_many(
+    kernels: &Kernels,
+    x: &[f32],
+    t: usize,
+    jobs: &mut [(&CpuMatrix, &mut [f32])],
+    s: &mut MatmulScratch,
+) {
     if t == 0 {
         return;
     }
@@ -116,15 +122,15 @@ pub fn matmul_many(dots: &Dots, x: &[f32], t: usize, jobs: &mut [(&CpuMatrix, &m
         let n = w.rows();
         let bytes = w.tensor.bytes.as_slice();
         match w.tensor.dtype {
-            DType::F32 => run(view::<f32>(bytes), x, t, n, out, dots.f32),
-            DType::F16 => run(view::<f16>(bytes), x, t, n, out, dots.f16),
-            DType::BF16 => run(view::<bf16>(bytes), x, t, n, out, dots.bf16),
-            DType::Q4_0 => run(view(bytes), &s.q8a, t, n, out, dots.q4_0),
-            DType::Q5_0 => run(view(bytes), &s.q8a, t, n, out, dots.q5_0),
-            DType::Q8_0 => run(view(bytes), &s.q8a, t, n, out, dots.q8_0),
-            DType::Q4_K => run(view(bytes), &s.q8k, t, n, out, dots.q4_k),
-            DType::Q5_K => run(view(bytes), &s.q8k, t, n, out, dots.q5_k),
-            DType::Q6_K => run(view(bytes), &s.q8k, t, n, out, dots.q6_k),
+            DType::F32 => run(view::<f32>(bytes), x, t, n, out, kernels.f32),
+            DType::F16 => run(view::<f16>(bytes), x, t, n, out, kernels.f16),
+            DType::BF16 => run(view::<bf16>(bytes), x, t, n, out, kernels.bf16),
+            DType::Q4_0 => run(view(bytes), &s.q8a, t, n, out, kernels.q4_0),
+            DType::Q5_0 => run(view(bytes), &s.q8a, t, n, out, kernels.q5_0),
+            DType::Q8_0 => run(view(bytes), &s.q8a, t, n, out, kernels.q8_0),
+            DType::Q4_K => run(view(bytes), &s.q8k, t, n, out, kernels.q4_k),
+            DType::Q5_K => run(view(bytes), &s.q8k, t, n, out, kernels.q5_k),
+            DType::Q6_K => run(view(bytes), &s.q8k, t, n, out, kernels.q6_k),
         }
     }
 }

@@ -7,8 +7,8 @@ pub mod dot;
 mod matmul;
 pub mod ops;
 
-pub use attention::LayerKv;
-pub use dot::{Dots, SimdLevel};
+pub use attention::{Attend, AttendFn, LayerKv};
+pub use dot::{Kernels, SimdLevel};
 pub use matmul::{matmul_many, CpuMatrix, MatmulScratch};
 
 use crate::backend::*;
@@ -40,7 +40,7 @@ pub struct CpuKv {
 /// The CPU backend.
 #[derive(Debug)]
 pub struct CpuBackend {
-    dots: Dots,
+    kernels: Kernels,
     pool: Arc<rayon::ThreadPool>,
     /// Activation buffers reused across matmul calls.
     scratch: Mutex<MatmulScratch>,
@@ -57,7 +57,7 @@ impl CpuBackend {
 
     /// A backend at a given SIMD level; an error if this CPU lacks it.
     pub fn with_level(threads: usize, level: SimdLevel) -> Result<CpuBackend, BackendError> {
-        let dots = Dots::for_level(level)
+        let kernels = Kernels::for_level(level)
             .ok_or_else(|| BackendError::Unsupported(format!("this CPU cannot run {} kernels", level.name())))?;
         let threads = if threads == 0 { std::thread::available_parallelism().map_or(1, |n| n.get()) } else { threads };
         let pool = rayon::ThreadPoolBuilder::new()
@@ -65,7 +65,7 @@ impl CpuBackend {
             .thread_name(|i| format!("cachet-cpu-{i}"))
             .build()
             .map_err(|e| BackendError::Unsupported(format!("thread pool: {e}")))?;
-        Ok(CpuBackend { dots, pool: Arc::new(pool), scratch: Mutex::new(MatmulScratch::default()), profile: None })
+        Ok(CpuBackend { kernels, pool: Arc::new(pool), scratch: Mutex::new(MatmulScratch::default()), profile: None })
     }
 
     /// Records the time of every op (see [`CpuBackend::profile`]).
@@ -97,7 +97,7 @@ impl CpuBackend {
 
     /// The SIMD level in use.
     pub fn level(&self) -> SimdLevel {
-        self.dots.level
+        self.kernels.level
     }
 
     /// Worker threads.
@@ -116,7 +116,7 @@ impl Backend for CpuBackend {
     type Kv = CpuKv;
 
     fn name(&self) -> String {
-        format!("cpu ({}, {} threads)", self.dots.level.name(), self.threads())
+        format!("cpu ({}, {} threads)", self.kernels.level.name(), self.threads())
     }
 
     fn load(&self, t: HostTensor) -> Result<CpuMatrix, BackendError> {
@@ -213,7 +213,7 @@ impl Backend for CpuBackend {
         };
         let mut guard = self.scratch.lock().unwrap_or_else(|e| e.into_inner());
         let scratch: &mut MatmulScratch = &mut guard;
-        self.timed(label, || self.pool.install(|| matmul_many(&self.dots, &x.data, x.rows, &mut slices, scratch)));
+        self.timed(label, || self.pool.install(|| matmul_many(&self.kernels, &x.data, x.rows, &mut slices, scratch)));
     }
 
     fn add_bias(&self, x: &mut CpuBuf, bias: &CpuMatrix) {
@@ -270,7 +270,7 @@ impl Backend for CpuBackend {
             || "attention".into(),
             || {
                 self.pool.install(|| {
-                    attention::attention(&self.dots, &q.data, &kv.layers[layer], seqs, shape, &mut out.data)
+                    attention::attention(&self.kernels, &q.data, &kv.layers[layer], seqs, shape, &mut out.data)
                 })
             },
         );

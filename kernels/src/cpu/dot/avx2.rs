@@ -1,7 +1,7 @@
 //! AVX2 + FMA + F16C dot products (`u8 × i8` via `maddubs`).
 //!
 //! Safety: every function here requires the `avx2`, `fma` and `f16c` CPU
-//! features; `Dots::for_level` hands them out only after detecting them.
+//! features; `Kernels::for_level` hands them out only after detecting them.
 
 use super::scalar::{combine_k_min, k_mins, q6_k_offset};
 use crate::quant::*;

@@ -3,7 +3,7 @@
 //! (offset) form and corrected once per block with the activations' sum.
 //!
 //! Safety: every function here requires the features of `SimdLevel::Avx512`;
-//! `Dots::for_level` hands them out only after detecting them.
+//! `Kernels::for_level` hands them out only after detecting them.
 
 use super::avx2::{bits32, nibbles32};
 use super::scalar::{combine_k_min, k_mins, q6_k_offset};

@@ -9,6 +9,7 @@ mod avx2;
 mod avx512;
 pub mod scalar;
 
+use super::attention::{attend_scalar, Attend, AttendFn};
 use crate::quant::*;
 use half::{bf16, f16};
 
@@ -72,7 +73,7 @@ impl SimdLevel {
 
 /// The dot products of one SIMD level.
 #[derive(Clone, Copy, Debug)]
-pub struct Dots {
+pub struct Kernels {
     pub level: SimdLevel,
     pub q4_0: fn(&[BlockQ4_0], &[BlockQ8A]) -> f32,
     pub q5_0: fn(&[BlockQ5_0], &[BlockQ8A]) -> f32,
@@ -83,16 +84,18 @@ pub struct Dots {
     pub f32: fn(&[f32], &[f32]) -> f32,
     pub f16: fn(&[f16], &[f32]) -> f32,
     pub bf16: fn(&[bf16], &[f32]) -> f32,
+    /// Attention of one (query row, KV head) task.
+    pub attend: AttendFn,
 }
 
 /// Wraps `unsafe fn`s that need CPU features into safe `fn`s. Only
-/// `Dots::for_level` uses the wrappers, after checking the features.
+/// `Kernels::for_level` uses the wrappers, after checking the features.
 macro_rules! safe_table {
     ($level:expr, $m:ident) => {{
         mod safe {
             use super::*;
             pub fn q4_0(w: &[BlockQ4_0], x: &[BlockQ8A]) -> f32 {
-                // SAFETY: reachable only through `Dots::for_level`, which checked the features.
+                // SAFETY: reachable only through `Kernels::for_level`, which checked the features.
                 unsafe { super::$m::q4_0(w, x) }
             }
             pub fn q5_0(w: &[BlockQ5_0], x: &[BlockQ8A]) -> f32 {
@@ -128,7 +131,7 @@ macro_rules! safe_table {
                 unsafe { super::$m::bf16(w, x) }
             }
         }
-        Dots {
+        Kernels {
             level: $level,
             q4_0: safe::q4_0,
             q5_0: safe::q5_0,
@@ -139,14 +142,27 @@ macro_rules! safe_table {
             f32: safe::f32,
             f16: safe::f16,
             bf16: safe::bf16,
+            attend: attend_scalar,
         }
     }};
 }
 
-impl Dots {
+#[cfg(target_arch = "x86_64")]
+fn attend_avx2(a: &Attend<'_>, scores: &mut [f32], out: &mut [f32]) {
+    // SAFETY: reachable only through `Kernels::for_level`, which checked the features.
+    unsafe { super::attention::avx2::attend(a, scores, out) }
+}
+
+#[cfg(target_arch = "x86_64")]
+fn attend_avx512(a: &Attend<'_>, scores: &mut [f32], out: &mut [f32]) {
+    // SAFETY: reachable only through `Kernels::for_level`, which checked the features.
+    unsafe { super::attention::avx512::attend(a, scores, out) }
+}
+
+impl Kernels {
     /// The portable reference.
-    pub fn scalar() -> Dots {
-        Dots {
+    pub fn scalar() -> Kernels {
+        Kernels {
             level: SimdLevel::Scalar,
             q4_0: scalar::q4_0,
             q5_0: scalar::q5_0,
@@ -157,27 +173,28 @@ impl Dots {
             f32: scalar::f32,
             f16: scalar::f16,
             bf16: scalar::bf16,
+            attend: attend_scalar,
         }
     }
 
     /// The kernels of `level`, or `None` when this CPU cannot run them.
-    pub fn for_level(level: SimdLevel) -> Option<Dots> {
+    pub fn for_level(level: SimdLevel) -> Option<Kernels> {
         if !level.is_supported() {
             return None;
         }
         match level {
-            SimdLevel::Scalar => Some(Dots::scalar()),
+            SimdLevel::Scalar => Some(Kernels::scalar()),
             #[cfg(target_arch = "x86_64")]
-            SimdLevel::Avx2 => Some(safe_table!(SimdLevel::Avx2, avx2)),
+            SimdLevel::Avx2 => Some(Kernels { attend: attend_avx2, ..safe_table!(SimdLevel::Avx2, avx2) }),
             #[cfg(target_arch = "x86_64")]
-            SimdLevel::Avx512 => Some(safe_table!(SimdLevel::Avx512, avx512)),
+            SimdLevel::Avx512 => Some(Kernels { attend: attend_avx512, ..safe_table!(SimdLevel::Avx512, avx512) }),
             #[cfg(not(target_arch = "x86_64"))]
             _ => None,
         }
     }
 
     /// The kernels of the best level this CPU supports (see `SimdLevel::detect`).
-    pub fn detect() -> Dots {
-        Dots::for_level(SimdLevel::detect()).unwrap_or_else(Dots::scalar)
+    pub fn detect() -> Kernels {
+        Kernels::for_level(SimdLevel::detect()).unwrap_or_else(Kernels::scalar)
     }
 }

@@ -1,0 +1,153 @@
+//! Kernel micro-benchmarks, in one run so ratios are comparable:
+//! - memory bandwidth (STREAM-style copy over arrays far larger than the caches),
+//! - GEMV (one activation row, as in decode) per weight format, in GB/s of
+//!   weights read, and as a fraction of the measured bandwidth,
+//! - GEMM (512 activation rows, as in prefill) per format, in GFLOP/s,
+//! - decode attention over 512 … 16k cached tokens.
+//!
+//! `cargo bench -p cachet-kernels --bench kernels -- [--threads N] [--quick]`
+
+use cachet_kernels::backend::{AttnSeq, AttnShape, Backend, KvLayout};
+use cachet_kernels::cpu::{CpuBackend, SimdLevel};
+use cachet_kernels::quant::{quantize_row, DType};
+use cachet_kernels::tensor::{Bytes, HostTensor};
+use rayon::prelude::*;
+use std::time::{Duration, Instant};
+
+fn arg(name: &str) -> Option<String> {
+    let args: Vec<String> = std::env::args().collect();
+    args.iter().position(|a| a == name).and_then(|i| args.get(i + 1).cloned())
+}
+
+/// Best time of `reps` runs of `f` (after one warm-up run).
+fn best(reps: usize, mut f: impl FnMut()) -> Duration {
+    f();
+    (0..reps)
+        .map(|_| {
+            let t = Instant::now();
+            f();
+            t.elapsed()
+        })
+        .min()
+        .unwrap()
+}
+
+fn random(n: usize, seed: u64) -> Vec<f32> {
+    let mut s = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
+    (0..n)
+        .map(|_| {
+            s ^= s << 13;
+            s ^= s >> 7;
+            s ^= s << 17;
+            ((s >> 40) as f32 / (1u64 << 24) as f32) * 2.0 - 1.0
+        })
+        .collect()
+}
+
+fn matrix(cpu: &CpuBackend, dtype: DType, rows: usize, cols: usize) -> cachet_kernels::cpu::CpuMatrix {
+    // Quantize one row block and repeat it: quantizing 100+ MB would dominate the run.
+    let pattern_rows = 64.min(rows);
+    let src = random(pattern_rows * cols, 7);
+    let row_bytes = dtype.bytes_for(cols).unwrap();
+    let mut pattern = vec![0u8; row_bytes * pattern_rows];
+    quantize_row(dtype, &src, &mut pattern).unwrap();
+    let mut bytes = Vec::with_capacity(row_bytes * rows);
+    while bytes.len() < row_bytes * rows {
+        let take = (row_bytes * rows - bytes.len()).min(pattern.len());
+        bytes.extend_from_slice(&pattern[..take]);
+    }
+    cpu.load(HostTensor::new(dtype, vec![rows, cols], Bytes::copy_from(&bytes)).unwrap()).unwrap()
+}
+
+fn main() {
+    let threads: usize = arg("--threads").map_or(2, |t| t.parse().unwrap());
+    let quick = std::env::args().any(|a| a == "--quick");
+    let reps = if quick { 3 } else { 7 };
+    let level = SimdLevel::detect();
+    let cpu = CpuBackend::with_level(threads, level).unwrap();
+    let pool = rayon::ThreadPoolBuilder::new().num_threads(threads).build().unwrap();
+    println!("# cachet kernel benchmarks: {threads} threads, {} kernels\n", level.name());
+
+    // Bandwidth: copy 256 MiB to another 256 MiB (read + write).
+    let n = 64 << 20;
+    let src = vec![1f32; n];
+    let mut dst = vec![0f32; n];
+    let copy = best(reps, || {
+        pool.install(|| {
+            dst.par_chunks_mut(1 << 16).zip(src.par_chunks(1 << 16)).for_each(|(d, s)| d.copy_from_slice(s))
+        })
+    });
+    let read_only = best(reps, || {
+        let s: f32 = pool.install(|| src.par_chunks(1 << 16).map(|c| c.iter().sum::<f32>()).sum());
+        std::hint::black_box(s);
+    });
+    let copy_gbs = (2 * n * 4) as f64 / copy.as_secs_f64() / 1e9;
+    let read_gbs = (n * 4) as f64 / read_only.as_secs_f64() / 1e9;
+    println!("| memory | GB/s |\n|---|---:|");
+    println!("| copy (STREAM-style, read + write counted) | {copy_gbs:.1} |");
+    println!("| read (sum) | {read_gbs:.1} |\n");
+    drop((src, dst));
+
+    // GEMV: one row against ~128 MB of weights (far beyond the 32 MiB L3).
+    println!("| GEMV, 1 row × [rows × 4096] | weight MB | ms | GB/s | of copy bandwidth |");
+    println!("|---|---:|---:|---:|---:|");
+    let cols = 4096;
+    for dtype in DType::ALL {
+        let rows = (128usize << 20) / dtype.bytes_for(cols).unwrap();
+        let w = matrix(&cpu, dtype, rows, cols);
+        let mb = (rows * dtype.bytes_for(cols).unwrap()) as f64 / 1e6;
+        let (mut x, mut y) = (cpu.buf(), cpu.buf());
+        cpu.upload(&mut x, 1, cols, &random(cols, 3));
+        let t = best(reps, || cpu.matmul(&x, &mut [(&w, &mut y)]));
+        let gbs = mb / 1e3 / t.as_secs_f64();
+        println!(
+            "| {dtype} ({rows} rows) | {mb:.0} | {:.2} | {gbs:.1} | {:.0}% |",
+            t.as_secs_f64() * 1e3,
+            100.0 * gbs / copy_gbs
+        );
+    }
+    {
+        let w = matrix(&cpu, DType::Q8_0, 151_936, 896);
+        let mb = (151_936 * DType::Q8_0.bytes_for(896).unwrap()) as f64 / 1e6;
+        let (mut x, mut y) = (cpu.buf(), cpu.buf());
+        cpu.upload(&mut x, 1, 896, &random(896, 3));
+        let t = best(reps, || cpu.matmul(&x, &mut [(&w, &mut y)]));
+        let gbs = mb / 1e3 / t.as_secs_f64();
+        println!(
+            "| Q8_0 output projection 151936 × 896 | {mb:.0} | {:.2} | {gbs:.1} | {:.0}% |\n",
+            t.as_secs_f64() * 1e3,
+            100.0 * gbs / copy_gbs
+        );
+    }
+
+    // GEMM: 512 rows (a prefill) × [4096 × 1536].
+    println!("| GEMM, 512 × [4096 × 1536] | ms | GFLOP/s |\n|---|---:|---:|");
+    let (t, n, k) = (512, 4096, 1536);
+    let xs = random(t * k, 5);
+    for dtype in DType::ALL {
+        let w = matrix(&cpu, dtype, n, k);
+        let (mut x, mut y) = (cpu.buf(), cpu.buf());
+        cpu.upload(&mut x, t, k, &xs);
+        let d = best(reps.min(3), || cpu.matmul(&x, &mut [(&w, &mut y)]));
+        let gflops = 2.0 * (t * n * k) as f64 / d.as_secs_f64() / 1e9;
+        println!("| {dtype} | {:.1} | {gflops:.1} |", d.as_secs_f64() * 1e3);
+    }
+
+    // Decode attention: one query token over `ctx` cached tokens (Qwen2.5-0.5B heads).
+    println!("\n| decode attention, 14 heads / 2 KV heads × 64 | µs per token per layer |\n|---|---:|");
+    let (heads, kv_heads, hd) = (14, 2, 64);
+    for ctx in [512usize, 4096, 16384] {
+        let layout = KvLayout { layers: 1, slots: ctx, kv_heads, head_dim: hd };
+        let mut kv = cpu.kv(layout).unwrap();
+        let slots: Vec<u32> = (0..ctx as u32).collect();
+        let (mut k, mut v, mut q, mut out) = (cpu.buf(), cpu.buf(), cpu.buf(), cpu.buf());
+        cpu.upload(&mut k, ctx, kv_heads * hd, &random(ctx * kv_heads * hd, 1));
+        cpu.upload(&mut v, ctx, kv_heads * hd, &random(ctx * kv_heads * hd, 2));
+        cpu.kv_store(&mut kv, 0, &k, &v, &slots);
+        cpu.upload(&mut q, 1, heads * hd, &random(heads * hd, 3));
+        let shape = AttnShape { n_heads: heads, n_kv_heads: kv_heads, head_dim: hd, scale: 0.125 };
+        let seqs = [AttnSeq { rows: 0..1, first_pos: ctx - 1, slots: &slots }];
+        let d = best(reps, || cpu.attention(&q, &kv, 0, &seqs, &shape, &mut out));
+        println!("| context {ctx} | {:.0} |", d.as_secs_f64() * 1e6);
+    }
+}

@@ -1,0 +1,156 @@
+//! Causal attention over K/V held in a slot-indexed pool. A query at position
+//! `p` reads the slots of positions `0..=p` in order, so its result is the
+//! same whether it is part of a prefill chunk or a single decode step.
+//!
+//! Work is split into (query row, KV head) tasks: the query heads that share
+//! a KV head (grouped-query attention) are computed together, so each K and V
+//! row is read and converted from f16 once per task. The per-task kernel is
+//! chosen per SIMD level (`Kernels::attend`).
+
+#[cfg(target_arch = "x86_64")]
+#[allow(unsafe_op_in_unsafe_fn)]
+pub(super) mod avx2;
+#[cfg(target_arch = "x86_64")]
+#[allow(unsafe_op_in_unsafe_fn)]
+pub(super) mod avx512;
+
+use super::dot::Kernels;
+use crate::backend::{AttnSeq, AttnShape};
+use half::f16;
+use half::slice::HalfFloatSliceExt;
+use rayon::prelude::*;
+use std::cell::RefCell;
+
+/// K and V of one layer: `slots × (kv_heads · head_dim)` f16 each.
+#[derive(Debug)]
+pub struct LayerKv {
+    pub k: Vec<f16>,
+    pub v: Vec<f16>,
+}
+
+/// One task: `rep` query heads (contiguous in `q`, `hd` values each) attend
+/// over the slots in `keys`, reading the `hd` values at `offset` of each slot
+/// row (`kv_cols` wide) of `k` and `v`.
+#[derive(Debug)]
+pub struct Attend<'a> {
+    pub q: &'a [f32],
+    pub k: &'a [f16],
+    pub v: &'a [f16],
+    pub kv_cols: usize,
+    pub offset: usize,
+    pub hd: usize,
+    pub rep: usize,
+    pub keys: &'a [u32],
+    pub scale: f32,
+}
+
+/// A per-level attention kernel: writes `rep × hd` values to `out`, using
+/// `scores` (at least `rep × keys.len()` long) as scratch.
+pub type AttendFn = fn(&Attend<'_>, &mut [f32], &mut [f32]);
+
+thread_local! {
+    static SCORES: RefCell<Vec<f32>> = const { RefCell::new(Vec::new()) };
+}
+
+#[derive(Clone, Copy)]
+struct OutPtr(*mut f32);
+// SAFETY: each task writes the heads of one (row, KV head) pair only.
+unsafe impl Send for OutPtr {}
+unsafe impl Sync for OutPtr {}
+
+impl OutPtr {
+    /// The pointer (a method, so closures capture the whole `Send` wrapper).
+    fn get(self) -> *mut f32 {
+        self.0
+    }
+}
+
+/// `q` and `out` are `rows × (n_heads · head_dim)`.
+pub fn attention(kernels: &Kernels, q: &[f32], kv: &LayerKv, seqs: &[AttnSeq<'_>], s: &AttnShape, out: &mut [f32]) {
+    let (hd, nkv) = (s.head_dim, s.n_kv_heads);
+    let rep = s.n_heads / nkv;
+    let q_cols = s.n_heads * hd;
+    let rows = seqs.last().map_or(0, |q| q.rows.end);
+    let ptr = OutPtr(out.as_mut_ptr());
+    let task = |idx: usize| {
+        let (row, g) = (idx / nkv, idx % nkv);
+        // Sequences cover consecutive rows: find the one holding `row`.
+        let seq = &seqs[seqs.partition_point(|q| q.rows.end <= row)];
+        let pos = seq.first_pos + (row - seq.rows.start);
+        let keys = &seq.slots[..=pos];
+        let start = row * q_cols + g * rep * hd;
+        let a = Attend {
+            q: &q[start..start + rep * hd],
+            k: &kv.k,
+            v: &kv.v,
+            kv_cols: nkv * hd,
+            offset: g * hd,
+            hd,
+            rep,
+            keys,
+            scale: s.scale,
+        };
+        // SAFETY: `start..start + rep*hd` lies inside `out` (same shape as `q`),
+        // and only this task writes it.
+        let dst = unsafe { std::slice::from_raw_parts_mut(ptr.get().add(start), rep * hd) };
+        SCORES.with(|cell| {
+            let mut scores = cell.borrow_mut();
+            if scores.len() < rep * keys.len() {
+                scores.resize(rep * keys.len(), 0.0);
+            }
+            (kernels.attend)(&a, &mut scores, dst);
+        });
+    };
+    let tasks = rows * nkv;
+    if tasks > 1 {
+        (0..tasks).into_par_iter().for_each(task);
+    } else {
+        (0..tasks).for_each(task);
+    }
+}
+
+/// The portable kernel: the reference the SIMD kernels are tested against.
+pub fn attend_scalar(a: &Attend<'_>, scores: &mut [f32], out: &mut [f32]) {
+    let (n, hd, rep) = (a.keys.len(), a.hd, a.rep);
+    let mut buf = [0f32; 1024];
+    let row = &mut buf[..hd];
+    for (j, &slot) in a.keys.iter().enumerate() {
+        let off = slot as usize * a.kv_cols + a.offset;
+        a.k[off..off + hd].convert_to_f32_slice(row);
+        for h in 0..rep {
+            let q = &a.q[h * hd..(h + 1) * hd];
+            scores[h * n + j] = q.iter().zip(row.iter()).map(|(x, y)| x * y).sum::<f32>() * a.scale;
+        }
+    }
+    for h in 0..rep {
+        let sc = &mut scores[h * n..(h + 1) * n];
+        let max = sc.iter().fold(f32::NEG_INFINITY, |m, &v| m.max(v));
+        let mut sum = 0f32;
+        for v in sc.iter_mut() {
+            *v = (*v - max).exp();
+            sum += *v;
+        }
+        let inv = 1.0 / sum;
+        sc.iter_mut().for_each(|v| *v *= inv);
+    }
+    out.fill(0.0);
+    for (j, &slot) in a.keys.iter().enumerate() {
+        let off = slot as usize * a.kv_cols + a.offset;
+        a.v[off..off + hd].convert_to_f32_slice(row);
+        for h in 0..rep {
+            let w = scores[h * n + j];
+            for (o, &v) in out[h * hd..(h + 1) * hd].iter_mut().zip(row.iter()) {
+                *o += w * v;
+            }
+        }
+    }
+}
+
+/// Stores `k`/`v` rows (`kv_cols` wide) into their slots.
+pub fn store(kv: &mut LayerKv, k: &[f32], v: &[f32], kv_cols: usize, slots: &[u32]) {
+    for (i, &slot) in slots.iter().enumerate() {
+        let off = slot as usize * kv_cols;
+        kv.k[off..off + kv_cols].convert_from_f32_slice(&k[i * kv_cols..(i + 1) * kv_cols]);
+        kv.v[off..off + kv_cols].convert_from_f32_slice(&v[i * kv_cols..(i + 1) * kv_cols]);
+    }
+}
