@@ -6,7 +6,7 @@
 use crate::chat_template::ChatMessage;
 use crate::kv_pool::{KvPool, PoolSize, SlotId};
 use crate::loader::LoadedModel;
-use crate::model::{Batch, ForwardScratch, LogitsFor, SeqChunk};
+use crate::model::{ForwardScratch, LogitsFor, SeqChunk};
 use crate::sampler::{Sampler, SamplingParams};
 use crate::tokenizer::IncrementalDecoder;
 use crate::EngineError;
@@ -209,7 +209,8 @@ impl<B: Backend> Generator<B> {
             ..Default::default()
         };
 
-        slots.extend(self.pool.allocate(prompt.len())?);
+        slots.reserve(prompt.len() + params.max_tokens.min(limit));
+        self.pool.allocate_into(prompt.len(), slots)?;
         for chunk_start in (0..prompt.len()).step_by(self.prefill_chunk.max(1)) {
             let end = (chunk_start + self.prefill_chunk.max(1)).min(prompt.len());
             let logits = if end == prompt.len() { LogitsFor::Last } else { LogitsFor::None };
@@ -245,7 +246,7 @@ impl<B: Backend> Generator<B> {
             if tokens.len() == params.max_tokens || pos + 1 >= limit {
                 break;
             }
-            slots.extend(self.pool.allocate(1)?);
+            self.pool.allocate_into(1, slots)?;
             self.step(&[token], pos, slots, LogitsFor::Last)?;
         }
         if finish_reason == FinishReason::Length {
@@ -286,8 +287,8 @@ impl<B: Backend> Generator<B> {
         logits: LogitsFor,
     ) -> Result<(), EngineError> {
         let end = start_pos + tokens.len();
-        let batch = Batch { seqs: vec![SeqChunk { tokens, start_pos, slots: SlotId::raw(&slots[..end]), logits }] };
-        self.loaded.model.forward(&self.backend, self.pool.storage_mut(), &batch, &mut self.scratch, &mut self.logits)
+        let seqs = [SeqChunk { tokens, start_pos, slots: SlotId::raw(&slots[..end]), logits }];
+        self.loaded.model.forward(&self.backend, self.pool.storage_mut(), &seqs, &mut self.scratch, &mut self.logits)
     }
 }
 

@@ -96,15 +96,23 @@ impl<B: Backend> KvPool<B> {
 
     /// Takes `n` slots, or fails without taking any.
     pub fn allocate(&mut self, n: usize) -> Result<Vec<SlotId>, EngineError> {
+        let mut slots = Vec::with_capacity(n);
+        self.allocate_into(n, &mut slots)?;
+        Ok(slots)
+    }
+
+    /// Takes `n` slots and appends them to `out` (no allocation when `out`
+    /// has room), or fails without taking any.
+    pub fn allocate_into(&mut self, n: usize, out: &mut Vec<SlotId>) -> Result<(), EngineError> {
         if !self.can_allocate(n) {
             return Err(EngineError::OutOfSlots { needed: n, free: self.free.len() });
         }
-        let slots = self.free.split_off(self.free.len() - n);
-        let slots: Vec<SlotId> = slots.into_iter().rev().collect();
-        for s in &slots {
+        for _ in 0..n {
+            let s = self.free.pop().expect("can_allocate checked the count");
             self.in_use[s.0 as usize] = true;
+            out.push(s);
         }
-        Ok(slots)
+        Ok(())
     }
 
     /// Returns slots to the pool. Slots that are not in use (a double free)

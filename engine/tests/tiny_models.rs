@@ -8,7 +8,7 @@ mod common;
 use cachet_engine::config::ModelConfig;
 use cachet_engine::gguf::GgufFile;
 use cachet_engine::kv_pool::{KvPool, PoolSize, SlotId};
-use cachet_engine::model::{Batch, ForwardScratch, LogitsFor, Model, SeqChunk};
+use cachet_engine::model::{ForwardScratch, LogitsFor, Model, SeqChunk};
 use cachet_engine::weights::SafetensorsDir;
 use cachet_kernels::cpu::CpuBackend;
 use cachet_kernels::quant::DType;
@@ -44,14 +44,12 @@ impl Runner {
         let mut out = Vec::new();
         for start in (0..tokens.len()).step_by(chunk) {
             let end = (start + chunk).min(tokens.len());
-            let batch = Batch {
-                seqs: vec![SeqChunk {
-                    tokens: &tokens[start..end],
-                    start_pos: start,
-                    slots: SlotId::raw(&slots[..end]),
-                    logits: LogitsFor::All,
-                }],
-            };
+            let batch: Vec<SeqChunk<'_>> = vec![SeqChunk {
+                tokens: &tokens[start..end],
+                start_pos: start,
+                slots: SlotId::raw(&slots[..end]),
+                logits: LogitsFor::All,
+            }];
             self.model.forward(&self.b, self.pool.storage_mut(), &batch, &mut self.scratch, &mut out).unwrap();
             rows.extend(out.chunks(vocab).map(<[f32]>::to_vec));
         }
@@ -144,13 +142,11 @@ fn batching_and_chunking_do_not_change_results() {
 
         // All three at once, with slots interleaved in the pool.
         let slots: Vec<Vec<SlotId>> = seqs.iter().map(|s| r.pool.allocate(s.len()).unwrap()).collect();
-        let batch = Batch {
-            seqs: seqs
-                .iter()
-                .zip(&slots)
-                .map(|(s, sl)| SeqChunk { tokens: s, start_pos: 0, slots: SlotId::raw(sl), logits: LogitsFor::All })
-                .collect(),
-        };
+        let batch: Vec<SeqChunk<'_>> = seqs
+            .iter()
+            .zip(&slots)
+            .map(|(s, sl)| SeqChunk { tokens: s, start_pos: 0, slots: SlotId::raw(sl), logits: LogitsFor::All })
+            .collect();
         let mut out = Vec::new();
         r.model.forward(&r.b, r.pool.storage_mut(), &batch, &mut r.scratch, &mut out).unwrap();
         let rows: Vec<Vec<f32>> = out.chunks(vocab).map(<[f32]>::to_vec).collect();
@@ -164,18 +160,16 @@ fn batching_and_chunking_do_not_change_results() {
         let extra: Vec<SlotId> = r.pool.allocate(3).unwrap();
         let all_slots: Vec<Vec<SlotId>> =
             slots.iter().zip(&extra).map(|(s, e)| s.iter().copied().chain([*e]).collect()).collect();
-        let step = Batch {
-            seqs: seqs
-                .iter()
-                .zip(&all_slots)
-                .map(|(s, sl)| SeqChunk {
-                    tokens: &[42],
-                    start_pos: s.len(),
-                    slots: SlotId::raw(sl),
-                    logits: LogitsFor::Last,
-                })
-                .collect(),
-        };
+        let step: Vec<SeqChunk<'_>> = seqs
+            .iter()
+            .zip(&all_slots)
+            .map(|(s, sl)| SeqChunk {
+                tokens: &[42],
+                start_pos: s.len(),
+                slots: SlotId::raw(sl),
+                logits: LogitsFor::Last,
+            })
+            .collect();
         r.model.forward(&r.b, r.pool.storage_mut(), &step, &mut r.scratch, &mut out).unwrap();
         for (k, s) in seqs.iter().enumerate() {
             let mut with = s.to_vec();
@@ -196,14 +190,8 @@ fn bad_batches_are_errors() {
     let slots = r.pool.allocate(3).unwrap();
     let mut out = Vec::new();
     let mut run = |tokens: &[u32], start: usize, n_slots: usize| {
-        let batch = Batch {
-            seqs: vec![SeqChunk {
-                tokens,
-                start_pos: start,
-                slots: SlotId::raw(&slots[..n_slots]),
-                logits: LogitsFor::Last,
-            }],
-        };
+        let batch: Vec<SeqChunk<'_>> =
+            vec![SeqChunk { tokens, start_pos: start, slots: SlotId::raw(&slots[..n_slots]), logits: LogitsFor::Last }];
         r.model.forward(&r.b, r.pool.storage_mut(), &batch, &mut r.scratch, &mut out).map_err(|e| e.to_string())
     };
     assert!(run(&[1, 2, 999], 0, 3).unwrap_err().contains("999"));

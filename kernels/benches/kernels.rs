@@ -146,8 +146,8 @@ fn main() {
         cpu.kv_store(&mut kv, 0, &k, &v, &slots);
         cpu.upload(&mut q, 1, heads * hd, &random(heads * hd, 3));
         let shape = AttnShape { n_heads: heads, n_kv_heads: kv_heads, head_dim: hd, scale: 0.125 };
-        let seqs = [AttnSeq { rows: 0..1, first_pos: ctx - 1, slots: &slots }];
-        let d = best(reps, || cpu.attention(&q, &kv, 0, &seqs, &shape, &mut out));
+        let seqs = [AttnSeq { rows: 0..1, first_pos: ctx - 1, slots: 0..ctx }];
+        let d = best(reps, || cpu.attention(&q, &kv, 0, &seqs, &slots, &shape, &mut out));
         println!("| context {ctx} | {:.0} |", d.as_secs_f64() * 1e6);
     }
 }

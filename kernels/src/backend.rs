@@ -73,15 +73,16 @@ pub struct AttnShape {
 }
 
 /// One sequence's part of a batched attention call.
-#[derive(Clone, Debug)]
-pub struct AttnSeq<'a> {
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct AttnSeq {
     /// Rows of `q` (and of the output) holding this sequence's new tokens.
     pub rows: Range<usize>,
     /// Position of the first of those tokens.
     pub first_pos: usize,
-    /// The KV slot of every position `0..first_pos + rows.len()`; the new
-    /// tokens' K/V must already be stored there.
-    pub slots: &'a [u32],
+    /// Where, in the call's slot table, the KV slots of positions
+    /// `0..first_pos + rows.len()` are; the new tokens' K/V must already be
+    /// stored in theirs.
+    pub slots: Range<usize>,
 }
 
 /// Compute backend. Buffers are row-major f32 matrices; weights are
@@ -138,13 +139,16 @@ pub trait Backend: Send + Sync {
     fn silu_mul(&self, gate: &mut Self::Buf, up: &Self::Buf);
     /// Stores row `i` of `k` and `v` into slot `slots[i]` of `layer`.
     fn kv_store(&self, kv: &mut Self::Kv, layer: usize, k: &Self::Buf, v: &Self::Buf, slots: &[u32]);
-    /// Causal attention of each sequence's rows of `q` over its slots.
+    /// Causal attention of each sequence's rows of `q` over its slots
+    /// (`seqs[i].slots` indexes `slots`).
+    #[allow(clippy::too_many_arguments)]
     fn attention(
         &self,
         q: &Self::Buf,
         kv: &Self::Kv,
         layer: usize,
-        seqs: &[AttnSeq<'_>],
+        seqs: &[AttnSeq],
+        slots: &[u32],
         shape: &AttnShape,
         out: &mut Self::Buf,
     );

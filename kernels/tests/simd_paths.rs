@@ -1,7 +1,7 @@
-//! Every SIMD path against the scalar reference, per format. The K formats'
-//! integer sums are exact on every path, so their results must be identical
-//! bit for bit; the 32-value and dense formats combine partial sums in another
-//! order and must agree within 1e-5 of the sum of absolute products.
+//! Every SIMD path against the scalar reference, per format: within 1e-5 of
+//! the sum of absolute products (the paths combine exact integer partial sums
+//! in different orders). The AVX2 K-format kernels reduce each block's integer
+//! sum exactly, as the scalar ones do, so there they must agree bit for bit.
 
 use cachet_kernels::backend::{AttnSeq, AttnShape, Backend, KvLayout, RopeConfig, RopeStyle};
 use cachet_kernels::cpu::{CpuBackend, Kernels, SimdLevel};
@@ -79,12 +79,11 @@ fn every_simd_dot_matches_scalar() {
                     let x = rng.vec(n, 2.0);
                     let (a, b) = (dot(&scalar, dtype, &w, &x), dot(&d, dtype, &w, &x));
                     let k_format = matches!(dtype, DType::Q4_K | DType::Q5_K | DType::Q6_K);
-                    if k_format {
+                    if k_format && d.level == SimdLevel::Avx2 {
                         assert_eq!(a.to_bits(), b.to_bits(), "{:?} {dtype} n={n}: {a} vs {b}", d.level);
-                    } else {
-                        let tol = 1e-5 * magnitude(dtype, &w, &x) + 1e-30;
-                        assert!((a - b).abs() <= tol, "{:?} {dtype} n={n}: {a} vs {b} (tol {tol})", d.level);
                     }
+                    let tol = 1e-5 * magnitude(dtype, &w, &x) + 1e-30;
+                    assert!((a - b).abs() <= tol, "{:?} {dtype} n={n}: {a} vs {b} (tol {tol})", d.level);
                 }
             }
         }
@@ -157,8 +156,8 @@ fn attention_matches_naive() {
     cpu.upload(&mut qb, n, heads * hd, &q);
     cpu.kv_store(&mut kv, 0, &kb, &vb, &slots);
     let shape = AttnShape { n_heads: heads, n_kv_heads: kv_heads, head_dim: hd, scale: 0.125 };
-    let seqs = [AttnSeq { rows: 0..n, first_pos: 0, slots: &slots }];
-    cpu.attention(&qb, &kv, 0, &seqs, &shape, &mut out);
+    let seqs = [AttnSeq { rows: 0..n, first_pos: 0, slots: 0..n }];
+    cpu.attention(&qb, &kv, 0, &seqs, &slots, &shape, &mut out);
     let r = |x: f32| f16::from_f32(x).to_f64();
     for t in 0..n {
         for h in 0..heads {
@@ -267,6 +266,25 @@ fn every_simd_attention_matches_scalar() {
                         assert!((w - g).abs() < 1e-5, "{:?} hd={hd} rep={rep} n={n} [{i}]: {g} vs {w}", k.level);
                     }
                 }
+            }
+        }
+    }
+}
+
+#[test]
+fn every_simd_silu_matches_scalar() {
+    let mut rng = Lcg(23);
+    let scalar = Kernels::scalar();
+    for k in levels() {
+        for n in [1, 7, 8, 15, 16, 17, 100, 4864] {
+            let mut gate = rng.vec(n, 12.0);
+            gate[0] = -100.0;
+            let up = rng.vec(n, 2.0);
+            let (mut a, mut b) = (gate.clone(), gate.clone());
+            (scalar.silu_mul)(&mut a, &up);
+            (k.silu_mul)(&mut b, &up);
+            for (i, (x, y)) in a.iter().zip(&b).enumerate() {
+                assert!((x - y).abs() <= 1e-6 * (1.0 + x.abs()), "{:?} n={n} [{i}] {x} vs {y}", k.level);
             }
         }
     }

@@ -5,7 +5,7 @@
 
 use anyhow::Context;
 use cachet_engine::kv_pool::{KvPool, PoolSize, SlotId};
-use cachet_engine::model::{Batch, ForwardScratch, LogitsFor, Model, SeqChunk};
+use cachet_engine::model::{ForwardScratch, LogitsFor, Model, SeqChunk};
 use cachet_engine::sampler::Rng;
 use cachet_kernels::backend::Backend;
 use cachet_kernels::cpu::CpuBackend;
@@ -56,8 +56,7 @@ impl Bench {
     }
 
     fn forward(&mut self, seqs: Vec<SeqChunk<'_>>) -> anyhow::Result<()> {
-        let batch = Batch { seqs };
-        Ok(self.model.forward(&self.b, self.pool.storage_mut(), &batch, &mut self.scratch, &mut self.logits)?)
+        Ok(self.model.forward(&self.b, self.pool.storage_mut(), &seqs, &mut self.scratch, &mut self.logits)?)
     }
 
     /// Seconds for one forward pass over `n` prompt tokens.

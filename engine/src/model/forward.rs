@@ -29,12 +29,6 @@ pub struct SeqChunk<'a> {
     pub logits: LogitsFor,
 }
 
-/// Sequences to run in one forward pass.
-#[derive(Clone, Debug, Default)]
-pub struct Batch<'a> {
-    pub seqs: Vec<SeqChunk<'a>>,
-}
-
 /// Activation buffers, kept between passes so steady-state decoding does not
 /// allocate.
 pub struct ForwardScratch<B: Backend> {
@@ -54,6 +48,9 @@ pub struct ForwardScratch<B: Backend> {
     positions: Vec<u32>,
     store_slots: Vec<u32>,
     logit_rows: Vec<usize>,
+    /// Every sequence's slots, concatenated, and each one's part of them.
+    all_slots: Vec<u32>,
+    attn_seqs: Vec<AttnSeq>,
 }
 
 impl<B: Backend> std::fmt::Debug for ForwardScratch<B> {
@@ -81,36 +78,51 @@ impl<B: Backend> ForwardScratch<B> {
             positions: Vec::new(),
             store_slots: Vec::new(),
             logit_rows: Vec::new(),
+            all_slots: Vec::new(),
+            attn_seqs: Vec::new(),
         }
     }
 }
 
+/// Reserves room for `extra` more elements, at least doubling and never
+/// below 4096, so a sequence growing one token per step reallocates a few
+/// times over its life rather than at every small power of two.
+fn grow<T>(v: &mut Vec<T>, extra: usize) {
+    let need = v.len() + extra;
+    if need > v.capacity() {
+        v.reserve(need.max(2 * v.capacity()).max(4096) - v.len());
+    }
+}
+
 impl<B: Backend> Model<B> {
-    /// Runs `batch`, storing each new token's K/V in its slot of `kv`, and
-    /// writes into `logits` one row of `vocab_size` values per requested
-    /// position, in batch order.
+    /// Runs one batch (`seqs`, each a chunk of one sequence), storing each new
+    /// token's K/V in its slot of `kv`, and writes into `logits` one row of
+    /// `vocab_size` values per requested position, in batch order. Once the
+    /// scratch buffers have grown to the batch's size, a pass allocates nothing.
     pub fn forward(
         &self,
         b: &B,
         kv: &mut B::Kv,
-        batch: &Batch<'_>,
+        seqs: &[SeqChunk<'_>],
         s: &mut ForwardScratch<B>,
         logits: &mut Vec<f32>,
     ) -> Result<(), EngineError> {
-        self.prepare(batch, s)?;
-        b.scope(|| self.run(b, kv, batch, s))?;
+        self.prepare(seqs, s)?;
+        b.scope(|| self.run(b, kv, s))?;
         b.download(&s.logits, logits);
         Ok(())
     }
 
     /// Checks the batch and flattens its tokens, positions and new slots.
-    fn prepare(&self, batch: &Batch<'_>, s: &mut ForwardScratch<B>) -> Result<(), EngineError> {
+    fn prepare(&self, seqs: &[SeqChunk<'_>], s: &mut ForwardScratch<B>) -> Result<(), EngineError> {
         let c = &self.config;
         s.tokens.clear();
         s.positions.clear();
         s.store_slots.clear();
         s.logit_rows.clear();
-        for (i, seq) in batch.seqs.iter().enumerate() {
+        s.all_slots.clear();
+        s.attn_seqs.clear();
+        for (i, seq) in seqs.iter().enumerate() {
             let end = seq.start_pos + seq.tokens.len();
             if seq.tokens.is_empty() {
                 return Err(EngineError::BadBatch(format!("sequence {i} has no tokens")));
@@ -128,6 +140,14 @@ impl<B: Backend> Model<B> {
                 return Err(EngineError::TokenOutOfRange { token: t, vocab: c.vocab_size });
             }
             let row0 = s.tokens.len();
+            let slot0 = s.all_slots.len();
+            grow(&mut s.all_slots, seq.slots.len());
+            s.all_slots.extend_from_slice(seq.slots);
+            s.attn_seqs.push(AttnSeq {
+                rows: row0..row0 + seq.tokens.len(),
+                first_pos: seq.start_pos,
+                slots: slot0..s.all_slots.len(),
+            });
             s.tokens.extend_from_slice(seq.tokens);
             s.positions.extend((seq.start_pos..end).map(|p| p as u32));
             s.store_slots.extend_from_slice(&seq.slots[seq.start_pos..]);
@@ -140,7 +160,7 @@ impl<B: Backend> Model<B> {
         Ok(())
     }
 
-    fn run(&self, b: &B, kv: &mut B::Kv, batch: &Batch<'_>, s: &mut ForwardScratch<B>) -> Result<(), EngineError> {
+    fn run(&self, b: &B, kv: &mut B::Kv, s: &mut ForwardScratch<B>) -> Result<(), EngineError> {
         let c = &self.config;
         let rope = c.rope();
         let shape = AttnShape {
@@ -149,17 +169,6 @@ impl<B: Backend> Model<B> {
             head_dim: c.head_dim,
             scale: 1.0 / (c.head_dim as f32).sqrt(),
         };
-        let mut row = 0;
-        let seqs: Vec<AttnSeq<'_>> = batch
-            .seqs
-            .iter()
-            .map(|q| {
-                let rows = row..row + q.tokens.len();
-                row = rows.end;
-                AttnSeq { rows, first_pos: q.start_pos, slots: q.slots }
-            })
-            .collect();
-
         b.embed(&self.embed, &s.tokens, &mut s.x)?;
         b.rope_table(&s.positions, &rope, &mut s.rope);
         for (l, layer) in self.layers.iter().enumerate() {
@@ -177,7 +186,7 @@ impl<B: Backend> Model<B> {
             b.rope(&mut s.q, &s.rope, &rope);
             b.rope(&mut s.k, &s.rope, &rope);
             b.kv_store(kv, l, &s.k, &s.v, &s.store_slots);
-            b.attention(&s.q, kv, l, &seqs, &shape, &mut s.attn);
+            b.attention(&s.q, kv, l, &s.attn_seqs, &s.all_slots, &shape, &mut s.attn);
             b.matmul(&s.attn, &mut [(&layer.wo, &mut s.o)]);
             b.add(&mut s.x, &s.o);
 

@@ -5,7 +5,7 @@
 
 mod forward;
 
-pub use forward::{Batch, ForwardScratch, LogitsFor, SeqChunk};
+pub use forward::{ForwardScratch, LogitsFor, SeqChunk};
 
 use crate::config::ModelConfig;
 use crate::weights::{TensorName, WeightSource};

@@ -65,6 +65,7 @@ impl CpuBackend {
             .thread_name(|i| format!("cachet-cpu-{i}"))
             .build()
             .map_err(|e| BackendError::Unsupported(format!("thread pool: {e}")))?;
+        pool.broadcast(|_| attention::warm_thread());
         Ok(CpuBackend { kernels, pool: Arc::new(pool), scratch: Mutex::new(MatmulScratch::default()), profile: None })
     }
 
@@ -196,14 +197,9 @@ impl Backend for CpuBackend {
     }
 
     fn matmul(&self, x: &CpuBuf, jobs: &mut [(&CpuMatrix, &mut CpuBuf)]) {
-        for (w, out) in jobs.iter_mut() {
-            self.resize(out, x.rows, w.rows());
-        }
-        let mut slices: Vec<(&CpuMatrix, &mut [f32])> =
-            jobs.iter_mut().map(|(w, out)| (*w, out.data.as_mut_slice())).collect();
-        // Built only when profiling (the label borrows the weights, not `slices`).
+        // Built only when profiling (no allocation on the hot path otherwise).
         let shapes: Vec<(DType, usize, usize)> = if self.profile.is_some() {
-            slices.iter().map(|(w, _)| (w.tensor.dtype, w.rows(), w.cols())).collect()
+            jobs.iter().map(|(w, _)| (w.tensor.dtype, w.rows(), w.cols())).collect()
         } else {
             Vec::new()
         };
@@ -213,7 +209,7 @@ impl Backend for CpuBackend {
         };
         let mut guard = self.scratch.lock().unwrap_or_else(|e| e.into_inner());
         let scratch: &mut MatmulScratch = &mut guard;
-        self.timed(label, || self.pool.install(|| matmul_many(&self.kernels, &x.data, x.rows, &mut slices, scratch)));
+        self.timed(label, || self.pool.install(|| matmul_many(&self.kernels, &x.data, x.rows, jobs, scratch)));
     }
 
     fn add_bias(&self, x: &mut CpuBuf, bias: &CpuMatrix) {
@@ -248,7 +244,10 @@ impl Backend for CpuBackend {
 
     fn silu_mul(&self, gate: &mut CpuBuf, up: &CpuBuf) {
         let cols = gate.cols;
-        self.timed(|| "silu_mul".into(), || self.pool.install(|| ops::silu_mul(&mut gate.data, &up.data, cols)));
+        self.timed(
+            || "silu_mul".into(),
+            || self.pool.install(|| ops::silu_mul(&mut gate.data, &up.data, cols, self.kernels.silu_mul)),
+        );
     }
 
     fn kv_store(&self, kv: &mut CpuKv, layer: usize, k: &CpuBuf, v: &CpuBuf, slots: &[u32]) {
@@ -261,7 +260,8 @@ impl Backend for CpuBackend {
         q: &CpuBuf,
         kv: &CpuKv,
         layer: usize,
-        seqs: &[AttnSeq<'_>],
+        seqs: &[AttnSeq],
+        slots: &[u32],
         shape: &AttnShape,
         out: &mut CpuBuf,
     ) {
@@ -270,7 +270,7 @@ impl Backend for CpuBackend {
             || "attention".into(),
             || {
                 self.pool.install(|| {
-                    attention::attention(&self.kernels, &q.data, &kv.layers[layer], seqs, shape, &mut out.data)
+                    attention::attention(&self.kernels, &q.data, &kv.layers[layer], seqs, slots, shape, &mut out.data)
                 })
             },
         );

@@ -42,7 +42,11 @@ fn inv_freq(rope: &RopeConfig, i: usize) -> f32 {
 /// Per position: `head_dim/2` cosines then `head_dim/2` sines.
 pub fn rope_table(positions: &[u32], rope: &RopeConfig, out: &mut [f32]) {
     let half = rope.head_dim / 2;
-    let freqs: Vec<f32> = (0..half).map(|i| inv_freq(rope, i)).collect();
+    let mut buf = [0f32; 512];
+    let freqs = &mut buf[..half];
+    for (i, f) in freqs.iter_mut().enumerate() {
+        *f = inv_freq(rope, i);
+    }
     for (&p, row) in positions.iter().zip(out.chunks_mut(rope.head_dim)) {
         for (i, &f) in freqs.iter().enumerate() {
             let angle = p as f32 * f;
@@ -79,13 +83,16 @@ pub fn rope(x: &mut [f32], cols: usize, table: &[f32], rope: &RopeConfig) {
     });
 }
 
-/// `gate = silu(gate) * up`.
-pub fn silu_mul(gate: &mut [f32], up: &[f32], cols: usize) {
-    for_rows(gate, cols, |i, g| {
-        for (v, &u) in g.iter_mut().zip(&up[i * cols..(i + 1) * cols]) {
-            *v = *v / (1.0 + (-*v).exp()) * u;
-        }
-    });
+/// `gate = silu(gate) * up`, row by row with the level's kernel.
+pub fn silu_mul(gate: &mut [f32], up: &[f32], cols: usize, kernel: fn(&mut [f32], &[f32])) {
+    for_rows(gate, cols, |i, g| kernel(g, &up[i * cols..(i + 1) * cols]));
+}
+
+/// The portable `silu(gate) * up`.
+pub fn silu_mul_scalar(gate: &mut [f32], up: &[f32]) {
+    for (v, &u) in gate.iter_mut().zip(up) {
+        *v = *v / (1.0 + (-*v).exp()) * u;
+    }
 }
 
 /// `x += y`, with `y` repeating every `y.len()` values (a bias) or matching.

@@ -87,18 +87,21 @@ pub struct BlockQ8A {
 }
 
 /// Activations quantized for the K formats: 256 values, `d * q`, with the sum
-/// of every 16 values in `bsums` (as llama.cpp's `block_q8_K`).
+/// of every 16 values in `bsums` (as llama.cpp's `block_q8_K`), and
+/// `msum[j] = d * (bsums[2j] + bsums[2j+1])`, the dequantized sum of each
+/// 32-value sub-block (what the mins of `Q4_K`/`Q5_K` multiply).
 #[derive(Clone, Copy, Debug)]
 #[repr(C)]
 pub struct BlockQ8K {
     pub d: f32,
     pub qs: [i8; 256],
     pub bsums: [i16; 16],
+    pub msum: [f32; 8],
 }
 
 impl Default for BlockQ8K {
     fn default() -> Self {
-        Self { d: 0.0, qs: [0; 256], bsums: [0; 16] }
+        Self { d: 0.0, qs: [0; 256], bsums: [0; 16], msum: [0.0; 8] }
     }
 }
 
@@ -109,7 +112,7 @@ const _: () = assert!(std::mem::size_of::<BlockQ4K>() == 144);
 const _: () = assert!(std::mem::size_of::<BlockQ5K>() == 176);
 const _: () = assert!(std::mem::size_of::<BlockQ6K>() == 210);
 const _: () = assert!(std::mem::size_of::<BlockQ8A>() == 40);
-const _: () = assert!(std::mem::size_of::<BlockQ8K>() == 292);
+const _: () = assert!(std::mem::size_of::<BlockQ8K>() == 324);
 
 // SAFETY: all of these are #[repr(C)] aggregates of integers and f16/f32 with
 // no padding (the size assertions above equal the sums of the field sizes).

@@ -228,6 +228,9 @@ pub fn quantize_q8k(x: &[f32], out: &mut [BlockQ8K]) {
         for (s, g) in b.bsums.iter_mut().zip(b.qs.chunks_exact(16)) {
             *s = g.iter().map(|&q| q as i16).sum();
         }
+        for (m, pair) in b.msum.iter_mut().zip(b.bsums.chunks_exact(2)) {
+            *m = d * (pair[0] as i32 + pair[1] as i32) as f32;
+        }
         b.d = d;
     }
 }

@@ -11,10 +11,10 @@ const LOG2E: f32 = std::f32::consts::LOG2_E;
 const LN2_HI: f32 = 0.693_359_4;
 const LN2_LO: f32 = -2.121_944_4e-4;
 
-/// `exp(x)` for `x <= 0` (values below -87 flush towards 0).
+/// `exp(x)`; below -87 it flushes towards 0 and above 88 it is infinite.
 #[inline(always)]
 unsafe fn exp256(x: __m256) -> __m256 {
-    let x = _mm256_max_ps(x, _mm256_set1_ps(-87.0));
+    let x = _mm256_min_ps(_mm256_max_ps(x, _mm256_set1_ps(-87.0)), _mm256_set1_ps(88.5));
     let n =
         _mm256_round_ps::<{ _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC }>(_mm256_mul_ps(x, _mm256_set1_ps(LOG2E)));
     let r = _mm256_fnmadd_ps(n, _mm256_set1_ps(LN2_HI), x);
@@ -115,5 +115,22 @@ unsafe fn attend_hd<const HD: usize>(a: &Attend<'_>, scores: &mut [f32], out: &m
         for (i, o) in acc.iter().enumerate() {
             _mm256_storeu_ps(op.add(8 * i), _mm256_mul_ps(*o, s));
         }
+    }
+}
+
+/// `gate = silu(gate) * up` = `gate / (1 + exp(-gate)) * up`.
+#[target_feature(enable = "avx2,fma,f16c")]
+pub unsafe fn silu_mul(gate: &mut [f32], up: &[f32]) {
+    let n = gate.len().min(up.len());
+    let one = _mm256_set1_ps(1.0);
+    let full = n - n % 8;
+    for i in (0..full).step_by(8) {
+        let g = _mm256_loadu_ps(gate.as_ptr().add(i));
+        let u = _mm256_loadu_ps(up.as_ptr().add(i));
+        let e = exp256(_mm256_sub_ps(_mm256_setzero_ps(), g));
+        _mm256_storeu_ps(gate.as_mut_ptr().add(i), _mm256_mul_ps(_mm256_div_ps(g, _mm256_add_ps(one, e)), u));
+    }
+    for (g, u) in gate[full..n].iter_mut().zip(&up[full..n]) {
+        *g = *g / (1.0 + (-*g).exp()) * u;
     }
 }

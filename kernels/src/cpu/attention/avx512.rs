@@ -12,11 +12,11 @@ const LOG2E: f32 = std::f32::consts::LOG2_E;
 const LN2_HI: f32 = 0.693_359_4;
 const LN2_LO: f32 = -2.121_944_4e-4;
 
-/// `exp(x)` for `x <= 0` (values below -87 flush towards 0), relative error
-/// about 2e-7.
+/// `exp(x)`, relative error about 2e-7; below -87 it flushes towards 0 and
+/// above 88 it is infinite.
 #[inline(always)]
 pub(crate) unsafe fn exp512(x: __m512) -> __m512 {
-    let x = _mm512_max_ps(x, _mm512_set1_ps(-87.0));
+    let x = _mm512_min_ps(_mm512_max_ps(x, _mm512_set1_ps(-87.0)), _mm512_set1_ps(88.5));
     let n = _mm512_roundscale_ps::<{ _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC }>(_mm512_mul_ps(
         x,
         _mm512_set1_ps(LOG2E),
@@ -136,5 +136,22 @@ unsafe fn attend_hd<const HD: usize, const G: usize>(a: &Attend<'_>, scores: &mu
             }
         }
         h0 += G;
+    }
+}
+
+/// `gate = silu(gate) * up` = `gate / (1 + exp(-gate)) * up`.
+#[target_feature(enable = "avx512f,avx512bw,avx512dq,avx512vl,avx2,fma,f16c")]
+pub unsafe fn silu_mul(gate: &mut [f32], up: &[f32]) {
+    let n = gate.len().min(up.len());
+    let one = _mm512_set1_ps(1.0);
+    let mut i = 0;
+    while i < n {
+        let mask: __mmask16 = if n - i >= 16 { 0xFFFF } else { ((1u32 << (n - i)) - 1) as __mmask16 };
+        let g = _mm512_maskz_loadu_ps(mask, gate.as_ptr().add(i));
+        let u = _mm512_maskz_loadu_ps(mask, up.as_ptr().add(i));
+        let e = exp512(_mm512_sub_ps(_mm512_setzero_ps(), g));
+        let v = _mm512_mul_ps(_mm512_div_ps(g, _mm512_add_ps(one, e)), u);
+        _mm512_mask_storeu_ps(gate.as_mut_ptr().add(i), mask, v);
+        i += 16;
     }
 }

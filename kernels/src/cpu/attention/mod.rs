@@ -52,6 +52,12 @@ thread_local! {
     static SCORES: RefCell<Vec<f32>> = const { RefCell::new(Vec::new()) };
 }
 
+/// Sizes this thread's score buffer (called on every worker at start-up, so
+/// the first attention call does not allocate).
+pub(crate) fn warm_thread() {
+    SCORES.with(|cell| cell.borrow_mut().resize(1 << 16, 0.0));
+}
+
 #[derive(Clone, Copy)]
 struct OutPtr(*mut f32);
 // SAFETY: each task writes the heads of one (row, KV head) pair only.
@@ -66,7 +72,15 @@ impl OutPtr {
 }
 
 /// `q` and `out` are `rows × (n_heads · head_dim)`.
-pub fn attention(kernels: &Kernels, q: &[f32], kv: &LayerKv, seqs: &[AttnSeq<'_>], s: &AttnShape, out: &mut [f32]) {
+pub fn attention(
+    kernels: &Kernels,
+    q: &[f32],
+    kv: &LayerKv,
+    seqs: &[AttnSeq],
+    slots: &[u32],
+    s: &AttnShape,
+    out: &mut [f32],
+) {
     let (hd, nkv) = (s.head_dim, s.n_kv_heads);
     let rep = s.n_heads / nkv;
     let q_cols = s.n_heads * hd;
@@ -77,7 +91,7 @@ pub fn attention(kernels: &Kernels, q: &[f32], kv: &LayerKv, seqs: &[AttnSeq<'_>
         // Sequences cover consecutive rows: find the one holding `row`.
         let seq = &seqs[seqs.partition_point(|q| q.rows.end <= row)];
         let pos = seq.first_pos + (row - seq.rows.start);
-        let keys = &seq.slots[..=pos];
+        let keys = &slots[seq.slots.start..seq.slots.start + pos + 1];
         let start = row * q_cols + g * rep * hd;
         let a = Attend {
             q: &q[start..start + rep * hd],
@@ -95,8 +109,12 @@ pub fn attention(kernels: &Kernels, q: &[f32], kv: &LayerKv, seqs: &[AttnSeq<'_>
         let dst = unsafe { std::slice::from_raw_parts_mut(ptr.get().add(start), rep * hd) };
         SCORES.with(|cell| {
             let mut scores = cell.borrow_mut();
-            if scores.len() < rep * keys.len() {
-                scores.resize(rep * keys.len(), 0.0);
+            let need = rep * keys.len();
+            if scores.len() < need {
+                // Geometric growth from 64K scores: a handful of allocations
+                // over a long context, never one per token.
+                let size = need.max(2 * scores.len()).max(1 << 16);
+                scores.resize(size, 0.0);
             }
             (kernels.attend)(&a, &mut scores, dst);
         });

@@ -13,6 +13,44 @@ use super::attention::{attend_scalar, Attend, AttendFn};
 use crate::quant::*;
 use half::{bf16, f16};
 
+/// A block of a matrix product: for `r` in `rows` and `t` in `toks`,
+/// `out[t * ldo + r] = dot(w row r, x row t)`. Rows of `w` are `wpr` blocks
+/// long, rows of `x` `apr` blocks.
+#[derive(Debug)]
+pub struct GemmJob<'a, W, A> {
+    pub w: &'a [W],
+    pub wpr: usize,
+    pub x: &'a [A],
+    pub apr: usize,
+    pub rows: std::ops::Range<usize>,
+    pub toks: std::ops::Range<usize>,
+    pub out: *mut f32,
+    pub ldo: usize,
+}
+
+/// A tiled GEMM kernel.
+///
+/// # Safety
+/// `job.out` must be valid for writes at every `t * ldo + r` of the job and
+/// not written by anyone else meanwhile; `w` and `x` must hold the rows the
+/// job names; the CPU must support the kernel's level.
+pub type GemmFn<W, A> = unsafe fn(&GemmJob<'_, W, A>);
+
+/// The same job through the row dot product, one element at a time.
+///
+/// # Safety
+/// As for [`GemmFn`].
+pub unsafe fn gemm_by_dot<W, A>(job: &GemmJob<'_, W, A>, dot: fn(&[W], &[A]) -> f32) {
+    for r in job.rows.clone() {
+        let wr = &job.w[r * job.wpr..(r + 1) * job.wpr];
+        for t in job.toks.clone() {
+            let v = dot(wr, &job.x[t * job.apr..(t + 1) * job.apr]);
+            // SAFETY: the caller guarantees the output region.
+            unsafe { *job.out.add(t * job.ldo + r) = v };
+        }
+    }
+}
+
 /// The SIMD instruction set a kernel uses.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub enum SimdLevel {
@@ -86,6 +124,16 @@ pub struct Kernels {
     pub bf16: fn(&[bf16], &[f32]) -> f32,
     /// Attention of one (query row, KV head) task.
     pub attend: AttendFn,
+    /// `gate = silu(gate) * up` over one row.
+    pub silu_mul: fn(&mut [f32], &[f32]),
+    /// Register-tiled GEMMs where the level has them (else `gemm_by_dot`).
+    /// They compute each element exactly as the level's dot product does.
+    pub gemm_q4_0: Option<GemmFn<BlockQ4_0, BlockQ8A>>,
+    pub gemm_q5_0: Option<GemmFn<BlockQ5_0, BlockQ8A>>,
+    pub gemm_q8_0: Option<GemmFn<BlockQ8_0, BlockQ8A>>,
+    pub gemm_q4_k: Option<GemmFn<BlockQ4K, BlockQ8K>>,
+    pub gemm_q5_k: Option<GemmFn<BlockQ5K, BlockQ8K>>,
+    pub gemm_q6_k: Option<GemmFn<BlockQ6K, BlockQ8K>>,
 }
 
 /// Wraps `unsafe fn`s that need CPU features into safe `fn`s. Only
@@ -143,6 +191,13 @@ macro_rules! safe_table {
             f16: safe::f16,
             bf16: safe::bf16,
             attend: attend_scalar,
+            silu_mul: super::ops::silu_mul_scalar,
+            gemm_q4_0: None,
+            gemm_q5_0: None,
+            gemm_q8_0: None,
+            gemm_q4_k: None,
+            gemm_q5_k: None,
+            gemm_q6_k: None,
         }
     }};
 }
@@ -157,6 +212,18 @@ fn attend_avx2(a: &Attend<'_>, scores: &mut [f32], out: &mut [f32]) {
 fn attend_avx512(a: &Attend<'_>, scores: &mut [f32], out: &mut [f32]) {
     // SAFETY: reachable only through `Kernels::for_level`, which checked the features.
     unsafe { super::attention::avx512::attend(a, scores, out) }
+}
+
+#[cfg(target_arch = "x86_64")]
+fn silu_mul_avx2(gate: &mut [f32], up: &[f32]) {
+    // SAFETY: reachable only through `Kernels::for_level`, which checked the features.
+    unsafe { super::attention::avx2::silu_mul(gate, up) }
+}
+
+#[cfg(target_arch = "x86_64")]
+fn silu_mul_avx512(gate: &mut [f32], up: &[f32]) {
+    // SAFETY: reachable only through `Kernels::for_level`, which checked the features.
+    unsafe { super::attention::avx512::silu_mul(gate, up) }
 }
 
 impl Kernels {
@@ -174,6 +241,13 @@ impl Kernels {
             f16: scalar::f16,
             bf16: scalar::bf16,
             attend: attend_scalar,
+            silu_mul: super::ops::silu_mul_scalar,
+            gemm_q4_0: None,
+            gemm_q5_0: None,
+            gemm_q8_0: None,
+            gemm_q4_k: None,
+            gemm_q5_k: None,
+            gemm_q6_k: None,
         }
     }
 
@@ -185,9 +259,21 @@ impl Kernels {
         match level {
             SimdLevel::Scalar => Some(Kernels::scalar()),
             #[cfg(target_arch = "x86_64")]
-            SimdLevel::Avx2 => Some(Kernels { attend: attend_avx2, ..safe_table!(SimdLevel::Avx2, avx2) }),
+            SimdLevel::Avx2 => {
+                Some(Kernels { attend: attend_avx2, silu_mul: silu_mul_avx2, ..safe_table!(SimdLevel::Avx2, avx2) })
+            }
             #[cfg(target_arch = "x86_64")]
-            SimdLevel::Avx512 => Some(Kernels { attend: attend_avx512, ..safe_table!(SimdLevel::Avx512, avx512) }),
+            SimdLevel::Avx512 => Some(Kernels {
+                attend: attend_avx512,
+                silu_mul: silu_mul_avx512,
+                gemm_q4_0: Some(avx512::gemm_q4_0),
+                gemm_q5_0: Some(avx512::gemm_q5_0),
+                gemm_q8_0: Some(avx512::gemm_q8_0),
+                gemm_q4_k: Some(avx512::gemm_q4_k),
+                gemm_q5_k: Some(avx512::gemm_q5_k),
+                gemm_q6_k: Some(avx512::gemm_q6_k),
+                ..safe_table!(SimdLevel::Avx512, avx512)
+            }),
             #[cfg(not(target_arch = "x86_64"))]
             _ => None,
         }

@@ -2,9 +2,9 @@
 //!
 //! Weight rows stay quantized; activations come quantized to `BlockQ8A`
 //! (32-value formats) or `BlockQ8K` (K formats), and each block's products are
-//! summed in integers. The K formats' integer sums are exact, so the SIMD
-//! paths reproduce these results bit for bit; the 32-value formats combine
-//! partial sums in another order there and agree within rounding.
+//! summed in integers. The SIMD paths combine the same exact integer partial
+//! sums in other orders and agree within rounding (the AVX2 K-format kernels
+//! reproduce these bit for bit).
 
 use crate::quant::*;
 use half::{bf16, f16};

@@ -1,0 +1,228 @@
+//! AVX-512 (F, BW, DQ, VL, VNNI) kernels. Quantized formats are computed as
+//! register tiles of up to 4 weight rows × 4 tokens (`q32`, `qk`); the single
+//! dot product is the 1 × 1 tile, so every output element goes through the
+//! same operations whatever the batch. Dense formats use plain FMA dots.
+//!
+//! Safety: every function here requires the features of `SimdLevel::Avx512`;
+//! `Kernels::for_level` hands them out only after detecting them.
+
+use super::avx2::{bits32, nibbles32};
+use super::GemmJob;
+use crate::quant::*;
+use half::{bf16, f16};
+use std::arch::x86_64::*;
+
+mod q32;
+mod qk;
+
+use q32::Q32;
+use qk::QK;
+
+#[inline(always)]
+pub(super) unsafe fn f16_to_f32(h: f16) -> f32 {
+    _mm_cvtss_f32(_mm_cvtph_ps(_mm_cvtsi32_si128(h.to_bits() as i32)))
+}
+
+#[inline(always)]
+pub(super) unsafe fn load256(p: *const u8) -> __m256i {
+    unsafe { _mm256_loadu_si256(p.cast()) }
+}
+
+#[inline(always)]
+pub(super) unsafe fn join(lo: __m256i, hi: __m256i) -> __m512i {
+    _mm512_inserti64x4(_mm512_castsi256_si512(lo), hi, 1)
+}
+
+#[inline(always)]
+pub(super) unsafe fn hsum256(v: __m256) -> f32 {
+    _mm512_reduce_add_ps(_mm512_insertf32x8(_mm512_setzero_ps(), v, 0))
+}
+
+/// Broadcasts `a` to the low 8 lanes and `b` to the high 8.
+#[inline(always)]
+pub(super) unsafe fn pair(a: f32, b: f32) -> __m512 {
+    _mm512_insertf32x8(_mm512_castps256_ps512(_mm256_set1_ps(a)), _mm256_set1_ps(b), 1)
+}
+
+/// An `R`-row × `C`-token tile of dot products. Implementations compute each
+/// element with the same operations whatever `R` and `C`.
+pub(super) trait TileKernel {
+    type W: Block;
+    type A: Sync;
+    unsafe fn tile<const R: usize, const C: usize>(w: [&[Self::W]; R], x: [&[Self::A]; C]) -> [[f32; C]; R];
+}
+
+/// Tiles of 4 rows × 4 tokens over the job, with smaller tiles at the edges;
+/// single rows when the job has one token.
+#[inline(always)]
+pub(super) unsafe fn gemm<T: TileKernel>(job: &GemmJob<'_, T::W, T::A>) {
+    let (wpr, apr) = (job.wpr, job.apr);
+    let wrow = |r: usize| unsafe { job.w.get_unchecked(r * wpr..(r + 1) * wpr) };
+    let xrow = |t: usize| unsafe { job.x.get_unchecked(t * apr..(t + 1) * apr) };
+    macro_rules! tile {
+        ($r:expr, $t:expr, [$($i:literal),+], [$($j:literal),+]) => {{
+            let out = T::tile::<{ [$($i),+].len() }, { [$($j),+].len() }>([$(wrow($r + $i)),+], [$(xrow($t + $j)),+]);
+            for (i, row) in out.iter().enumerate() {
+                for (j, v) in row.iter().enumerate() {
+                    *job.out.add(($t + j) * job.ldo + $r + i) = *v;
+                }
+            }
+        }};
+    }
+    unsafe {
+        if job.toks.len() == 1 {
+            let t = job.toks.start;
+            let x = xrow(t);
+            for r in job.rows.clone() {
+                *job.out.add(t * job.ldo + r) = T::tile::<1, 1>([wrow(r)], [x])[0][0];
+            }
+            return;
+        }
+        let (t0, t1) = (job.toks.start, job.toks.end);
+        let mut r = job.rows.start;
+        while r < job.rows.end {
+            let mut t = t0;
+            // One token (GEMV): row by row, so the weights are one sequential
+            // stream (lockstep rows defeat the hardware prefetcher and there is
+            // no reuse to gain).
+            if job.rows.end - r >= 4 && t1 - t0 > 1 {
+                while t < t1 {
+                    let tt = (t1 - t).min(4);
+                    match tt {
+                        4 => tile!(r, t, [0, 1, 2, 3], [0, 1, 2, 3]),
+                        3 => tile!(r, t, [0, 1, 2, 3], [0, 1, 2]),
+                        2 => tile!(r, t, [0, 1, 2, 3], [0, 1]),
+                        _ => tile!(r, t, [0, 1, 2, 3], [0]),
+                    }
+                    t += tt;
+                }
+                r += 4;
+            } else {
+                while t < t1 {
+                    if t1 - t >= 4 {
+                        tile!(r, t, [0], [0, 1, 2, 3]);
+                        t += 4;
+                    } else {
+                        tile!(r, t, [0], [0]);
+                        t += 1;
+                    }
+                }
+                r += 1;
+            }
+        }
+    }
+}
+
+/// Dense dot with 16-wide FMA; `load(i)` widens the 16 weights at `i` to f32.
+#[inline(always)]
+unsafe fn dense(n: usize, x: &[f32], load: impl Fn(usize) -> __m512, tail: impl Fn(usize) -> f32) -> f32 {
+    let mut acc = [_mm512_setzero_ps(); 4];
+    let mut i = 0;
+    unsafe {
+        while i + 64 <= n {
+            for (k, a) in acc.iter_mut().enumerate() {
+                *a = _mm512_fmadd_ps(load(i + 16 * k), _mm512_loadu_ps(x.as_ptr().add(i + 16 * k)), *a);
+            }
+            i += 64;
+        }
+        while i + 16 <= n {
+            acc[0] = _mm512_fmadd_ps(load(i), _mm512_loadu_ps(x.as_ptr().add(i)), acc[0]);
+            i += 16;
+        }
+        let s = _mm512_add_ps(_mm512_add_ps(acc[0], acc[1]), _mm512_add_ps(acc[2], acc[3]));
+        let mut sum = _mm512_reduce_add_ps(s);
+        while i < n {
+            sum += tail(i) * x[i];
+            i += 1;
+        }
+        sum
+    }
+}
+
+#[target_feature(enable = "avx512f,avx512bw,avx512dq,avx512vl,avx512vnni,avx2,fma,f16c")]
+pub unsafe fn f32(w: &[f32], x: &[f32]) -> f32 {
+    let n = w.len().min(x.len());
+    unsafe { dense(n, x, |i| _mm512_loadu_ps(w.as_ptr().add(i)), |i| w[i]) }
+}
+
+#[target_feature(enable = "avx512f,avx512bw,avx512dq,avx512vl,avx512vnni,avx2,fma,f16c")]
+pub unsafe fn f16(w: &[f16], x: &[f32]) -> f32 {
+    let n = w.len().min(x.len());
+    unsafe { dense(n, x, |i| _mm512_cvtph_ps(load256(w.as_ptr().add(i).cast())), |i| w[i].to_f32()) }
+}
+
+#[target_feature(enable = "avx512f,avx512bw,avx512dq,avx512vl,avx512vnni,avx2,fma,f16c")]
+pub unsafe fn bf16(w: &[bf16], x: &[f32]) -> f32 {
+    let n = w.len().min(x.len());
+    let load = |i: usize| unsafe {
+        let h = _mm512_cvtepu16_epi32(load256(w.as_ptr().add(i).cast()));
+        _mm512_castsi512_ps(_mm512_slli_epi32(h, 16))
+    };
+    unsafe { dense(n, x, load, |i| w[i].to_f32()) }
+}
+
+#[target_feature(enable = "avx512f,avx512bw,avx512dq,avx512vl,avx512vnni,avx2,fma,f16c")]
+pub unsafe fn q4_0(w: &[BlockQ4_0], x: &[BlockQ8A]) -> f32 {
+    let n = w.len().min(x.len());
+    unsafe { Q32::<BlockQ4_0>::tile::<1, 1>([&w[..n]], [&x[..n]])[0][0] }
+}
+
+#[target_feature(enable = "avx512f,avx512bw,avx512dq,avx512vl,avx512vnni,avx2,fma,f16c")]
+pub unsafe fn gemm_q4_0(job: &GemmJob<'_, BlockQ4_0, BlockQ8A>) {
+    unsafe { gemm::<Q32<BlockQ4_0>>(job) }
+}
+
+#[target_feature(enable = "avx512f,avx512bw,avx512dq,avx512vl,avx512vnni,avx2,fma,f16c")]
+pub unsafe fn q5_0(w: &[BlockQ5_0], x: &[BlockQ8A]) -> f32 {
+    let n = w.len().min(x.len());
+    unsafe { Q32::<BlockQ5_0>::tile::<1, 1>([&w[..n]], [&x[..n]])[0][0] }
+}
+
+#[target_feature(enable = "avx512f,avx512bw,avx512dq,avx512vl,avx512vnni,avx2,fma,f16c")]
+pub unsafe fn gemm_q5_0(job: &GemmJob<'_, BlockQ5_0, BlockQ8A>) {
+    unsafe { gemm::<Q32<BlockQ5_0>>(job) }
+}
+
+#[target_feature(enable = "avx512f,avx512bw,avx512dq,avx512vl,avx512vnni,avx2,fma,f16c")]
+pub unsafe fn q8_0(w: &[BlockQ8_0], x: &[BlockQ8A]) -> f32 {
+    let n = w.len().min(x.len());
+    unsafe { Q32::<BlockQ8_0>::tile::<1, 1>([&w[..n]], [&x[..n]])[0][0] }
+}
+
+#[target_feature(enable = "avx512f,avx512bw,avx512dq,avx512vl,avx512vnni,avx2,fma,f16c")]
+pub unsafe fn gemm_q8_0(job: &GemmJob<'_, BlockQ8_0, BlockQ8A>) {
+    unsafe { gemm::<Q32<BlockQ8_0>>(job) }
+}
+
+#[target_feature(enable = "avx512f,avx512bw,avx512dq,avx512vl,avx512vnni,avx2,fma,f16c")]
+pub unsafe fn q4_k(w: &[BlockQ4K], x: &[BlockQ8K]) -> f32 {
+    let n = w.len().min(x.len());
+    unsafe { QK::<BlockQ4K>::tile::<1, 1>([&w[..n]], [&x[..n]])[0][0] }
+}
+
+#[target_feature(enable = "avx512f,avx512bw,avx512dq,avx512vl,avx512vnni,avx2,fma,f16c")]
+pub unsafe fn gemm_q4_k(job: &GemmJob<'_, BlockQ4K, BlockQ8K>) {
+    unsafe { gemm::<QK<BlockQ4K>>(job) }
+}
+
+#[target_feature(enable = "avx512f,avx512bw,avx512dq,avx512vl,avx512vnni,avx2,fma,f16c")]
+pub unsafe fn q5_k(w: &[BlockQ5K], x: &[BlockQ8K]) -> f32 {
+    let n = w.len().min(x.len());
+    unsafe { QK::<BlockQ5K>::tile::<1, 1>([&w[..n]], [&x[..n]])[0][0] }
+}
+
+#[target_feature(enable = "avx512f,avx512bw,avx512dq,avx512vl,avx512vnni,avx2,fma,f16c")]
+pub unsafe fn gemm_q5_k(job: &GemmJob<'_, BlockQ5K, BlockQ8K>) {
+    unsafe { gemm::<QK<BlockQ5K>>(job) }
+}
+
+#[target_feature(enable = "avx512f,avx512bw,avx512dq,avx512vl,avx512vnni,avx2,fma,f16c")]
+pub unsafe fn q6_k(w: &[BlockQ6K], x: &[BlockQ8K]) -> f32 {
+    let n = w.len().min(x.len());
+    unsafe { QK::<BlockQ6K>::tile::<1, 1>([&w[..n]], [&x[..n]])[0][0] }
+}
+
+#[target_feature(enable = "avx512f,avx512bw,avx512dq,avx512vl,avx512vnni,avx2,fma,f16c")]
+pub unsafe fn gemm_q6_k(job: &GemmJob<'_, BlockQ6K, BlockQ8K>) {
+    unsafe { gemm::<QK<BlockQ6K>>(job) }
+}

@@ -1,0 +1,236 @@
+//! Tiles of the K formats (`Q4_K`, `Q5_K`, `Q6_K`) against `BlockQ8K`
+//! activations. Per 256-value block: four chunks of 64 unsigned weights,
+//! `vpmaddubsw` with the activations, `vpdpwssd` with the sub-block scales
+//! into i32 lanes, then one float FMA with `d_w · d_x` (and one with the mins
+//! for `Q4_K`/`Q5_K`). The weights' scales are unpacked once per block and row
+//! and reused for every token of the tile.
+
+use super::*;
+
+/// One block's weights, ready for the tile.
+pub(super) struct Prep {
+    /// Chunk `j`: the 64 unsigned values at positions `64j..64j + 64`.
+    wv: [__m512i; 4],
+    /// Chunk `j`: the scale of each i16 lane of `vpmaddubsw`'s result.
+    sc: [__m512i; 4],
+    /// `-dmin · m_j` in lanes 0..8 (`Q4_K`/`Q5_K`), zero elsewhere.
+    min: __m512,
+    /// The 16 group scales as i16 (`Q6_K`'s offset correction).
+    off: __m256i,
+    d: f32,
+}
+
+pub(super) trait KBlock: Block {
+    /// Values are stored `+32` (`Q6_K`): subtract `32 · Σ sc_g · bsum_g`.
+    const OFFSET: bool;
+    /// Subtract `dmin · Σ m_j · sum_j` (`Q4_K`, `Q5_K`).
+    const MINS: bool;
+    unsafe fn prep(&self) -> Prep;
+}
+
+/// The 6-bit scales and mins of a `Q4_K`/`Q5_K` block, eight bytes each.
+#[inline(always)]
+fn scales_mins(q: &[u8; 12]) -> (u64, u64) {
+    let word = |i: usize| u32::from_le_bytes([q[i], q[i + 1], q[i + 2], q[i + 3]]);
+    let (w0, w1, w2) = (word(0), word(4), word(8));
+    const LOW6: u32 = 0x3f3f_3f3f;
+    const LOW4: u32 = 0x0f0f_0f0f;
+    const LOW2: u32 = 0x0303_0303;
+    let sc_hi = (w2 & LOW4) | (((w0 >> 6) & LOW2) << 4);
+    let m_hi = ((w2 >> 4) & LOW4) | (((w1 >> 6) & LOW2) << 4);
+    ((w0 & LOW6) as u64 | (sc_hi as u64) << 32, (w1 & LOW6) as u64 | (m_hi as u64) << 32)
+}
+
+/// i16 lane `k` of chunk `j` takes scale `2j + k / 16` (`Q4_K`/`Q5_K`).
+#[inline(always)]
+unsafe fn sub_block_scales(sc: u64) -> [__m512i; 4] {
+    let s = _mm512_castsi128_si512(_mm_cvtepu8_epi16(_mm_cvtsi64_si128(sc as i64)));
+    let mut out = [_mm512_setzero_si512(); 4];
+    for (j, o) in out.iter_mut().enumerate() {
+        let j = j as i16;
+        let idx = _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_set1_epi16(2 * j)), _mm256_set1_epi16(2 * j + 1), 1);
+        *o = _mm512_permutexvar_epi16(idx, s);
+    }
+    out
+}
+
+#[inline(always)]
+unsafe fn mins(m: u64, dmin: f32) -> __m512 {
+    let mf = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_cvtsi64_si128(m as i64)));
+    _mm512_insertf32x8(_mm512_setzero_ps(), _mm256_mul_ps(mf, _mm256_set1_ps(-dmin)), 0)
+}
+
+impl KBlock for BlockQ4K {
+    const OFFSET: bool = false;
+    const MINS: bool = true;
+    #[inline(always)]
+    unsafe fn prep(&self) -> Prep {
+        let (sc, m) = scales_mins(&self.scales);
+        let low = _mm256_set1_epi8(0x0F);
+        let mut wv = [_mm512_setzero_si512(); 4];
+        for (j, w) in wv.iter_mut().enumerate() {
+            let q = load256(self.qs[32 * j..].as_ptr());
+            *w = join(_mm256_and_si256(q, low), _mm256_and_si256(_mm256_srli_epi16::<4>(q), low));
+        }
+        Prep {
+            wv,
+            sc: sub_block_scales(sc),
+            min: mins(m, f16_to_f32(self.dmin)),
+            off: _mm256_setzero_si256(),
+            d: f16_to_f32(self.d),
+        }
+    }
+}
+
+impl KBlock for BlockQ5K {
+    const OFFSET: bool = false;
+    const MINS: bool = true;
+    #[inline(always)]
+    unsafe fn prep(&self) -> Prep {
+        let (sc, m) = scales_mins(&self.scales);
+        let low = _mm256_set1_epi8(0x0F);
+        let one = _mm256_set1_epi8(1);
+        let mut qh = load256(self.qh.as_ptr());
+        let mut wv = [_mm512_setzero_si512(); 4];
+        for (j, w) in wv.iter_mut().enumerate() {
+            let q = load256(self.qs[32 * j..].as_ptr());
+            // Bits 2j and 2j+1 of each qh byte are the fifth bits of chunk j.
+            let h0 = _mm256_slli_epi16::<4>(_mm256_and_si256(qh, one));
+            let h1 = _mm256_slli_epi16::<3>(_mm256_and_si256(qh, _mm256_set1_epi8(2)));
+            let lo = _mm256_or_si256(_mm256_and_si256(q, low), h0);
+            let hi = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16::<4>(q), low), h1);
+            *w = join(lo, hi);
+            qh = _mm256_srli_epi16::<2>(qh);
+        }
+        Prep {
+            wv,
+            sc: sub_block_scales(sc),
+            min: mins(m, f16_to_f32(self.dmin)),
+            off: _mm256_setzero_si256(),
+            d: f16_to_f32(self.d),
+        }
+    }
+}
+
+impl KBlock for BlockQ6K {
+    const OFFSET: bool = true;
+    const MINS: bool = false;
+    #[inline(always)]
+    unsafe fn prep(&self) -> Prep {
+        let low = _mm512_set1_epi8(0x0F);
+        let three = _mm256_set1_epi8(3);
+        let mut wv = [_mm512_setzero_si512(); 4];
+        for half in 0..2 {
+            let ql = _mm512_loadu_si512(self.ql[64 * half..].as_ptr().cast());
+            let qh = load256(self.qh[32 * half..].as_ptr());
+            let h0 = _mm256_and_si256(qh, three);
+            let h2 = _mm256_and_si256(_mm256_srli_epi16::<2>(qh), three);
+            let h4 = _mm256_and_si256(_mm256_srli_epi16::<4>(qh), three);
+            let h6 = _mm256_and_si256(_mm256_srli_epi16::<6>(qh), three);
+            let ha = _mm512_slli_epi16::<4>(join(h0, h2));
+            let hz = _mm512_slli_epi16::<4>(join(h4, h6));
+            wv[2 * half] = _mm512_or_si512(_mm512_and_si512(ql, low), ha);
+            wv[2 * half + 1] = _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi16::<4>(ql), low), hz);
+        }
+        let off = _mm256_cvtepi8_epi16(_mm_loadu_si128(self.scales.as_ptr().cast()));
+        let s = _mm512_castsi256_si512(off);
+        // i16 lane k of chunk j covers values 64j + 2k, +1: group 4j + k / 8.
+        let mut sc = [_mm512_setzero_si512(); 4];
+        for (j, o) in sc.iter_mut().enumerate() {
+            let g = 4 * j as i16;
+            let idx = _mm512_set_epi16(
+                g + 3,
+                g + 3,
+                g + 3,
+                g + 3,
+                g + 3,
+                g + 3,
+                g + 3,
+                g + 3,
+                g + 2,
+                g + 2,
+                g + 2,
+                g + 2,
+                g + 2,
+                g + 2,
+                g + 2,
+                g + 2,
+                g + 1,
+                g + 1,
+                g + 1,
+                g + 1,
+                g + 1,
+                g + 1,
+                g + 1,
+                g + 1,
+                g,
+                g,
+                g,
+                g,
+                g,
+                g,
+                g,
+                g,
+            );
+            *o = _mm512_permutexvar_epi16(idx, s);
+        }
+        Prep { wv, sc, min: _mm512_setzero_ps(), off, d: f16_to_f32(self.d) }
+    }
+}
+
+/// An `R`-row × `C`-token tile. Each element: per block, exact i32 lanes
+/// from `vpdpwssd`, then `acc = fma(float(lanes), d_w·d_x, acc)` (and the
+/// mins FMA); one horizontal sum at the end.
+#[inline(always)]
+pub(super) unsafe fn tilek<B: KBlock, const R: usize, const C: usize>(
+    w: [&[B]; R],
+    x: [&[BlockQ8K]; C],
+) -> [[f32; C]; R] {
+    let n = w[0].len();
+    let mut acc = [[_mm512_setzero_ps(); C]; R];
+    for s in 0..n {
+        for r in 0..R {
+            if R > 1 {
+                _mm_prefetch::<_MM_HINT_T0>(w[r].as_ptr().wrapping_add(s + 2).cast());
+            }
+            let p = w[r].get_unchecked(s).prep();
+            for c in 0..C {
+                let a = x[c].get_unchecked(s);
+                let mut lanes = _mm512_setzero_si512();
+                for j in 0..4 {
+                    let xv = _mm512_loadu_si512(a.qs.as_ptr().add(64 * j).cast());
+                    lanes = _mm512_dpwssd_epi32(lanes, _mm512_maddubs_epi16(p.wv[j], xv), p.sc[j]);
+                }
+                if B::OFFSET {
+                    let o = _mm256_madd_epi16(p.off, _mm256_loadu_si256(a.bsums.as_ptr().cast()));
+                    let o = _mm512_inserti64x4(_mm512_setzero_si512(), _mm256_slli_epi32::<5>(o), 0);
+                    lanes = _mm512_sub_epi32(lanes, o);
+                }
+                acc[r][c] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(lanes), _mm512_set1_ps(p.d * a.d), acc[r][c]);
+                if B::MINS {
+                    let ms = _mm512_insertf32x8(_mm512_setzero_ps(), _mm256_loadu_ps(a.msum.as_ptr()), 0);
+                    acc[r][c] = _mm512_fmadd_ps(p.min, ms, acc[r][c]);
+                }
+            }
+        }
+    }
+    let mut out = [[0f32; C]; R];
+    for r in 0..R {
+        for c in 0..C {
+            out[r][c] = _mm512_reduce_add_ps(acc[r][c]);
+        }
+    }
+    out
+}
+
+/// The K formats as a tile kernel.
+pub(super) struct QK<B>(std::marker::PhantomData<B>);
+
+impl<B: KBlock> TileKernel for QK<B> {
+    type W = B;
+    type A = BlockQ8K;
+    #[inline(always)]
+    unsafe fn tile<const R: usize, const C: usize>(w: [&[B]; R], x: [&[BlockQ8K]; C]) -> [[f32; C]; R] {
+        unsafe { tilek(w, x) }
+    }
+}
