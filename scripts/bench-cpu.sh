@@ -35,24 +35,33 @@ for rep in $(seq "$REPS"); do
     --batch "$BATCH" --reps 1 --json >> "$OUT/cachet.jsonl"
 done
 
-python3 - "$OUT" "$THREADS" "$REPS" "$PROMPT" "$GEN" <<'PY'
+python3 - "$OUT" "$THREADS" "$REPS" <<'PY'
 import json, statistics, sys
-out, threads, reps, prompt, gen = sys.argv[1:]
-llama = {}
+out, threads, reps = sys.argv[1:]
+llama, ours, read, copy, step = {}, {}, [], [], None
 for line in open(f"{out}/llama.jsonl"):
     r = json.loads(line)
     test = f"pp{r['n_prompt']}" if r["n_prompt"] else f"tg{r['n_gen']}"
     llama.setdefault((test, 1), []).append(r["avg_ts"])
-ours = {}
 for line in open(f"{out}/cachet.jsonl"):
-    for t in json.loads(line)["tests"]:
+    r = json.loads(line)
+    read.append(r["read_gbs"]); copy.append(r["copy_gbs"]); step = r["step_bytes"]
+    for t in r["tests"]:
         ours.setdefault((t["test"], t["batch"]), []).append(t["tokens_per_second"])
-print(f"{threads} threads, {reps} alternating rounds, medians (tokens/s)\n")
-print("| test | sequences | cachet | llama.cpp | cachet / llama.cpp |")
-print("|---|---:|---:|---:|---:|")
+bw = statistics.median(read)
+print(f"{threads} threads, {reps} alternating rounds, medians. Memory bandwidth measured in the same run: "
+      f"read {bw:.1f} GB/s, copy {statistics.median(copy):.1f} GB/s; a decode step reads {step / 1e6:.1f} MB of weights, "
+      f"so the bandwidth limit is {bw * 1e9 / step:.0f} steps/s.\n")
+print("| test | sequences | cachet tokens/s | llama.cpp tokens/s | cachet / llama.cpp | cachet decode, % of bandwidth limit |")
+print("|---|---:|---:|---:|---:|---:|")
 for key in sorted(ours, key=lambda k: (k[0][:2] != "pp", k[1])):
     c = statistics.median(ours[key])
     l = statistics.median(llama[key]) if key in llama else None
+    frac = f"{100 * c / key[1] * step / 1e9 / bw:.0f}%" if key[0].startswith("tg") else ""
+    lc = f"{l:.1f}" if l else "–"
     ratio = f"{c / l:.2f}×" if l else "–"
-    print(f"| {key[0]} | {key[1]} | {c:.1f} | {l:.1f} | {ratio} |" if l else f"| {key[0]} | {key[1]} | {c:.1f} | – | – |")
+    print(f"| {key[0]} | {key[1]} | {c:.1f} | {lc} | {ratio} | {frac} |")
+if ("tg128", 1) in llama:
+    l = statistics.median(llama[("tg128", 1)])
+    print(f"\nllama.cpp decode at the same bandwidth: {100 * l * step / 1e9 / bw:.0f}% of the limit.")
 PY

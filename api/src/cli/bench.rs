@@ -116,6 +116,39 @@ impl Bench {
     }
 }
 
+/// Memory bandwidth in GB/s, best of 5: reading 512 MiB (summing it), and a
+/// STREAM-style copy of 256 MiB (read + write bytes counted).
+fn bandwidth(pool: &rayon::ThreadPool) -> (f64, f64) {
+    use rayon::prelude::*;
+    let n = 64 << 20;
+    let src = vec![1u64; n];
+    let mut dst = vec![0u64; n / 2];
+    let best = |f: &mut dyn FnMut()| {
+        f();
+        (0..5)
+            .map(|_| {
+                let t = Instant::now();
+                f();
+                t.elapsed().as_secs_f64()
+            })
+            .fold(f64::INFINITY, f64::min)
+    };
+    let read = best(&mut || {
+        let s: u64 = pool.install(|| {
+            src.par_chunks(1 << 16)
+                .map(|c| c.iter().fold(0u64, |a, &b| a.wrapping_add(b)))
+                .reduce(|| 0, u64::wrapping_add)
+        });
+        std::hint::black_box(s);
+    });
+    let copy = best(&mut || {
+        pool.install(|| {
+            dst.par_chunks_mut(1 << 15).zip(src.par_chunks(1 << 15)).for_each(|(d, s)| d.copy_from_slice(s))
+        })
+    });
+    ((n * 8) as f64 / read / 1e9, (n * 8) as f64 / copy / 1e9)
+}
+
 fn median(mut v: Vec<f64>) -> f64 {
     v.sort_by(f64::total_cmp);
     let n = v.len();
@@ -145,6 +178,11 @@ pub fn run(args: BenchArgs) -> anyhow::Result<()> {
     let scratch = ForwardScratch::new(&b);
     let mut bench = Bench { b, model: loaded.model, pool, scratch, logits: Vec::new(), rng: Rng::new(1234) };
 
+    let threads = bench.b.threads();
+    let (read_gbs, copy_gbs) =
+        bandwidth(&rayon::ThreadPoolBuilder::new().num_threads(threads).build().context("thread pool")?);
+    let step_bytes = bench.model.step_bytes();
+
     // Warm-up: fault the weights in and size the buffers.
     bench.prefill(args.prompt.clamp(1, 64))?;
     bench.decode(1, 2)?;
@@ -165,16 +203,32 @@ pub fn run(args: BenchArgs) -> anyhow::Result<()> {
         let tests: Vec<serde_json::Value> = rows
             .iter()
             .map(|(test, batch, tps, times)| {
-                serde_json::json!({"test": test, "batch": batch, "tokens_per_second": tps, "seconds": times})
+                serde_json::json!({"test": test, "batch": batch, "tokens_per_second": tps, "seconds": times,
+                    "weight_gbs": if test.starts_with("tg") { tps / *batch as f64 * step_bytes as f64 / 1e9 } else { 0.0 }})
             })
             .collect();
-        println!("{}", serde_json::json!({"model": loaded.name, "backend": bench.b.name(), "tests": tests}));
+        println!(
+            "{}",
+            serde_json::json!({"model": loaded.name, "backend": bench.b.name(), "tests": tests,
+                "read_gbs": read_gbs, "copy_gbs": copy_gbs, "step_bytes": step_bytes})
+        );
     } else {
         println!("model: {} · backend: {}", loaded.name, bench.b.name());
-        println!("| test | sequences | tokens/s (median of {}) |", args.reps.max(1));
-        println!("|---|---:|---:|");
+        println!(
+            "memory: read {read_gbs:.1} GB/s, copy {copy_gbs:.1} GB/s · a decode step reads {:.1} MB of weights \
+             (limit at read bandwidth: {:.1} steps/s)",
+            step_bytes as f64 / 1e6,
+            read_gbs * 1e9 / step_bytes as f64
+        );
+        println!("| test | sequences | tokens/s (median of {}) | weight GB/s | of read bandwidth |", args.reps.max(1));
+        println!("|---|---:|---:|---:|---:|");
         for (test, batch, tps, _) in &rows {
-            println!("| {test} | {batch} | {tps:.1} |");
+            if test.starts_with("tg") {
+                let gbs = tps / *batch as f64 * step_bytes as f64 / 1e9;
+                println!("| {test} | {batch} | {tps:.1} | {gbs:.1} | {:.0}% |", 100.0 * gbs / read_gbs);
+            } else {
+                println!("| {test} | {batch} | {tps:.1} | | |");
+            }
         }
     }
     if args.profile {

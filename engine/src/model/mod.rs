@@ -34,6 +34,9 @@ pub struct Model<B: Backend> {
     norm: B::Weight,
     /// `None` when the output projection is tied to the embeddings.
     output: Option<B::Weight>,
+    /// Weight bytes one decode step reads (all but the embedding table, whose
+    /// rows are gathered; the output projection even when tied).
+    step_bytes: usize,
 }
 
 impl<B: Backend> std::fmt::Debug for Model<B> {
@@ -47,8 +50,12 @@ impl<B: Backend> Model<B> {
     /// against `config`.
     pub fn load(backend: &B, src: &dyn WeightSource, config: ModelConfig) -> Result<Model<B>, LoadError> {
         let c = &config;
+        let step_bytes = std::cell::Cell::new(0usize);
         let get = |name: TensorName, shape: &[usize]| -> Result<B::Weight, LoadError> {
             let t = src.get(name)?.ok_or_else(|| LoadError::MissingTensor(src.file_name(name)))?;
+            if name != TensorName::Embed {
+                step_bytes.set(step_bytes.get() + t.bytes.len());
+            }
             // Vectors may be stored as [n] or [1, n].
             let found: Vec<usize> =
                 t.shape.iter().copied().skip_while(|&d| d == 1 && t.shape.len() > shape.len()).collect();
@@ -88,18 +95,27 @@ impl<B: Backend> Model<B> {
                 down: get(Down(l), &[h, ff])?,
             });
         }
-        Ok(Model {
-            embed: get(TensorName::Embed, &[c.vocab_size, h])?,
-            norm: get(TensorName::OutputNorm, &[h])?,
-            output: opt(TensorName::Output, &[c.vocab_size, h])?,
-            layers,
-            config,
-        })
+        let embed = get(TensorName::Embed, &[c.vocab_size, h])?;
+        let norm = get(TensorName::OutputNorm, &[h])?;
+        let output = opt(TensorName::Output, &[c.vocab_size, h])?;
+        if output.is_none() {
+            let t = src
+                .get(TensorName::Embed)?
+                .ok_or_else(|| LoadError::MissingTensor(src.file_name(TensorName::Embed)))?;
+            step_bytes.set(step_bytes.get() + t.bytes.len());
+        }
+        Ok(Model { embed, norm, output, layers, config, step_bytes: step_bytes.get() })
     }
 
     /// The model's hyper-parameters.
     pub fn config(&self) -> &ModelConfig {
         &self.config
+    }
+
+    /// Weight bytes a decode step streams from memory: what bounds decode
+    /// speed (bytes ÷ memory bandwidth).
+    pub fn step_bytes(&self) -> usize {
+        self.step_bytes
     }
 
     fn output(&self) -> &B::Weight {
