@@ -18,5 +18,6 @@ pub mod weights;
 
 pub use error::{EngineError, LoadError};
 pub mod chat_template;
+pub mod radix;
 pub mod testing;
 pub mod tokenizer;
