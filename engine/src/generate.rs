@@ -7,8 +7,8 @@ use crate::chat_template::ChatMessage;
 use crate::kv_pool::{KvPool, PoolSize, SlotId};
 use crate::loader::LoadedModel;
 use crate::model::{ForwardScratch, LogitsFor, SeqChunk};
+use crate::output::Output;
 use crate::sampler::{Sampler, SamplingParams};
-use crate::tokenizer::IncrementalDecoder;
 use crate::EngineError;
 use cachet_kernels::backend::{Backend, BackendError};
 use std::time::{Duration, Instant};
@@ -72,42 +72,6 @@ impl Generation {
     /// Generated tokens per second after the first.
     pub fn decode_tps(&self) -> f64 {
         self.tokens.len().saturating_sub(1) as f64 / self.decode_time.as_secs_f64().max(1e-9)
-    }
-}
-
-/// Holds back text that could be the start of a stop string.
-#[derive(Debug, Default)]
-struct StopMatcher {
-    stops: Vec<String>,
-    pending: String,
-}
-
-impl StopMatcher {
-    /// Adds text; returns what is safe to emit and whether a stop matched.
-    fn push(&mut self, text: &str) -> (String, bool) {
-        self.pending.push_str(text);
-        if let Some(at) = self.stops.iter().filter_map(|s| self.pending.find(s.as_str())).min() {
-            let out = self.pending[..at].to_string();
-            self.pending.clear();
-            return (out, true);
-        }
-        // Keep the longest suffix that is a prefix of some stop string.
-        let keep = self
-            .stops
-            .iter()
-            .flat_map(|s| (1..s.len()).filter(|&n| s.is_char_boundary(n)).map(move |n| &s[..n]))
-            .filter(|prefix| self.pending.ends_with(prefix))
-            .map(str::len)
-            .max()
-            .unwrap_or(0);
-        let cut = self.pending.len() - keep;
-        let out = self.pending[..cut].to_string();
-        self.pending.drain(..cut);
-        (out, false)
-    }
-
-    fn finish(&mut self) -> String {
-        std::mem::take(&mut self.pending)
     }
 }
 
@@ -198,16 +162,9 @@ impl<B: Backend> Generator<B> {
     ) -> Result<Generation, EngineError> {
         let start = Instant::now();
         let vocab = self.loaded.model.config().vocab_size;
-        let mut stop_ids = params.stop_token_ids.clone();
-        if !params.ignore_eos {
-            stop_ids.extend(self.loaded.tokenizer.eos_ids());
-        }
         let mut sampler = Sampler::new(params.sampling.clone(), prompt);
-        let mut decoder = IncrementalDecoder::new(true);
-        let mut stops = StopMatcher {
-            stops: params.stop.iter().filter(|s| !s.is_empty()).cloned().collect(),
-            ..Default::default()
-        };
+        let mut output = Output::new(params, &self.loaded.tokenizer.eos_ids());
+        let tok_err = |e: crate::tokenizer::TokenizerError| EngineError::Tokenizer(e.to_string());
 
         slots.reserve(prompt.len() + params.max_tokens.min(limit));
         self.pool.allocate_into(prompt.len(), slots)?;
@@ -220,41 +177,31 @@ impl<B: Backend> Generator<B> {
         let decode_start = Instant::now();
         let mut tokens = Vec::new();
         let mut text = String::new();
-        let mut finish_reason = FinishReason::Length;
         let mut emit = |piece: &str, text: &mut String| {
             if !piece.is_empty() {
                 on_text(piece);
                 text.push_str(piece);
             }
         };
-        while tokens.len() < params.max_tokens {
+        let finish_reason = loop {
+            if params.max_tokens == 0 {
+                break FinishReason::Length;
+            }
             let token = sampler.sample(&mut self.logits[..vocab]);
             tokens.push(token);
-            if stop_ids.contains(&token) {
-                finish_reason = FinishReason::Stop;
-                break;
-            }
-            let piece =
-                decoder.push(&self.loaded.tokenizer, token).map_err(|e| EngineError::Tokenizer(e.to_string()))?;
-            let (out, stopped) = stops.push(&piece);
-            emit(&out, &mut text);
-            if stopped {
-                finish_reason = FinishReason::Stop;
-                break;
+            let piece = output.push(&self.loaded.tokenizer, token).map_err(tok_err)?;
+            emit(&piece.text, &mut text);
+            if let Some(reason) = piece.finish {
+                break reason;
             }
             let pos = prompt.len() + tokens.len() - 1;
-            if tokens.len() == params.max_tokens || pos + 1 >= limit {
-                break;
+            if pos + 1 >= limit {
+                emit(&output.flush(&self.loaded.tokenizer).map_err(tok_err)?, &mut text);
+                break FinishReason::Length;
             }
             self.pool.allocate_into(1, slots)?;
             self.step(&[token], pos, slots, LogitsFor::Last)?;
-        }
-        if finish_reason == FinishReason::Length {
-            let rest = decoder.finish(&self.loaded.tokenizer).map_err(|e| EngineError::Tokenizer(e.to_string()))?;
-            let (out, _) = stops.push(&rest);
-            emit(&out, &mut text);
-            emit(&stops.finish(), &mut text);
-        }
+        };
         Ok(Generation {
             tokens,
             text,
@@ -289,33 +236,5 @@ impl<B: Backend> Generator<B> {
         let end = start_pos + tokens.len();
         let seqs = [SeqChunk { tokens, start_pos, slots: SlotId::raw(&slots[..end]), logits }];
         self.loaded.model.forward(&self.backend, self.pool.storage_mut(), &seqs, &mut self.scratch, &mut self.logits)
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::StopMatcher;
-
-    fn run(stops: &[&str], pieces: &[&str]) -> (String, bool) {
-        let mut m = StopMatcher { stops: stops.iter().map(|s| s.to_string()).collect(), ..Default::default() };
-        let mut out = String::new();
-        for p in pieces {
-            let (o, stopped) = m.push(p);
-            out.push_str(&o);
-            if stopped {
-                return (out, true);
-            }
-        }
-        out.push_str(&m.finish());
-        (out, false)
-    }
-
-    #[test]
-    fn stop_strings_across_pieces() {
-        assert_eq!(run(&["END"], &["abc E", "N", "D tail"]), ("abc ".into(), true));
-        assert_eq!(run(&["END"], &["abc E", "N", "x"]), ("abc ENx".into(), false));
-        assert_eq!(run(&["\n\n", "```"], &["fn main", "() {}\n", "\n"]), ("fn main() {}".into(), true));
-        assert_eq!(run(&[], &["a", "b"]), ("ab".into(), false));
-        assert_eq!(run(&["é!"], &["café", "!"]), ("caf".into(), true));
     }
 }

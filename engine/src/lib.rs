@@ -13,11 +13,13 @@ pub mod gguf;
 pub mod kv_pool;
 pub mod loader;
 pub mod model;
+pub mod output;
 pub mod sampler;
 pub mod weights;
 
 pub use error::{EngineError, LoadError};
 pub mod chat_template;
 pub mod radix;
+pub mod runtime;
 pub mod testing;
 pub mod tokenizer;

@@ -111,6 +111,10 @@ pub trait Backend: Send + Sync {
     fn download(&self, b: &Self::Buf, out: &mut Vec<f32>);
     /// Allocates the KV pool.
     fn kv(&self, layout: KvLayout) -> Result<Self::Kv, BackendError>;
+    /// Memory available for more allocations (the KV pool), if known.
+    fn memory_available(&self) -> Option<u64> {
+        None
+    }
 
     /// Runs `f` in the backend's execution context (e.g. its thread pool), so
     /// that a whole forward pass does not hop threads per op.

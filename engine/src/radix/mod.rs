@@ -397,12 +397,18 @@ impl RadixCache {
                 }
             }
         }
-        for span in opts.spans {
+        self.tag_spans(key, opts.spans);
+        Inserted { node, duplicates }
+    }
+
+    /// Tags the spans of `key` that start on its cached path (a running
+    /// request declaring where its reused prefix came from).
+    pub fn tag_spans(&mut self, key: &[KeyElem], spans: &[Span]) {
+        for span in spans {
             if span.range.start < span.range.end && span.range.end <= key.len() {
                 self.tag(key, span);
             }
         }
-        Inserted { node, duplicates }
     }
 
     fn touch(&mut self, id: NodeId, now: u64, retention: Option<u32>) {

@@ -1,0 +1,120 @@
+//! Engine configuration: pool size, step budget, scheduling policy, SLO
+//! classes and admission control.
+
+use crate::kv_pool::PoolSize;
+use std::time::Duration;
+
+/// How waiting requests are ordered for admission.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub enum Policy {
+    /// First come, first served.
+    Fcfs,
+    /// Longest cached prefix first (most reuse).
+    Lpm,
+    /// Fair share across tenants (the tenant that has used the fewest tokens
+    /// goes next), then earliest SLO deadline, then longest cached prefix.
+    #[default]
+    Slo,
+}
+
+impl std::str::FromStr for Policy {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Policy, String> {
+        match s {
+            "fcfs" => Ok(Policy::Fcfs),
+            "lpm" => Ok(Policy::Lpm),
+            "slo" => Ok(Policy::Slo),
+            other => Err(format!("unknown scheduling policy {other:?} (fcfs, lpm, slo)")),
+        }
+    }
+}
+
+/// Latency class of a request.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Default)]
+pub enum SloClass {
+    /// A person is waiting (an IDE, an agent turn).
+    #[default]
+    Interactive,
+    /// Throughput work (evaluations, bulk jobs).
+    Batch,
+}
+
+impl SloClass {
+    pub fn name(self) -> &'static str {
+        match self {
+            SloClass::Interactive => "interactive",
+            SloClass::Batch => "batch",
+        }
+    }
+}
+
+/// Targets of one SLO class.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct SloTargets {
+    /// Time to first token.
+    pub ttft: Duration,
+    /// Time between tokens.
+    pub itl: Duration,
+}
+
+/// Everything the engine loop is configured with.
+#[derive(Clone, Debug, PartialEq)]
+pub struct EngineConfig {
+    /// KV pool size.
+    pub pool: PoolSize,
+    /// Most tokens (decode tokens plus prefill chunks) in one forward pass.
+    pub token_budget: usize,
+    /// Most requests running (holding KV and decoding) at once.
+    pub max_running: usize,
+    pub policy: Policy,
+    pub interactive: SloTargets,
+    pub batch: SloTargets,
+    /// Refuse a request at once when its predicted time to first token is
+    /// more than this factor times its class's target (0 disables).
+    pub overload_factor: f64,
+    /// Share of the pool a tenant may fill with cache before its cache is
+    /// the first to go (per-tenant overrides through the handle).
+    pub default_share: f64,
+}
+
+impl Default for EngineConfig {
+    fn default() -> Self {
+        EngineConfig {
+            pool: PoolSize::Tokens(16_384),
+            token_budget: 512,
+            max_running: 64,
+            policy: Policy::Slo,
+            interactive: SloTargets { ttft: Duration::from_secs(3), itl: Duration::from_millis(250) },
+            batch: SloTargets { ttft: Duration::from_secs(120), itl: Duration::from_secs(2) },
+            overload_factor: 2.0,
+            default_share: 1.0,
+        }
+    }
+}
+
+impl EngineConfig {
+    /// The targets of a class.
+    pub fn targets(&self, class: SloClass) -> SloTargets {
+        match class {
+            SloClass::Interactive => self.interactive,
+            SloClass::Batch => self.batch,
+        }
+    }
+
+    /// Checks ranges; the message names the bad setting.
+    pub fn validate(&self) -> Result<(), String> {
+        if self.token_budget == 0 {
+            return Err("token_budget must be at least 1".into());
+        }
+        if self.max_running == 0 {
+            return Err("max_running must be at least 1".into());
+        }
+        if !(0.0..=1.0).contains(&self.default_share) {
+            return Err("default_share must be in [0, 1]".into());
+        }
+        if !self.overload_factor.is_finite() || self.overload_factor < 0.0 {
+            return Err("overload_factor must be >= 0".into());
+        }
+        Ok(())
+    }
+}

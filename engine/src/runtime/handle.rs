@@ -1,0 +1,193 @@
+//! The engine's only door: a cloneable handle that submits requests (each
+//! gets its own event stream) and sends control commands. Dropping a
+//! request's stream cancels the request and frees its memory.
+
+use super::config::EngineConfig;
+use super::request::{Completion, Event, Request, RequestError};
+use super::stats::Snapshot;
+use super::Command;
+use crate::chat_template::ChatTemplate;
+use crate::radix::{RetentionKey, TenantKey};
+use crate::tokenizer::Tokenizer;
+use std::sync::mpsc::Sender;
+use std::sync::{Arc, Mutex};
+use tokio::sync::{mpsc, oneshot};
+
+/// What callers may know about the engine's model.
+pub(crate) struct Info {
+    pub model_name: String,
+    pub tokenizer: Tokenizer,
+    pub chat_template: Option<Arc<ChatTemplate>>,
+    /// Longest sequence (prompt + output) the engine can hold.
+    pub max_context: usize,
+    pub vocab_size: usize,
+    pub config: EngineConfig,
+}
+
+/// A cloneable, thread-safe handle to a running engine.
+#[derive(Clone)]
+pub struct EngineHandle {
+    tx: Arc<Mutex<Sender<Command>>>,
+    info: Arc<Info>,
+}
+
+impl std::fmt::Debug for EngineHandle {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("EngineHandle").field("model", &self.info.model_name).finish()
+    }
+}
+
+/// The events of one request. Dropping it cancels the request.
+#[derive(Debug)]
+pub struct RequestStream {
+    rx: mpsc::UnboundedReceiver<Event>,
+}
+
+/// A whole completion, for callers that do not stream.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Collected {
+    pub tokens: Vec<u32>,
+    pub text: String,
+    pub result: Result<Completion, RequestError>,
+}
+
+impl RequestStream {
+    /// The next event; `None` once the request is over.
+    pub async fn next(&mut self) -> Option<Event> {
+        self.rx.recv().await
+    }
+
+    /// The next event, blocking the thread (not for async contexts).
+    pub fn blocking_next(&mut self) -> Option<Event> {
+        self.rx.blocking_recv()
+    }
+
+    /// Waits for the whole completion (blocking).
+    pub fn collect_blocking(mut self) -> Collected {
+        let mut out = Collected { tokens: Vec::new(), text: String::new(), result: Err(engine_gone()) };
+        while let Some(event) = self.blocking_next() {
+            match event {
+                Event::Token { id, text } => {
+                    out.tokens.push(id);
+                    out.text.push_str(&text);
+                }
+                Event::Done(c) => {
+                    out.result = Ok(c);
+                    break;
+                }
+                Event::Error(e) => {
+                    out.result = Err(e);
+                    break;
+                }
+            }
+        }
+        out
+    }
+}
+
+fn engine_gone() -> RequestError {
+    RequestError::Engine("the engine stopped".into())
+}
+
+impl EngineHandle {
+    pub(crate) fn new(tx: Sender<Command>, info: Info) -> EngineHandle {
+        EngineHandle { tx: Arc::new(Mutex::new(tx)), info: Arc::new(info) }
+    }
+
+    fn send(&self, cmd: Command) -> bool {
+        self.tx.lock().unwrap_or_else(|e| e.into_inner()).send(cmd).is_ok()
+    }
+
+    /// Queues a request; its events arrive on the returned stream.
+    pub fn submit(&self, request: Request) -> RequestStream {
+        let (tx, rx) = mpsc::unbounded_channel();
+        if !self.send(Command::Submit(Box::new(request), tx.clone())) {
+            let _ = tx.send(Event::Error(engine_gone()));
+        }
+        RequestStream { rx }
+    }
+
+    /// The model's tokenizer.
+    pub fn tokenizer(&self) -> &Tokenizer {
+        &self.info.tokenizer
+    }
+
+    /// The model's chat template, if any.
+    pub fn chat_template(&self) -> Option<&ChatTemplate> {
+        self.info.chat_template.as_deref()
+    }
+
+    /// The model's display name.
+    pub fn model_name(&self) -> &str {
+        &self.info.model_name
+    }
+
+    /// Longest sequence (prompt plus output) the engine can hold.
+    pub fn max_context(&self) -> usize {
+        self.info.max_context
+    }
+
+    /// Vocabulary size (valid token ids are below it).
+    pub fn vocab_size(&self) -> usize {
+        self.info.vocab_size
+    }
+
+    /// The configuration the engine runs with.
+    pub fn config(&self) -> &EngineConfig {
+        &self.info.config
+    }
+
+    async fn ask<T>(&self, make: impl FnOnce(oneshot::Sender<T>) -> Command) -> Option<T> {
+        let (tx, rx) = oneshot::channel();
+        if !self.send(make(tx)) {
+            return None;
+        }
+        rx.await.ok()
+    }
+
+    fn ask_blocking<T>(&self, make: impl FnOnce(oneshot::Sender<T>) -> Command) -> Option<T> {
+        let (tx, rx) = oneshot::channel();
+        if !self.send(make(tx)) {
+            return None;
+        }
+        rx.blocking_recv().ok()
+    }
+
+    /// Evicts the cached spans of `source` (all versions but `keep_version`);
+    /// returns how many slots were freed at once (locked ones go later).
+    pub async fn invalidate(&self, source: &str, keep_version: Option<&str>) -> Option<usize> {
+        let (source, keep_version) = (source.to_string(), keep_version.map(str::to_string));
+        self.ask(|reply| Command::Invalidate { source, keep_version, reply }).await
+    }
+
+    /// Blocking form of [`EngineHandle::invalidate`].
+    pub fn invalidate_blocking(&self, source: &str, keep_version: Option<&str>) -> Option<usize> {
+        let (source, keep_version) = (source.to_string(), keep_version.map(str::to_string));
+        self.ask_blocking(|reply| Command::Invalidate { source, keep_version, reply })
+    }
+
+    /// Ends a retention key (a session closed).
+    pub fn release(&self, key: RetentionKey) {
+        self.send(Command::Release(key));
+    }
+
+    /// Sets a tenant's share of the pool.
+    pub fn set_share(&self, tenant: TenantKey, share: f64) {
+        self.send(Command::SetShare(tenant, share));
+    }
+
+    /// A snapshot of the engine's state and counters.
+    pub async fn snapshot(&self) -> Option<Snapshot> {
+        self.ask(Command::Snapshot).await
+    }
+
+    /// Blocking form of [`EngineHandle::snapshot`].
+    pub fn snapshot_blocking(&self) -> Option<Snapshot> {
+        self.ask_blocking(Command::Snapshot)
+    }
+
+    /// Checks the pool, the cache and slot ownership (for tests).
+    pub fn check_integrity_blocking(&self) -> Result<(), String> {
+        self.ask_blocking(Command::CheckIntegrity).unwrap_or_else(|| Err("the engine stopped".into()))
+    }
+}

@@ -1,0 +1,289 @@
+//! The engine loop. One thread owns the model, the KV pool, the radix cache
+//! and every running request by value; everything else talks to it through
+//! an [`EngineHandle`] (a channel in, one channel out per request). Each
+//! iteration takes the commands that arrived, plans one batch (decode tokens
+//! first, then prefill chunks), runs one forward pass and hands out tokens.
+
+mod config;
+mod handle;
+mod request;
+mod sched;
+mod seq;
+mod stats;
+mod step;
+
+pub use config::{EngineConfig, Policy, SloClass, SloTargets};
+pub use handle::{EngineHandle, RequestStream};
+pub use request::{Completion, Event, PublicPrefix, Request, RequestError, TokenSpan};
+pub use stats::Snapshot;
+
+use crate::kv_pool::KvPool;
+use crate::loader::LoadedModel;
+use crate::model::{ForwardScratch, LogitsFor, Model, SeqChunk};
+use crate::output::Output;
+use crate::radix::{RadixCache, RetentionKey, TenantKey};
+use crate::tokenizer::Tokenizer;
+use cachet_kernels::backend::Backend;
+use seq::Seq;
+use std::collections::{HashMap, HashSet};
+use std::sync::mpsc::Receiver;
+use std::time::Instant;
+use tokio::sync::mpsc::UnboundedSender;
+use tokio::sync::oneshot;
+
+/// Why the engine could not start.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum StartError {
+    /// A configuration value out of range.
+    #[error("engine config: {0}")]
+    Config(String),
+    /// The model and the KV pool do not fit in memory.
+    #[error("{0}")]
+    Memory(String),
+    /// The backend failed (allocation, first forward pass).
+    #[error("backend: {0}")]
+    Backend(String),
+}
+
+pub(crate) enum Command {
+    Submit(Box<Request>, UnboundedSender<Event>),
+    Invalidate { source: String, keep_version: Option<String>, reply: oneshot::Sender<usize> },
+    Release(RetentionKey),
+    SetShare(TenantKey, f64),
+    Snapshot(oneshot::Sender<Snapshot>),
+    CheckIntegrity(oneshot::Sender<Result<(), String>>),
+}
+
+/// Everything the engine thread owns.
+pub(crate) struct Engine<B: Backend> {
+    cfg: EngineConfig,
+    backend: B,
+    model: Model<B>,
+    tokenizer: Tokenizer,
+    eos_ids: Vec<u32>,
+    pool: KvPool<B>,
+    cache: RadixCache,
+    scratch: ForwardScratch<B>,
+    logits: Vec<f32>,
+    waiting: Vec<Seq>,
+    running: Vec<Seq>,
+    next_id: u64,
+    /// Virtual token counters: tokens processed per tenant (fair share).
+    vtc: HashMap<TenantKey, f64>,
+    /// Tokens per second of a forward pass (moving average), for admission.
+    rate: f64,
+    stats: stats::Stats,
+}
+
+/// Starts the engine thread for a loaded model; the handle is its only door.
+pub fn start<B: Backend + 'static>(
+    backend: B,
+    loaded: LoadedModel<B>,
+    cfg: EngineConfig,
+) -> Result<EngineHandle, StartError> {
+    cfg.validate().map_err(StartError::Config)?;
+    let config = loaded.model.config().clone();
+    let pool_bytes = cachet_kernels::backend::KvLayout {
+        layers: config.n_layers,
+        slots: cfg.pool.slots(&config),
+        kv_heads: config.n_kv_heads,
+        head_dim: config.head_dim,
+    }
+    .bytes() as u64;
+    if let Some(available) = backend.memory_available() {
+        if pool_bytes > available {
+            return Err(StartError::Memory(format!(
+                "a KV pool of {} MiB ({} tokens) does not fit next to the {} MiB model: {} MiB of memory are available; \
+                 make the pool smaller",
+                pool_bytes >> 20,
+                cfg.pool.slots(&config),
+                loaded.file_bytes >> 20,
+                available >> 20
+            )));
+        }
+    }
+    let pool = KvPool::new(&backend, &config, cfg.pool).map_err(|e| StartError::Backend(e.to_string()))?;
+    let cache = RadixCache::new(pool.capacity(), cfg.default_share);
+    let scratch = ForwardScratch::new(&backend);
+    let eos_ids = loaded.tokenizer.eos_ids();
+    let info = handle::Info {
+        model_name: loaded.name.clone(),
+        tokenizer: loaded.tokenizer.clone(),
+        chat_template: loaded.chat_template.map(std::sync::Arc::new),
+        max_context: config.max_context.min(pool.capacity()),
+        vocab_size: config.vocab_size,
+        config: cfg.clone(),
+    };
+    let mut engine = Engine {
+        cfg,
+        backend,
+        model: loaded.model,
+        tokenizer: loaded.tokenizer,
+        eos_ids,
+        pool,
+        cache,
+        scratch,
+        logits: Vec::new(),
+        waiting: Vec::new(),
+        running: Vec::new(),
+        next_id: 0,
+        vtc: HashMap::new(),
+        rate: 0.0,
+        stats: stats::Stats::default(),
+    };
+    engine.warm_up().map_err(StartError::Backend)?;
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::Builder::new()
+        .name("cachet-engine".into())
+        .spawn(move || engine.run(rx))
+        .map_err(|e| StartError::Backend(format!("engine thread: {e}")))?;
+    Ok(EngineHandle::new(tx, info))
+}
+
+impl<B: Backend> Engine<B> {
+    /// One forward pass over a short prompt: faults the weights in, sizes the
+    /// buffers and gives admission control its first throughput estimate.
+    fn warm_up(&mut self) -> Result<(), String> {
+        let n = 64.min(self.pool.capacity()).min(self.model.config().max_context);
+        let slots = self.pool.allocate(n).map_err(|e| e.to_string())?;
+        let tokens: Vec<u32> = (0..n as u32).map(|i| i % self.model.config().vocab_size as u32).collect();
+        let seqs = [SeqChunk {
+            tokens: &tokens,
+            start_pos: 0,
+            slots: crate::kv_pool::SlotId::raw(&slots),
+            logits: LogitsFor::Last,
+        }];
+        let start = Instant::now();
+        let r = self.model.forward(&self.backend, self.pool.storage_mut(), &seqs, &mut self.scratch, &mut self.logits);
+        self.rate = n as f64 / start.elapsed().as_secs_f64().max(1e-6);
+        self.pool.free(&slots).map_err(|e| e.to_string())?;
+        r.map_err(|e| e.to_string())
+    }
+
+    fn run(mut self, rx: Receiver<Command>) {
+        loop {
+            if self.running.is_empty() && self.waiting.is_empty() {
+                match rx.recv() {
+                    Ok(cmd) => self.command(cmd),
+                    Err(_) => return,
+                }
+            }
+            loop {
+                match rx.try_recv() {
+                    Ok(cmd) => self.command(cmd),
+                    Err(std::sync::mpsc::TryRecvError::Empty) => break,
+                    Err(std::sync::mpsc::TryRecvError::Disconnected) => {
+                        if self.running.is_empty() && self.waiting.is_empty() {
+                            return;
+                        }
+                        break;
+                    }
+                }
+            }
+            self.step();
+        }
+    }
+
+    fn command(&mut self, cmd: Command) {
+        match cmd {
+            Command::Submit(req, tx) => self.submit(*req, tx),
+            Command::Invalidate { source, keep_version, reply } => {
+                let freed = self.cache.invalidate(&source, keep_version.as_deref());
+                self.free_slots(&freed);
+                self.stats.invalidated_slots += freed.len() as u64;
+                let _ = reply.send(freed.len());
+            }
+            Command::Release(key) => self.cache.release(&key),
+            Command::SetShare(tenant, share) => self.cache.set_share(&tenant, share),
+            Command::Snapshot(reply) => {
+                let _ = reply.send(self.snapshot());
+            }
+            Command::CheckIntegrity(reply) => {
+                let _ = reply.send(self.check_integrity());
+            }
+        }
+    }
+
+    fn free_slots(&mut self, slots: &[crate::kv_pool::SlotId]) {
+        if let Err(e) = self.pool.free(slots) {
+            tracing::error!("{e}");
+        }
+    }
+
+    /// Validates a request, refuses it if the engine cannot meet its
+    /// latency target, else queues it.
+    fn submit(&mut self, req: Request, tx: UnboundedSender<Event>) {
+        let now = Instant::now();
+        if let Err(e) = self.validate(&req) {
+            let _ = tx.send(Event::Error(e));
+            return;
+        }
+        let targets = self.cfg.targets(req.slo);
+        let output = Output::new(&req.params, &self.eos_ids);
+        let id = self.next_id;
+        self.next_id += 1;
+        let seq = Seq::new(id, req, tx, output, now, targets.ttft);
+        if !seq.req.prewarm && self.cfg.overload_factor > 0.0 {
+            let predicted = self.predict_ttft(&seq);
+            if predicted > targets.ttft.mul_f64(self.cfg.overload_factor) {
+                self.refuse(seq, predicted);
+                return;
+            }
+        }
+        if let Some((key, ttl)) = &seq.req.retention {
+            self.cache.retain(key, now + *ttl);
+        }
+        self.lift_vtc(&seq.req.tenant);
+        self.waiting.push(seq);
+    }
+
+    fn validate(&self, req: &Request) -> Result<(), RequestError> {
+        let config = self.model.config();
+        let limit = config.max_context.min(self.pool.capacity());
+        if req.tokens.is_empty() {
+            return Err(RequestError::Invalid("the prompt is empty".into()));
+        }
+        if let Some(&t) = req.tokens.iter().find(|&&t| t as usize >= config.vocab_size) {
+            return Err(RequestError::Invalid(format!(
+                "token id {t} is outside the vocabulary ({} tokens)",
+                config.vocab_size
+            )));
+        }
+        if req.tokens.len() >= limit {
+            return Err(RequestError::TooLong { tokens: req.tokens.len(), limit });
+        }
+        req.params.sampling.validate().map_err(RequestError::Invalid)?;
+        if req.public.as_ref().is_some_and(|p| p.tokens > req.tokens.len()) {
+            return Err(RequestError::Invalid("the public prefix is longer than the prompt".into()));
+        }
+        if req.spans.iter().any(|s| s.range.end > req.tokens.len() || s.range.start > s.range.end) {
+            return Err(RequestError::Invalid("a provenance span lies outside the prompt".into()));
+        }
+        Ok(())
+    }
+
+    /// Checks the pool, the cache, and that every slot in use belongs to
+    /// exactly one of: the cache, or one running sequence.
+    fn check_integrity(&self) -> Result<(), String> {
+        self.pool.check_integrity().map_err(|e| e.to_string())?;
+        self.cache.check_integrity().map_err(|e| e.to_string())?;
+        let mut owned = HashSet::new();
+        for s in self.running.iter().chain(&self.waiting) {
+            for slot in &s.slots[s.owned_from..] {
+                if !owned.insert(*slot) {
+                    return Err(format!("slot {slot:?} is owned twice"));
+                }
+            }
+            if s.node.is_none() && !s.slots.is_empty() {
+                return Err(format!("sequence {} holds slots without a cache lock", s.id));
+            }
+        }
+        let cached = self.cache.cached_slots();
+        let in_use = self.pool.capacity() - self.pool.free_slots();
+        if cached + owned.len() != in_use {
+            return Err(format!("{in_use} slots in use, but the cache holds {cached} and sequences {}", owned.len()));
+        }
+        Ok(())
+    }
+}

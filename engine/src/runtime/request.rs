@@ -1,0 +1,115 @@
+//! What callers send the engine and what they get back.
+
+use super::config::SloClass;
+use crate::generate::{FinishReason, GenerateParams};
+use crate::radix::{RetentionKey, Tag, TenantKey};
+use std::ops::Range;
+use std::sync::Arc;
+use std::time::Duration;
+
+/// The leading tokens of a prompt that are the operator's public system
+/// prompt for a chat template: cached once for every tenant.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct PublicPrefix {
+    pub template: Arc<str>,
+    /// How many leading prompt tokens are public.
+    pub tokens: usize,
+}
+
+/// Provenance of a span of prompt tokens (e.g. one file of a repository).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct TokenSpan {
+    pub range: Range<usize>,
+    pub tag: Tag,
+}
+
+/// One generation request.
+#[derive(Clone, Debug)]
+pub struct Request {
+    /// Whose request this is (from authentication, never from the body).
+    pub tenant: TenantKey,
+    /// Narrows cache reuse within the tenant (e.g. per end user).
+    pub salt: Option<Arc<str>>,
+    pub public: Option<PublicPrefix>,
+    pub tokens: Vec<u32>,
+    pub spans: Vec<TokenSpan>,
+    pub params: GenerateParams,
+    pub slo: SloClass,
+    /// Higher first, among a tenant's requests of equal deadline.
+    pub priority: i32,
+    /// Keep this request's prefix warm (behind the tenant's unretained
+    /// cache) for this long, under this key (a session id).
+    pub retention: Option<(RetentionKey, Duration)>,
+    /// Only fill the cache: no output, lowest priority.
+    pub prewarm: bool,
+}
+
+impl Request {
+    /// A plain interactive request of `tenant` for `tokens`.
+    pub fn new(tenant: TenantKey, tokens: Vec<u32>, params: GenerateParams) -> Request {
+        Request {
+            tenant,
+            salt: None,
+            public: None,
+            tokens,
+            spans: Vec::new(),
+            params,
+            slo: SloClass::Interactive,
+            priority: 0,
+            retention: None,
+            prewarm: false,
+        }
+    }
+}
+
+/// Accounting of a finished request.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Completion {
+    pub finish_reason: FinishReason,
+    pub prompt_tokens: usize,
+    /// Prompt tokens served from the prefix cache (at first admission).
+    pub cached_tokens: usize,
+    /// Prompt tokens computed (prefill work, including any recomputed after
+    /// a retraction).
+    pub computed_prefill_tokens: usize,
+    pub output_tokens: usize,
+    /// Arrival to first scheduling.
+    pub queue_time: Duration,
+    /// Arrival to first token (none for pre-warm requests).
+    pub ttft: Option<Duration>,
+    /// Arrival to the end.
+    pub e2e: Duration,
+    /// This request's share of the forward passes' time.
+    pub compute_seconds: f64,
+    /// Times it was pushed out of memory and resumed.
+    pub retractions: u32,
+}
+
+/// Why a request was not served.
+#[derive(Clone, Debug, PartialEq, thiserror::Error)]
+#[non_exhaustive]
+pub enum RequestError {
+    /// The engine cannot meet the request's latency target now.
+    #[error("overloaded: retry after {retry_after:?}")]
+    Overloaded { retry_after: Duration },
+    /// Out-of-range parameters, bad token ids, an empty prompt.
+    #[error("invalid request: {0}")]
+    Invalid(String),
+    /// The prompt does not fit the context window or the KV pool.
+    #[error("{tokens} tokens do not fit (limit {limit})")]
+    TooLong { tokens: usize, limit: usize },
+    /// The engine failed or shut down.
+    #[error("engine error: {0}")]
+    Engine(String),
+}
+
+/// What the stream of a request yields.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Event {
+    /// A generated token and the text that became final with it.
+    Token { id: u32, text: String },
+    /// The request is complete.
+    Done(Completion),
+    /// The request failed; nothing follows.
+    Error(RequestError),
+}

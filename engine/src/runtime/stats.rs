@@ -1,0 +1,67 @@
+//! Engine counters: exported as metrics (through the `metrics` facade, which
+//! the service installs an exporter for) and readable as a [`Snapshot`].
+
+use super::Engine;
+use cachet_kernels::backend::Backend;
+
+#[derive(Debug, Default)]
+pub(super) struct Stats {
+    pub query_tokens: u64,
+    pub hit_tokens: u64,
+    pub evicted_slots: u64,
+    pub invalidated_slots: u64,
+    pub retractions: u64,
+    pub refused: u64,
+    pub cancelled: u64,
+    pub finished: u64,
+}
+
+/// A point-in-time view of the engine.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct Snapshot {
+    pub running: usize,
+    pub waiting: usize,
+    /// KV slots in use (cache and running requests) / pool size.
+    pub kv_used: usize,
+    pub kv_capacity: usize,
+    /// Slots held by the prefix cache.
+    pub cached_slots: usize,
+    pub prefix_query_tokens: u64,
+    pub prefix_hit_tokens: u64,
+    pub evicted_slots: u64,
+    pub invalidated_slots: u64,
+    pub retractions: u64,
+    pub refused: u64,
+    pub cancelled: u64,
+    pub finished: u64,
+    /// Forward-pass throughput estimate (tokens/s) used for admission.
+    pub throughput: f64,
+}
+
+impl<B: Backend> Engine<B> {
+    pub(super) fn snapshot(&self) -> Snapshot {
+        Snapshot {
+            running: self.running.len(),
+            waiting: self.waiting.len(),
+            kv_used: self.pool.capacity() - self.pool.free_slots(),
+            kv_capacity: self.pool.capacity(),
+            cached_slots: self.cache.cached_slots(),
+            prefix_query_tokens: self.stats.query_tokens,
+            prefix_hit_tokens: self.stats.hit_tokens,
+            evicted_slots: self.stats.evicted_slots,
+            invalidated_slots: self.stats.invalidated_slots,
+            retractions: self.stats.retractions,
+            refused: self.stats.refused,
+            cancelled: self.stats.cancelled,
+            finished: self.stats.finished,
+            throughput: self.rate,
+        }
+    }
+
+    pub(super) fn publish_stats(&self) {
+        let used = self.pool.capacity() - self.pool.free_slots();
+        metrics::gauge!("cachet:kv_cache_usage_ratio").set(used as f64 / self.pool.capacity().max(1) as f64);
+        metrics::gauge!("cachet:num_requests_running").set(self.running.len() as f64);
+        metrics::gauge!("cachet:num_requests_waiting").set(self.waiting.len() as f64);
+    }
+}

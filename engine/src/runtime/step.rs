@@ -1,0 +1,334 @@
+//! One scheduler step: plan a batch within the token budget (decode tokens
+//! first, then prefill chunks of running sequences, then newly admitted ones),
+//! find memory for it (evict unlocked cache, else retract the running request
+//! with the least progress), run one forward pass, hand out the tokens.
+
+use super::request::{Completion, Event, RequestError};
+use super::seq::Seq;
+use super::Engine;
+use crate::generate::FinishReason;
+use crate::kv_pool::SlotId;
+use crate::model::{LogitsFor, SeqChunk};
+use crate::radix::{InsertOpts, TenantKey};
+use cachet_kernels::backend::Backend;
+use std::time::Instant;
+
+/// One planned chunk: `len` tokens of running sequence `seq` (by id).
+struct Planned {
+    seq: u64,
+    len: usize,
+    logits: bool,
+}
+
+impl<B: Backend> Engine<B> {
+    pub(super) fn step(&mut self) {
+        let now = Instant::now();
+        self.drop_cancelled();
+        self.refuse_late(now);
+        let mut plan = Vec::new();
+        let mut budget = self.cfg.token_budget;
+
+        // 1. Decode: every running sequence that is ready for its next token.
+        self.make_room_for_decode(now);
+        for seq in &mut self.running {
+            if seq.remaining() == 1 && budget > 0 {
+                if self.pool.allocate_into(1, &mut seq.slots).is_err() {
+                    continue;
+                }
+                plan.push(Planned { seq: seq.id, len: 1, logits: true });
+                budget -= 1;
+            }
+        }
+        // 2. Prefill chunks of sequences already running, oldest first.
+        let prefilling: Vec<(u64, TenantKey)> =
+            self.running.iter().filter(|s| s.remaining() > 1).map(|s| (s.id, s.req.tenant.clone())).collect();
+        for (id, tenant) in prefilling {
+            if budget == 0 {
+                break;
+            }
+            let remaining = self.running.iter().find(|s| s.id == id).map_or(0, |s| s.remaining());
+            let chunk = remaining.min(budget);
+            if !self.ensure_free(chunk, &tenant, now) {
+                continue;
+            }
+            let seq = self.running.iter_mut().find(|s| s.id == id).expect("listed above");
+            self.pool.allocate_into(chunk, &mut seq.slots).expect("ensure_free made room");
+            plan.push(Planned { seq: id, len: chunk, logits: chunk == remaining });
+            budget -= chunk;
+        }
+        // 3. Admit waiting requests in policy order while budget and memory last.
+        while budget > 0 && self.running.len() < self.cfg.max_running && !self.waiting.is_empty() {
+            let idx = self.pick();
+            let mut seq = self.waiting.swap_remove(idx);
+            self.admit(&mut seq, now);
+            let chunk = seq.remaining().min(budget);
+            if !self.ensure_free(chunk, &seq.req.tenant.clone(), now) {
+                // Not enough memory even after evicting: wait for running
+                // requests to finish.
+                self.release_kv(&mut seq, false);
+                self.waiting.push(seq);
+                break;
+            }
+            self.pool.allocate_into(chunk, &mut seq.slots).expect("ensure_free made room");
+            plan.push(Planned { seq: seq.id, len: chunk, logits: chunk == seq.remaining() });
+            budget -= chunk;
+            self.running.push(seq);
+        }
+        if plan.is_empty() {
+            // Nothing fits: running prefills are stuck on memory. Give one up
+            // so the others can move.
+            if !self.running.is_empty() {
+                self.retract_one();
+            }
+            self.publish_stats();
+            return;
+        }
+        self.run_plan(&plan, now);
+        self.publish_stats();
+    }
+
+    /// Matches the longest cached prefix (leaving at least one token to
+    /// compute, for the logits) and locks it.
+    fn admit(&mut self, seq: &mut Seq, now: Instant) {
+        let key = seq.key(&mut self.cache, seq.tokens.len());
+        let m = self.cache.match_prefix(&key, seq.tokens.len() - 1);
+        self.cache.lock(m.node);
+        // The reused prefix now carries this request's provenance, so an
+        // invalidation while it runs reaches it.
+        self.cache.tag_spans(&key, &seq.spans(seq.tokens.len()));
+        seq.node = Some(m.node);
+        seq.computed = m.slots.len();
+        seq.owned_from = seq.computed;
+        seq.slots = m.slots;
+        if seq.cached_tokens.is_none() {
+            seq.cached_tokens = Some(seq.computed.min(seq.prompt_len));
+            seq.admitted = Some(now);
+            let tenant = seq.req.tenant.to_string();
+            metrics::counter!("cachet:prefix_cache_query_tokens_total", "tenant" => tenant.clone())
+                .increment(seq.prompt_len as u64);
+            metrics::counter!("cachet:prefix_cache_hit_tokens_total", "tenant" => tenant)
+                .increment(seq.computed.min(seq.prompt_len) as u64);
+            metrics::histogram!("cachet:queue_time_seconds").record((now - seq.arrival).as_secs_f64());
+            self.stats.query_tokens += seq.prompt_len as u64;
+            self.stats.hit_tokens += seq.computed.min(seq.prompt_len) as u64;
+        }
+    }
+
+    /// Frees pool slots for `n` tokens of `tenant`'s request by evicting
+    /// unlocked cache. False if that is not enough.
+    fn ensure_free(&mut self, n: usize, tenant: &TenantKey, now: Instant) -> bool {
+        if self.pool.free_slots() >= n {
+            return true;
+        }
+        let freed = self.cache.evict(n - self.pool.free_slots(), now, Some(tenant));
+        self.stats.evicted_slots += freed.len() as u64;
+        metrics::counter!("cachet:evicted_tokens_total").increment(freed.len() as u64);
+        self.free_slots(&freed);
+        self.pool.free_slots() >= n
+    }
+
+    /// Every decoding sequence needs one slot: evict, then retract the
+    /// sequences with the least progress until they all fit.
+    fn make_room_for_decode(&mut self, now: Instant) {
+        loop {
+            let need = self.running.iter().filter(|s| s.remaining() == 1).count();
+            if self.pool.free_slots() >= need {
+                return;
+            }
+            let freed = self.cache.evict(need - self.pool.free_slots(), now, None);
+            self.stats.evicted_slots += freed.len() as u64;
+            self.free_slots(&freed);
+            if self.pool.free_slots() >= need || self.running.is_empty() {
+                return;
+            }
+            self.retract_one();
+        }
+    }
+
+    /// Pushes the running request with the least progress back to the
+    /// queue; its K/V goes into the cache, so resuming mostly hits.
+    fn retract_one(&mut self) {
+        let Some(idx) = (0..self.running.len()).min_by_key(|&i| {
+            let s = &self.running[i];
+            (s.generated(), std::cmp::Reverse(s.arrival))
+        }) else {
+            return;
+        };
+        let mut seq = self.running.swap_remove(idx);
+        self.release_kv(&mut seq, true);
+        seq.retractions += 1;
+        self.stats.retractions += 1;
+        metrics::counter!("cachet:retractions_total").increment(1);
+        self.waiting.push(seq);
+    }
+
+    /// Returns a sequence's K/V: computed positions go into the cache (if
+    /// `keep`), its lock is released, what nobody holds goes back to the pool.
+    pub(super) fn release_kv(&mut self, seq: &mut Seq, keep: bool) {
+        let Some(node) = seq.node.take() else {
+            let own = std::mem::take(&mut seq.slots);
+            self.free_slots(&own);
+            return;
+        };
+        // A prefix invalidated under this request may only be kept up to
+        // where the invalidation cut it.
+        let live = if self.cache.is_doomed(node) {
+            seq.positions_before(self.cache.live_prefix_len(node))
+        } else {
+            seq.computed
+        };
+        let n = if keep { live } else { 0 };
+        if n > 0 {
+            let key = seq.key(&mut self.cache, n);
+            let spans = seq.spans(n);
+            let retention = seq.req.retention.as_ref().map(|(k, _)| k.clone());
+            let opts = InsertOpts { spans: &spans, retention: retention.as_ref() };
+            let inserted = self.cache.insert(&key, &seq.slots[..n], &opts);
+            self.free_slots(&inserted.duplicates);
+        }
+        // Own slots the cache did not take.
+        let own_from = seq.owned_from.max(n);
+        let rest: Vec<SlotId> = seq.slots[own_from..].to_vec();
+        self.free_slots(&rest);
+        let freed = self.cache.unlock(node);
+        self.free_slots(&freed);
+        seq.slots.clear();
+        seq.owned_from = 0;
+        seq.computed = 0;
+    }
+
+    /// Cancels requests whose caller dropped the stream.
+    fn drop_cancelled(&mut self) {
+        let mut i = 0;
+        while i < self.running.len() {
+            if self.running[i].cancelled() {
+                let mut seq = self.running.swap_remove(i);
+                self.release_kv(&mut seq, true);
+                self.stats.cancelled += 1;
+            } else {
+                i += 1;
+            }
+        }
+        let before = self.waiting.len();
+        self.waiting.retain(|s| !s.cancelled());
+        self.stats.cancelled += (before - self.waiting.len()) as u64;
+    }
+
+    fn run_plan(&mut self, plan: &[Planned], now: Instant) {
+        let total: usize = plan.iter().map(|p| p.len).sum();
+        let index: Vec<usize> =
+            plan.iter().map(|p| self.running.iter().position(|s| s.id == p.seq).expect("planned")).collect();
+        let chunks: Vec<SeqChunk<'_>> = plan
+            .iter()
+            .zip(&index)
+            .map(|(p, &i)| {
+                let s = &self.running[i];
+                SeqChunk {
+                    tokens: &s.tokens[s.computed..s.computed + p.len],
+                    start_pos: s.computed,
+                    slots: SlotId::raw(&s.slots[..s.computed + p.len]),
+                    logits: if p.logits { LogitsFor::Last } else { LogitsFor::None },
+                }
+            })
+            .collect();
+        let start = Instant::now();
+        let result =
+            self.model.forward(&self.backend, self.pool.storage_mut(), &chunks, &mut self.scratch, &mut self.logits);
+        let secs = start.elapsed().as_secs_f64();
+        drop(chunks);
+        if let Err(e) = result {
+            tracing::error!("forward pass failed: {e}");
+            for &i in index.iter().rev() {
+                let mut seq = self.running.swap_remove(i);
+                seq.send(Event::Error(RequestError::Engine(e.to_string())));
+                self.release_kv(&mut seq, false);
+            }
+            return;
+        }
+        if total >= 16 {
+            let rate = total as f64 / secs.max(1e-6);
+            self.rate = if self.rate > 0.0 { 0.8 * self.rate + 0.2 * rate } else { rate };
+        }
+        let vocab = self.model.config().vocab_size;
+        let max_context = self.model.config().max_context.min(self.pool.capacity());
+        let mut row = 0;
+        let mut finished = Vec::new();
+        for (p, &i) in plan.iter().zip(&index) {
+            let seq = &mut self.running[i];
+            let prefill = seq.computed < seq.prompt_len;
+            seq.computed += p.len;
+            seq.compute_seconds += secs * p.len as f64 / total as f64;
+            if prefill {
+                seq.computed_prefill += p.len;
+            }
+            *self.vtc.entry(seq.req.tenant.clone()).or_default() += p.len as f64;
+            if !p.logits {
+                continue;
+            }
+            let logits = &mut self.logits[row * vocab..(row + 1) * vocab];
+            row += 1;
+            if seq.req.prewarm {
+                finished.push((seq.id, FinishReason::Length));
+                continue;
+            }
+            let token = seq.sampler.sample(logits);
+            seq.tokens.push(token);
+            let out = match seq.output.push(&self.tokenizer, token) {
+                Ok(out) => out,
+                Err(e) => {
+                    seq.send(Event::Error(RequestError::Engine(e.to_string())));
+                    finished.push((seq.id, FinishReason::Stop));
+                    continue;
+                }
+            };
+            let t = Instant::now();
+            match seq.last_token {
+                None => {
+                    seq.first_token = Some(t);
+                    metrics::histogram!("cachet:time_to_first_token_seconds", "tenant" => seq.req.tenant.to_string())
+                        .record((t - seq.arrival).as_secs_f64());
+                }
+                Some(prev) => {
+                    metrics::histogram!("cachet:inter_token_latency_seconds").record((t - prev).as_secs_f64())
+                }
+            }
+            seq.last_token = Some(t);
+            seq.send(Event::Token { id: token, text: out.text });
+            if let Some(reason) = out.finish {
+                finished.push((seq.id, reason));
+            } else if seq.tokens.len() >= max_context {
+                let rest = seq.output.flush(&self.tokenizer).unwrap_or_default();
+                if !rest.is_empty() {
+                    seq.send(Event::Token { id: token, text: rest });
+                }
+                finished.push((seq.id, FinishReason::Length));
+            }
+        }
+        for (id, reason) in finished {
+            let i = self.running.iter().position(|s| s.id == id).expect("finished sequences are running");
+            let mut seq = self.running.swap_remove(i);
+            self.finish(&mut seq, reason, now);
+        }
+    }
+
+    /// Caches what the request computed and reports its accounting.
+    fn finish(&mut self, seq: &mut Seq, reason: FinishReason, _now: Instant) {
+        self.release_kv(seq, true);
+        let end = Instant::now();
+        let completion = Completion {
+            finish_reason: reason,
+            prompt_tokens: seq.prompt_len,
+            cached_tokens: seq.cached_tokens.unwrap_or(0),
+            computed_prefill_tokens: seq.computed_prefill,
+            output_tokens: seq.generated(),
+            queue_time: seq.admitted.unwrap_or(end) - seq.arrival,
+            ttft: seq.first_token.map(|t| t - seq.arrival),
+            e2e: end - seq.arrival,
+            compute_seconds: seq.compute_seconds,
+            retractions: seq.retractions,
+        };
+        metrics::histogram!("cachet:e2e_request_latency_seconds").record(completion.e2e.as_secs_f64());
+        self.stats.finished += 1;
+        seq.send(Event::Done(completion));
+    }
+}

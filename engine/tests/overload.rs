@@ -1,0 +1,68 @@
+//! Admission control under a burst far above capacity: the excess is refused
+//! at once with `Overloaded`, and every admitted interactive request meets
+//! its time-to-first-token target. Its own test binary, so no other test in
+//! the process competes for the CPU while it measures.
+
+use cachet_engine::generate::GenerateParams;
+use cachet_engine::kv_pool::PoolSize;
+use cachet_engine::radix::TenantKey;
+use cachet_engine::runtime::{self, EngineConfig, Request, RequestError};
+use cachet_engine::testing::{Tiny, TinyArch};
+use cachet_kernels::cpu::CpuBackend;
+use cachet_kernels::quant::DType;
+use std::time::{Duration, Instant};
+
+fn tokens(seed: u64, n: usize) -> Vec<u32> {
+    let mut s = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
+    (0..n)
+        .map(|_| {
+            s ^= s << 13;
+            s ^= s >> 7;
+            s ^= s << 17;
+            (s % 300) as u32
+        })
+        .collect()
+}
+
+fn request(tenant: &str, prompt: Vec<u32>, max_tokens: usize) -> Request {
+    Request::new(TenantKey::new(tenant), prompt, GenerateParams { max_tokens, ignore_eos: true, ..Default::default() })
+}
+
+#[test]
+fn overload_is_refused_early_and_admitted_requests_meet_their_target() {
+    let target = Duration::from_millis(800);
+    let mut config = EngineConfig { pool: PoolSize::Tokens(8192), ..Default::default() };
+    config.interactive.ttft = target;
+    config.overload_factor = 0.8;
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("tiny.gguf");
+    Tiny::random(TinyArch::Qwen2, 77, false).write_gguf(DType::Q8_0, &path).unwrap();
+    let backend = CpuBackend::new(2).unwrap();
+    let loaded = cachet_engine::loader::load(&path, &backend).unwrap();
+    let h = runtime::start(backend, loaded, config).unwrap();
+    let throughput = h.snapshot_blocking().unwrap().throughput;
+    // Each prompt takes about a tenth of the target; send forty at once.
+    let len = ((throughput * target.as_secs_f64() / 10.0) as usize).clamp(32, 1500);
+    let start = Instant::now();
+    let streams: Vec<_> = (0..40).map(|i| h.submit(request(&format!("t{}", i % 4), tokens(200 + i, len), 2))).collect();
+    let (mut admitted, mut refused) = (0, 0);
+    for s in streams {
+        let out = s.collect_blocking();
+        match out.result {
+            Ok(done) => {
+                admitted += 1;
+                let ttft = done.ttft.unwrap();
+                assert!(ttft <= target, "an admitted request waited {ttft:?} for its first token (target {target:?})");
+            }
+            Err(RequestError::Overloaded { retry_after }) => {
+                refused += 1;
+                assert!(retry_after >= Duration::from_secs(1));
+            }
+            Err(e) => panic!("{e}"),
+        }
+    }
+    assert!(refused >= 10, "the burst was far above capacity: {admitted} admitted, {refused} refused");
+    assert!(admitted >= 3, "{admitted} admitted");
+    assert!(start.elapsed() < target * 4);
+    h.check_integrity_blocking().unwrap();
+}
