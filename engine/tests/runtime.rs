@@ -239,3 +239,15 @@ fn bad_requests_are_refused_with_reasons() {
     assert!(matches!(err(bad), RequestError::Invalid(m) if m.contains("top_p")));
     no_leaks(&h);
 }
+
+#[test]
+fn a_pool_that_does_not_fit_is_a_clear_error() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("tiny.gguf");
+    Tiny::random(TinyArch::Qwen2, 77, false).write_gguf(DType::Q8_0, &path).unwrap();
+    let backend = CpuBackend::new(1).unwrap();
+    let loaded = cachet_engine::loader::load(&path, &backend).unwrap();
+    let cfg = EngineConfig { pool: PoolSize::Bytes(1 << 50), ..Default::default() };
+    let err = runtime::start(backend, loaded, cfg).unwrap_err().to_string();
+    assert!(err.contains("does not fit") && err.contains("MiB"), "{err}");
+}

@@ -38,6 +38,11 @@ pub struct BenchArgs {
     /// Print JSON instead of a table.
     #[arg(long)]
     pub json: bool,
+    /// Instead: time to first token of a request whose first N tokens are
+    /// cached (by an earlier request with the same prefix) vs. cold, through
+    /// the engine loop and its prefix cache.
+    #[arg(long, value_name = "N")]
+    pub reuse: Option<usize>,
 }
 
 struct Bench {
@@ -167,6 +172,9 @@ pub fn run(args: BenchArgs) -> anyhow::Result<()> {
         Some(p) => p.clone(),
         None => super::pull_default(None)?,
     };
+    if let Some(prefix) = args.reuse {
+        return reuse(&args, &path, prefix);
+    }
     let mut b = CpuBackend::new(args.threads)?;
     if args.profile {
         b = b.with_profiling();
@@ -233,6 +241,58 @@ pub fn run(args: BenchArgs) -> anyhow::Result<()> {
     }
     if args.profile {
         super::generate::print_profile(&bench.b.profile());
+    }
+    Ok(())
+}
+
+/// `--reuse N`: per round, a fresh N-token prefix; request A (prefix + 16
+/// tokens) runs cold, then request B (prefix + 16 other tokens) reuses A's
+/// cached prefix. Reports the median TTFT of each and their ratio.
+fn reuse(args: &BenchArgs, path: &std::path::Path, prefix: usize) -> anyhow::Result<()> {
+    use cachet_engine::generate::GenerateParams;
+    use cachet_engine::radix::TenantKey;
+    use cachet_engine::runtime::{self, EngineConfig, Request};
+    let b = CpuBackend::new(args.threads)?;
+    let loaded = cachet_engine::loader::load(path, &b).with_context(|| format!("loading {}", path.display()))?;
+    let name = loaded.name.clone();
+    let vocab = loaded.model.config().vocab_size as u64;
+    let cfg = EngineConfig {
+        pool: PoolSize::Tokens((4 * (prefix + 64)).max(4096)),
+        overload_factor: 0.0,
+        ..EngineConfig::default()
+    };
+    let engine = runtime::start(b, loaded, cfg)?;
+    let mut rng = Rng::new(99);
+    let mut draw = |n: usize| (0..n).map(|_| (rng.next_u64() % vocab) as u32).collect::<Vec<u32>>();
+    let (mut cold, mut warm, mut cached) = (Vec::new(), Vec::new(), 0);
+    let params = GenerateParams { max_tokens: 1, ignore_eos: true, ..Default::default() };
+    for _ in 0..args.reps.max(1) {
+        let p = draw(prefix);
+        let (sa, sb) = (draw(16), draw(16));
+        let run = |tokens: Vec<u32>| -> anyhow::Result<cachet_engine::runtime::Completion> {
+            let out = engine.submit(Request::new(TenantKey::new("bench"), tokens, params.clone())).collect_blocking();
+            Ok(out.result?)
+        };
+        let a = run([p.clone(), sa].concat())?;
+        let bb = run([p, sb].concat())?;
+        cold.push(a.ttft.unwrap_or_default().as_secs_f64());
+        warm.push(bb.ttft.unwrap_or_default().as_secs_f64());
+        cached = bb.cached_tokens;
+    }
+    let (c, w) = (median(cold.clone()), median(warm.clone()));
+    if args.json {
+        println!(
+            "{}",
+            serde_json::json!({"model": name, "prefix": prefix, "cold_ttft": cold, "cached_ttft": warm,
+                "cached_tokens": cached, "ratio": c / w})
+        );
+    } else {
+        println!("model: {name} · prefix: {prefix} tokens · {} rounds", args.reps.max(1));
+        println!("| request | cached prompt tokens | TTFT (median) |");
+        println!("|---|---:|---:|");
+        println!("| cold: {prefix} + 16 tokens | 0 | {:.3} s |", c);
+        println!("| same prefix, new 16-token suffix | {cached} | {:.3} s |", w);
+        println!("\ncached / cold: {:.1}× lower", c / w);
     }
     Ok(())
 }

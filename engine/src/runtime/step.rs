@@ -287,6 +287,9 @@ impl<B: Backend> Engine<B> {
                     seq.first_token = Some(t);
                     metrics::histogram!("cachet:time_to_first_token_seconds", "tenant" => seq.req.tenant.to_string())
                         .record((t - seq.arrival).as_secs_f64());
+                    // TTFT = queue time (recorded at admission) + this part.
+                    metrics::histogram!("cachet:prefill_time_seconds")
+                        .record((t - seq.admitted.unwrap_or(seq.arrival)).as_secs_f64());
                 }
                 Some(prev) => {
                     metrics::histogram!("cachet:inter_token_latency_seconds").record((t - prev).as_secs_f64())
