@@ -251,3 +251,19 @@ fn a_pool_that_does_not_fit_is_a_clear_error() {
     let err = runtime::start(backend, loaded, cfg).unwrap_err().to_string();
     assert!(err.contains("does not fit") && err.contains("MiB"), "{err}");
 }
+
+#[test]
+fn prewarm_fills_the_cache_without_output() {
+    let h = engine(cfg(4096));
+    let context = tokens(60, 300);
+    let mut warm = request("t", context.clone(), 50);
+    warm.prewarm = true;
+    let (out, done) = run(&h, warm);
+    assert!(out.is_empty());
+    assert_eq!((done.output_tokens, done.ttft), (0, None));
+    assert_eq!(done.computed_prefill_tokens, 300);
+    // The next question over the same context only computes its own tokens.
+    let (_, next) = run(&h, request("t", [context, tokens(61, 10)].concat(), 4));
+    assert_eq!(next.cached_tokens, 300);
+    no_leaks(&h);
+}
