@@ -22,6 +22,9 @@ cargo run -q -p cachet-api -- models pull
 echo "== cargo test"
 REQUIRE_MODEL=1 cargo test --workspace
 
+echo "== the openai Python package against cachet serve (real model)"
+./scripts/openai-check.sh
+
 echo "== cargo clippy"
 cargo clippy --workspace --all-targets -- -D warnings
 

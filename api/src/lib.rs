@@ -1,5 +1,18 @@
-//! cachet-api: the `cachet` command line (and, later, the HTTP service).
+//! cachet-api: the `cachet` service and command line.
+//!
+//! [`startup::Application`] builds the service from [`config::Settings`]
+//! (database, secrets, ledger, HTTP server, model loading) so that tests can
+//! run it on a random port; `main.rs` only parses the command line.
 
+pub mod auth;
 pub mod cli;
+pub mod config;
+pub mod error;
+pub mod ledger;
 pub mod models;
+pub mod openai;
+pub mod ratelimit;
+pub mod routes;
+pub mod startup;
+pub mod state;
 pub mod telemetry;

@@ -2,6 +2,7 @@
 
 mod bench;
 mod generate;
+pub mod serve;
 
 use crate::models::{self, ModelSpec, Progress, PullOptions};
 use crate::telemetry::LogFormat;
@@ -31,6 +32,22 @@ pub enum Command {
     Generate(GenerateArgs),
     /// Measure prompt and decode speed the way llama-bench does.
     Bench(BenchArgs),
+    /// Run the service (OpenAI-compatible API, tenants, ledger).
+    Serve(serve::ServeArgs),
+    /// Manage tenants (the server's data folder or DATABASE_URL).
+    Tenants {
+        #[command(flatten)]
+        data: serve::DataArgs,
+        #[command(subcommand)]
+        command: serve::TenantsCommand,
+    },
+    /// Issue bearer tokens.
+    Token {
+        #[command(flatten)]
+        data: serve::DataArgs,
+        #[command(subcommand)]
+        command: serve::TokenCommand,
+    },
 }
 
 #[derive(Debug, Subcommand)]
@@ -62,6 +79,9 @@ pub fn run(cli: Cli) -> anyhow::Result<()> {
         }
         Command::Generate(args) => generate::run(args),
         Command::Bench(args) => bench::run(args),
+        Command::Serve(args) => serve::serve(args),
+        Command::Tenants { data, command } => serve::tenants(data, command),
+        Command::Token { data, command } => serve::token(data, command),
     }
 }
 

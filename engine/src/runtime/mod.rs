@@ -14,7 +14,7 @@ mod step;
 
 pub use config::{EngineConfig, Policy, SloClass, SloTargets};
 pub use handle::{EngineHandle, RequestStream};
-pub use request::{Completion, Event, PublicPrefix, Request, RequestError, TokenSpan};
+pub use request::{Completion, Event, OnComplete, Outcome, PublicPrefix, Request, RequestError, TokenSpan};
 pub use stats::Snapshot;
 
 use crate::kv_pool::KvPool;
@@ -27,7 +27,7 @@ use cachet_kernels::backend::Backend;
 use seq::Seq;
 use std::collections::{HashMap, HashSet};
 use std::sync::mpsc::Receiver;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 use tokio::sync::mpsc::UnboundedSender;
 use tokio::sync::oneshot;
 
@@ -216,6 +216,21 @@ impl<B: Backend> Engine<B> {
     fn submit(&mut self, req: Request, tx: UnboundedSender<Event>) {
         let now = Instant::now();
         if let Err(e) = self.validate(&req) {
+            if let Some(hook) = &req.on_complete {
+                let nothing = Completion {
+                    finish_reason: crate::generate::FinishReason::Stop,
+                    prompt_tokens: req.tokens.len(),
+                    cached_tokens: 0,
+                    computed_prefill_tokens: 0,
+                    output_tokens: 0,
+                    queue_time: Duration::ZERO,
+                    ttft: None,
+                    e2e: now.elapsed(),
+                    compute_seconds: 0.0,
+                    retractions: 0,
+                };
+                hook(Outcome::Failed, &nothing);
+            }
             let _ = tx.send(Event::Error(e));
             return;
         }

@@ -23,8 +23,23 @@ pub struct TokenSpan {
     pub tag: Tag,
 }
 
+/// How a request ended, for accounting.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Outcome {
+    /// It ran to a stop token, a stop string or its limit.
+    Finished,
+    /// The caller dropped its stream.
+    Cancelled,
+    /// The engine failed it (or refused it: see the error event).
+    Failed,
+}
+
+/// Called once, on the engine thread, when a request ends in any way —
+/// even after its caller has gone (the ledger hook). Must not block.
+pub type OnComplete = std::sync::Arc<dyn Fn(Outcome, &Completion) + Send + Sync>;
+
 /// One generation request.
-#[derive(Clone, Debug)]
+#[derive(Clone)]
 pub struct Request {
     /// Whose request this is (from authentication, never from the body).
     pub tenant: TenantKey,
@@ -42,6 +57,19 @@ pub struct Request {
     pub retention: Option<(RetentionKey, Duration)>,
     /// Only fill the cache: no output, lowest priority.
     pub prewarm: bool,
+    /// Accounting hook (see [`OnComplete`]).
+    pub on_complete: Option<OnComplete>,
+}
+
+impl std::fmt::Debug for Request {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Request")
+            .field("tenant", &self.tenant)
+            .field("tokens", &self.tokens.len())
+            .field("slo", &self.slo)
+            .field("prewarm", &self.prewarm)
+            .finish_non_exhaustive()
+    }
 }
 
 impl Request {
@@ -58,6 +86,7 @@ impl Request {
             priority: 0,
             retention: None,
             prewarm: false,
+            on_complete: None,
         }
     }
 }

@@ -205,13 +205,22 @@ impl<B: Backend> Engine<B> {
                 let mut seq = self.running.swap_remove(i);
                 self.release_kv(&mut seq, true);
                 self.stats.cancelled += 1;
+                self.report(&seq, super::request::Outcome::Cancelled, FinishReason::Stop);
             } else {
                 i += 1;
             }
         }
-        let before = self.waiting.len();
-        self.waiting.retain(|s| !s.cancelled());
-        self.stats.cancelled += (before - self.waiting.len()) as u64;
+        let mut i = 0;
+        while i < self.waiting.len() {
+            if self.waiting[i].cancelled() {
+                let mut seq = self.waiting.swap_remove(i);
+                self.release_kv(&mut seq, true);
+                self.stats.cancelled += 1;
+                self.report(&seq, super::request::Outcome::Cancelled, FinishReason::Stop);
+            } else {
+                i += 1;
+            }
+        }
     }
 
     fn run_plan(&mut self, plan: &[Planned], now: Instant) {
@@ -238,10 +247,13 @@ impl<B: Backend> Engine<B> {
         drop(chunks);
         if let Err(e) = result {
             tracing::error!("forward pass failed: {e}");
-            for &i in index.iter().rev() {
+            let mut failed: Vec<usize> = index.clone();
+            failed.sort_unstable();
+            for &i in failed.iter().rev() {
                 let mut seq = self.running.swap_remove(i);
                 seq.send(Event::Error(RequestError::Engine(e.to_string())));
                 self.release_kv(&mut seq, false);
+                self.report(&seq, super::request::Outcome::Failed, FinishReason::Stop);
             }
             return;
         }
@@ -317,8 +329,25 @@ impl<B: Backend> Engine<B> {
     /// Caches what the request computed and reports its accounting.
     fn finish(&mut self, seq: &mut Seq, reason: FinishReason, _now: Instant) {
         self.release_kv(seq, true);
+        let completion = self.completion(seq, reason);
+        metrics::histogram!("cachet:e2e_request_latency_seconds").record(completion.e2e.as_secs_f64());
+        self.stats.finished += 1;
+        if let Some(hook) = &seq.req.on_complete {
+            hook(super::request::Outcome::Finished, &completion);
+        }
+        seq.send(Event::Done(completion));
+    }
+
+    /// Runs the request's accounting hook (cancelled or failed requests).
+    pub(super) fn report(&self, seq: &Seq, outcome: super::request::Outcome, reason: FinishReason) {
+        if let Some(hook) = &seq.req.on_complete {
+            hook(outcome, &self.completion(seq, reason));
+        }
+    }
+
+    fn completion(&self, seq: &Seq, reason: FinishReason) -> Completion {
         let end = Instant::now();
-        let completion = Completion {
+        Completion {
             finish_reason: reason,
             prompt_tokens: seq.prompt_len,
             cached_tokens: seq.cached_tokens.unwrap_or(0),
@@ -329,9 +358,6 @@ impl<B: Backend> Engine<B> {
             e2e: end - seq.arrival,
             compute_seconds: seq.compute_seconds,
             retractions: seq.retractions,
-        };
-        metrics::histogram!("cachet:e2e_request_latency_seconds").record(completion.e2e.as_secs_f64());
-        self.stats.finished += 1;
-        seq.send(Event::Done(completion));
+        }
     }
 }

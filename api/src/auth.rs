@@ -1,0 +1,129 @@
+//! Who is calling: a tenant (JWT bearer token whose tenant still exists) or
+//! the operator (the operator bearer secret, or a JWT with the operator
+//! role). The tenant scope of everything a request does comes from here,
+//! never from its body.
+
+use crate::error::ApiError;
+use crate::state::AppState;
+use actix_web::dev::Payload;
+use actix_web::{web, FromRequest, HttpRequest};
+use cachet_tenants::jwt::Role;
+use cachet_tenants::store::StoreError;
+use cachet_tenants::{Tenant, TenantId};
+use std::collections::HashMap;
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
+
+/// An authenticated tenant.
+#[derive(Clone, Debug)]
+pub struct TenantAuth(pub Tenant);
+
+/// The authenticated operator.
+#[derive(Clone, Copy, Debug)]
+pub struct OperatorAuth;
+
+/// Tenants recently read from the database. Entries are re-read after a few
+/// seconds, so a deleted tenant's tokens stop working quickly; while the
+/// database is unreachable the last known state is used, so serving (and
+/// the ledger's spool) goes on through an outage.
+#[derive(Debug, Default)]
+pub struct TenantCache {
+    entries: Mutex<HashMap<TenantId, (Option<Tenant>, Instant)>>,
+}
+
+const FRESH: Duration = Duration::from_secs(5);
+
+impl TenantCache {
+    /// Forgets a tenant (after an admin change).
+    pub fn forget(&self, id: TenantId) {
+        self.entries.lock().unwrap_or_else(|e| e.into_inner()).remove(&id);
+    }
+
+    async fn get(&self, state: &AppState, id: TenantId) -> Result<Option<Tenant>, ApiError> {
+        let cached = self.entries.lock().unwrap_or_else(|e| e.into_inner()).get(&id).cloned();
+        if let Some((t, at)) = &cached {
+            if at.elapsed() < FRESH {
+                return Ok(t.clone());
+            }
+        }
+        match state.store.get_tenant(id).await {
+            Ok(t) => {
+                let live = t.filter(|t| t.deleted_at.is_none());
+                self.entries.lock().unwrap_or_else(|e| e.into_inner()).insert(id, (live.clone(), Instant::now()));
+                Ok(live)
+            }
+            Err(StoreError::Unavailable(m)) => match cached {
+                Some((t, _)) => Ok(t),
+                None => Err(ApiError::NotReady(format!("the tenant database is unreachable: {m}"))),
+            },
+            Err(e) => Err(ApiError::Internal(e.to_string())),
+        }
+    }
+}
+
+fn bearer(req: &HttpRequest) -> Result<String, ApiError> {
+    let value = req
+        .headers()
+        .get(actix_web::http::header::AUTHORIZATION)
+        .ok_or_else(|| ApiError::Unauthorized("missing bearer token (Authorization: Bearer …)".into()))?;
+    let value = value.to_str().map_err(|_| ApiError::Unauthorized("malformed Authorization header".into()))?;
+    let token = value
+        .strip_prefix("Bearer ")
+        .or_else(|| value.strip_prefix("bearer "))
+        .ok_or_else(|| ApiError::Unauthorized("the Authorization header must be `Bearer <token>`".into()))?;
+    Ok(token.trim().to_string())
+}
+
+fn state(req: &HttpRequest) -> Result<web::Data<AppState>, ApiError> {
+    req.app_data::<web::Data<AppState>>().cloned().ok_or_else(|| ApiError::Internal("no application state".into()))
+}
+
+/// Constant-time comparison of two secrets.
+fn same(a: &[u8], b: &[u8]) -> bool {
+    a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
+}
+
+impl FromRequest for TenantAuth {
+    type Error = ApiError;
+    type Future = Pin<Box<dyn Future<Output = Result<TenantAuth, ApiError>>>>;
+
+    fn from_request(req: &HttpRequest, _: &mut Payload) -> Self::Future {
+        let (token, state) = (bearer(req), state(req));
+        Box::pin(async move {
+            let (token, state) = (token?, state?);
+            let claims = state.jwt.verify(&token).map_err(|e| ApiError::Unauthorized(e.to_string()))?;
+            if claims.role != Role::Tenant {
+                return Err(ApiError::Unauthorized("this endpoint needs a tenant token".into()));
+            }
+            let id = claims.tenant.ok_or_else(|| ApiError::Unauthorized("the token names no tenant".into()))?;
+            let tenant = state
+                .tenants
+                .get(&state, id)
+                .await?
+                .ok_or_else(|| ApiError::Unauthorized("the token's tenant does not exist".into()))?;
+            Ok(TenantAuth(tenant))
+        })
+    }
+}
+
+impl FromRequest for OperatorAuth {
+    type Error = ApiError;
+    type Future = Pin<Box<dyn Future<Output = Result<OperatorAuth, ApiError>>>>;
+
+    fn from_request(req: &HttpRequest, _: &mut Payload) -> Self::Future {
+        let (token, state) = (bearer(req), state(req));
+        Box::pin(async move {
+            let (token, state) = (token?, state?);
+            if same(token.as_bytes(), state.operator_token.expose().as_bytes()) {
+                return Ok(OperatorAuth);
+            }
+            match state.jwt.verify(&token) {
+                Ok(c) if c.role == Role::Operator => Ok(OperatorAuth),
+                Ok(_) => Err(ApiError::Forbidden("this endpoint needs the operator credential".into())),
+                Err(e) => Err(ApiError::Unauthorized(e.to_string())),
+            }
+        })
+    }
+}

@@ -1,0 +1,255 @@
+//! Configuration of `cachet serve`, in layers: built-in defaults, then a TOML
+//! file (`--config FILE`, else `<data_dir>/cachet.toml` if it exists), then
+//! `CACHET_*` environment variables (`CACHET_SERVER__BIND`, … with `__`
+//! between levels; a few short forms like `CACHET_BIND`, `CACHET_MODEL`,
+//! `CACHET_DATA_DIR` and plain `DATABASE_URL` are accepted too), then
+//! command-line flags. Every key is documented in `docs/configuration.md`.
+
+use cachet_tenants::jwt::JwtConfig;
+use cachet_tenants::Plan;
+use figment::providers::{Env, Format, Serialized, Toml};
+use figment::Figment;
+use serde::Deserialize;
+use std::path::{Path, PathBuf};
+
+/// Everything `cachet serve` is configured with.
+#[derive(Clone, Debug, Deserialize, Default)]
+#[serde(default)]
+pub struct Settings {
+    pub server: ServerSettings,
+    pub database: DatabaseSettings,
+    pub model: ModelSettings,
+    pub engine: EngineSettings,
+    pub auth: AuthSettings,
+    pub tenants: TenantSettings,
+}
+
+#[derive(Clone, Debug, Deserialize)]
+#[serde(default)]
+pub struct ServerSettings {
+    /// Address to listen on.
+    pub bind: String,
+    /// Folder for the private Postgres cluster, secrets and the ledger spool.
+    pub data_dir: PathBuf,
+    /// Largest request body accepted (bytes); bigger bodies get 413.
+    pub max_body_bytes: usize,
+    /// Seconds in-flight requests get to finish at shutdown.
+    pub shutdown_timeout_secs: u64,
+    /// HTTP worker threads (the engine has its own).
+    pub workers: usize,
+}
+
+#[derive(Clone, Debug, Deserialize, Default)]
+#[serde(default)]
+pub struct DatabaseSettings {
+    /// Postgres URL; empty: a private cluster in `<data_dir>/postgres`.
+    pub url: String,
+    /// Port of the private cluster (0: pick a free one and remember it).
+    pub private_port: u16,
+}
+
+#[derive(Clone, Debug, Deserialize, Default)]
+#[serde(default)]
+pub struct ModelSettings {
+    /// A .gguf file or Hugging Face directory; empty: the default model
+    /// (pulled into the models folder if missing).
+    pub path: String,
+    /// The id clients send as `model`; empty: derived from the file name.
+    pub id: String,
+    /// Engine threads (0: one per core).
+    pub threads: usize,
+    /// The operator's system prompt, placed before every conversation and
+    /// cached once for all tenants; empty: none.
+    pub public_system_prompt: String,
+}
+
+#[derive(Clone, Debug, Deserialize)]
+#[serde(default)]
+pub struct EngineSettings {
+    /// KV pool size in tokens.
+    pub pool_tokens: usize,
+    /// Most tokens per forward pass.
+    pub token_budget: usize,
+    /// Most requests running at once.
+    pub max_running: usize,
+    /// `slo` (fair share, deadlines, prefix), `fcfs` or `lpm`.
+    pub policy: String,
+    /// Refuse requests predicted to miss their TTFT target by more than this factor (0: never).
+    pub overload_factor: f64,
+    pub interactive_ttft_ms: u64,
+    pub interactive_itl_ms: u64,
+    pub batch_ttft_ms: u64,
+    pub batch_itl_ms: u64,
+    /// How long a session's prefix stays warm after its last request.
+    pub session_retention_secs: u64,
+}
+
+#[derive(Clone, Debug, Deserialize, Default)]
+#[serde(default)]
+pub struct AuthSettings {
+    /// JWT verification (and issuing) keys, issuer, audience. Without any
+    /// key, an HS256 secret is generated into `<data_dir>/secrets/` on
+    /// first start and reused.
+    pub jwt: JwtConfig,
+    /// Bearer secret of the operator (`/admin/*`); empty: generated into
+    /// `<data_dir>/secrets/operator-token` on first start.
+    pub operator_token: String,
+}
+
+#[derive(Clone, Debug, Deserialize)]
+#[serde(default)]
+pub struct TenantSettings {
+    /// Plan of new tenants when none is given.
+    pub default_plan: String,
+    /// Extra plans (added to, or replacing by name, the built-in ones).
+    pub plans: Vec<Plan>,
+}
+
+impl Default for ServerSettings {
+    fn default() -> Self {
+        ServerSettings {
+            bind: "127.0.0.1:8080".into(),
+            data_dir: default_data_dir(),
+            max_body_bytes: 4 << 20,
+            shutdown_timeout_secs: 30,
+            workers: 2,
+        }
+    }
+}
+
+impl Default for EngineSettings {
+    fn default() -> Self {
+        let d = cachet_engine::runtime::EngineConfig::default();
+        EngineSettings {
+            pool_tokens: 16_384,
+            token_budget: d.token_budget,
+            max_running: d.max_running,
+            policy: "slo".into(),
+            overload_factor: d.overload_factor,
+            interactive_ttft_ms: d.interactive.ttft.as_millis() as u64,
+            interactive_itl_ms: d.interactive.itl.as_millis() as u64,
+            batch_ttft_ms: d.batch.ttft.as_millis() as u64,
+            batch_itl_ms: d.batch.itl.as_millis() as u64,
+            session_retention_secs: 15 * 60,
+        }
+    }
+}
+
+impl Default for TenantSettings {
+    fn default() -> Self {
+        TenantSettings { default_plan: "standard".into(), plans: Vec::new() }
+    }
+}
+
+/// `$XDG_DATA_HOME/cachet`, else `~/.local/share/cachet`.
+pub fn default_data_dir() -> PathBuf {
+    if let Some(d) = std::env::var_os("XDG_DATA_HOME").filter(|d| !d.is_empty()) {
+        return PathBuf::from(d).join("cachet");
+    }
+    let home = std::env::var_os("HOME").map_or_else(|| PathBuf::from("."), PathBuf::from);
+    home.join(".local/share/cachet")
+}
+
+/// Command-line overrides (the last layer).
+#[derive(Clone, Debug, Default)]
+pub struct Overrides {
+    pub config: Option<PathBuf>,
+    pub bind: Option<String>,
+    pub data_dir: Option<PathBuf>,
+    pub model: Option<PathBuf>,
+}
+
+impl Settings {
+    /// Loads the layers; the error names the bad key.
+    pub fn load(overrides: &Overrides) -> Result<Settings, String> {
+        // The data folder decides where the default file is: find it first.
+        let early: Settings =
+            Figment::new().merge(Env::prefixed("CACHET_").split("__")).merge(short_env()).extract().unwrap_or_default();
+        let data_dir = overrides.data_dir.clone().unwrap_or(early.server.data_dir);
+        let file = overrides.config.clone().or_else(|| Some(data_dir.join("cachet.toml")).filter(|p| p.exists()));
+        // Missing keys take the `#[serde(default)]`s.
+        let mut fig = Figment::new();
+        if let Some(file) = &file {
+            if !file.exists() {
+                return Err(format!("config file {} not found", file.display()));
+            }
+            fig = fig.merge(Toml::file(file));
+        }
+        fig = fig.merge(Env::prefixed("CACHET_").split("__")).merge(short_env());
+        let mut s: Settings = fig.extract().map_err(|e| format!("configuration: {e}"))?;
+        if let Some(b) = &overrides.bind {
+            s.server.bind = b.clone();
+        }
+        s.server.data_dir = data_dir;
+        if let Some(m) = &overrides.model {
+            s.model.path = m.display().to_string();
+        }
+        s.server.data_dir = expand_home(&s.server.data_dir);
+        Ok(s)
+    }
+
+    /// The engine configuration these settings describe.
+    pub fn engine_config(&self) -> Result<cachet_engine::runtime::EngineConfig, String> {
+        use cachet_engine::runtime::{EngineConfig, SloTargets};
+        use std::time::Duration;
+        let e = &self.engine;
+        let cfg = EngineConfig {
+            pool: cachet_engine::kv_pool::PoolSize::Tokens(e.pool_tokens),
+            token_budget: e.token_budget,
+            max_running: e.max_running,
+            policy: e.policy.parse().map_err(|m| format!("engine.policy: {m}"))?,
+            interactive: SloTargets {
+                ttft: Duration::from_millis(e.interactive_ttft_ms),
+                itl: Duration::from_millis(e.interactive_itl_ms),
+            },
+            batch: SloTargets {
+                ttft: Duration::from_millis(e.batch_ttft_ms),
+                itl: Duration::from_millis(e.batch_itl_ms),
+            },
+            overload_factor: e.overload_factor,
+            default_share: 1.0,
+        };
+        cfg.validate().map_err(|m| format!("engine: {m}"))?;
+        Ok(cfg)
+    }
+
+    /// Built-in plans, with configured ones added or replacing by name.
+    pub fn plans(&self) -> Vec<Plan> {
+        let mut plans = Plan::builtin();
+        for p in &self.tenants.plans {
+            plans.retain(|q| q.name != p.name);
+            plans.push(p.clone());
+        }
+        plans
+    }
+
+    /// A plan by name.
+    pub fn plan(&self, name: &str) -> Option<Plan> {
+        self.plans().into_iter().find(|p| p.name == name)
+    }
+}
+
+/// Short environment forms of the most used keys.
+fn short_env() -> Figment {
+    let mut f = Figment::new();
+    for (var, key) in [
+        ("CACHET_BIND", "server.bind"),
+        ("CACHET_DATA_DIR", "server.data_dir"),
+        ("CACHET_MODEL", "model.path"),
+        ("DATABASE_URL", "database.url"),
+    ] {
+        if let Ok(v) = std::env::var(var) {
+            if !v.is_empty() {
+                f = f.merge(Serialized::default(key, v));
+            }
+        }
+    }
+    f
+}
+
+fn expand_home(p: &Path) -> PathBuf {
+    match (p.strip_prefix("~"), std::env::var_os("HOME")) {
+        (Ok(rest), Some(home)) => PathBuf::from(home).join(rest),
+        _ => p.to_path_buf(),
+    }
+}

@@ -1,0 +1,113 @@
+//! API errors, answered in OpenAI's error shape
+//! (`{"error": {"message", "type", "param", "code"}}`) with the status an
+//! OpenAI client expects.
+
+use actix_web::http::{header, StatusCode};
+use actix_web::{HttpResponse, ResponseError};
+use std::time::Duration;
+
+/// Everything a handler can answer with instead of a result.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum ApiError {
+    /// Malformed or out-of-range input (400).
+    #[error("{message}")]
+    BadRequest { message: String, param: Option<&'static str> },
+    /// No, or an invalid, credential (401).
+    #[error("{0}")]
+    Unauthorized(String),
+    /// A valid credential without the right (403).
+    #[error("{0}")]
+    Forbidden(String),
+    /// The `model` is not served here (404).
+    #[error("the model `{0}` does not exist")]
+    ModelNotFound(String),
+    /// Another unknown id (404).
+    #[error("{0}")]
+    NotFound(String),
+    /// The prompt does not fit the context window (413).
+    #[error("this model's context is {limit} tokens, but the prompt has {tokens}")]
+    ContextTooLong { tokens: usize, limit: usize },
+    /// The request body is too large (413).
+    #[error("the request body is larger than {0} bytes")]
+    PayloadTooLarge(usize),
+    /// The tenant's plan limits (429).
+    #[error("{message}")]
+    RateLimited { message: String, retry_after: Duration },
+    /// The engine cannot serve the request in time (429).
+    #[error("the server is overloaded; retry after {} s", .retry_after.as_secs().max(1))]
+    Overloaded { retry_after: Duration },
+    /// The model is still loading, or the database has never been reached (503).
+    #[error("{0}")]
+    NotReady(String),
+    /// A bug or a failed dependency (500).
+    #[error("{0}")]
+    Internal(String),
+}
+
+impl ApiError {
+    pub fn bad(message: impl Into<String>) -> ApiError {
+        ApiError::BadRequest { message: message.into(), param: None }
+    }
+
+    pub fn bad_param(param: &'static str, message: impl Into<String>) -> ApiError {
+        ApiError::BadRequest { message: message.into(), param: Some(param) }
+    }
+
+    fn kind(&self) -> (&'static str, &'static str) {
+        match self {
+            ApiError::BadRequest { .. } => ("invalid_request_error", "invalid_request"),
+            ApiError::Unauthorized(_) => ("authentication_error", "invalid_api_key"),
+            ApiError::Forbidden(_) => ("permission_error", "forbidden"),
+            ApiError::ModelNotFound(_) => ("invalid_request_error", "model_not_found"),
+            ApiError::NotFound(_) => ("invalid_request_error", "not_found"),
+            ApiError::ContextTooLong { .. } => ("invalid_request_error", "context_length_exceeded"),
+            ApiError::PayloadTooLarge(_) => ("invalid_request_error", "payload_too_large"),
+            ApiError::RateLimited { .. } => ("rate_limit_error", "rate_limit_exceeded"),
+            ApiError::Overloaded { .. } => ("rate_limit_error", "overloaded"),
+            ApiError::NotReady(_) => ("service_unavailable", "not_ready"),
+            ApiError::Internal(_) => ("server_error", "internal_error"),
+        }
+    }
+}
+
+impl ResponseError for ApiError {
+    fn status_code(&self) -> StatusCode {
+        match self {
+            ApiError::BadRequest { .. } => StatusCode::BAD_REQUEST,
+            ApiError::Unauthorized(_) => StatusCode::UNAUTHORIZED,
+            ApiError::Forbidden(_) => StatusCode::FORBIDDEN,
+            ApiError::ModelNotFound(_) | ApiError::NotFound(_) => StatusCode::NOT_FOUND,
+            ApiError::ContextTooLong { .. } | ApiError::PayloadTooLarge(_) => StatusCode::PAYLOAD_TOO_LARGE,
+            ApiError::RateLimited { .. } | ApiError::Overloaded { .. } => StatusCode::TOO_MANY_REQUESTS,
+            ApiError::NotReady(_) => StatusCode::SERVICE_UNAVAILABLE,
+            ApiError::Internal(_) => StatusCode::INTERNAL_SERVER_ERROR,
+        }
+    }
+
+    fn error_response(&self) -> HttpResponse {
+        let (kind, code) = self.kind();
+        let param = match self {
+            ApiError::BadRequest { param, .. } => *param,
+            ApiError::ModelNotFound(_) => Some("model"),
+            ApiError::ContextTooLong { .. } => Some("messages"),
+            _ => None,
+        };
+        let mut resp = HttpResponse::build(self.status_code());
+        if let ApiError::RateLimited { retry_after, .. } | ApiError::Overloaded { retry_after } = self {
+            resp.insert_header((header::RETRY_AFTER, retry_after.as_secs().max(1).to_string()));
+        }
+        if let ApiError::Unauthorized(_) = self {
+            resp.insert_header((header::WWW_AUTHENTICATE, "Bearer"));
+        }
+        if let ApiError::Internal(m) = self {
+            tracing::error!("internal error: {m}");
+        }
+        resp.json(error_body(&self.to_string(), kind, param, code))
+    }
+}
+
+/// OpenAI's error body.
+pub fn error_body(message: &str, kind: &str, param: Option<&str>, code: &str) -> serde_json::Value {
+    serde_json::json!({"error": {"message": message, "type": kind, "param": param, "code": code}})
+}

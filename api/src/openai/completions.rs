@@ -1,0 +1,63 @@
+//! `POST /v1/completions`: raw text (or token ids) in, text out; with
+//! `suffix`, a fill-in-the-middle prompt in the model's FIM tokens.
+
+use super::types::{CompletionRequest, Prompt, TextCompletion};
+use super::{execute, model, params, Endpoint, Job};
+use crate::auth::TenantAuth;
+use crate::error::ApiError;
+use crate::state::AppState;
+use actix_web::{post, web, HttpRequest, HttpResponse};
+
+/// Creates a completion for the given prompt.
+#[utoipa::path(post, path = "/v1/completions", tag = "openai", request_body = CompletionRequest,
+    responses((status = 200, description = "A completion, or `text/event-stream` chunks when `stream` is true", body = TextCompletion),
+              (status = 400, description = "Invalid request"), (status = 401, description = "Missing or invalid token"),
+              (status = 404, description = "Unknown model"), (status = 413, description = "Prompt longer than the context"),
+              (status = 429, description = "Rate limited or overloaded (see Retry-After)"),
+              (status = 503, description = "The model is loading")),
+    security(("bearer" = [])))]
+#[post("/v1/completions")]
+pub async fn completions(
+    state: web::Data<AppState>,
+    http: HttpRequest,
+    auth: TenantAuth,
+    body: web::Json<CompletionRequest>,
+) -> Result<HttpResponse, ApiError> {
+    let served = model(&state, &body.model)?;
+    if body.echo == Some(true) {
+        return Err(ApiError::bad_param("echo", "echo is not supported"));
+    }
+    let tok = served.engine.tokenizer();
+    let one =
+        |n: usize| if n == 1 { Ok(()) } else { Err(ApiError::bad_param("prompt", "exactly one prompt is supported")) };
+    let tokens = match (&body.prompt, &body.suffix) {
+        (Prompt::Text(t), None) => tok.encode(t, true),
+        (Prompt::Texts(ts), None) => {
+            one(ts.len())?;
+            tok.encode(&ts[0], true)
+        }
+        (Prompt::Text(t), Some(suffix)) => {
+            let fim = ["<|fim_prefix|>", "<|fim_suffix|>", "<|fim_middle|>"];
+            if fim.iter().any(|t| tok.token_id(t).is_none()) {
+                return Err(ApiError::bad_param("suffix", "this model has no fill-in-the-middle tokens"));
+            }
+            tok.encode(&format!("{}{t}{}{suffix}{}", fim[0], fim[1], fim[2]), true)
+        }
+        (Prompt::Tokens(ids), None) => Ok(ids.clone()),
+        (Prompt::TokenLists(lists), None) => {
+            one(lists.len())?;
+            Ok(lists[0].clone())
+        }
+        (_, Some(_)) => return Err(ApiError::bad_param("suffix", "suffix needs a single text prompt")),
+    }
+    .map_err(|e| ApiError::bad_param("prompt", e.to_string()))?;
+    if tokens.is_empty() {
+        return Err(ApiError::bad_param("prompt", "the prompt is empty"));
+    }
+    if let Some(&bad) = tokens.iter().find(|&&t| t as usize >= served.engine.vocab_size()) {
+        return Err(ApiError::bad_param("prompt", format!("token id {bad} is outside the vocabulary")));
+    }
+    let params = params(&body.sampling, tokens.len(), served.engine.max_context())?;
+    let job = Job { endpoint: Endpoint::Completions, tokens, public: None, params };
+    execute(&state, &http, auth, served, &body.sampling, job).await
+}

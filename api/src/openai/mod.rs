@@ -1,0 +1,250 @@
+//! The OpenAI-compatible endpoints. Both completion endpoints turn their
+//! body into token ids, then share [`execute`]: plan limits, the engine
+//! request (scoped to the authenticated tenant, salted by `user`), the
+//! ledger hook, and the answer — one JSON body, or server-sent events.
+
+pub mod chat;
+pub mod completions;
+mod stream;
+pub mod types;
+
+use crate::auth::TenantAuth;
+use crate::error::ApiError;
+use crate::state::{AppState, Served};
+use actix_web::{get, web, HttpRequest, HttpResponse};
+use cachet_engine::generate::{FinishReason, GenerateParams};
+use cachet_engine::radix::{RetentionKey, TenantKey};
+use cachet_engine::runtime::{Completion, Event, OnComplete, Outcome, PublicPrefix, Request, RequestError, SloClass};
+use cachet_engine::sampler::SamplingParams;
+use cachet_tenants::UsageRecord;
+use std::sync::Arc;
+use std::time::Duration;
+use types::{ModelCard, ModelList, Sampling};
+use uuid::Uuid;
+
+/// Which endpoint a request came through.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Endpoint {
+    Chat,
+    Completions,
+}
+
+impl Endpoint {
+    fn name(self) -> &'static str {
+        match self {
+            Endpoint::Chat => "chat.completions",
+            Endpoint::Completions => "completions",
+        }
+    }
+}
+
+/// The models this server serves.
+#[utoipa::path(get, path = "/v1/models", tag = "openai", responses((status = 200, body = ModelList)),
+    security(("bearer" = [])))]
+#[get("/v1/models")]
+pub async fn list_models(state: web::Data<AppState>, _auth: TenantAuth) -> Result<HttpResponse, ApiError> {
+    let served = state.served()?;
+    Ok(HttpResponse::Ok().json(ModelList {
+        object: "list",
+        data: vec![ModelCard { id: served.id.clone(), object: "model", created: served.created, owned_by: "cachet" }],
+    }))
+}
+
+/// The served model, if `model` names it.
+pub(crate) fn model<'a>(state: &'a AppState, model: &str) -> Result<&'a Served, ApiError> {
+    let served = state.served()?;
+    if model == served.id || model == "default" {
+        Ok(served)
+    } else {
+        Err(ApiError::ModelNotFound(model.to_string()))
+    }
+}
+
+/// Checks the sampling fields (OpenAI's ranges) and builds the engine's.
+pub(crate) fn params(s: &Sampling, prompt_tokens: usize, max_context: usize) -> Result<GenerateParams, ApiError> {
+    if s.n.is_some_and(|n| n != 1) {
+        return Err(ApiError::bad_param("n", "only n = 1 is supported"));
+    }
+    if s.logprobs.as_ref().is_some_and(|v| !v.is_null() && *v != serde_json::Value::Bool(false)) {
+        return Err(ApiError::bad_param("logprobs", "logprobs are not supported"));
+    }
+    let check =
+        |ok: bool, param: &'static str, msg: &str| if ok { Ok(()) } else { Err(ApiError::bad_param(param, msg)) };
+    if let Some(t) = s.temperature {
+        check(t.is_finite() && (0.0..=2.0).contains(&t), "temperature", "temperature must be between 0 and 2")?;
+    }
+    if let Some(p) = s.top_p {
+        check(p.is_finite() && p > 0.0 && p <= 1.0, "top_p", "top_p must be in (0, 1]")?;
+    }
+    for (v, name) in [(s.presence_penalty, "presence_penalty"), (s.frequency_penalty, "frequency_penalty")] {
+        if let Some(v) = v {
+            check(v.is_finite() && (-2.0..=2.0).contains(&v), name, "penalties must be between -2 and 2")?;
+        }
+    }
+    let stop = s.stop.clone().map(types::Stop::into_vec).unwrap_or_default();
+    check(stop.len() <= 4, "stop", "at most 4 stop sequences")?;
+    if prompt_tokens >= max_context {
+        return Err(ApiError::ContextTooLong { tokens: prompt_tokens, limit: max_context });
+    }
+    let room = max_context - prompt_tokens;
+    let requested = s.max_completion_tokens.or(s.max_tokens).map(|m| m as usize);
+    if requested == Some(0) {
+        return Err(ApiError::bad_param("max_tokens", "max_tokens must be at least 1"));
+    }
+    let sampling = SamplingParams {
+        temperature: s.temperature.unwrap_or(1.0),
+        top_k: s.top_k.unwrap_or(0) as usize,
+        top_p: s.top_p.unwrap_or(1.0),
+        min_p: s.min_p.unwrap_or(0.0),
+        repetition_penalty: s.repetition_penalty.unwrap_or(1.0),
+        presence_penalty: s.presence_penalty.unwrap_or(0.0),
+        frequency_penalty: s.frequency_penalty.unwrap_or(0.0),
+        seed: s.seed.map(|v| v as u64),
+    };
+    sampling.validate().map_err(ApiError::bad)?;
+    Ok(GenerateParams {
+        sampling,
+        // Longer requests end at the context window with "length".
+        max_tokens: requested.unwrap_or(room).min(room),
+        stop,
+        stop_token_ids: Vec::new(),
+        ignore_eos: false,
+    })
+}
+
+/// A session or task id from the body, else from its `X-Cachet-*` header.
+fn id_from(req: &HttpRequest, body: Option<Uuid>, header: &str) -> Result<Option<Uuid>, ApiError> {
+    if body.is_some() {
+        return Ok(body);
+    }
+    match req.headers().get(header) {
+        None => Ok(None),
+        Some(v) => v
+            .to_str()
+            .ok()
+            .and_then(|s| s.trim().parse().ok())
+            .map(Some)
+            .ok_or_else(|| ApiError::bad(format!("the {header} header must be a UUID"))),
+    }
+}
+
+/// What [`execute`] needs beyond the body.
+pub(crate) struct Job {
+    pub endpoint: Endpoint,
+    pub tokens: Vec<u32>,
+    pub public: Option<PublicPrefix>,
+    pub params: GenerateParams,
+}
+
+fn finish_reason(r: FinishReason) -> &'static str {
+    match r {
+        FinishReason::Stop => "stop",
+        FinishReason::Length => "length",
+    }
+}
+
+/// Runs a prepared request for the authenticated tenant.
+pub(crate) async fn execute(
+    state: &AppState,
+    http: &HttpRequest,
+    TenantAuth(tenant): TenantAuth,
+    served: &Served,
+    sampling: &Sampling,
+    job: Job,
+) -> Result<HttpResponse, ApiError> {
+    let session = id_from(http, sampling.session_id, "x-cachet-session")?;
+    let task = id_from(http, sampling.task_id, "x-cachet-task")?;
+    let slo = match sampling.slo.as_deref() {
+        None | Some("interactive") => SloClass::Interactive,
+        Some("batch") => SloClass::Batch,
+        Some(other) => {
+            return Err(ApiError::bad_param("slo", format!("unknown SLO class {other:?} (interactive, batch)")))
+        }
+    };
+    let budget = (job.tokens.len() + job.params.max_tokens) as u64;
+    state
+        .limiter
+        .check(tenant.id, &tenant.plan.limits, budget)
+        .map_err(|(message, retry_after)| ApiError::RateLimited { message, retry_after })?;
+
+    let id = Uuid::new_v4();
+    let engine_tenant = TenantKey::new(tenant.id.to_string());
+    let retention = session.map(|s| {
+        let ttl = Duration::from_secs(state.settings.engine.session_retention_secs);
+        (RetentionKey(format!("{}:{s}", tenant.id).into()), ttl)
+    });
+    let ledger = state.ledger.clone();
+    let (tenant_id, plan, model_id, endpoint) = (tenant.id, tenant.plan.clone(), served.id.clone(), job.endpoint);
+    let hook: OnComplete = Arc::new(move |outcome: Outcome, c: &Completion| {
+        let uncached = c.prompt_tokens.saturating_sub(c.cached_tokens) as u64;
+        ledger.record(UsageRecord {
+            id,
+            tenant: tenant_id,
+            session_id: session,
+            task_id: task,
+            model: model_id.clone(),
+            endpoint: endpoint.name().into(),
+            prompt_tokens: c.prompt_tokens as i64,
+            cached_tokens: c.cached_tokens as i64,
+            computed_tokens: c.computed_prefill_tokens as i64,
+            output_tokens: c.output_tokens as i64,
+            queue_ms: c.queue_time.as_secs_f64() * 1e3,
+            ttft_ms: c.ttft.map(|t| t.as_secs_f64() * 1e3),
+            e2e_ms: c.e2e.as_secs_f64() * 1e3,
+            compute_seconds: c.compute_seconds,
+            cost: plan.cost(uncached, c.cached_tokens as u64, c.output_tokens as u64, c.compute_seconds),
+            status: match outcome {
+                Outcome::Finished => "ok",
+                Outcome::Cancelled => "cancelled",
+                Outcome::Failed => "error",
+            }
+            .into(),
+            finish_reason: (outcome == Outcome::Finished).then(|| finish_reason(c.finish_reason).to_string()),
+            created_at: chrono::Utc::now(),
+        });
+    });
+    let mut request = Request::new(engine_tenant, job.tokens, job.params);
+    request.salt = sampling.user.as_deref().filter(|u| !u.is_empty()).map(Into::into);
+    request.public = job.public;
+    request.slo = slo;
+    request.retention = retention;
+    request.on_complete = Some(hook);
+    let mut events = served.engine.submit(request);
+    // The first event decides the status: an error before any token is an
+    // HTTP error, not a 200 stream.
+    let first = events.next().await.ok_or_else(|| ApiError::Internal("the engine stopped".into()))?;
+    if let Event::Error(e) = first {
+        return Err(engine_error(e));
+    }
+    let ctx = stream::Context {
+        id: format!("{}-{}", if job.endpoint == Endpoint::Chat { "chatcmpl" } else { "cmpl" }, id.simple()),
+        created: chrono::Utc::now().timestamp(),
+        model: served.id.clone(),
+        endpoint: job.endpoint,
+    };
+    if sampling.stream.unwrap_or(false) {
+        let include_usage = sampling.stream_options.as_ref().is_some_and(|o| o.include_usage);
+        return Ok(stream::respond(ctx, first, events, include_usage));
+    }
+    let mut text = String::new();
+    let mut event = Some(first);
+    loop {
+        match event {
+            Some(Event::Token { text: piece, .. }) => text.push_str(&piece),
+            Some(Event::Done(c)) => return Ok(stream::whole(&ctx, text, &c)),
+            Some(Event::Error(e)) => return Err(engine_error(e)),
+            None => return Err(ApiError::Internal("the engine stopped".into())),
+        }
+        event = events.next().await;
+    }
+}
+
+/// The engine's refusals as HTTP errors.
+pub(crate) fn engine_error(e: RequestError) -> ApiError {
+    match e {
+        RequestError::Overloaded { retry_after } => ApiError::Overloaded { retry_after },
+        RequestError::Invalid(m) => ApiError::bad(m),
+        RequestError::TooLong { tokens, limit } => ApiError::ContextTooLong { tokens, limit },
+        other => ApiError::Internal(other.to_string()),
+    }
+}

@@ -1,0 +1,55 @@
+//! Route registration and the OpenAPI document (generated from the
+//! handlers' annotations).
+
+pub mod admin;
+pub mod ops;
+pub mod usage;
+
+use crate::openai;
+use actix_web::web;
+use utoipa::openapi::security::{HttpAuthScheme, HttpBuilder, SecurityScheme};
+use utoipa::{Modify, OpenApi};
+
+#[derive(Debug, OpenApi)]
+#[openapi(
+    info(title = "cachet", description = "An LLM backend for coding agents: OpenAI-compatible, multi-tenant, prefix-cached."),
+    paths(
+        openai::list_models, openai::chat::chat_completions, openai::completions::completions, usage::usage,
+        admin::create_tenant, admin::list_tenants, admin::delete_tenant, admin::issue_token,
+        ops::healthz, ops::readyz, ops::metrics,
+    ),
+    components(schemas(
+        openai::types::ChatCompletionRequest, openai::types::CompletionRequest, openai::types::ChatCompletion,
+        openai::types::TextCompletion, openai::types::ModelList, openai::types::Usage, admin::NewTenant, admin::NewToken,
+    )),
+    modifiers(&Bearer),
+)]
+pub struct ApiDoc;
+
+struct Bearer;
+
+impl Modify for Bearer {
+    fn modify(&self, doc: &mut utoipa::openapi::OpenApi) {
+        let components = doc.components.get_or_insert_with(Default::default);
+        components.add_security_scheme(
+            "bearer",
+            SecurityScheme::Http(HttpBuilder::new().scheme(HttpAuthScheme::Bearer).bearer_format("JWT").build()),
+        );
+    }
+}
+
+/// Registers every route.
+pub fn configure(cfg: &mut web::ServiceConfig) {
+    cfg.service(openai::list_models)
+        .service(openai::chat::chat_completions)
+        .service(openai::completions::completions)
+        .service(usage::usage)
+        .service(admin::create_tenant)
+        .service(admin::list_tenants)
+        .service(admin::delete_tenant)
+        .service(admin::issue_token)
+        .service(ops::healthz)
+        .service(ops::readyz)
+        .service(ops::metrics)
+        .service(ops::openapi);
+}

@@ -1,0 +1,325 @@
+//! Building and running the service: database (a private Postgres cluster
+//! unless `DATABASE_URL` is given), migrations, secrets, the ledger writer,
+//! the HTTP server, and the model, loaded in the background (`/readyz` says
+//! when it is ready).
+
+use crate::config::Settings;
+use crate::error::{error_body, ApiError};
+use crate::ledger::Ledger;
+use crate::state::{AppState, Served};
+use actix_web::dev::Server;
+use actix_web::{error::JsonPayloadError, web, App, HttpRequest, HttpServer};
+use anyhow::Context;
+use cachet_engine::chat_template::ChatMessage;
+use cachet_tenants::cluster::PrivateCluster;
+use cachet_tenants::jwt::{Jwt, JwtConfig};
+use cachet_tenants::store::Store;
+use cachet_tenants::Secret;
+use metrics_exporter_prometheus::{PrometheusBuilder, PrometheusHandle};
+use std::net::TcpListener;
+use std::path::Path;
+use std::sync::{Mutex, OnceLock};
+
+/// The database the service (or a CLI command) talks to; owns the private
+/// cluster when it started one.
+pub struct Database {
+    pub store: Store,
+    pub url: String,
+    pub cluster: Option<PrivateCluster>,
+}
+
+impl std::fmt::Debug for Database {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Database").field("private", &self.cluster.is_some()).finish()
+    }
+}
+
+/// Where the private cluster of a data folder lives: `<data_dir>/postgres`,
+/// unless the process runs as root and the `postgres` system user (which
+/// Postgres must run as) cannot reach that folder — the default data folder
+/// under `/root` — in which case it lives in `/var/lib/cachet/`, and the data
+/// folder records where (`postgres.location`), so every later start and CLI
+/// command finds the same cluster.
+pub fn cluster_dir(data_dir: &Path) -> anyhow::Result<std::path::PathBuf> {
+    let pointer = data_dir.join("postgres.location");
+    if let Ok(p) = std::fs::read_to_string(&pointer) {
+        return Ok(std::path::PathBuf::from(p.trim()));
+    }
+    let preferred = data_dir.join("postgres");
+    if !running_as_root() || reachable_by_others(data_dir) {
+        return Ok(preferred);
+    }
+    let canonical = std::fs::canonicalize(data_dir).unwrap_or_else(|_| data_dir.to_path_buf());
+    let hash = canonical
+        .to_string_lossy()
+        .bytes()
+        .fold(0xcbf2_9ce4_8422_2325u64, |h, b| (h ^ b as u64).wrapping_mul(0x100_0000_01b3));
+    let dir = std::path::PathBuf::from(format!("/var/lib/cachet/postgres-{hash:016x}"));
+    std::fs::create_dir_all("/var/lib/cachet")?;
+    std::fs::write(&pointer, dir.display().to_string())?;
+    tracing::info!(
+        "the postgres user cannot reach {}; the private cluster lives in {}",
+        data_dir.display(),
+        dir.display()
+    );
+    Ok(dir)
+}
+
+fn running_as_root() -> bool {
+    std::fs::read_to_string("/proc/self/status")
+        .ok()
+        .and_then(|s| {
+            s.lines().find(|l| l.starts_with("Uid:")).and_then(|l| l.split_whitespace().nth(2).map(|u| u == "0"))
+        })
+        .unwrap_or(false)
+}
+
+/// Whether every folder from `/` down to `dir` can be searched by anyone.
+fn reachable_by_others(dir: &Path) -> bool {
+    use std::os::unix::fs::PermissionsExt;
+    let canonical = std::fs::canonicalize(dir).unwrap_or_else(|_| dir.to_path_buf());
+    canonical.ancestors().all(|a| std::fs::metadata(a).map(|m| m.permissions().mode() & 0o001 != 0).unwrap_or(true))
+}
+
+/// Connects to `database.url`, or starts (or attaches to) the data folder's
+/// private cluster (see [`cluster_dir`]); then migrates.
+pub async fn database(settings: &Settings) -> anyhow::Result<Database> {
+    let (url, cluster) = if settings.database.url.is_empty() {
+        std::fs::create_dir_all(&settings.server.data_dir)?;
+        let dir = cluster_dir(&settings.server.data_dir)?;
+        let port = settings.database.private_port;
+        let cluster = tokio::task::spawn_blocking(move || -> anyhow::Result<PrivateCluster> {
+            let c = PrivateCluster::start(&dir, port, true)
+                .with_context(|| format!("starting the private Postgres cluster in {}", dir.display()))?;
+            c.create_database("cachet").context("creating the cachet database")?;
+            Ok(c)
+        })
+        .await??;
+        (cluster.url("cachet"), Some(cluster))
+    } else {
+        (settings.database.url.clone(), None)
+    };
+    let store = Store::connect(&url).await.context("connecting to Postgres")?;
+    store.migrate().await.context("applying migrations")?;
+    Ok(Database { store, url, cluster })
+}
+
+/// Reads a secret file, creating it (0600, 32 random bytes as hex) on first use.
+pub fn secret_file(path: &Path) -> anyhow::Result<Secret> {
+    if let Ok(s) = std::fs::read_to_string(path) {
+        if !s.trim().is_empty() {
+            return Ok(Secret::new(s.trim().to_string()));
+        }
+    }
+    if let Some(dir) = path.parent() {
+        std::fs::create_dir_all(dir)?;
+    }
+    let mut bytes = [0u8; 32];
+    use std::io::Read;
+    std::fs::File::open("/dev/urandom")?.read_exact(&mut bytes)?;
+    let hex: String = bytes.iter().map(|b| format!("{b:02x}")).collect();
+    use std::os::unix::fs::OpenOptionsExt;
+    let mut f = std::fs::OpenOptions::new().write(true).create(true).truncate(true).mode(0o600).open(path)?;
+    use std::io::Write;
+    f.write_all(hex.as_bytes())?;
+    f.sync_all()?;
+    Ok(Secret::new(hex))
+}
+
+/// The JWT settings, with the data folder's generated HS256 secret when no
+/// key is configured.
+pub fn jwt_config(settings: &Settings) -> anyhow::Result<JwtConfig> {
+    let mut cfg = settings.auth.jwt.clone();
+    let has_key = cfg.hs256_secret.is_some() || !cfg.rs256_public_keys.is_empty() || !cfg.eddsa_public_keys.is_empty();
+    if !has_key {
+        cfg.hs256_secret = Some(secret_file(&settings.server.data_dir.join("secrets/jwt-hs256"))?);
+    }
+    Ok(cfg)
+}
+
+/// The operator's bearer secret (configured, or generated in the data folder).
+pub fn operator_token(settings: &Settings) -> anyhow::Result<Secret> {
+    if !settings.auth.operator_token.is_empty() {
+        return Ok(Secret::new(settings.auth.operator_token.clone()));
+    }
+    secret_file(&settings.server.data_dir.join("secrets/operator-token"))
+}
+
+/// The process-wide Prometheus recorder (installed once).
+fn metrics_handle() -> anyhow::Result<PrometheusHandle> {
+    static HANDLE: OnceLock<PrometheusHandle> = OnceLock::new();
+    if let Some(h) = HANDLE.get() {
+        return Ok(h.clone());
+    }
+    let h = PrometheusBuilder::new().install_recorder().context("installing the metrics recorder")?;
+    Ok(HANDLE.get_or_init(|| h).clone())
+}
+
+/// A running service.
+pub struct Application {
+    port: u16,
+    server: Server,
+    state: web::Data<AppState>,
+    db: Database,
+    ledger_task: tokio::task::JoinHandle<()>,
+}
+
+impl std::fmt::Debug for Application {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Application").field("port", &self.port).finish()
+    }
+}
+
+fn json_error(err: JsonPayloadError, _req: &HttpRequest) -> actix_web::Error {
+    let api = match &err {
+        JsonPayloadError::Overflow { limit } | JsonPayloadError::OverflowKnownLength { limit, .. } => {
+            ApiError::PayloadTooLarge(*limit)
+        }
+        JsonPayloadError::ContentType => ApiError::bad("the body must be JSON (Content-Type: application/json)"),
+        JsonPayloadError::Deserialize(e) => ApiError::bad(format!("invalid JSON body: {e}")),
+        other => ApiError::bad(format!("invalid body: {other}")),
+    };
+    api.into()
+}
+
+impl Application {
+    /// Connects everything and binds (`127.0.0.1:0` picks a free port); the
+    /// model loads in the background.
+    pub async fn build(settings: Settings) -> anyhow::Result<Application> {
+        std::fs::create_dir_all(&settings.server.data_dir)
+            .with_context(|| format!("creating {}", settings.server.data_dir.display()))?;
+        let db = database(&settings).await?;
+        let jwt = Jwt::new(&jwt_config(&settings)?).context("JWT keys")?;
+        let operator_token = operator_token(&settings)?;
+        let metrics = metrics_handle()?;
+        let (ledger, ledger_task) =
+            Ledger::start(db.store.clone(), settings.server.data_dir.join("ledger-spool.jsonl"))?;
+        let state = web::Data::new(AppState {
+            settings: settings.clone(),
+            served: OnceLock::new(),
+            load_error: Mutex::new(None),
+            store: db.store.clone(),
+            jwt,
+            operator_token,
+            tenants: Default::default(),
+            ledger,
+            limiter: Default::default(),
+            metrics,
+        });
+        load_model_in_background(state.clone());
+
+        let listener =
+            TcpListener::bind(&settings.server.bind).with_context(|| format!("binding {}", settings.server.bind))?;
+        let port = listener.local_addr()?.port();
+        let limit = settings.server.max_body_bytes;
+        let app_state = state.clone();
+        let server = HttpServer::new(move || {
+            App::new()
+                .wrap(actix_web::middleware::Logger::new("%a \"%r\" %s %b %Dms"))
+                .app_data(app_state.clone())
+                .app_data(web::JsonConfig::default().limit(limit).error_handler(json_error))
+                .app_data(web::PayloadConfig::new(limit))
+                .configure(crate::routes::configure)
+                .default_service(web::to(|| async {
+                    actix_web::HttpResponse::NotFound().json(error_body(
+                        "no such endpoint",
+                        "invalid_request_error",
+                        None,
+                        "not_found",
+                    ))
+                }))
+        })
+        .listen(listener)?
+        .workers(settings.server.workers.max(1))
+        .shutdown_timeout(settings.server.shutdown_timeout_secs)
+        .run();
+        Ok(Application { port, server, state, db, ledger_task })
+    }
+
+    /// The bound port.
+    pub fn port(&self) -> u16 {
+        self.port
+    }
+
+    /// The shared state (tests use it to wait for the model, read the store).
+    pub fn state(&self) -> web::Data<AppState> {
+        self.state.clone()
+    }
+
+    /// The database connection string (for tests and tools).
+    pub fn database_url(&self) -> &str {
+        &self.db.url
+    }
+
+    /// A handle that stops the server gracefully.
+    pub fn handle(&self) -> actix_web::dev::ServerHandle {
+        self.server.handle()
+    }
+
+    /// Serves until the server is stopped (SIGINT/SIGTERM, or a handle):
+    /// in-flight requests get the shutdown timeout to finish (streams still
+    /// open then are closed, which cancels their requests), the ledger is
+    /// flushed, and a private Postgres cluster is stopped.
+    pub async fn run_until_stopped(self) -> anyhow::Result<()> {
+        let Application { server, state, mut db, ledger_task, .. } = self;
+        server.await?;
+        let waiting = state.ledger.flush().await;
+        if waiting > 0 {
+            tracing::warn!(
+                waiting,
+                "usage rows wait in the spool for the database; they are written at the next start"
+            );
+        }
+        drop(state);
+        ledger_task.abort();
+        if let Some(cluster) = db.cluster.as_mut() {
+            if cluster.owned() {
+                cluster.stop().context("stopping the private Postgres cluster")?;
+            }
+        }
+        Ok(())
+    }
+}
+
+/// Loads the model and starts the engine on a thread of its own; the
+/// service answers 503 until then.
+fn load_model_in_background(state: web::Data<AppState>) {
+    std::thread::Builder::new()
+        .name("cachet-load".into())
+        .spawn(move || match load(&state.settings) {
+            Ok(served) => {
+                tracing::info!(model = %served.id, "model loaded; ready");
+                let _ = state.served.set(served);
+            }
+            Err(e) => {
+                tracing::error!("the model failed to load: {e:#}");
+                *state.load_error.lock().unwrap_or_else(|e| e.into_inner()) = Some(format!("{e:#}"));
+            }
+        })
+        .expect("spawning the model loader");
+}
+
+fn load(settings: &Settings) -> anyhow::Result<Served> {
+    let path = if settings.model.path.is_empty() {
+        crate::cli::pull_default(None)?
+    } else {
+        std::path::PathBuf::from(&settings.model.path)
+    };
+    let backend = cachet_kernels::cpu::CpuBackend::new(settings.model.threads)?;
+    let loaded = cachet_engine::loader::load(&path, &backend).with_context(|| format!("loading {}", path.display()))?;
+    let id = if settings.model.id.is_empty() {
+        path.file_stem().map_or_else(|| "model".into(), |s| s.to_string_lossy().into_owned())
+    } else {
+        settings.model.id.clone()
+    };
+    let engine = cachet_engine::runtime::start(backend, loaded, settings.engine_config().map_err(anyhow::Error::msg)?)?;
+    let public = match (settings.model.public_system_prompt.as_str(), engine.chat_template()) {
+        ("", _) | (_, None) => None,
+        (prompt, Some(template)) => {
+            let text = template.render(&[ChatMessage::system(prompt)], false, None)?;
+            let ids = engine.tokenizer().encode(&text, true)?;
+            Some((prompt.to_string(), ids))
+        }
+    };
+    Ok(Served { engine, id, public, created: chrono::Utc::now().timestamp() })
+}

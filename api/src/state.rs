@@ -1,0 +1,60 @@
+//! What every handler can reach: the engine (once its model is loaded), the
+//! store, auth, the ledger and limits.
+
+use crate::auth::TenantCache;
+use crate::config::Settings;
+use crate::ledger::Ledger;
+use crate::ratelimit::RateLimiter;
+use cachet_engine::runtime::EngineHandle;
+use cachet_tenants::jwt::Jwt;
+use cachet_tenants::store::Store;
+use cachet_tenants::Secret;
+use metrics_exporter_prometheus::PrometheusHandle;
+use std::sync::{Mutex, OnceLock};
+
+/// The model as served: the engine, its id, and the public prefix.
+#[derive(Debug)]
+pub struct Served {
+    pub engine: EngineHandle,
+    /// The `model` id clients send.
+    pub id: String,
+    /// The operator's public system prompt, and its tokens when rendered
+    /// alone as the first system message (the prefix every tenant shares).
+    pub public: Option<(String, Vec<u32>)>,
+    /// Unix time the model was loaded (for `/v1/models`).
+    pub created: i64,
+}
+
+/// Shared application state.
+pub struct AppState {
+    pub settings: Settings,
+    pub served: OnceLock<Served>,
+    /// Why the model failed to load, if it did.
+    pub load_error: Mutex<Option<String>>,
+    pub store: Store,
+    pub jwt: Jwt,
+    pub operator_token: Secret,
+    pub tenants: TenantCache,
+    pub ledger: Ledger,
+    pub limiter: RateLimiter,
+    pub metrics: PrometheusHandle,
+}
+
+impl std::fmt::Debug for AppState {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("AppState").field("served", &self.served.get().map(|s| &s.id)).finish_non_exhaustive()
+    }
+}
+
+impl AppState {
+    /// The served model, or a 503 while it loads (or if it failed to).
+    pub fn served(&self) -> Result<&Served, crate::error::ApiError> {
+        self.served.get().ok_or_else(|| {
+            let why = self.load_error.lock().unwrap_or_else(|e| e.into_inner()).clone();
+            crate::error::ApiError::NotReady(match why {
+                Some(e) => format!("the model failed to load: {e}"),
+                None => "the model is still loading".into(),
+            })
+        })
+    }
+}

@@ -1,0 +1,70 @@
+//! Operator endpoints and the operational ones.
+
+use crate::helpers::*;
+use serde_json::{json, Value};
+
+#[tokio::test]
+async fn operators_manage_tenants_and_tenants_cannot() {
+    let app = spawn_app().await;
+    let url = format!("{}/admin/tenants", app.address);
+    let (_, tenant_token) = app.tenant("acme").await;
+    let r = app.client.get(&url).bearer_auth(&tenant_token).send().await.unwrap();
+    error(r, 403).await;
+    error(app.client.get(&url).send().await.unwrap(), 401).await;
+    let r = app
+        .client
+        .post(&url)
+        .bearer_auth(OPERATOR)
+        .json(&json!({ "name": "beta", "plan": "free" }))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 201);
+    let beta: Value = r.json().await.unwrap();
+    assert_eq!(beta["plan"]["name"], "free");
+    let r = app.client.post(&url).bearer_auth(OPERATOR).json(&json!({ "name": "beta" })).send().await.unwrap();
+    error(r, 400).await;
+    let r = app
+        .client
+        .post(&url)
+        .bearer_auth(OPERATOR)
+        .json(&json!({ "name": "x", "plan": "platinum" }))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(error(r, 400).await["param"], "plan");
+    let list: Vec<Value> = app.client.get(&url).bearer_auth(OPERATOR).send().await.unwrap().json().await.unwrap();
+    assert_eq!(list.len(), 2);
+    // An operator JWT works too, and issues tenant tokens.
+    let op = app.jwt.issue_operator(std::time::Duration::from_secs(60)).unwrap();
+    let id = beta["id"].as_str().unwrap();
+    let r = app.client.post(format!("{url}/{id}/tokens")).bearer_auth(&op).json(&json!({})).send().await.unwrap();
+    assert_eq!(r.status(), 201);
+    let token = r.json::<Value>().await.unwrap()["token"].as_str().unwrap().to_string();
+    let r = app.client.get(format!("{}/v1/models", app.address)).bearer_auth(&token).send().await.unwrap();
+    let models: Value = r.json().await.unwrap();
+    assert_eq!(models["data"][0]["id"], app.model());
+    let r = app.client.delete(format!("{url}/{}", uuid::Uuid::new_v4())).bearer_auth(OPERATOR).send().await.unwrap();
+    error(r, 404).await;
+}
+
+#[tokio::test]
+async fn health_readiness_metrics_and_openapi() {
+    let app = spawn_app().await;
+    let get = |p: &str| app.client.get(format!("{}{p}", app.address)).send();
+    assert_eq!(get("/healthz").await.unwrap().status(), 200);
+    let ready: Value = get("/readyz").await.unwrap().json().await.unwrap();
+    assert_eq!(ready["ready"], true);
+    let (_, token) = app.tenant("acme").await;
+    app.chat(&token, app.chat_body("count me", 2)).await;
+    let metrics = get("/metrics").await.unwrap().text().await.unwrap();
+    for name in
+        ["cachet:time_to_first_token_seconds", "cachet:prefix_cache_query_tokens_total", "cachet:kv_cache_usage_ratio"]
+    {
+        assert!(metrics.contains(name), "{name} missing from /metrics");
+    }
+    let doc: Value = get("/openapi.json").await.unwrap().json().await.unwrap();
+    for path in ["/v1/chat/completions", "/v1/completions", "/v1/models", "/admin/tenants", "/readyz"] {
+        assert!(doc["paths"][path].is_object(), "{path} missing from the OpenAPI document");
+    }
+}

@@ -1,0 +1,121 @@
+//! Chat and text completions, streaming and not; usage and cached tokens.
+
+use crate::helpers::*;
+use serde_json::{json, Value};
+
+#[tokio::test]
+async fn chat_completion_with_usage() {
+    let app = spawn_app().await;
+    let (_, token) = app.tenant("acme").await;
+    let r = app.chat(&token, app.chat_body("hello there", 8)).await;
+    assert_eq!(r.status(), 200);
+    let v: Value = r.json().await.unwrap();
+    assert_eq!(v["object"], "chat.completion");
+    assert_eq!(v["model"], app.model());
+    assert!(v["id"].as_str().unwrap().starts_with("chatcmpl-"));
+    let choice = &v["choices"][0];
+    assert_eq!(choice["message"]["role"], "assistant");
+    assert!(choice["message"]["content"].is_string());
+    assert!(["stop", "length"].contains(&choice["finish_reason"].as_str().unwrap()));
+    let u = &v["usage"];
+    assert!(u["prompt_tokens"].as_u64().unwrap() > 0);
+    assert!(u["completion_tokens"].as_u64().unwrap() <= 8);
+    assert_eq!(
+        u["total_tokens"].as_u64().unwrap(),
+        u["prompt_tokens"].as_u64().unwrap() + u["completion_tokens"].as_u64().unwrap()
+    );
+    assert_eq!(u["prompt_tokens_details"]["cached_tokens"], 0);
+}
+
+#[tokio::test]
+async fn a_repeated_prompt_is_served_from_the_cache() {
+    let app = spawn_app().await;
+    let (_, token) = app.tenant("acme").await;
+    let body = app.chat_body(&"fn main() { println!(\"hi\"); } ".repeat(20), 4);
+    let first: Value = app.chat(&token, body.clone()).await.json().await.unwrap();
+    let second: Value = app.chat(&token, body).await.json().await.unwrap();
+    let prompt = first["usage"]["prompt_tokens"].as_u64().unwrap();
+    assert_eq!(first["usage"]["prompt_tokens_details"]["cached_tokens"], 0);
+    assert_eq!(second["usage"]["prompt_tokens_details"]["cached_tokens"].as_u64().unwrap(), prompt - 1);
+    assert_eq!(first["choices"][0]["message"]["content"], second["choices"][0]["message"]["content"]);
+}
+
+#[tokio::test]
+async fn streaming_chat_sends_chunks_usage_and_done() {
+    let app = spawn_app().await;
+    let (_, token) = app.tenant("acme").await;
+    let mut body = app.chat_body("stream please", 12);
+    body["stream"] = json!(true);
+    body["stream_options"] = json!({ "include_usage": true });
+    let r = app.chat(&token, body.clone()).await;
+    assert_eq!(r.status(), 200);
+    assert!(r.headers()["content-type"].to_str().unwrap().starts_with("text/event-stream"));
+    let events = sse_events(&r.text().await.unwrap());
+    assert_eq!(events.last().map(String::as_str), Some("[DONE]"));
+    let chunks: Vec<Value> = events[..events.len() - 1].iter().map(|e| serde_json::from_str(e).unwrap()).collect();
+    assert_eq!(chunks[0]["choices"][0]["delta"]["role"], "assistant");
+    assert!(chunks.iter().all(|c| c["object"] == "chat.completion.chunk"));
+    let text: String =
+        chunks.iter().filter_map(|c| c["choices"][0]["delta"]["content"].as_str()).collect::<Vec<_>>().concat();
+    let finish = chunks.iter().find_map(|c| c["choices"][0]["finish_reason"].as_str()).unwrap();
+    let usage = &chunks.last().unwrap()["usage"];
+    assert_eq!(chunks.last().unwrap()["choices"].as_array().unwrap().len(), 0);
+    // The same request, not streamed, gives the same text and usage.
+    body["stream"] = json!(false);
+    let whole: Value = app.chat(&token, body).await.json().await.unwrap();
+    assert_eq!(whole["choices"][0]["message"]["content"].as_str().unwrap(), text);
+    assert_eq!(whole["choices"][0]["finish_reason"], finish);
+    assert_eq!(whole["usage"]["completion_tokens"], usage["completion_tokens"]);
+    assert_eq!(whole["usage"]["prompt_tokens"], usage["prompt_tokens"]);
+}
+
+#[tokio::test]
+async fn text_completions_streaming_and_not() {
+    let app = spawn_app().await;
+    let (_, token) = app.tenant("acme").await;
+    let url = format!("{}/v1/completions", app.address);
+    let body = json!({ "model": app.model(), "prompt": "def add(a, b):", "max_tokens": 6, "temperature": 0 });
+    let v: Value = app.client.post(&url).bearer_auth(&token).json(&body).send().await.unwrap().json().await.unwrap();
+    assert_eq!(v["object"], "text_completion");
+    let text = v["choices"][0]["text"].as_str().unwrap().to_string();
+    let mut stream = body.clone();
+    stream["stream"] = json!(true);
+    let r = app.client.post(&url).bearer_auth(&token).json(&stream).send().await.unwrap();
+    let events = sse_events(&r.text().await.unwrap());
+    assert_eq!(events.last().map(String::as_str), Some("[DONE]"));
+    let streamed: String = events[..events.len() - 1]
+        .iter()
+        .map(|e| serde_json::from_str::<Value>(e).unwrap()["choices"][0]["text"].as_str().unwrap_or("").to_string())
+        .collect();
+    assert_eq!(streamed, text);
+    // Token ids as the prompt.
+    let ids = json!({ "model": app.model(), "prompt": [5, 6, 7], "max_tokens": 2 });
+    let r = app.client.post(&url).bearer_auth(&token).json(&ids).send().await.unwrap();
+    assert_eq!(r.status(), 200);
+}
+
+#[tokio::test]
+async fn a_client_disconnect_cancels_the_request() {
+    let app = spawn_app().await;
+    let (tenant, token) = app.tenant("acme").await;
+    let mut body = app.chat_body("a long answer please", 3000);
+    body["stream"] = json!(true);
+    let mut r = app.chat(&token, body).await;
+    assert_eq!(r.status(), 200);
+    r.chunk().await.unwrap().expect("a first chunk");
+    drop(r);
+    // The engine notices within a step or two; the request's row says so.
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+    loop {
+        let rows = app.ledger(tenant).await;
+        if let Some(row) = rows.first() {
+            assert_eq!(row.status, "cancelled");
+            assert!(row.output_tokens < 3000);
+            break;
+        }
+        assert!(std::time::Instant::now() < deadline, "the request was not cancelled");
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    }
+    let snap = app.state.served.get().unwrap().engine.snapshot().await.unwrap();
+    assert_eq!((snap.running, snap.waiting), (0, 0));
+}

@@ -1,0 +1,111 @@
+//! Every error status, in OpenAI's shape, and the server keeps serving.
+
+use crate::helpers::*;
+use serde_json::json;
+
+#[tokio::test]
+async fn bad_input_gets_clear_4xx_and_the_server_keeps_serving() {
+    let app = spawn_app().await;
+    let (_, token) = app.tenant("acme").await;
+    let url = format!("{}/v1/chat/completions", app.address);
+    let raw = |body: Vec<u8>| {
+        app.client.post(&url).bearer_auth(&token).header("content-type", "application/json").body(body).send()
+    };
+    // Malformed JSON, wrong types, invalid UTF-8.
+    error(raw(b"{\"model\": ".to_vec()).await.unwrap(), 400).await;
+    error(raw(br#"{"model": 5, "messages": "nope"}"#.to_vec()).await.unwrap(), 400).await;
+    let mut utf8 = br#"{"model": "tiny", "messages": [{"role": "user", "content": ""#.to_vec();
+    utf8.extend_from_slice(&[0xff, 0xfe, 0xfd]);
+    utf8.extend_from_slice(br#""}]}"#);
+    error(raw(utf8).await.unwrap(), 400).await;
+    // A 10 MB body.
+    let big =
+        format!(r#"{{"model": "tiny", "messages": [{{"role": "user", "content": "{}"}}]}}"#, "a".repeat(10 << 20));
+    error(raw(big.into_bytes()).await.unwrap(), 413).await;
+    // Out-of-range and unsupported parameters name the parameter.
+    let mut b = app.chat_body("x", 4);
+    b["temperature"] = json!(7.5);
+    assert_eq!(error(app.chat(&token, b).await, 400).await["param"], "temperature");
+    let mut b = app.chat_body("x", 4);
+    b["n"] = json!(3);
+    assert_eq!(error(app.chat(&token, b).await, 400).await["param"], "n");
+    error(app.chat(&token, json!({ "model": app.model(), "messages": [] })).await, 400).await;
+    // Unknown model.
+    let mut b = app.chat_body("x", 4);
+    b["model"] = json!("gpt-17");
+    assert_eq!(error(app.chat(&token, b).await, 404).await["code"], "model_not_found");
+    // A prompt longer than the context (the pool here is 4096 tokens).
+    let e = error(app.chat(&token, app.chat_body(&"word ".repeat(5000), 4)).await, 413).await;
+    assert_eq!(e["code"], "context_length_exceeded");
+    // No token.
+    let r = app.client.post(&url).json(&app.chat_body("x", 4)).send().await.unwrap();
+    error(r, 401).await;
+    // Unknown endpoint.
+    error(app.client.get(format!("{}/v1/nope", app.address)).send().await.unwrap(), 404).await;
+    // Still serving.
+    assert_eq!(app.chat(&token, app.chat_body("still there?", 4)).await.status(), 200);
+}
+
+#[tokio::test]
+async fn plan_limits_answer_429_with_retry_after() {
+    let app = spawn_with(|s| {
+        let mut plan = cachet_tenants::Plan::builtin().into_iter().find(|p| p.name == "standard").unwrap();
+        plan.name = "tight".into();
+        plan.limits.requests_per_minute = Some(2);
+        s.tenants.plans.push(plan);
+    })
+    .await;
+    let (_, token) = app.tenant_on("acme", Some("tight")).await;
+    for _ in 0..2 {
+        assert_eq!(app.chat(&token, app.chat_body("x", 2)).await.status(), 200);
+    }
+    let r = app.chat(&token, app.chat_body("x", 2)).await;
+    let retry: u64 = r.headers()["retry-after"].to_str().unwrap().parse().unwrap();
+    assert!((1..=60).contains(&retry));
+    assert_eq!(error(r, 429).await["code"], "rate_limit_exceeded");
+}
+
+#[tokio::test]
+async fn overload_answers_429_with_retry_after() {
+    let app = spawn_with(|s| {
+        s.engine.overload_factor = 1.0;
+        s.engine.interactive_ttft_ms = 1;
+    })
+    .await;
+    let (_, token) = app.tenant("acme").await;
+    let r = app.chat(&token, app.chat_body(&"long prompt ".repeat(300), 4)).await;
+    assert!(r.headers().contains_key("retry-after"));
+    assert_eq!(error(r, 429).await["code"], "overloaded");
+}
+
+#[tokio::test]
+async fn not_ready_is_503() {
+    let url = fresh_database();
+    let data_dir = tempfile::tempdir().unwrap();
+    let mut s = settings(&url, data_dir.path());
+    s.model.path = "/nonexistent/model.gguf".into();
+    let jwt = cachet_tenants::jwt::Jwt::new(&s.auth.jwt).unwrap();
+    let app = cachet_api::startup::Application::build(s).await.unwrap();
+    let address = format!("http://127.0.0.1:{}", app.port());
+    let state = app.state();
+    tokio::spawn(app.run_until_stopped());
+    let client = reqwest::Client::new();
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+    while state.load_error.lock().unwrap().is_none() {
+        assert!(std::time::Instant::now() < deadline);
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    }
+    let r = client.get(format!("{address}/readyz")).send().await.unwrap();
+    assert_eq!(r.status(), 503);
+    let tenant = state.store.create_tenant("acme", &cachet_tenants::Plan::builtin()[0]).await.unwrap();
+    let token = jwt.issue(tenant.id, std::time::Duration::from_secs(60)).unwrap();
+    let r = client
+        .post(format!("{address}/v1/chat/completions"))
+        .bearer_auth(token)
+        .json(&json!({ "model": "tiny", "messages": [{ "role": "user", "content": "x" }] }))
+        .send()
+        .await
+        .unwrap();
+    let e = error(r, 503).await;
+    assert!(e["message"].as_str().unwrap().contains("/nonexistent/model.gguf"), "{e}");
+}

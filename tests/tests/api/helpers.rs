@@ -1,0 +1,177 @@
+//! `spawn_app()`: a fresh migrated database on a real Postgres (one private
+//! cluster per test binary, stopped when the process exits), a tiny
+//! random-weight model written once, and the app on a random port.
+
+use cachet_api::config::Settings;
+use cachet_api::startup::Application;
+use cachet_api::state::AppState;
+use cachet_engine::testing::{Tiny, TinyArch};
+use cachet_kernels::quant::DType;
+use cachet_tenants::cluster::PrivateCluster;
+use cachet_tenants::jwt::Jwt;
+use cachet_tenants::{Secret, TenantId};
+use serde_json::{json, Value};
+use std::path::PathBuf;
+use std::sync::{Mutex, OnceLock};
+use std::time::{Duration, Instant};
+
+pub const SECRET: &str = "test-secret-0123456789abcdef0123456789abcdef";
+pub const OPERATOR: &str = "operator-test-token";
+
+/// The binary's Postgres cluster.
+pub fn cluster() -> &'static Mutex<PrivateCluster> {
+    static PG: OnceLock<Mutex<PrivateCluster>> = OnceLock::new();
+    PG.get_or_init(|| {
+        let dir = tempfile::Builder::new().prefix("cachet-test-pg").tempdir().unwrap().keep();
+        let mut c = PrivateCluster::start(&dir, 0, false).expect("a private Postgres cluster for the tests");
+        c.stop_at_exit(true).unwrap();
+        Mutex::new(c)
+    })
+}
+
+/// A fresh database on the shared cluster.
+pub fn fresh_database() -> String {
+    let c = cluster().lock().unwrap();
+    let name = format!("test_{}", uuid::Uuid::new_v4().simple());
+    c.create_database(&name).unwrap();
+    c.url(&name)
+}
+
+/// The tiny model every test serves (written once).
+pub fn tiny_model() -> PathBuf {
+    static PATH: OnceLock<PathBuf> = OnceLock::new();
+    PATH.get_or_init(|| {
+        let dir = tempfile::Builder::new().prefix("cachet-test-model").tempdir().unwrap().keep();
+        let path = dir.join("tiny.gguf");
+        Tiny::random(TinyArch::Qwen2, 5, false).write_gguf(DType::Q8_0, &path).unwrap();
+        path
+    })
+    .clone()
+}
+
+#[allow(dead_code)] // `data_dir` lives as long as the app; `database_url` is for debugging.
+pub struct TestApp {
+    pub address: String,
+    pub client: reqwest::Client,
+    pub state: actix_web::web::Data<AppState>,
+    pub jwt: Jwt,
+    pub handle: actix_web::dev::ServerHandle,
+    pub data_dir: tempfile::TempDir,
+    pub database_url: String,
+}
+
+/// Settings for a test app; `tweak` may change them.
+pub fn settings(database_url: &str, data_dir: &std::path::Path) -> Settings {
+    let mut s = Settings::default();
+    s.server.bind = "127.0.0.1:0".into();
+    s.server.data_dir = data_dir.to_path_buf();
+    s.server.max_body_bytes = 1 << 20;
+    s.server.shutdown_timeout_secs = 2;
+    s.database.url = database_url.into();
+    s.model.path = tiny_model().display().to_string();
+    s.model.threads = 1;
+    s.engine.pool_tokens = 4096;
+    s.engine.overload_factor = 0.0;
+    s.auth.jwt.hs256_secret = Some(Secret::new(SECRET));
+    s.auth.operator_token = OPERATOR.into();
+    s
+}
+
+pub async fn spawn_app() -> TestApp {
+    spawn_with(|_| {}).await
+}
+
+pub async fn spawn_with(tweak: impl FnOnce(&mut Settings)) -> TestApp {
+    let url = fresh_database();
+    let data_dir = tempfile::tempdir().unwrap();
+    let mut s = settings(&url, data_dir.path());
+    tweak(&mut s);
+    spawn_settings(s, data_dir, url).await
+}
+
+pub async fn spawn_settings(s: Settings, data_dir: tempfile::TempDir, database_url: String) -> TestApp {
+    let jwt = Jwt::new(&s.auth.jwt).unwrap();
+    let app = Application::build(s).await.expect("the app builds");
+    let address = format!("http://127.0.0.1:{}", app.port());
+    let state = app.state();
+    let handle = app.handle();
+    tokio::spawn(app.run_until_stopped());
+    let test = TestApp { address, client: reqwest::Client::new(), state, jwt, handle, data_dir, database_url };
+    test.wait_ready().await;
+    test
+}
+
+impl TestApp {
+    /// Waits (with a deadline) for the model to be loaded.
+    pub async fn wait_ready(&self) {
+        let deadline = Instant::now() + Duration::from_secs(60);
+        while self.state.served.get().is_none() {
+            if let Some(e) = self.state.load_error.lock().unwrap().clone() {
+                panic!("the model failed to load: {e}");
+            }
+            assert!(Instant::now() < deadline, "the model did not load in time");
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+
+    /// Creates a tenant through the admin API; returns its id and a token.
+    pub async fn tenant(&self, name: &str) -> (TenantId, String) {
+        self.tenant_on(name, None).await
+    }
+
+    pub async fn tenant_on(&self, name: &str, plan: Option<&str>) -> (TenantId, String) {
+        let r = self
+            .client
+            .post(format!("{}/admin/tenants", self.address))
+            .bearer_auth(OPERATOR)
+            .json(&json!({ "name": name, "plan": plan }))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(r.status(), 201, "{}", r.text().await.unwrap());
+        let t: Value = r.json().await.unwrap();
+        let id: TenantId = t["id"].as_str().unwrap().parse().unwrap();
+        (id, self.jwt.issue(id, Duration::from_secs(3600)).unwrap())
+    }
+
+    pub fn model(&self) -> String {
+        self.state.served.get().unwrap().id.clone()
+    }
+
+    pub async fn chat(&self, token: &str, body: Value) -> reqwest::Response {
+        self.client
+            .post(format!("{}/v1/chat/completions", self.address))
+            .bearer_auth(token)
+            .json(&body)
+            .send()
+            .await
+            .unwrap()
+    }
+
+    /// A chat body for the served model with one user message.
+    pub fn chat_body(&self, content: &str, max_tokens: u32) -> Value {
+        json!({ "model": self.model(), "messages": [{ "role": "user", "content": content }],
+                "max_tokens": max_tokens, "temperature": 0 })
+    }
+
+    /// The ledger rows of a tenant once everything recorded so far is written.
+    pub async fn ledger(&self, tenant: TenantId) -> Vec<cachet_tenants::UsageRecord> {
+        let waiting = self.state.ledger.flush().await;
+        assert_eq!(waiting, 0, "rows still waiting for the database");
+        self.state.store.usage(tenant, 1000).await.unwrap()
+    }
+}
+
+/// Parses a server-sent-events body into its `data:` payloads.
+pub fn sse_events(body: &str) -> Vec<String> {
+    body.split("\n\n").filter_map(|e| e.strip_prefix("data: ")).map(str::to_string).collect()
+}
+
+/// Asserts an OpenAI-shaped error with `status`; returns its `error` object.
+pub async fn error(r: reqwest::Response, status: u16) -> Value {
+    assert_eq!(r.status().as_u16(), status, "unexpected status");
+    let v: Value = r.json().await.expect("an error body is JSON");
+    assert!(v["error"]["message"].as_str().is_some_and(|m| !m.is_empty()), "{v}");
+    assert!(v["error"]["type"].is_string(), "{v}");
+    v["error"].clone()
+}

@@ -1,0 +1,9 @@
+//! Integration tests of the service: the real binary's `Application` on a
+//! random port, a real Postgres, a tiny random-weight model.
+
+mod admin_and_ops;
+mod auth;
+mod chat;
+mod errors;
+mod helpers;
+mod ledger;
