@@ -205,6 +205,7 @@ impl Application {
             ledger,
             limiter: Default::default(),
             metrics,
+            shares: Default::default(),
         });
         load_model_in_background(state.clone());
 

@@ -38,6 +38,8 @@ pub struct AppState {
     pub ledger: Ledger,
     pub limiter: RateLimiter,
     pub metrics: PrometheusHandle,
+    /// The KV share the engine last heard for each tenant (its plan's).
+    pub shares: Mutex<std::collections::HashMap<cachet_tenants::TenantId, f64>>,
 }
 
 impl std::fmt::Debug for AppState {
@@ -47,6 +49,15 @@ impl std::fmt::Debug for AppState {
 }
 
 impl AppState {
+    /// Tells the engine a tenant's KV share when it is new or changed.
+    pub fn sync_share(&self, served: &Served, tenant: &cachet_tenants::Tenant) {
+        let mut shares = self.shares.lock().unwrap_or_else(|e| e.into_inner());
+        if shares.get(&tenant.id) != Some(&tenant.plan.kv_share) {
+            shares.insert(tenant.id, tenant.plan.kv_share);
+            served.engine.set_share(cachet_engine::radix::TenantKey::new(tenant.id.to_string()), tenant.plan.kv_share);
+        }
+    }
+
     /// The served model, or a 503 while it loads (or if it failed to).
     pub fn served(&self) -> Result<&Served, crate::error::ApiError> {
         self.served.get().ok_or_else(|| {

@@ -161,6 +161,7 @@ pub(crate) async fn execute(
             return Err(ApiError::bad_param("slo", format!("unknown SLO class {other:?} (interactive, batch)")))
         }
     };
+    state.sync_share(served, &tenant);
     let budget = (job.tokens.len() + job.params.max_tokens) as u64;
     state
         .limiter

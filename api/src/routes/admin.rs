@@ -57,9 +57,6 @@ pub async fn create_tenant(
     let plan =
         state.settings.plan(&plan_name).ok_or_else(|| ApiError::bad_param("plan", format!("no plan {plan_name:?}")))?;
     let tenant = state.store.create_tenant(name, &plan).await.map_err(store_error)?;
-    if let Some(served) = state.served.get() {
-        served.engine.set_share(cachet_engine::radix::TenantKey::new(tenant.id.to_string()), plan.kv_share);
-    }
     Ok(HttpResponse::Created().json(tenant))
 }
 
@@ -88,6 +85,9 @@ pub async fn delete_tenant(
         return Err(ApiError::NotFound(format!("no tenant {id}")));
     }
     state.tenants.forget(id);
+    if let Some(served) = state.served.get() {
+        served.engine.purge_tenant(cachet_engine::radix::TenantKey::new(id.to_string()));
+    }
     Ok(HttpResponse::NoContent().finish())
 }
 

@@ -162,6 +162,30 @@ impl RadixCache {
         }
     }
 
+    /// Drops everything cached under `tenant`'s scopes (every salt): unlocked
+    /// parts are freed now (returned), locked ones when their requests end.
+    /// For a deleted tenant.
+    pub fn purge_tenant(&mut self, tenant: &TenantKey) -> Vec<SlotId> {
+        let mut freed = Vec::new();
+        let Some(&t) = self.tenant_ids.get(tenant) else { return freed };
+        let roots: Vec<NodeId> = (0..self.nodes.len() as u32)
+            .map(NodeId)
+            .filter(|&id| {
+                let n = self.node(id);
+                n.alive
+                    && !n.doomed
+                    && n.owner == Owner::Tenant(t)
+                    && n.parent.is_some_and(|p| self.node(p).owner != n.owner)
+            })
+            .collect();
+        for id in roots {
+            if self.node(id).alive && !self.node(id).doomed {
+                self.detach(id, &mut freed);
+            }
+        }
+        freed
+    }
+
     /// Keeps the nodes `key` covers (at inserts with it) behind their
     /// tenant's unretained nodes until `until`, or `release`.
     pub fn retain(&mut self, key: &RetentionKey, until: Instant) {

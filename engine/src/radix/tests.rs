@@ -220,3 +220,22 @@ fn retained_sessions_outlive_unretained_prefixes_until_released() {
     assert_eq!(freed, vec![SlotId(30), SlotId(31), SlotId(32)], "released: plain LRU");
     f.cache.check_integrity().unwrap();
 }
+
+#[test]
+fn purging_a_tenant_drops_only_its_namespace() {
+    let mut f = fixture(100);
+    let ka = prompt(&f, f.a, &[1, 2], &[3, 4]);
+    let salted = f.cache.scope(&Scope::Tenant { tenant: TenantKey::new("a"), salt: Some("u".into()) });
+    let ks = prompt(&f, salted, &[1, 2], &[5]);
+    let kb = prompt(&f, f.b, &[1, 2], &[3, 4]);
+    f.cache.insert(&ka, &slots_for(&ka, 0), &InsertOpts::default());
+    f.cache.insert(&ks, &[SlotId(0), SlotId(1), SlotId(10)], &InsertOpts::default());
+    f.cache.insert(&kb, &[SlotId(0), SlotId(1), SlotId(20), SlotId(21)], &InsertOpts::default());
+    let mut freed = f.cache.purge_tenant(&TenantKey::new("a"));
+    freed.sort();
+    assert_eq!(freed, vec![SlotId(2), SlotId(3), SlotId(10)]);
+    assert_eq!(f.cache.tenant_usage(&TenantKey::new("a")), 0);
+    assert_eq!(f.cache.match_prefix(&kb, usize::MAX).slots.len(), 4, "B keeps its cache");
+    assert_eq!(f.cache.match_prefix(&ka, usize::MAX).slots.len(), 2, "the public prefix stays");
+    f.cache.check_integrity().unwrap();
+}

@@ -176,6 +176,11 @@ impl EngineHandle {
         self.send(Command::SetShare(tenant, share));
     }
 
+    /// Drops everything cached for a tenant (a deleted tenant).
+    pub fn purge_tenant(&self, tenant: TenantKey) {
+        self.send(Command::PurgeTenant(tenant));
+    }
+
     /// A snapshot of the engine's state and counters.
     pub async fn snapshot(&self) -> Option<Snapshot> {
         self.ask(Command::Snapshot).await

@@ -51,6 +51,7 @@ pub(crate) enum Command {
     Invalidate { source: String, keep_version: Option<String>, reply: oneshot::Sender<usize> },
     Release(RetentionKey),
     SetShare(TenantKey, f64),
+    PurgeTenant(TenantKey),
     Snapshot(oneshot::Sender<Snapshot>),
     CheckIntegrity(oneshot::Sender<Result<(), String>>),
 }
@@ -196,6 +197,11 @@ impl<B: Backend> Engine<B> {
             }
             Command::Release(key) => self.cache.release(&key),
             Command::SetShare(tenant, share) => self.cache.set_share(&tenant, share),
+            Command::PurgeTenant(tenant) => {
+                let freed = self.cache.purge_tenant(&tenant);
+                self.free_slots(&freed);
+                self.stats.invalidated_slots += freed.len() as u64;
+            }
             Command::Snapshot(reply) => {
                 let _ = reply.send(self.snapshot());
             }

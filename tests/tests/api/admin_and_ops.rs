@@ -68,3 +68,22 @@ async fn health_readiness_metrics_and_openapi() {
         assert!(doc["paths"][path].is_object(), "{path} missing from the OpenAPI document");
     }
 }
+
+#[tokio::test]
+async fn deleting_a_tenant_purges_its_cache() {
+    let app = spawn_app().await;
+    let (a, token_a) = app.tenant("a").await;
+    let (_, token_b) = app.tenant("b").await;
+    app.chat(&token_a, app.chat_body(&"a's private context ".repeat(20), 2)).await;
+    app.chat(&token_b, app.chat_body("b's question", 2)).await;
+    let engine = &app.state.served.get().unwrap().engine;
+    let before = engine.snapshot().await.unwrap().cached_slots;
+    let r = app.client.delete(format!("{}/admin/tenants/{a}", app.address)).bearer_auth(OPERATOR).send().await.unwrap();
+    assert_eq!(r.status(), 204);
+    // Commands reach the engine in order: the snapshot comes after the purge.
+    let after = engine.snapshot().await.unwrap();
+    assert!(after.cached_slots > 0 && after.cached_slots < before / 2, "{before} → {after:?}");
+    let r = app.chat(&token_b, app.chat_body("b's question", 2)).await;
+    let v: Value = r.json().await.unwrap();
+    assert!(v["usage"]["prompt_tokens_details"]["cached_tokens"].as_u64().unwrap() > 0, "B's cache stays");
+}
