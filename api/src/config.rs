@@ -22,6 +22,44 @@ pub struct Settings {
     pub engine: EngineSettings,
     pub auth: AuthSettings,
     pub tenants: TenantSettings,
+    pub context: ContextSettings,
+}
+
+/// Repositories, their context, and sessions.
+#[derive(Clone, Debug, Deserialize)]
+#[serde(default)]
+pub struct ContextSettings {
+    /// Where the bare mirrors live; empty: `<data_dir>/mirrors`.
+    pub mirrors_dir: PathBuf,
+    /// Local paths (and `file://` URLs) may be registered only under this
+    /// folder; empty: local registration is refused.
+    pub allowed_root: PathBuf,
+    /// Whether remote clone URLs (https, ssh, git) may be registered.
+    pub allow_remote: bool,
+    /// Tokens of repository context per prompt (a repository may ask for
+    /// less or more at registration, up to `max_budget_tokens`).
+    pub budget_tokens: usize,
+    /// The largest context budget a repository may ask for.
+    pub max_budget_tokens: usize,
+    /// Outlines kept in memory (one per file version).
+    pub outline_cache_entries: u64,
+    /// A session idle this long is closed and its cache stops being
+    /// retained (the engine's retention of its prefix lasts as long).
+    pub session_idle_secs: u64,
+}
+
+impl Default for ContextSettings {
+    fn default() -> Self {
+        ContextSettings {
+            mirrors_dir: PathBuf::new(),
+            allowed_root: PathBuf::new(),
+            allow_remote: true,
+            budget_tokens: 4096,
+            max_budget_tokens: 16384,
+            outline_cache_entries: 100_000,
+            session_idle_secs: 30 * 60,
+        }
+    }
 }
 
 #[derive(Clone, Debug, Deserialize)]

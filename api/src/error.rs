@@ -25,6 +25,13 @@ pub enum ApiError {
     /// Another unknown id (404).
     #[error("{0}")]
     NotFound(String),
+    /// The request conflicts with the current state (409), e.g. a closed
+    /// session or a turn already in progress.
+    #[error("{0}")]
+    Conflict(String),
+    /// A remote the request depends on failed (502), e.g. a git fetch.
+    #[error("{0}")]
+    Upstream(String),
     /// The prompt does not fit the context window (413).
     #[error("this model's context is {limit} tokens, but the prompt has {tokens}")]
     ContextTooLong { tokens: usize, limit: usize },
@@ -61,6 +68,8 @@ impl ApiError {
             ApiError::Forbidden(_) => ("permission_error", "forbidden"),
             ApiError::ModelNotFound(_) => ("invalid_request_error", "model_not_found"),
             ApiError::NotFound(_) => ("invalid_request_error", "not_found"),
+            ApiError::Conflict(_) => ("invalid_request_error", "conflict"),
+            ApiError::Upstream(_) => ("server_error", "upstream_error"),
             ApiError::ContextTooLong { .. } => ("invalid_request_error", "context_length_exceeded"),
             ApiError::PayloadTooLarge(_) => ("invalid_request_error", "payload_too_large"),
             ApiError::RateLimited { .. } => ("rate_limit_error", "rate_limit_exceeded"),
@@ -78,6 +87,8 @@ impl ResponseError for ApiError {
             ApiError::Unauthorized(_) => StatusCode::UNAUTHORIZED,
             ApiError::Forbidden(_) => StatusCode::FORBIDDEN,
             ApiError::ModelNotFound(_) | ApiError::NotFound(_) => StatusCode::NOT_FOUND,
+            ApiError::Conflict(_) => StatusCode::CONFLICT,
+            ApiError::Upstream(_) => StatusCode::BAD_GATEWAY,
             ApiError::ContextTooLong { .. } | ApiError::PayloadTooLarge(_) => StatusCode::PAYLOAD_TOO_LARGE,
             ApiError::RateLimited { .. } | ApiError::Overloaded { .. } => StatusCode::TOO_MANY_REQUESTS,
             ApiError::NotReady(_) => StatusCode::SERVICE_UNAVAILABLE,
@@ -110,4 +121,33 @@ impl ResponseError for ApiError {
 /// OpenAI's error body.
 pub fn error_body(message: &str, kind: &str, param: Option<&str>, code: &str) -> serde_json::Value {
     serde_json::json!({"error": {"message": message, "type": kind, "param": param, "code": code}})
+}
+
+impl From<cachet_tenants::StoreError> for ApiError {
+    fn from(e: cachet_tenants::StoreError) -> ApiError {
+        use cachet_tenants::StoreError;
+        match e {
+            StoreError::Conflict(m) => ApiError::Conflict(m),
+            StoreError::Invalid(m) => ApiError::bad(m),
+            StoreError::NotFound(m) => ApiError::NotFound(m),
+            StoreError::Unavailable(m) => ApiError::NotReady(format!("the database is unreachable: {m}")),
+            other => ApiError::Internal(other.to_string()),
+        }
+    }
+}
+
+impl From<cachet_context::ContextError> for ApiError {
+    fn from(e: cachet_context::ContextError) -> ApiError {
+        use cachet_context::ContextError;
+        match e {
+            ContextError::BadSource(m) => ApiError::bad_param("url", m),
+            ContextError::BadPath(m) => ApiError::bad(m),
+            ContextError::UnknownRef(m) => ApiError::bad_param("branch", m),
+            ContextError::NotFound(m) => ApiError::NotFound(m),
+            ContextError::Git(m) => ApiError::Upstream(format!("git: {m}")),
+            ContextError::BadOptions(m) => ApiError::bad_param("rules", m),
+            ContextError::Io(m) => ApiError::Internal(m),
+            other => ApiError::Internal(other.to_string()),
+        }
+    }
 }

@@ -7,12 +7,14 @@
 pub mod auth;
 pub mod cli;
 pub mod config;
+pub mod context;
 pub mod error;
 pub mod ledger;
 pub mod models;
 pub mod openai;
 pub mod ratelimit;
 pub mod routes;
+pub mod sessions;
 pub mod startup;
 pub mod state;
 pub mod telemetry;

@@ -162,6 +162,7 @@ pub struct Application {
     state: web::Data<AppState>,
     db: Database,
     ledger_task: tokio::task::JoinHandle<()>,
+    sweeper: tokio::task::JoinHandle<()>,
 }
 
 impl std::fmt::Debug for Application {
@@ -206,7 +207,13 @@ impl Application {
             limiter: Default::default(),
             metrics,
             shares: Default::default(),
+            repos: std::sync::Arc::new(
+                crate::context::Repos::new(&settings.context, &settings.server.data_dir)
+                    .context("the mirrors folder")?,
+            ),
+            busy: Default::default(),
         });
+        let sweeper = tokio::spawn(crate::sessions::sweep_idle(state.clone()));
         load_model_in_background(state.clone());
 
         let listener =
@@ -234,7 +241,7 @@ impl Application {
         .workers(settings.server.workers.max(1))
         .shutdown_timeout(settings.server.shutdown_timeout_secs)
         .run();
-        Ok(Application { port, server, state, db, ledger_task })
+        Ok(Application { port, server, state, db, ledger_task, sweeper })
     }
 
     /// The bound port.
@@ -262,8 +269,9 @@ impl Application {
     /// open then are closed, which cancels their requests), the ledger is
     /// flushed, and a private Postgres cluster is stopped.
     pub async fn run_until_stopped(self) -> anyhow::Result<()> {
-        let Application { server, state, mut db, ledger_task, .. } = self;
+        let Application { server, state, mut db, ledger_task, sweeper, .. } = self;
         server.await?;
+        sweeper.abort();
         let waiting = state.ledger.flush().await;
         if waiting > 0 {
             tracing::warn!(

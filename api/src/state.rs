@@ -40,6 +40,23 @@ pub struct AppState {
     pub metrics: PrometheusHandle,
     /// The KV share the engine last heard for each tenant (its plan's).
     pub shares: Mutex<std::collections::HashMap<cachet_tenants::TenantId, f64>>,
+    /// Mirrors and repository contexts.
+    pub repos: std::sync::Arc<crate::context::Repos>,
+    /// Sessions with a turn in progress.
+    pub busy: std::sync::Arc<Mutex<std::collections::HashSet<uuid::Uuid>>>,
+}
+
+/// Holds a session's one turn in progress; dropping it ends the turn.
+#[derive(Debug)]
+pub struct TurnGuard {
+    busy: std::sync::Arc<Mutex<std::collections::HashSet<uuid::Uuid>>>,
+    session: uuid::Uuid,
+}
+
+impl Drop for TurnGuard {
+    fn drop(&mut self) {
+        self.busy.lock().unwrap_or_else(|e| e.into_inner()).remove(&self.session);
+    }
 }
 
 impl std::fmt::Debug for AppState {
@@ -56,6 +73,12 @@ impl AppState {
             shares.insert(tenant.id, tenant.plan.kv_share);
             served.engine.set_share(cachet_engine::radix::TenantKey::new(tenant.id.to_string()), tenant.plan.kv_share);
         }
+    }
+
+    /// Starts a turn of `session`; `None` if one is already in progress.
+    pub fn begin_turn(&self, session: uuid::Uuid) -> Option<TurnGuard> {
+        let fresh = self.busy.lock().unwrap_or_else(|e| e.into_inner()).insert(session);
+        fresh.then(|| TurnGuard { busy: self.busy.clone(), session })
     }
 
     /// The served model, or a 503 while it loads (or if it failed to).

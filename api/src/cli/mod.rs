@@ -1,6 +1,8 @@
-//! The command line: `cachet models pull`, `cachet generate`.
+//! The command line: `cachet serve`, `models pull`, `generate`, `bench`,
+//! `tenants`, `token`, `context`.
 
 mod bench;
+mod context;
 mod generate;
 pub mod serve;
 
@@ -41,6 +43,9 @@ pub enum Command {
         #[command(subcommand)]
         command: serve::TenantsCommand,
     },
+    /// Repository context: show it, or replay a history to measure reuse.
+    #[command(subcommand)]
+    Context(context::ContextCommand),
     /// Issue bearer tokens.
     Token {
         #[command(flatten)]
@@ -82,6 +87,7 @@ pub fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Serve(args) => serve::serve(args),
         Command::Tenants { data, command } => serve::tenants(data, command),
         Command::Token { data, command } => serve::token(data, command),
+        Command::Context(cmd) => context::run(cmd),
     }
 }
 

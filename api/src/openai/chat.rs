@@ -83,5 +83,5 @@ pub async fn chat_completions(
         .filter(|(_, ids)| tokens.starts_with(ids))
         .map(|(_, ids)| PublicPrefix { template: "chat".into(), tokens: ids.len() });
     let params = params(&body.sampling, tokens.len(), served.engine.max_context())?;
-    execute(&state, &http, auth, served, &body.sampling, Job { endpoint: Endpoint::Chat, tokens, public, params }).await
+    execute(&state, &http, auth, served, &body.sampling, Job::new(Endpoint::Chat, tokens, public, params)).await
 }

@@ -58,6 +58,6 @@ pub async fn completions(
         return Err(ApiError::bad_param("prompt", format!("token id {bad} is outside the vocabulary")));
     }
     let params = params(&body.sampling, tokens.len(), served.engine.max_context())?;
-    let job = Job { endpoint: Endpoint::Completions, tokens, public: None, params };
+    let job = Job::new(Endpoint::Completions, tokens, None, params);
     execute(&state, &http, auth, served, &body.sampling, job).await
 }

@@ -14,7 +14,9 @@ use crate::state::{AppState, Served};
 use actix_web::{get, web, HttpRequest, HttpResponse};
 use cachet_engine::generate::{FinishReason, GenerateParams};
 use cachet_engine::radix::{RetentionKey, TenantKey};
-use cachet_engine::runtime::{Completion, Event, OnComplete, Outcome, PublicPrefix, Request, RequestError, SloClass};
+use cachet_engine::runtime::{
+    Completion, Event, OnComplete, Outcome, PublicPrefix, Request, RequestError, SloClass, TokenSpan,
+};
 use cachet_engine::sampler::SamplingParams;
 use cachet_tenants::UsageRecord;
 use std::sync::Arc;
@@ -27,6 +29,8 @@ use uuid::Uuid;
 pub(crate) enum Endpoint {
     Chat,
     Completions,
+    /// `POST /v1/sessions/{id}/messages` (answers like chat completions).
+    SessionMessage,
 }
 
 impl Endpoint {
@@ -34,7 +38,13 @@ impl Endpoint {
         match self {
             Endpoint::Chat => "chat.completions",
             Endpoint::Completions => "completions",
+            Endpoint::SessionMessage => "sessions.messages",
         }
+    }
+
+    /// Whether answers take the chat completion shape.
+    fn is_chat(self) -> bool {
+        self != Endpoint::Completions
     }
 }
 
@@ -130,10 +140,60 @@ fn id_from(req: &HttpRequest, body: Option<Uuid>, header: &str) -> Result<Option
 
 /// What [`execute`] needs beyond the body.
 pub(crate) struct Job {
+    /// The request id (the ledger row's).
+    pub id: Uuid,
     pub endpoint: Endpoint,
     pub tokens: Vec<u32>,
     pub public: Option<PublicPrefix>,
     pub params: GenerateParams,
+    /// A session the server manages (else one named by the body or header).
+    pub session: Option<BoundSession>,
+    /// Provenance of prompt spans (repository files).
+    pub spans: Vec<TokenSpan>,
+    /// Called with the whole answer before the response ends.
+    pub answer: Option<AnswerSink>,
+    /// Added to the response as `"cachet"` (the JSON body, and the first
+    /// chunk of a stream) and as headers.
+    pub extra: Option<serde_json::Value>,
+    pub headers: Vec<(&'static str, String)>,
+}
+
+impl Job {
+    pub fn new(endpoint: Endpoint, tokens: Vec<u32>, public: Option<PublicPrefix>, params: GenerateParams) -> Job {
+        Job {
+            id: Uuid::new_v4(),
+            endpoint,
+            tokens,
+            public,
+            params,
+            session: None,
+            spans: Vec::new(),
+            answer: None,
+            extra: None,
+            headers: Vec::new(),
+        }
+    }
+}
+
+/// A server-managed session: its id and how long its prefix stays retained.
+pub(crate) struct BoundSession {
+    pub id: Uuid,
+    pub retention: Duration,
+}
+
+/// A finished answer.
+pub(crate) struct Answer {
+    pub text: String,
+    /// Every generated token, stop tokens included.
+    pub tokens: Vec<u32>,
+}
+
+/// Receives the answer of a request that completed (not of one cancelled or failed).
+pub(crate) type AnswerSink = Box<dyn FnOnce(Answer) -> futures_util::future::BoxFuture<'static, ()> + Send>;
+
+/// The retention key of a tenant's session.
+pub(crate) fn retention_key(tenant: cachet_tenants::TenantId, session: Uuid) -> RetentionKey {
+    RetentionKey(format!("{tenant}:{session}").into())
 }
 
 fn finish_reason(r: FinishReason) -> &'static str {
@@ -152,7 +212,10 @@ pub(crate) async fn execute(
     sampling: &Sampling,
     job: Job,
 ) -> Result<HttpResponse, ApiError> {
-    let session = id_from(http, sampling.session_id, "x-cachet-session")?;
+    let session = match &job.session {
+        Some(bound) => Some(bound.id),
+        None => id_from(http, sampling.session_id, "x-cachet-session")?,
+    };
     let task = id_from(http, sampling.task_id, "x-cachet-task")?;
     let slo = match sampling.slo.as_deref() {
         None | Some("interactive") => SloClass::Interactive,
@@ -168,11 +231,14 @@ pub(crate) async fn execute(
         .check(tenant.id, &tenant.plan.limits, budget)
         .map_err(|(message, retry_after)| ApiError::RateLimited { message, retry_after })?;
 
-    let id = Uuid::new_v4();
+    let id = job.id;
     let engine_tenant = TenantKey::new(tenant.id.to_string());
     let retention = session.map(|s| {
-        let ttl = Duration::from_secs(state.settings.engine.session_retention_secs);
-        (RetentionKey(format!("{}:{s}", tenant.id).into()), ttl)
+        let ttl = match &job.session {
+            Some(bound) => bound.retention,
+            None => Duration::from_secs(state.settings.engine.session_retention_secs),
+        };
+        (retention_key(tenant.id, s), ttl)
     });
     let ledger = state.ledger.clone();
     let (tenant_id, plan, model_id, endpoint) = (tenant.id, tenant.plan.clone(), served.id.clone(), job.endpoint);
@@ -207,6 +273,7 @@ pub(crate) async fn execute(
     let mut request = Request::new(engine_tenant, job.tokens, job.params);
     request.salt = sampling.user.as_deref().filter(|u| !u.is_empty()).map(Into::into);
     request.public = job.public;
+    request.spans = job.spans;
     request.slo = slo;
     request.retention = retention;
     request.on_complete = Some(hook);
@@ -218,21 +285,32 @@ pub(crate) async fn execute(
         return Err(engine_error(e));
     }
     let ctx = stream::Context {
-        id: format!("{}-{}", if job.endpoint == Endpoint::Chat { "chatcmpl" } else { "cmpl" }, id.simple()),
+        id: format!("{}-{}", if job.endpoint.is_chat() { "chatcmpl" } else { "cmpl" }, id.simple()),
         created: chrono::Utc::now().timestamp(),
         model: served.id.clone(),
         endpoint: job.endpoint,
+        extra: job.extra,
+        headers: job.headers,
     };
     if sampling.stream.unwrap_or(false) {
         let include_usage = sampling.stream_options.as_ref().is_some_and(|o| o.include_usage);
-        return Ok(stream::respond(ctx, first, events, include_usage));
+        return Ok(stream::respond(ctx, first, events, include_usage, job.answer));
     }
-    let mut text = String::new();
+    let (mut text, mut tokens) = (String::new(), Vec::new());
     let mut event = Some(first);
     loop {
         match event {
-            Some(Event::Token { text: piece, .. }) => text.push_str(&piece),
-            Some(Event::Done(c)) => return Ok(stream::whole(&ctx, text, &c)),
+            Some(Event::Token { id, text: piece }) => {
+                text.push_str(&piece);
+                tokens.push(id);
+            }
+            Some(Event::Done(completion)) => {
+                let response = stream::whole(&ctx, text.clone(), &completion);
+                if let Some(sink) = job.answer {
+                    sink(Answer { text, tokens }).await;
+                }
+                return Ok(response);
+            }
             Some(Event::Error(e)) => return Err(engine_error(e)),
             None => return Err(ApiError::Internal("the engine stopped".into())),
         }

@@ -4,7 +4,7 @@
 //! the stream, which drops the engine's request stream and so cancels it.
 
 use super::types::{ChatChoice, ChatCompletion, ChatMessageOut, CompletionChoice, TextCompletion, Usage};
-use super::{finish_reason, Endpoint};
+use super::{finish_reason, Answer, AnswerSink, Endpoint};
 use crate::error::error_body;
 use actix_web::web::Bytes;
 use actix_web::HttpResponse;
@@ -16,6 +16,9 @@ pub(crate) struct Context {
     pub created: i64,
     pub model: String,
     pub endpoint: Endpoint,
+    /// cachet's additions (`"cachet"`): in the body, or the first chunk.
+    pub extra: Option<serde_json::Value>,
+    pub headers: Vec<(&'static str, String)>,
 }
 
 fn fingerprint() -> String {
@@ -26,8 +29,8 @@ fn fingerprint() -> String {
 pub(crate) fn whole(ctx: &Context, text: String, c: &Completion) -> HttpResponse {
     let usage = Usage::from(c);
     let reason = finish_reason(c.finish_reason);
-    match ctx.endpoint {
-        Endpoint::Chat => HttpResponse::Ok().json(ChatCompletion {
+    let mut body = if ctx.endpoint.is_chat() {
+        serde_json::to_value(ChatCompletion {
             id: ctx.id.clone(),
             object: "chat.completion",
             created: ctx.created,
@@ -40,8 +43,10 @@ pub(crate) fn whole(ctx: &Context, text: String, c: &Completion) -> HttpResponse
                 logprobs: None,
             }],
             usage,
-        }),
-        Endpoint::Completions => HttpResponse::Ok().json(TextCompletion {
+        })
+        .unwrap_or_default()
+    } else {
+        serde_json::to_value(TextCompletion {
             id: ctx.id.clone(),
             object: "text_completion",
             created: ctx.created,
@@ -49,8 +54,17 @@ pub(crate) fn whole(ctx: &Context, text: String, c: &Completion) -> HttpResponse
             system_fingerprint: fingerprint(),
             choices: vec![CompletionChoice { index: 0, text, finish_reason: reason, logprobs: None }],
             usage,
-        }),
+        })
+        .unwrap_or_default()
+    };
+    if let Some(extra) = &ctx.extra {
+        body["cachet"] = extra.clone();
     }
+    let mut response = HttpResponse::Ok();
+    for (name, value) in &ctx.headers {
+        response.insert_header((*name, value.as_str()));
+    }
+    response.json(body)
 }
 
 impl Context {
@@ -61,7 +75,7 @@ impl Context {
                    "system_fingerprint": fingerprint(), "choices": [choice]})
         };
         match self.endpoint {
-            Endpoint::Chat => {
+            Endpoint::Chat | Endpoint::SessionMessage => {
                 let mut delta = serde_json::Map::new();
                 if role {
                     delta.insert("role".into(), json!("assistant"));
@@ -82,7 +96,7 @@ impl Context {
     }
 
     fn usage_chunk(&self, c: &Completion) -> serde_json::Value {
-        let object = if self.endpoint == Endpoint::Chat { "chat.completion.chunk" } else { "text_completion" };
+        let object = if self.endpoint.is_chat() { "chat.completion.chunk" } else { "text_completion" };
         json!({"id": self.id, "object": object, "created": self.created, "model": self.model,
                "system_fingerprint": fingerprint(), "choices": [], "usage": Usage::from(c)})
     }
@@ -101,22 +115,62 @@ enum Phase {
     End,
 }
 
+/// What the stream collects for the answer sink.
+struct Collector {
+    sink: Option<AnswerSink>,
+    text: String,
+    tokens: Vec<u32>,
+}
+
+impl Collector {
+    /// Notes an event; hands the answer to the sink when it is complete.
+    async fn see(&mut self, event: &Option<Event>) {
+        match event {
+            Some(Event::Token { id, text }) => {
+                self.text.push_str(text);
+                self.tokens.push(*id);
+            }
+            Some(Event::Done(_)) => {
+                if let Some(sink) = self.sink.take() {
+                    let (text, tokens) = (std::mem::take(&mut self.text), std::mem::take(&mut self.tokens));
+                    sink(Answer { text, tokens }).await;
+                }
+            }
+            _ => {}
+        }
+    }
+}
+
 /// The streaming answer; `first` is the request's first event (not an error).
-pub(crate) fn respond(ctx: Context, first: Event, events: RequestStream, include_usage: bool) -> HttpResponse {
-    let state = (ctx, events, Phase::Start(Some(first)));
-    let body = futures_util::stream::unfold(state, move |(ctx, mut events, phase)| async move {
+pub(crate) fn respond(
+    ctx: Context,
+    first: Event,
+    events: RequestStream,
+    include_usage: bool,
+    sink: Option<AnswerSink>,
+) -> HttpResponse {
+    let headers = ctx.headers.clone();
+    let collector = Collector { sink, text: String::new(), tokens: Vec::new() };
+    let state = (ctx, events, collector, Phase::Start(Some(first)));
+    let body = futures_util::stream::unfold(state, move |(ctx, mut events, mut collector, phase)| async move {
         let (bytes, next) = match phase {
             Phase::Start(first) => {
                 let mut out = Vec::new();
-                if ctx.endpoint == Endpoint::Chat {
-                    out.extend_from_slice(&data(&ctx.chunk(Some(""), true, None)));
+                if ctx.endpoint.is_chat() {
+                    let mut role = ctx.chunk(Some(""), true, None);
+                    if let Some(extra) = &ctx.extra {
+                        role["cachet"] = extra.clone();
+                    }
+                    out.extend_from_slice(&data(&role));
                 }
+                collector.see(&first).await;
                 let (more, next) = handle(&ctx, first, include_usage);
                 out.extend_from_slice(&more);
                 (Bytes::from(out), next)
             }
             Phase::Events => {
                 let event = events.next().await;
+                collector.see(&event).await;
                 let (bytes, next) = handle(&ctx, event, include_usage);
                 (bytes, next)
             }
@@ -124,13 +178,17 @@ pub(crate) fn respond(ctx: Context, first: Event, events: RequestStream, include
             Phase::Done => (Bytes::from_static(b"data: [DONE]\n\n"), Phase::End),
             Phase::End => return None,
         };
-        Some((Ok::<Bytes, actix_web::Error>(bytes), (ctx, events, next)))
+        Some((Ok::<Bytes, actix_web::Error>(bytes), (ctx, events, collector, next)))
     });
-    HttpResponse::Ok()
+    let mut response = HttpResponse::Ok();
+    response
         .content_type("text/event-stream")
         .insert_header(("Cache-Control", "no-cache"))
-        .insert_header(("X-Accel-Buffering", "no"))
-        .streaming(body)
+        .insert_header(("X-Accel-Buffering", "no"));
+    for (name, value) in &headers {
+        response.insert_header((*name, value.as_str()));
+    }
+    response.streaming(body)
 }
 
 /// The bytes for one engine event and the phase after it.

@@ -3,9 +3,11 @@
 
 pub mod admin;
 pub mod ops;
+pub mod repos;
 pub mod usage;
+pub mod webhooks;
 
-use crate::openai;
+use crate::{openai, sessions};
 use actix_web::web;
 use utoipa::openapi::security::{HttpAuthScheme, HttpBuilder, SecurityScheme};
 use utoipa::{Modify, OpenApi};
@@ -17,10 +19,13 @@ use utoipa::{Modify, OpenApi};
         openai::list_models, openai::chat::chat_completions, openai::completions::completions, usage::usage,
         admin::create_tenant, admin::list_tenants, admin::delete_tenant, admin::issue_token,
         ops::healthz, ops::readyz, ops::metrics,
+        repos::create_repo, repos::list_repos, repos::get_repo, repos::delete_repo, webhooks::git_webhook,
+        sessions::create_session, sessions::get_session, sessions::delete_session, sessions::message::post_message,
     ),
     components(schemas(
         openai::types::ChatCompletionRequest, openai::types::CompletionRequest, openai::types::ChatCompletion,
         openai::types::TextCompletion, openai::types::ModelList, openai::types::Usage, admin::NewTenant, admin::NewToken,
+        repos::NewRepo, sessions::NewSession, sessions::message::MessageRequest,
     )),
     modifiers(&Bearer),
 )]
@@ -44,6 +49,15 @@ pub fn configure(cfg: &mut web::ServiceConfig) {
         .service(openai::chat::chat_completions)
         .service(openai::completions::completions)
         .service(usage::usage)
+        .service(repos::create_repo)
+        .service(repos::list_repos)
+        .service(repos::get_repo)
+        .service(repos::delete_repo)
+        .service(webhooks::git_webhook)
+        .service(sessions::create_session)
+        .service(sessions::get_session)
+        .service(sessions::delete_session)
+        .service(sessions::post_message)
         .service(admin::create_tenant)
         .service(admin::list_tenants)
         .service(admin::delete_tenant)

@@ -135,7 +135,8 @@ pub enum RequestError {
 /// What the stream of a request yields.
 #[derive(Clone, Debug, PartialEq)]
 pub enum Event {
-    /// A generated token and the text that became final with it.
+    /// A generated token (exactly one event per token, stop tokens
+    /// included) and the text that became final with it.
     Token { id: u32, text: String },
     /// The request is complete.
     Done(Completion),

@@ -308,15 +308,20 @@ impl<B: Backend> Engine<B> {
                 }
             }
             seq.last_token = Some(t);
-            seq.send(Event::Token { id: token, text: out.text });
-            if let Some(reason) = out.finish {
-                finished.push((seq.id, reason));
-            } else if seq.tokens.len() >= max_context {
-                let rest = seq.output.flush(&self.tokenizer).unwrap_or_default();
-                if !rest.is_empty() {
-                    seq.send(Event::Token { id: token, text: rest });
+            let mut text = out.text;
+            let reason = match out.finish {
+                Some(reason) => Some(reason),
+                None if seq.tokens.len() >= max_context => {
+                    // One event per token: text held back for a possible
+                    // stop string goes out with the last one.
+                    text.push_str(&seq.output.flush(&self.tokenizer).unwrap_or_default());
+                    Some(FinishReason::Length)
                 }
-                finished.push((seq.id, FinishReason::Length));
+                None => None,
+            };
+            seq.send(Event::Token { id: token, text });
+            if let Some(reason) = reason {
+                finished.push((seq.id, reason));
             }
         }
         for (id, reason) in finished {

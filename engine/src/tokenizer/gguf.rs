@@ -226,6 +226,12 @@ impl GgufTokenizerSpec {
 }
 
 impl Tokenizer {
+    /// The tokenizer of a parsed GGUF file ([`GgufTokenizerSpec::from_gguf_file`]
+    /// then [`Tokenizer::from_gguf`]).
+    pub fn from_gguf_file(file: &GgufFile) -> Result<Self, TokenizerError> {
+        Tokenizer::from_gguf(GgufTokenizerSpec::from_gguf_file(file)?)
+    }
+
     /// Builds the tokenizer a GGUF file describes (the header of `tokenizer/gguf.rs` lists
     /// exactly what is built). Takes the spec by value to move the vocabulary.
     ///

@@ -74,6 +74,9 @@ pub fn settings(database_url: &str, data_dir: &std::path::Path) -> Settings {
     s.engine.overload_factor = 0.0;
     s.auth.jwt.hs256_secret = Some(Secret::new(SECRET));
     s.auth.operator_token = OPERATOR.into();
+    s.context.allowed_root = data_dir.join("sources");
+    std::fs::create_dir_all(&s.context.allowed_root).unwrap();
+    s.context.budget_tokens = 1200;
     s
 }
 
@@ -174,4 +177,112 @@ pub async fn error(r: reqwest::Response, status: u16) -> Value {
     assert!(v["error"]["message"].as_str().is_some_and(|m| !m.is_empty()), "{v}");
     assert!(v["error"]["type"].is_string(), "{v}");
     v["error"].clone()
+}
+
+/// `sha256=<hex>` of the HMAC-SHA256 of `body` under `secret`.
+pub fn sign(secret: &str, body: &[u8]) -> String {
+    use hmac::{Hmac, Mac};
+    let mut mac = Hmac::<sha2::Sha256>::new_from_slice(secret.as_bytes()).unwrap();
+    mac.update(body);
+    let bytes = mac.finalize().into_bytes();
+    format!("sha256={}", bytes.iter().map(|b| format!("{b:02x}")).collect::<String>())
+}
+
+/// A registered repository.
+#[allow(dead_code)]
+pub struct Registered {
+    pub id: String,
+    pub secret: String,
+    pub source: cachet_context::testing::TestRepo,
+    pub head: String,
+}
+
+impl TestApp {
+    /// The folder local repositories may be registered from.
+    pub fn sources(&self) -> PathBuf {
+        self.state.settings.context.allowed_root.clone()
+    }
+
+    /// A git repository under the allowed root with a first commit of `files`.
+    pub fn source_repo(&self, name: &str, files: &[(&str, Option<&str>)]) -> cachet_context::testing::TestRepo {
+        let repo = cachet_context::testing::TestRepo::init(self.sources().join(name)).unwrap();
+        repo.commit(files, "first").unwrap();
+        repo
+    }
+
+    pub async fn post(&self, token: &str, path: &str, body: Value) -> reqwest::Response {
+        self.client.post(format!("{}{path}", self.address)).bearer_auth(token).json(&body).send().await.unwrap()
+    }
+
+    pub async fn get(&self, token: &str, path: &str) -> reqwest::Response {
+        self.client.get(format!("{}{path}", self.address)).bearer_auth(token).send().await.unwrap()
+    }
+
+    /// Registers `source` (by path) for the tenant of `token`.
+    pub async fn register(&self, token: &str, source: cachet_context::testing::TestRepo) -> Registered {
+        let url = source.path().display().to_string();
+        let r = self.post(token, "/v1/repos", json!({ "url": url })).await;
+        assert_eq!(r.status(), 201, "{}", r.text().await.unwrap());
+        let v: Value = r.json().await.unwrap();
+        Registered {
+            id: v["id"].as_str().unwrap().into(),
+            secret: v["webhook"]["secret"].as_str().unwrap().into(),
+            head: v["head"].as_str().unwrap().into(),
+            source,
+        }
+    }
+
+    /// Opens a session on the repository's default branch.
+    pub async fn session(&self, token: &str, repo: &Registered) -> String {
+        let r = self.post(token, "/v1/sessions", json!({ "repo": repo.id })).await;
+        assert_eq!(r.status(), 201, "{}", r.text().await.unwrap());
+        let v: Value = r.json().await.unwrap();
+        v["id"].as_str().unwrap().into()
+    }
+
+    /// Sends a message; returns the response.
+    pub async fn message(&self, token: &str, session: &str, body: Value) -> reqwest::Response {
+        self.post(token, &format!("/v1/sessions/{session}/messages"), body).await
+    }
+
+    /// The assembled prompt of a message (a dry run).
+    pub async fn dry_run(&self, token: &str, session: &str, content: &str) -> Value {
+        let r = self.message(token, session, json!({ "content": content, "dry_run": true })).await;
+        assert_eq!(r.status(), 200, "{}", r.text().await.unwrap());
+        r.json().await.unwrap()
+    }
+
+    /// Sends a signed push webhook (plain form) with an optional delivery id.
+    pub async fn push_hook(
+        &self,
+        repo: &Registered,
+        before: &str,
+        after: &str,
+        delivery: Option<&str>,
+    ) -> reqwest::Response {
+        let body = serde_json::to_vec(&json!({ "ref": "refs/heads/main", "before": before, "after": after })).unwrap();
+        let mut req = self
+            .client
+            .post(format!("{}/v1/webhooks/git/{}", self.address, repo.id))
+            .header("content-type", "application/json")
+            .header("x-hub-signature-256", sign(&repo.secret, &body));
+        if let Some(d) = delivery {
+            req = req.header("x-github-delivery", d).header("x-github-event", "push");
+        }
+        req.body(body).send().await.unwrap()
+    }
+
+    /// Waits until the engine has nothing running or waiting (pre-warm done).
+    pub async fn engine_idle(&self) {
+        let engine = self.state.served.get().unwrap().engine.clone();
+        let deadline = Instant::now() + Duration::from_secs(60);
+        loop {
+            let s = engine.snapshot().await.unwrap();
+            if s.running == 0 && s.waiting == 0 {
+                return;
+            }
+            assert!(Instant::now() < deadline, "the engine did not go idle");
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
 }

@@ -7,3 +7,4 @@ mod chat;
 mod errors;
 mod helpers;
 mod ledger;
+mod sessions;

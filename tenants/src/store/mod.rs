@@ -15,6 +15,12 @@ use uuid::Uuid;
 
 use crate::model::{Plan, Tenant, TenantId, UsageRecord};
 
+mod repos;
+mod sessions;
+
+pub use repos::{Invalidation, NewRepository, Repository};
+pub use sessions::{NewTurn, Role, Session, Turn};
+
 /// How long an operation waits for a connection before the store reports Postgres as unavailable.
 pub const ACQUIRE_TIMEOUT: Duration = Duration::from_secs(3);
 /// The most connections [`Store::connect`] opens.

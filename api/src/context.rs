@@ -1,0 +1,150 @@
+//! Repositories as the service uses them: the mirrors, each repository's
+//! context options, and the contexts built at a commit — cached, since a
+//! commit never changes. Everything here blocks (git, parsing, tokenizing):
+//! call it from `spawn_blocking`.
+
+use crate::config::ContextSettings;
+use cachet_context::{
+    CommitId, ContextBuilder, ContextError, ContextOptions, FileRules, Mirror, RepoContext, RepoStore, SourcePolicy,
+    TokenCounter,
+};
+use cachet_engine::tokenizer::Tokenizer;
+use cachet_tenants::store::Repository;
+use serde::{Deserialize, Serialize};
+use std::path::Path;
+use std::sync::Arc;
+use uuid::Uuid;
+
+/// What a tenant may set for a repository at registration.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
+#[serde(default, deny_unknown_fields)]
+pub struct RepoOptions {
+    /// Tokens of repository context per prompt (default: the server's).
+    pub budget_tokens: Option<usize>,
+    /// Which files are skipped (`max_file_bytes`, `exclude` and `include`
+    /// globs, `skip_vendored`, `skip_generated`).
+    #[schema(value_type = Object)]
+    pub rules: FileRules,
+}
+
+/// The engine's tokenizer as the context crate's token counter (special
+/// tokens in file contents stay plain text).
+pub struct PlainTokens<'a>(pub &'a Tokenizer);
+
+impl std::fmt::Debug for PlainTokens<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("PlainTokens")
+    }
+}
+
+impl TokenCounter for PlainTokens<'_> {
+    /// One served model per process: its tokenizer's vocabulary size and
+    /// special tokens identify it well enough to share block tokenizations.
+    fn cache_id(&self) -> Option<String> {
+        Some(format!("{}:{:?}:{:?}", self.0.vocab_size(), self.0.bos_token(), self.0.eos_token()))
+    }
+
+    fn encode(&self, text: &str) -> Vec<u32> {
+        match self.0.encode(text, false) {
+            Ok(ids) => ids,
+            Err(e) => {
+                // Plain text always encodes with a byte-level vocabulary.
+                tracing::error!("tokenizing repository text failed: {e}");
+                Vec::new()
+            }
+        }
+    }
+}
+
+/// Mirrors, the context builder and built contexts.
+pub struct Repos {
+    pub store: RepoStore,
+    builder: ContextBuilder,
+    contexts: moka::sync::Cache<(Uuid, CommitId), Arc<RepoContext>>,
+    settings: ContextSettings,
+}
+
+impl std::fmt::Debug for Repos {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Repos").field("contexts", &self.contexts.entry_count()).finish_non_exhaustive()
+    }
+}
+
+impl Repos {
+    /// Opens (creating if needed) the mirrors folder.
+    pub fn new(settings: &ContextSettings, data_dir: &Path) -> Result<Repos, ContextError> {
+        let mirrors = if settings.mirrors_dir.as_os_str().is_empty() {
+            data_dir.join("mirrors")
+        } else {
+            settings.mirrors_dir.clone()
+        };
+        let allowed_root = Some(settings.allowed_root.clone()).filter(|p| !p.as_os_str().is_empty());
+        let store = RepoStore::new(mirrors, SourcePolicy { allowed_root, allow_remote: settings.allow_remote })?;
+        Ok(Repos {
+            store,
+            builder: ContextBuilder::new(settings.outline_cache_entries),
+            // Contexts are a few hundred KB each.
+            contexts: moka::sync::Cache::new(256),
+            settings: settings.clone(),
+        })
+    }
+
+    /// Checks options sent at registration against the server's limits.
+    pub fn check_options(&self, options: &RepoOptions) -> Result<(), String> {
+        match options.budget_tokens {
+            Some(b) if b == 0 || b > self.settings.max_budget_tokens => {
+                Err(format!("budget_tokens must be between 1 and {}", self.settings.max_budget_tokens))
+            }
+            _ => Ok(()),
+        }
+    }
+
+    /// The context options of a repository.
+    pub fn options(&self, repo: &Repository) -> ContextOptions {
+        let stored: RepoOptions = serde_json::from_value(repo.options.clone()).unwrap_or_else(|e| {
+            tracing::warn!(repo = %repo.id, "stored context options unreadable ({e}); using defaults");
+            RepoOptions::default()
+        });
+        ContextOptions {
+            budget_tokens: stored.budget_tokens.unwrap_or(self.settings.budget_tokens),
+            rules: stored.rules,
+            ..ContextOptions::default()
+        }
+    }
+
+    /// The mirror of a registered repository.
+    pub fn mirror(&self, repo: &Repository) -> Result<Mirror, ContextError> {
+        self.store.mirror(&mirror_id(repo.id))
+    }
+
+    /// The repository's context at `commit` (built once per commit).
+    pub fn context(
+        &self,
+        repo: &Repository,
+        mirror: &Mirror,
+        commit: &CommitId,
+        tokenizer: &Tokenizer,
+    ) -> Result<Arc<RepoContext>, ContextError> {
+        let key = (repo.id, commit.clone());
+        if let Some(hit) = self.contexts.get(&key) {
+            return Ok(hit);
+        }
+        let started = std::time::Instant::now();
+        let built = Arc::new(self.builder.build(mirror, commit, &self.options(repo), &PlainTokens(tokenizer))?);
+        metrics::histogram!("cachet:context_build_seconds").record(started.elapsed().as_secs_f64());
+        tracing::debug!(repo = %repo.id, %commit, tokens = built.tokens.len(), "built the repository context");
+        self.contexts.insert(key, built.clone());
+        Ok(built)
+    }
+}
+
+/// A repository's mirror name.
+pub fn mirror_id(repo: Uuid) -> String {
+    repo.simple().to_string()
+}
+
+/// The cache tag source of a repository file as a branch's prompts hold
+/// it: a push to one branch does not evict what other branches use alone.
+pub fn tag_source(repo: Uuid, branch: &str, path: &str) -> String {
+    format!("repo:{}:{branch}:{path}", repo.simple())
+}

@@ -1,0 +1,212 @@
+//! `POST /v1/webhooks/git/{repo}`: push events. Authenticated by the
+//! repository's secret (HMAC-SHA256 of the raw body in
+//! `X-Hub-Signature-256`, compared in constant time), de-duplicated by
+//! `X-GitHub-Delivery` (or, for the plain `{ref, before, after}` form, by
+//! the push itself). A push fetches the mirror, invalidates the cached spans
+//! of changed and deleted files, records that, and pre-warms the new
+//! repository context for the branch's active sessions.
+//!
+//! The delivery is recorded in the same transaction that records the
+//! invalidation, committed only once the push is applied: a failed attempt
+//! can be redelivered, a successful one is applied once.
+
+use crate::context::tag_source;
+use crate::error::ApiError;
+use crate::openai::retention_key;
+use crate::sessions::assemble::session_prompt;
+use crate::state::{AppState, Served};
+use actix_web::{post, web, HttpRequest, HttpResponse};
+use cachet_context::CommitId;
+use cachet_engine::generate::GenerateParams;
+use cachet_engine::radix::TenantKey;
+use cachet_engine::runtime::{Request, SloClass};
+use cachet_tenants::store::{Invalidation, Repository, Store};
+use hmac::{Hmac, Mac};
+use serde::Deserialize;
+use serde_json::json;
+use sha2::Sha256;
+use std::collections::HashMap;
+use uuid::Uuid;
+
+#[derive(Debug, Deserialize)]
+struct Push {
+    #[serde(rename = "ref")]
+    git_ref: String,
+    before: String,
+    after: String,
+}
+
+fn header<'a>(req: &'a HttpRequest, name: &str) -> Option<&'a str> {
+    req.headers().get(name).and_then(|v| v.to_str().ok()).map(str::trim)
+}
+
+/// Checks `sha256=<hex>` against the HMAC of `body`.
+fn verify(secret: &str, body: &[u8], signature: Option<&str>) -> Result<(), ApiError> {
+    let unauthorized = || ApiError::Unauthorized("missing or invalid X-Hub-Signature-256".into());
+    let hex = signature.and_then(|s| s.strip_prefix("sha256=")).ok_or_else(unauthorized)?;
+    if hex.len() != 64 {
+        return Err(unauthorized());
+    }
+    let mut given = [0u8; 32];
+    for (i, byte) in given.iter_mut().enumerate() {
+        *byte =
+            u8::from_str_radix(hex.get(2 * i..2 * i + 2).ok_or_else(unauthorized)?, 16).map_err(|_| unauthorized())?;
+    }
+    let mut mac = Hmac::<Sha256>::new_from_slice(secret.as_bytes()).map_err(|_| unauthorized())?;
+    mac.update(body);
+    mac.verify_slice(&given).map_err(|_| unauthorized())
+}
+
+fn is_zero(oid: &str) -> bool {
+    !oid.is_empty() && oid.bytes().all(|b| b == b'0')
+}
+
+fn is_oid(oid: &str) -> bool {
+    (4..=64).contains(&oid.len()) && oid.bytes().all(|b| b.is_ascii_hexdigit())
+}
+
+/// Receives a push webhook.
+#[utoipa::path(post, path = "/v1/webhooks/git/{repo}", tag = "repositories",
+    responses((status = 200, description = "Applied, a redelivery, or an event that is ignored"),
+              (status = 400, description = "Malformed push"), (status = 401, description = "Bad signature"),
+              (status = 404, description = "Unknown repository"), (status = 502, description = "The fetch failed")))]
+#[post("/v1/webhooks/git/{repo}")]
+pub async fn git_webhook(
+    state: web::Data<AppState>,
+    req: HttpRequest,
+    repo: web::Path<String>,
+    body: web::Bytes,
+) -> Result<HttpResponse, ApiError> {
+    let unknown = || ApiError::NotFound(format!("no repository {}", repo.as_str()));
+    let id: Uuid = repo.parse().map_err(|_| unknown())?;
+    let repo = state.store.repository_for_webhook(id).await?.ok_or_else(unknown)?;
+    verify(&repo.webhook_secret, &body, header(&req, "x-hub-signature-256"))?;
+
+    let event = header(&req, "x-github-event").unwrap_or("push").to_string();
+    if event != "push" {
+        return Ok(HttpResponse::Ok().json(json!({"event": event, "ignored": true})));
+    }
+    let push: Push = serde_json::from_slice(&body).map_err(|e| ApiError::bad(format!("invalid push body: {e}")))?;
+    if !is_oid(&push.before) || !is_oid(&push.after) {
+        return Err(ApiError::bad("before and after must be commit ids"));
+    }
+    let delivery = match header(&req, "x-github-delivery").filter(|d| !d.is_empty()) {
+        Some(d) => d.chars().take(200).collect::<String>(),
+        None => format!("push:{}:{}:{}", push.git_ref, push.before, push.after).chars().take(200).collect(),
+    };
+    let Some(branch) = push.git_ref.strip_prefix("refs/heads/").map(str::to_string) else {
+        return Ok(HttpResponse::Ok().json(json!({"event": "push", "ref": push.git_ref, "ignored": true})));
+    };
+
+    let mut tx = state.store.pool().begin().await.map_err(cachet_tenants::StoreError::from)?;
+    if !Store::record_delivery(&mut tx, repo.id, &delivery, &event).await? {
+        return Ok(HttpResponse::Ok().json(json!({"event": "push", "delivery": delivery, "duplicate": true})));
+    }
+    let applied = apply(&state, &repo, &branch, &push).await?;
+    let inv = Invalidation {
+        repo: repo.id,
+        delivery_id: delivery.clone(),
+        git_ref: push.git_ref.clone(),
+        before: push.before.clone(),
+        after: push.after.clone(),
+        paths: applied.paths.clone(),
+        evicted_tokens: applied.evicted as i64,
+        prewarmed: applied.prewarmed as i32,
+    };
+    Store::record_invalidation(&mut tx, &inv).await?;
+    tx.commit().await.map_err(cachet_tenants::StoreError::from)?;
+    tracing::info!(repo = %repo.id, %branch, paths = applied.paths.len(), evicted = applied.evicted,
+                   prewarmed = applied.prewarmed, "push applied");
+    Ok(HttpResponse::Ok().json(json!({
+        "event": "push", "delivery": delivery, "ref": push.git_ref, "before": push.before, "after": push.after,
+        "changed_paths": applied.paths, "evicted_tokens": applied.evicted, "prewarmed": applied.prewarmed,
+    })))
+}
+
+/// What a push did.
+struct Applied {
+    paths: Vec<String>,
+    evicted: usize,
+    prewarmed: usize,
+}
+
+async fn apply(state: &web::Data<AppState>, repo: &Repository, branch: &str, push: &Push) -> Result<Applied, ApiError> {
+    let (st, r, before, after) = (state.clone(), repo.clone(), push.before.clone(), push.after.clone());
+    // Fetch, diff, and the new context's block versions (to keep what did not change).
+    let (paths, versions) = web::block(move || -> Result<_, ApiError> {
+        let mirror = st.repos.mirror(&r)?;
+        mirror.fetch()?;
+        if is_zero(&after) {
+            return Ok((Vec::new(), HashMap::new()));
+        }
+        let after = mirror.resolve(&after)?;
+        let before = if is_zero(&before) { None } else { mirror.resolve(&before).ok() };
+        let paths: Vec<String> = match &before {
+            Some(before) => mirror.changed_paths(before, &after)?.into_iter().map(|c| c.path).collect(),
+            None => Vec::new(),
+        };
+        let mut versions = HashMap::new();
+        if let Some(served) = st.served.get() {
+            let ctx = st.repos.context(&r, &mirror, &after, served.engine.tokenizer())?;
+            for s in &ctx.segments {
+                if let Some(p) = &s.path {
+                    versions.insert(p.clone(), s.version.clone());
+                }
+            }
+        }
+        Ok((paths, versions))
+    })
+    .await
+    .map_err(|e| ApiError::Internal(e.to_string()))??;
+
+    let Some(served) = state.served.get() else {
+        return Ok(Applied { paths, evicted: 0, prewarmed: 0 });
+    };
+    let mut evicted = 0;
+    for path in &paths {
+        let source = tag_source(repo.id, branch, path);
+        evicted += served.engine.invalidate(&source, versions.get(path).map(String::as_str)).await.unwrap_or(0);
+    }
+    let prewarmed = if is_zero(&push.after) { 0 } else { prewarm(state, served, repo, branch).await? };
+    Ok(Applied { paths, evicted, prewarmed })
+}
+
+/// Pre-warms the branch's repository context if a session on it is active;
+/// returns the number of pre-warm requests sent (0 or 1: every session on
+/// a branch shares one context).
+async fn prewarm(
+    state: &web::Data<AppState>,
+    served: &Served,
+    repo: &Repository,
+    branch: &str,
+) -> Result<usize, ApiError> {
+    let since = chrono::Utc::now() - crate::sessions::idle(state);
+    let sessions = state.store.active_sessions(repo.id, branch, since).await?;
+    let Some(latest) = sessions.first() else { return Ok(0) };
+    let (st, r, b) = (state.clone(), repo.clone(), branch.to_string());
+    let prompt = web::block(move || {
+        let served = st.served()?;
+        let commit: CommitId = st.repos.mirror(&r)?.branch_head(&b)?;
+        session_prompt(&st.repos, served, &r, &b, &commit, &[], None)
+    })
+    .await
+    .map_err(|e| ApiError::Internal(e.to_string()))??;
+    let end = prompt.context_end;
+    if end == 0 {
+        return Ok(0);
+    }
+    let mut request = Request::new(
+        TenantKey::new(repo.tenant.to_string()),
+        prompt.assembled.tokens[..end].to_vec(),
+        GenerateParams::default(),
+    );
+    request.prewarm = true;
+    request.slo = SloClass::Batch;
+    request.public = prompt.public;
+    request.spans = prompt.spans.into_iter().filter(|s| s.range.end <= end).collect();
+    request.retention = Some((retention_key(repo.tenant, latest.id), crate::sessions::idle(state)));
+    let mut events = served.engine.submit(request);
+    // Dropping the stream would cancel the request: drain it.
+    tokio::spawn(async move { while events.next().await.is_some() {} });
+    Ok(1)
+}

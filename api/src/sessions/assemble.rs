@@ -1,0 +1,203 @@
+//! A session's prompt from its parts: the repository context at the branch
+//! head, the stored history, and this turn (named files, tool output, the
+//! question). Blocking: call from `spawn_blocking`.
+
+use super::prompt::{assemble, block, Assembled, Kind, Message, Piece};
+use crate::context::{tag_source, Repos};
+use crate::error::ApiError;
+use crate::state::Served;
+use cachet_context::{CommitId, Mirror, RepoContext, SegmentKind};
+use cachet_engine::radix::Tag;
+use cachet_engine::runtime::{PublicPrefix, TokenSpan};
+use cachet_tenants::store::{Repository, Role, Turn};
+use serde::Deserialize;
+use uuid::Uuid;
+
+/// The largest file a message may name, in bytes.
+pub const MAX_NAMED_FILE_BYTES: usize = 512 * 1024;
+/// The most files one message may name.
+pub const MAX_NAMED_FILES: usize = 32;
+
+/// Tool output a message carries.
+#[derive(Clone, Debug, Deserialize, utoipa::ToSchema)]
+#[serde(untagged)]
+pub enum ToolOutput {
+    Text(String),
+    Named { name: Option<String>, content: String },
+}
+
+/// This turn's input.
+#[derive(Clone, Debug, Default)]
+pub struct TurnInput {
+    pub files: Vec<String>,
+    pub tool_output: Vec<ToolOutput>,
+    pub question: String,
+}
+
+/// A session prompt and what it was built from.
+#[derive(Debug)]
+pub struct SessionPrompt {
+    pub commit: CommitId,
+    pub assembled: Assembled,
+    /// The user turn's content as stored in the history.
+    pub user_content: String,
+    pub spans: Vec<TokenSpan>,
+    pub public: Option<PublicPrefix>,
+    /// Tokens up to the end of the repository context (and the framing
+    /// after it): what pre-warm fills.
+    pub context_end: usize,
+}
+
+fn context_pieces(ctx: &RepoContext) -> Vec<Piece> {
+    ctx.segments
+        .iter()
+        .map(|s| Piece {
+            kind: match s.kind {
+                SegmentKind::Header => Kind::ContextHeader,
+                SegmentKind::Outline => Kind::Outline,
+                SegmentKind::File => Kind::File,
+            },
+            text: ctx.text[s.text.clone()].to_string(),
+            tokens: Some(ctx.tokens[s.tokens.clone()].to_vec()),
+            path: s.path.clone(),
+            blob: s.blob.as_ref().map(|b| b.to_string()),
+            version: Some(s.version.clone()),
+            turn: None,
+        })
+        .collect()
+}
+
+fn history_messages(served: &Served, history: &[Turn]) -> Vec<Message> {
+    let tokenizer = served.engine.tokenizer();
+    let stops = tokenizer.eos_ids();
+    history
+        .iter()
+        .map(|turn| {
+            let (role, kind) = match turn.role {
+                Role::User => ("user", Kind::HistoryUser),
+                Role::Assistant => ("assistant", Kind::HistoryAssistant),
+            };
+            let mut piece = Piece::text(kind, turn.content.clone());
+            piece.turn = Some(turn.seq);
+            // The generated tokens, when they are this model's and spell the
+            // stored text, so the next prompt repeats what is cached.
+            if let (Some(tokens), Some(model)) = (&turn.tokens, &turn.model) {
+                let mut tokens = tokens.clone();
+                while tokens.last().is_some_and(|t| stops.contains(t)) {
+                    tokens.pop();
+                }
+                let spells = tokenizer.decode(&tokens, true).is_ok_and(|t| t == turn.content);
+                if *model == served.id && spells {
+                    piece.tokens = Some(tokens);
+                }
+            }
+            Message { role, pieces: vec![piece] }
+        })
+        .collect()
+}
+
+/// The pieces of this turn's user message; named files are read at `commit`.
+fn turn_pieces(mirror: &Mirror, commit: &CommitId, turn: &TurnInput) -> Result<Vec<Piece>, ApiError> {
+    if turn.files.len() > MAX_NAMED_FILES {
+        return Err(ApiError::bad_param("files", format!("at most {MAX_NAMED_FILES} files per message")));
+    }
+    let mut pieces = Vec::new();
+    for path in &turn.files {
+        let file = mirror
+            .read_file(commit, path)?
+            .ok_or_else(|| ApiError::bad_param("files", format!("{path:?} does not exist at commit {commit}")))?;
+        if file.bytes.len() > MAX_NAMED_FILE_BYTES {
+            return Err(ApiError::bad_param("files", format!("{path:?} is larger than {MAX_NAMED_FILE_BYTES} bytes")));
+        }
+        let text = String::from_utf8(file.bytes)
+            .map_err(|_| ApiError::bad_param("files", format!("{path:?} is not UTF-8 text")))?;
+        let mut piece = Piece::text(Kind::TurnFile, block(path, &text));
+        piece.path = Some(path.clone());
+        piece.blob = Some(file.blob.to_string());
+        piece.version = Some(file.blob.to_string());
+        pieces.push(piece);
+    }
+    for output in &turn.tool_output {
+        let (name, content) = match output {
+            ToolOutput::Text(content) => (None, content),
+            ToolOutput::Named { name, content } => (name.as_deref(), content),
+        };
+        let heading = match name {
+            Some(n) => format!("Tool output: {}", n.trim()),
+            None => "Tool output".to_string(),
+        };
+        pieces.push(Piece::text(Kind::ToolOutput, block(&heading, content)));
+    }
+    let question = turn.question.trim();
+    if !question.is_empty() {
+        pieces.push(Piece::text(Kind::Question, question));
+    }
+    if pieces.is_empty() {
+        return Err(ApiError::bad_param("content", "the message has no content, files or tool output"));
+    }
+    Ok(pieces)
+}
+
+/// Builds the prompt of a session turn (`turn = None`: the shared prefix
+/// only, for pre-warm).
+pub fn session_prompt(
+    repos: &Repos,
+    served: &Served,
+    repo: &Repository,
+    branch: &str,
+    commit: &CommitId,
+    history: &[Turn],
+    turn: Option<&TurnInput>,
+) -> Result<SessionPrompt, ApiError> {
+    let template = served.engine.chat_template().ok_or_else(|| ApiError::bad("the model has no chat template"))?;
+    let mirror = repos.mirror(repo)?;
+    let context = repos.context(repo, &mirror, commit, served.engine.tokenizer())?;
+    let mut messages = Vec::new();
+    if let Some((public, _)) = &served.public {
+        messages.push(Message { role: "system", pieces: vec![Piece::text(Kind::System, public.clone())] });
+    }
+    let context_index = (!context.segments.is_empty()).then(|| {
+        messages.push(Message { role: "system", pieces: context_pieces(&context) });
+        messages.len() - 1
+    });
+    messages.extend(history_messages(served, history));
+    let pieces = match turn {
+        Some(turn) => turn_pieces(&mirror, commit, turn)?,
+        // Any user message: only the prefix before it is kept.
+        None => vec![Piece::text(Kind::Question, "?")],
+    };
+    let user_content: String = pieces.iter().map(|p| p.text.as_str()).collect();
+    messages.push(Message { role: "user", pieces });
+    let assembled = assemble(template, served.engine.tokenizer(), &messages).map_err(|e| match e {
+        super::prompt::PromptError::Tokenizer(m) => ApiError::bad(m),
+        other => ApiError::Internal(other.to_string()),
+    })?;
+    let context_end = match (context_index, messages.len() > 1) {
+        (Some(i), _) => assembled.end_of_frame_after(i),
+        (None, true) => assembled.end_of_frame_after(0),
+        (None, false) => 0,
+    };
+    let public = served
+        .public
+        .as_ref()
+        .filter(|(_, ids)| assembled.tokens.starts_with(ids))
+        .map(|(_, ids)| PublicPrefix { template: "chat".into(), tokens: ids.len() });
+    let spans = spans(repo.id, branch, &assembled);
+    Ok(SessionPrompt { commit: commit.clone(), assembled, user_content, spans, public, context_end })
+}
+
+/// Cache tags for the repository pieces of a prompt.
+fn spans(repo: Uuid, branch: &str, assembled: &Assembled) -> Vec<TokenSpan> {
+    assembled
+        .segments
+        .iter()
+        .filter(|s| !s.tokens.is_empty())
+        .filter_map(|s| match (s.kind, &s.path, &s.version) {
+            (Kind::Outline | Kind::File | Kind::TurnFile, Some(path), Some(version)) => Some(TokenSpan {
+                range: s.tokens.clone(),
+                tag: Tag { source: tag_source(repo, branch, path).into(), version: version.as_str().into() },
+            }),
+            _ => None,
+        })
+        .collect()
+}

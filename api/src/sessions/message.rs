@@ -1,0 +1,158 @@
+//! `POST /v1/sessions/{id}/messages`: one turn of a session.
+
+use super::assemble::{session_prompt, ToolOutput, TurnInput};
+use super::{idle, open_session};
+use crate::auth::TenantAuth;
+use crate::error::ApiError;
+use crate::openai::types::Sampling;
+use crate::openai::{execute, model, params, Answer, BoundSession, Endpoint, Job};
+use crate::state::AppState;
+use actix_web::{post, web, HttpRequest, HttpResponse};
+use cachet_tenants::store::{NewTurn, Role};
+use serde::Deserialize;
+use serde_json::json;
+use uuid::Uuid;
+
+/// One or several.
+#[derive(Clone, Debug, Deserialize)]
+#[serde(untagged)]
+pub enum OneOrMany<T> {
+    One(T),
+    Many(Vec<T>),
+}
+
+/// A session turn.
+#[derive(Clone, Debug, Deserialize, utoipa::ToSchema)]
+pub struct MessageRequest {
+    /// The question.
+    #[serde(default)]
+    pub content: String,
+    /// Repository files to show in full (paths at the session's commit).
+    #[serde(default)]
+    pub files: Vec<String>,
+    /// Output of tools the agent ran: a string, `{name, content}`, or a list.
+    #[serde(default)]
+    #[schema(value_type = Option<Object>)]
+    pub tool_output: Option<OneOrMany<ToolOutput>>,
+    /// Return the assembled prompt instead of running the model.
+    #[serde(default)]
+    pub dry_run: bool,
+    /// The model (default: the served one).
+    #[serde(default)]
+    pub model: Option<String>,
+    #[serde(flatten)]
+    #[schema(value_type = Object)]
+    pub sampling: Sampling,
+}
+
+/// Sends a message in a session: the server assembles public system prompt →
+/// repository context at the branch head → history → this turn, and answers
+/// like chat completions (streaming with `"stream": true`), with the commit
+/// it used under `"cachet"` and in `X-Cachet-Commit`.
+#[utoipa::path(post, path = "/v1/sessions/{id}/messages", tag = "sessions", request_body = MessageRequest,
+    responses((status = 200, description = "The answer (or, with `dry_run`, the assembled prompt and its segments)"),
+              (status = 400, description = "Invalid message (unknown file, bad path)"),
+              (status = 404, description = "Unknown session"),
+              (status = 409, description = "The session is closed, or a turn is in progress"),
+              (status = 413, description = "The prompt is longer than the context")),
+    security(("bearer" = [])))]
+#[post("/v1/sessions/{id}/messages")]
+pub async fn post_message(
+    state: web::Data<AppState>,
+    http: HttpRequest,
+    auth: TenantAuth,
+    id: web::Path<Uuid>,
+    body: web::Json<MessageRequest>,
+) -> Result<HttpResponse, ApiError> {
+    let body = body.into_inner();
+    let served = model(&state, body.model.as_deref().unwrap_or("default"))?;
+    let session = open_session(&state, &auth, id.into_inner()).await?;
+    // A dry run changes nothing, so it may look while a turn runs.
+    let guard = if body.dry_run {
+        None
+    } else {
+        Some(state.begin_turn(session.id).ok_or_else(|| {
+            ApiError::Conflict(format!("a turn of session {} is in progress; wait for its answer", session.id))
+        })?)
+    };
+    let tenant = auth.0.id;
+    let repo = state
+        .store
+        .repository(tenant, session.repo)
+        .await?
+        .ok_or_else(|| ApiError::Conflict("the session's repository was deleted".into()))?;
+    let history = state.store.turns(session.id).await?;
+    let turn = TurnInput {
+        files: body.files.clone(),
+        tool_output: match body.tool_output.clone() {
+            None => Vec::new(),
+            Some(OneOrMany::One(o)) => vec![o],
+            Some(OneOrMany::Many(v)) => v,
+        },
+        question: body.content.clone(),
+    };
+    let (st, r, branch) = (state.clone(), repo.clone(), session.branch.clone());
+    let prompt = web::block(move || {
+        let served = st.served()?;
+        let commit = st.repos.mirror(&r)?.branch_head(&branch)?;
+        session_prompt(&st.repos, served, &r, &branch, &commit, &history, Some(&turn))
+    })
+    .await
+    .map_err(|e| ApiError::Internal(e.to_string()))??;
+    let commit = prompt.commit.to_string();
+    if body.dry_run {
+        return Ok(HttpResponse::Ok().json(json!({
+            "object": "session.prompt",
+            "session_id": session.id,
+            "commit": commit,
+            "prompt": prompt.assembled.text,
+            "prompt_tokens": prompt.assembled.tokens.len(),
+            "context_tokens": prompt.context_end,
+            "segments": prompt.assembled.segments,
+            "token_ids": prompt.assembled.tokens,
+        })));
+    }
+    let params = params(&body.sampling, prompt.assembled.tokens.len(), served.engine.max_context())?;
+    let mut job = Job::new(Endpoint::SessionMessage, prompt.assembled.tokens, prompt.public, params);
+    let seq = state
+        .store
+        .append_turn(
+            session.id,
+            &NewTurn {
+                role: Role::User,
+                content: &prompt.user_content,
+                tokens: None,
+                model: None,
+                commit: Some(&commit),
+                request_id: Some(job.id),
+            },
+        )
+        .await?;
+    state.store.touch_session(session.id).await?;
+
+    job.session = Some(BoundSession { id: session.id, retention: idle(&state) });
+    job.spans = prompt.spans;
+    job.extra = Some(json!({"session_id": session.id, "commit": commit, "turn": seq}));
+    job.headers = vec![("X-Cachet-Commit", commit.clone()), ("X-Cachet-Session", session.id.to_string())];
+    let (store, model_id, session_id, request_id) = (state.store.clone(), served.id.clone(), session.id, job.id);
+    job.answer = Some(Box::new(move |answer: Answer| {
+        Box::pin(async move {
+            let turn = NewTurn {
+                role: Role::Assistant,
+                content: &answer.text,
+                tokens: Some(&answer.tokens),
+                model: Some(&model_id),
+                commit: None,
+                request_id: Some(request_id),
+            };
+            if let Err(e) = store.append_turn(session_id, &turn).await {
+                tracing::error!(session = %session_id, "storing the answer failed: {e}");
+            }
+            if let Err(e) = store.touch_session(session_id).await {
+                tracing::warn!(session = %session_id, "{e}");
+            }
+            drop(guard);
+        })
+    }));
+    execute(&state, &http, auth, served, &body.sampling, job).await
+}

@@ -1,0 +1,129 @@
+//! With the real Qwen tokenizer: a session prompt tokenized piece by piece
+//! (frames with special tokens, context blocks, history, this turn) has
+//! exactly the tokens of its whole text, so provenance spans are exact and a
+//! block's tokens never depend on what follows it. Needs the default model
+//! (`cachet models pull`); without it the test prints a line and passes,
+//! unless `REQUIRE_MODEL=1`.
+
+use cachet_api::context::PlainTokens;
+use cachet_api::sessions::prompt::{assemble, block, Kind, Message, Piece};
+use cachet_context::testing::TestRepo;
+use cachet_context::{ContextBuilder, ContextOptions, Mirror, RepoContext, SegmentKind};
+use cachet_engine::chat_template::ChatTemplate;
+use cachet_engine::gguf::GgufFile;
+use cachet_engine::tokenizer::Tokenizer;
+use std::path::PathBuf;
+
+fn real_model() -> Option<(Tokenizer, ChatTemplate)> {
+    let models = std::env::var_os("CACHET_MODELS_DIR")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from(std::env::var_os("HOME").unwrap_or_default()).join(".cache/cachet/models"));
+    let path = models.join("qwen2.5-coder-0.5b-instruct-q4_k_m.gguf");
+    if !path.exists() {
+        assert!(
+            std::env::var("REQUIRE_MODEL").as_deref() != Ok("1"),
+            "REQUIRE_MODEL=1 but {} is missing",
+            path.display()
+        );
+        eprintln!("skipping: {} not found", path.display());
+        return None;
+    }
+    let file = GgufFile::open(&path).unwrap();
+    let tokenizer = Tokenizer::from_gguf_file(&file).unwrap();
+    let source = file.get_str("tokenizer.chat_template").unwrap().unwrap().to_string();
+    let template =
+        ChatTemplate::new(&source, tokenizer.bos_token().as_deref(), tokenizer.eos_token().as_deref()).unwrap();
+    Some((tokenizer, template))
+}
+
+const FILES: &[(&str, &str)] = &[
+    ("README.md", "# Shop\n\nA tiny shop.   Trailing spaces   \n\n\n"),
+    ("src/lib.rs", "pub mod cart;\n\n/// Prices in cents.\npub struct Price(pub u64);\n\nimpl Price {\n    pub const ZERO: Price = Price(0);\n    pub fn cents(&self) -> u64 { self.0 }\n}\n"),
+    ("src/cart.rs", "use crate::Price;\n\npub trait Total {\n    fn total(&self) -> Price;\n}\n\npub struct Cart { items: Vec<Price> }\n\nimpl Total for Cart {\n    fn total(&self) -> Price {\n        Price(self.items.iter().map(Price::cents).sum())\n    }\n}\n"),
+    ("tools/report.py", "import json\n\n\nclass Report:\n    \"\"\"A report.\"\"\"\n\n    def __init__(self, rows):\n        self.rows = rows\n\n    def to_json(self) -> str:\n        return json.dumps(self.rows)\n\n\ndef main():\n    print(Report([]).to_json())\n"),
+    ("web/cart.ts", "export interface Item { price: number }\n\nexport class Cart {\n  items: Item[] = [];\n  total(): number {\n    return this.items.reduce((s, i) => s + i.price, 0);\n  }\n}\n"),
+    ("web/util.js", "export function sum(xs) {\n  return xs.reduce((a, b) => a + b, 0);\n}\n\nexport const ZERO = 0;\n"),
+    ("svc/main.go", "package main\n\nimport \"fmt\"\n\ntype Cart struct {\n\tItems []int\n}\n\nfunc (c *Cart) Total() int {\n\tt := 0\n\tfor _, i := range c.Items {\n\t\tt += i\n\t}\n\treturn t\n}\n\nfunc main() { fmt.Println((&Cart{}).Total()) }\n"),
+    ("notes.txt", "\n\n  leading blank lines and indentation\n\ttabs\n"),
+];
+
+fn context(tok: &Tokenizer, mirror: &Mirror, budget: usize) -> RepoContext {
+    let head = mirror.resolve("HEAD").unwrap();
+    let opts = ContextOptions { budget_tokens: budget, ..ContextOptions::default() };
+    ContextBuilder::new(1000).build(mirror, &head, &opts, &PlainTokens(tok)).unwrap()
+}
+
+fn assert_blocks_tokenize_alone(tok: &Tokenizer, ctx: &RepoContext) {
+    assert_eq!(ctx.tokens, tok.encode(&ctx.text, false).unwrap(), "block tokens differ from whole-text tokens");
+    for s in &ctx.segments {
+        let text = &ctx.text[s.text.clone()];
+        assert!(!text.starts_with(char::is_whitespace) && text.ends_with('\n'), "block shape: {text:?}");
+        assert_eq!(&ctx.tokens[s.tokens.clone()], tok.encode(text, false).unwrap().as_slice());
+    }
+}
+
+#[test]
+fn session_prompt_tokens_are_the_whole_texts_tokens() {
+    let Some((tok, template)) = real_model() else { return };
+    let dir = tempfile::tempdir().unwrap();
+    let repo = TestRepo::init(dir.path().join("shop")).unwrap();
+    let files: Vec<(&str, Option<&str>)> = FILES.iter().map(|(p, c)| (*p, Some(*c))).collect();
+    repo.commit(&files, "first").unwrap();
+    let mirror = Mirror::open_path(repo.path()).unwrap();
+    for budget in [64, 300, 4096] {
+        let ctx = context(&tok, &mirror, budget);
+        assert!(ctx.tokens.len() <= budget);
+        assert_blocks_tokenize_alone(&tok, &ctx);
+    }
+    let ctx = context(&tok, &mirror, 4096);
+    assert!(ctx.segments.iter().any(|s| s.kind == SegmentKind::File));
+
+    let context_pieces: Vec<Piece> = ctx
+        .segments
+        .iter()
+        .map(|s| Piece {
+            kind: Kind::File,
+            text: ctx.text[s.text.clone()].to_string(),
+            tokens: Some(ctx.tokens[s.tokens.clone()].to_vec()),
+            path: s.path.clone(),
+            blob: None,
+            version: None,
+            turn: None,
+        })
+        .collect();
+    let messages = vec![
+        Message { role: "system", pieces: vec![Piece::text(Kind::System, "You are a careful coding assistant.")] },
+        Message { role: "system", pieces: context_pieces },
+        Message { role: "user", pieces: vec![Piece::text(Kind::HistoryUser, "Why does total() return Price?")] },
+        Message {
+            role: "assistant",
+            pieces: vec![Piece::text(Kind::HistoryAssistant, "Because `Price` wraps cents.\n\n")],
+        },
+        Message {
+            role: "user",
+            pieces: vec![
+                Piece::text(Kind::TurnFile, block("src/cart.rs", FILES[2].1)),
+                Piece::text(Kind::ToolOutput, block("Tool output: cargo test", "test cart ... FAILED\n  left: 1")),
+                Piece::text(Kind::Question, "Fix the failing test."),
+            ],
+        },
+    ];
+    let prompt = assemble(&template, &tok, &messages).unwrap();
+    assert_eq!(prompt.tokens, tok.encode(&prompt.text, true).unwrap(), "piecewise tokens differ: {}", prompt.text);
+    assert!(prompt.text.starts_with("<|im_start|>system\nYou are a careful"));
+    assert!(prompt.text.ends_with("Fix the failing test.<|im_end|>\n<|im_start|>assistant\n"));
+}
+
+/// This repository itself: real Rust code, docs and scripts.
+#[test]
+fn this_repositorys_context_blocks_tokenize_alone() {
+    let Some((tok, _)) = real_model() else { return };
+    let root = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("..");
+    let Ok(mirror) = Mirror::open_path(&root) else {
+        eprintln!("skipping: {} is not a git checkout", root.display());
+        return;
+    };
+    let ctx = context(&tok, &mirror, 8192);
+    assert!(ctx.tokens.len() <= 8192 && ctx.tokens.len() > 4096, "{}", ctx.tokens.len());
+    assert_blocks_tokenize_alone(&tok, &ctx);
+}

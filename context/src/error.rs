@@ -1,0 +1,54 @@
+//! The one error type of the crate.
+
+/// Why a context operation failed.
+///
+/// [`ContextError::is_client_error`] separates what the caller sent wrong (a 4xx at the API) from
+/// failures on our side or of a remote (a 5xx / 502).
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum ContextError {
+    /// A repository source that registration refuses (bad URL scheme, path outside the allowed root, …).
+    #[error("refused repository source: {0}")]
+    BadSource(String),
+    /// A repository-relative path that is not acceptable (absolute, `..`, empty, …).
+    #[error("bad path: {0}")]
+    BadPath(String),
+    /// No such mirror, file or commit.
+    #[error("not found: {0}")]
+    NotFound(String),
+    /// A branch or revision that does not exist (or is not a valid name).
+    #[error("unknown ref: {0}")]
+    UnknownRef(String),
+    /// Context options that cannot be used (an invalid glob, …).
+    #[error("bad options: {0}")]
+    BadOptions(String),
+    /// A libgit2 failure: corrupt repository, unreachable remote, …
+    #[error("git: {0}")]
+    Git(String),
+    /// A file-system failure on our side.
+    #[error("io: {0}")]
+    Io(String),
+}
+
+impl ContextError {
+    /// True when the caller's input is at fault (bad source, bad path, unknown ref, not found, bad
+    /// options).
+    pub fn is_client_error(&self) -> bool {
+        matches!(
+            self,
+            Self::BadSource(_) | Self::BadPath(_) | Self::NotFound(_) | Self::UnknownRef(_) | Self::BadOptions(_)
+        )
+    }
+}
+
+impl From<git2::Error> for ContextError {
+    fn from(e: git2::Error) -> Self {
+        Self::Git(e.message().to_string())
+    }
+}
+
+impl From<std::io::Error> for ContextError {
+    fn from(e: std::io::Error) -> Self {
+        Self::Io(e.to_string())
+    }
+}

@@ -1,0 +1,103 @@
+//! Block order: stable first, by path, or least recently changed first. Only reorders; never adds or
+//! drops a block.
+//!
+//! What counts as a block's change is a change of its *text*: a full file changes with every edit
+//! of the file, an outline only when the file's outline changes (an edit inside a function body
+//! leaves it as it was). Ordering by file edits instead would move an outline block at every body
+//! edit, and the move alone breaks the reusable prefix where the block used to be.
+
+use std::cmp::Ordering;
+use std::collections::HashMap;
+
+use git2::Repository;
+
+use crate::context::{Block, SegmentKind};
+use crate::history::{Event, History};
+use crate::outline::Lang;
+use crate::render::{cap_outline, MAX_OUTLINE_BYTES};
+use crate::snapshot::{cached_info, BlobCache};
+use crate::stability::StabilityModel;
+use crate::{ContextError, Order};
+
+/// For each block's path: the ages (most recent first) at which the block's text changed; and
+/// the age of the current epoch's start ([`crate::history::history`]).
+#[derive(Clone, Debug, Default)]
+pub(crate) struct BlockAges {
+    pub ages: HashMap<String, Vec<u32>>,
+    pub epoch: u32,
+}
+
+/// The change ages of each block in `blocks`, from `history`.
+pub(crate) fn block_ages(
+    repo: &Repository,
+    history: &History,
+    blocks: &[Block],
+    blobs: &BlobCache,
+) -> Result<BlockAges, ContextError> {
+    let mut out = BlockAges { ages: HashMap::new(), epoch: history.epoch };
+    for b in blocks {
+        let Some(path) = &b.path else { continue };
+        let mut ages = Vec::new();
+        for e in history.events(path) {
+            if b.kind != SegmentKind::Outline || outline_changed(repo, path, e, blobs)? {
+                ages.push(e.age);
+            }
+        }
+        out.ages.insert(path.clone(), ages);
+    }
+    Ok(out)
+}
+
+/// Whether a change of `path` changed its outline (an addition or deletion always does).
+fn outline_changed(repo: &Repository, path: &str, e: &Event, blobs: &BlobCache) -> Result<bool, ContextError> {
+    let (Some(old), Some(new)) = (e.old, e.new) else { return Ok(true) };
+    let lang = Lang::from_path(path);
+    // What the block shows: the outline as capped for display.
+    let outline = |oid| {
+        cached_info(repo, oid, lang, blobs).map(|i| cap_outline(&i.analysis.outline, MAX_OUTLINE_BYTES).into_owned())
+    };
+    Ok(outline(old)? != outline(new)?)
+}
+
+/// Sorts `blocks` (the header excluded) for `order`. `ages` is needed for `Stability` and
+/// `LastChange`; without it they fall back to path order.
+///
+/// Stability: first the blocks that did not change in the current epoch, by their stability key
+/// as of the epoch's start (ascending, ties by path); then the blocks that changed in the epoch,
+/// in the order they first changed (so the tail too keeps its order as the epoch goes on).
+pub(crate) fn order_blocks(blocks: &mut [Block], order: Order, ages: Option<&BlockAges>, model: &StabilityModel) {
+    let of = |a: &BlockAges, b: &Block| a.ages.get(b.path.as_deref().unwrap_or("")).cloned().unwrap_or_default();
+    match (order, ages) {
+        (Order::Stability, Some(a)) => {
+            let key = |b: &Block| -> (u8, f64) {
+                let ages = of(a, b);
+                let epoch = if model.epochs { a.epoch } else { 0 };
+                let recent = ages.iter().copied().filter(|&x| x < epoch).max();
+                match recent {
+                    // Changed in this epoch: the earliest first change first.
+                    Some(first) => (1, -f64::from(first)),
+                    None => {
+                        let before: Vec<u32> = ages.iter().map(|&x| x - epoch).collect();
+                        (0, model.score(&before, b.kind, b.tokens.len()))
+                    }
+                }
+            };
+            let mut keyed: Vec<((u8, f64), Block)> = blocks.iter().map(|b| (key(b), b.clone())).collect();
+            keyed.sort_by(|x, y| {
+                (x.0 .0.cmp(&y.0 .0)).then(x.0 .1.total_cmp(&y.0 .1)).then_with(|| x.1.path.cmp(&y.1.path))
+            });
+            for (slot, (_, b)) in blocks.iter_mut().zip(keyed) {
+                *slot = b;
+            }
+        }
+        (Order::LastChange, Some(a)) => {
+            // Never changed in the window (no age) first, then oldest last change first.
+            let age = |b: &Block| of(a, b).first().copied().unwrap_or(u32::MAX);
+            blocks.sort_by(|x, y| match age(y).cmp(&age(x)) {
+                Ordering::Equal => x.path.cmp(&y.path),
+                o => o,
+            });
+        }
+        _ => blocks.sort_by(|a, b| a.path.cmp(&b.path)),
+    }
+}

@@ -1,0 +1,137 @@
+//! Block text. Every block starts with `#` and ends with `"\n"` (after a blank line), so byte-level
+//! BPE cannot merge across a block boundary and blocks can be tokenized one by one.
+
+use sha2::{Digest, Sha256};
+
+/// The first block of every context. Constant: nothing volatile (no commit id, no date).
+pub(crate) const HEADER: &str = "# Repository context\n\
+Source files of the repository: outlines list definitions with bodies elided; full files are shown whole.\n\n";
+
+/// The version of the header block.
+pub(crate) const HEADER_VERSION: &str = "header:v1";
+
+/// The largest outline shown, in bytes (about 400 tokens): a repository map of many files beats a
+/// few exhaustive outlines, and small blocks keep a push's damage to the reusable prefix small.
+pub(crate) const MAX_OUTLINE_BYTES: usize = 1600;
+
+/// `outline` cut to at most `max` bytes: the deepest nesting levels go first (members before the
+/// types that hold them), then the last top-level lines; a final line says how many definitions
+/// were left out. Deterministic: a function of the outline text alone.
+pub(crate) fn cap_outline(outline: &str, max: usize) -> std::borrow::Cow<'_, str> {
+    if outline.len() <= max {
+        return outline.into();
+    }
+    let depth = |l: &str| l.len() - l.trim_start().len();
+    let lines: Vec<&str> = outline.lines().collect();
+    let mut levels: Vec<usize> = lines.iter().map(|l| depth(l)).collect();
+    levels.sort_unstable();
+    levels.dedup();
+    let size = |keep: &dyn Fn(&str) -> bool| lines.iter().filter(|l| keep(l)).map(|l| l.len() + 1).sum::<usize>();
+    // The deepest level at which the outline (plus the marker line) still fits.
+    let reserve = 48;
+    let level = levels.iter().rev().copied().find(|&d| size(&|l: &str| depth(l) <= d) + reserve <= max);
+    let mut kept = String::with_capacity(max);
+    let mut full = false;
+    for line in &lines {
+        let keep = match level {
+            Some(d) => depth(line) <= d,
+            // Only top-level lines fit, and not all of them: the first ones, in order.
+            None => {
+                full = full || (depth(line) == 0 && kept.len() + line.len() + 1 + reserve > max);
+                depth(line) == 0 && !full
+            }
+        };
+        if keep {
+            kept.push_str(line);
+            kept.push('\n');
+        }
+    }
+    let left_out = lines.len() - kept.lines().count();
+    kept.push_str(&format!("... {left_out} more definitions\n"));
+    kept.into()
+}
+
+/// `### path (outline)` and the outline in a fenced block.
+pub(crate) fn outline_block(path: &str, tag: &str, outline: &str) -> String {
+    fenced(path, "outline", tag, outline)
+}
+
+/// `### path (full)` and the file's text in a fenced block.
+pub(crate) fn full_block(path: &str, tag: &str, content: &str) -> String {
+    fenced(path, "full", tag, content)
+}
+
+/// The version of an outline block: `outline:` + 16 hex digits of SHA-256 of its text.
+pub(crate) fn outline_version(block_text: &str) -> String {
+    let digest = Sha256::digest(block_text.as_bytes());
+    let mut v = String::with_capacity(24);
+    v.push_str("outline:");
+    for b in &digest[..8] {
+        v.push_str(&format!("{b:02x}"));
+    }
+    v
+}
+
+fn fenced(path: &str, what: &str, tag: &str, body: &str) -> String {
+    let body = if what == "outline" { cap_outline(body, MAX_OUTLINE_BYTES) } else { body.into() };
+    let body = body.as_ref();
+    let fence = "`".repeat(longest_backtick_run(body).max(2) + 1);
+    let mut s = String::with_capacity(body.len() + path.len() + 32);
+    s.push_str("### ");
+    s.push_str(path);
+    s.push_str(" (");
+    s.push_str(what);
+    s.push_str(")\n");
+    s.push_str(&fence);
+    s.push_str(tag);
+    s.push('\n');
+    s.push_str(body);
+    if !body.is_empty() && !body.ends_with('\n') {
+        s.push('\n');
+    }
+    s.push_str(&fence);
+    s.push_str("\n\n");
+    s
+}
+
+fn longest_backtick_run(s: &str) -> usize {
+    let mut best = 0;
+    let mut run = 0;
+    for b in s.bytes() {
+        if b == b'`' {
+            run += 1;
+            best = best.max(run);
+        } else {
+            run = 0;
+        }
+    }
+    best
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn blocks_start_with_hash_and_end_with_newline() {
+        for b in [HEADER.to_string(), full_block("a.txt", "", "x"), outline_block("a.rs", "rust", "fn a();\n")] {
+            assert!(b.starts_with('#') && b.ends_with('\n'), "{b:?}");
+        }
+        assert_eq!(full_block("a.rs", "rust", "fn a() {}"), "### a.rs (full)\n```rust\nfn a() {}\n```\n\n");
+    }
+
+    #[test]
+    fn fence_outgrows_the_content() {
+        let b = full_block("README.md", "markdown", "```sh\nls\n```\n````\n");
+        assert!(b.starts_with("### README.md (full)\n`````markdown\n"));
+        assert!(b.ends_with("\n`````\n\n"));
+    }
+
+    #[test]
+    fn outline_versions_are_short_and_stable() {
+        let v = outline_version("x");
+        assert_eq!(v.len(), "outline:".len() + 16);
+        assert_eq!(v, outline_version("x"));
+        assert_ne!(v, outline_version("y"));
+    }
+}

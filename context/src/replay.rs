@@ -1,0 +1,168 @@
+//! Replay measurement: how much of the repository context stays reusable across the pushes of a
+//! real history, per block order.
+//!
+//! For each of the last `commits` first-parent commits C (with parent P) the context is built at P
+//! in every order (the same blocks), and the paths changed from P to C are taken. When a changed
+//! path is in P's context, two shares of P's context tokens are recorded per order:
+//! - `block_prefix`: the tokens before the first block whose path changed;
+//! - `token_prefix`: the longest common token prefix of the contexts at P and at C (same order) —
+//!   what a prefix cache can actually reuse.
+//!
+//! Commits that change no path in the context are counted but have no row. Rows where the
+//! rendered context did not change at all (e.g. a body-only edit of a file shown as an outline)
+//! have a token prefix of 100% in every order; the summary also gives the token prefix over the
+//! rows where it did change.
+
+mod report;
+
+use std::collections::HashSet;
+
+pub use report::{OrderShares, OrderSummary, ReplayReport, ReplayRow};
+
+use crate::builder::{arrange, Prepared};
+use crate::token_cache::Tokens;
+use crate::{CommitId, ContextBuilder, ContextError, ContextOptions, Mirror, Order, RepoContext, TokenCounter};
+
+pub use crate::stability::StabilityModel;
+
+/// [`replay_with`] with [`StabilityModel::DEFAULT`].
+pub fn replay(
+    mirror: &Mirror,
+    head: &CommitId,
+    commits: usize,
+    opts: &ContextOptions,
+    tok: &dyn TokenCounter,
+) -> Result<ReplayReport, ContextError> {
+    replay_with(mirror, head, commits, opts, tok, &[StabilityModel::DEFAULT]).map(|mut r| r.remove(0))
+}
+
+/// Replays the history once and scores every stability model in `models` on it (path and
+/// last-change orders do not depend on the model). One report per model, in the same order.
+pub fn replay_with(
+    mirror: &Mirror,
+    head: &CommitId,
+    commits: usize,
+    opts: &ContextOptions,
+    tok: &dyn TokenCounter,
+    models: &[StabilityModel],
+) -> Result<Vec<ReplayReport>, ContextError> {
+    let repo = mirror.repo()?;
+    let builder = ContextBuilder::new(1 << 20);
+    let named = Named(tok);
+    let tokens = Tokens::new(&named, builder.token_cache());
+    let chain = mirror.first_parent(head, commits.saturating_add(1))?;
+    let mut reports: Vec<ReplayReport> = models.iter().map(|m| ReplayReport::new(head, *m)).collect();
+    let mut newer: Option<(CommitId, Prepared)> = None;
+    for pair in chain.windows(2) {
+        let (child, parent) = (&pair[0], &pair[1]);
+        let at_child = match newer.take() {
+            Some((id, p)) if &id == child => p,
+            _ => builder.prepare(&repo, child, opts, &tokens)?,
+        };
+        let at_parent = builder.prepare(&repo, parent, opts, &tokens)?;
+        let changed: HashSet<String> = mirror.changed_paths(parent, child)?.into_iter().map(|c| c.path).collect();
+        let affected = at_parent.blocks.iter().filter(|b| b.path.as_ref().is_some_and(|p| changed.contains(p))).count();
+        let ages_parent = builder.block_ages(&repo, parent, opts.history_depth, &at_parent)?;
+        let ages_child = builder.block_ages(&repo, child, opts.history_depth, &at_child)?;
+        for (report, model) in reports.iter_mut().zip(models) {
+            report.commits_examined += 1;
+            if affected == 0 {
+                continue;
+            }
+            let mut row = ReplayRow::new(child, parent, changed.len(), affected);
+            row.selection_changed = selection_key(&at_parent, &changed) != selection_key(&at_child, &changed);
+            for order in Order::ALL {
+                let before = arrange(parent, &at_parent, order, Some(&ages_parent), model);
+                let after = arrange(child, &at_child, order, Some(&ages_child), model);
+                if order == Order::Path {
+                    row.context_changed = before.text != after.text;
+                }
+                row.push(order, &before, block_prefix(&before, &changed), common_prefix(&before.tokens, &after.tokens));
+            }
+            report.rows.push(row);
+        }
+        newer = Some((parent.clone(), at_parent));
+    }
+    for r in &mut reports {
+        r.summarize();
+    }
+    Ok(reports)
+}
+
+/// The (path, kind) of the blocks of unchanged files.
+fn selection_key(p: &Prepared, changed: &HashSet<String>) -> Vec<(String, crate::SegmentKind)> {
+    let mut v: Vec<_> = p
+        .blocks
+        .iter()
+        .filter_map(|b| b.path.as_ref().filter(|p| !changed.contains(*p)).map(|p| (p.clone(), b.kind)))
+        .collect();
+    v.sort();
+    v
+}
+
+/// Named stability models to compare with [`replay_with`]: the default and variations of it.
+pub fn variants() -> Vec<(&'static str, StabilityModel)> {
+    let d = StabilityModel::DEFAULT;
+    vec![
+        ("default", d),
+        ("half-life 10", StabilityModel { half_life: 10.0, ..d }),
+        ("half-life 100", StabilityModel { half_life: 100.0, ..d }),
+        ("no decay (count)", StabilityModel { half_life: f64::INFINITY, ..d }),
+        ("outline weight 0.5", StabilityModel { outline_weight: 0.5, ..d }),
+        ("+ recency 1.0/10", StabilityModel { recency_weight: 1.0, recency_half_life: 10.0, ..d }),
+        ("size prior 0.05", StabilityModel { size_prior: Some(0.05), ..d }),
+        ("size prior 2", StabilityModel { size_prior: Some(2.0), ..d }),
+        ("no size", StabilityModel { size_prior: None, ..d }),
+        ("no epochs", StabilityModel { epochs: false, ..d }),
+        ("no epochs, no size", StabilityModel { epochs: false, size_prior: None, ..d }),
+        ("no epochs, half-life 100", StabilityModel { epochs: false, half_life: 100.0, ..d }),
+    ]
+}
+
+/// A table comparing the stability order of each variant with path order (medians and the mean
+/// token prefix; "× path" is the ratio to path order's).
+pub fn variants_markdown(variants: &[(&str, StabilityModel)], reports: &[ReplayReport]) -> String {
+    let mut out = String::from(
+        "| stability variant | before first changed block | × path | token prefix when the text changed | × path \
+         | token prefix mean | × path |\n|---|---:|---:|---:|---:|---:|---:|\n",
+    );
+    for ((name, _), r) in variants.iter().zip(reports) {
+        let (Some(s), Some(p)) = (r.summary_of(Order::Stability), r.summary_of(Order::Path)) else { continue };
+        let ratio = |a: f64, b: f64| if b > 0.0 { format!("{:.2}", a / b) } else { "-".into() };
+        out.push_str(&format!(
+            "| {name} | {:.1}% | {} | {:.1}% | {} | {:.1}% | {} |\n",
+            100.0 * s.block_prefix_median,
+            ratio(s.block_prefix_median, p.block_prefix_median),
+            100.0 * s.changed_token_prefix_median,
+            ratio(s.changed_token_prefix_median, p.changed_token_prefix_median),
+            100.0 * s.token_prefix_mean,
+            ratio(s.token_prefix_mean, p.token_prefix_mean),
+        ));
+    }
+    out
+}
+
+/// Tokens before the first block whose path changed.
+fn block_prefix(ctx: &RepoContext, changed: &HashSet<String>) -> usize {
+    ctx.segments
+        .iter()
+        .find(|s| s.path.as_ref().is_some_and(|p| changed.contains(p)))
+        .map_or(ctx.tokens.len(), |s| s.tokens.start)
+}
+
+fn common_prefix(a: &[u32], b: &[u32]) -> usize {
+    a.iter().zip(b).take_while(|(x, y)| x == y).count()
+}
+
+/// Gives the caller's tokenizer a cache id for the replay's private builder, so that blocks are
+/// tokenized once across all the commits replayed.
+struct Named<'a>(&'a dyn TokenCounter);
+
+impl TokenCounter for Named<'_> {
+    fn encode(&self, text: &str) -> Vec<u32> {
+        self.0.encode(text)
+    }
+    fn cache_id(&self) -> Option<String> {
+        Some("replay".to_string())
+    }
+}

@@ -1,0 +1,189 @@
+//! The replay's results: one row per commit that changed the context, and per-order summaries.
+
+use std::fmt::Write;
+
+use serde::Serialize;
+
+use crate::stability::StabilityModel;
+use crate::{CommitId, Order, RepoContext};
+
+/// The result of a replay.
+#[derive(Clone, Debug, Serialize)]
+pub struct ReplayReport {
+    /// The newest commit replayed.
+    pub head: CommitId,
+    /// The stability model the `stability` order used.
+    pub model: StabilityModel,
+    /// Commits replayed (each against its first parent).
+    pub commits_examined: usize,
+    /// One row per replayed commit that changed a path in its parent's context.
+    pub rows: Vec<ReplayRow>,
+    /// Per order: medians and means over `rows`.
+    pub summary: Vec<OrderSummary>,
+}
+
+/// One replayed commit.
+#[derive(Clone, Debug, Serialize)]
+pub struct ReplayRow {
+    /// The commit (C).
+    pub commit: CommitId,
+    /// Its first parent (P), where the context was built.
+    pub parent: CommitId,
+    /// Paths changed from P to C.
+    pub changed_paths: usize,
+    /// Blocks of P's context whose path changed.
+    pub changed_blocks: usize,
+    /// Tokens of P's context.
+    pub context_tokens: usize,
+    /// Whether the context at C includes a different set of unchanged files (or the same files as
+    /// different kinds of block) than at P: a knock-on effect of ranking or of a changed file's size.
+    pub selection_changed: bool,
+    /// Whether the rendered context (in path order) differs between P and C. When it does not,
+    /// every order keeps 100% of its tokens.
+    pub context_changed: bool,
+    /// The reusable shares per order.
+    pub orders: Vec<OrderShares>,
+}
+
+/// The reusable shares of one order at one commit, as fractions of P's context tokens.
+#[derive(Clone, Copy, Debug, Serialize)]
+pub struct OrderShares {
+    /// The order.
+    pub order: Order,
+    /// Tokens before the first block whose path changed.
+    pub block_prefix: f64,
+    /// Longest common token prefix of the contexts at P and C.
+    pub token_prefix: f64,
+}
+
+/// Medians and means of one order's shares over all rows.
+#[derive(Clone, Copy, Debug, Serialize)]
+pub struct OrderSummary {
+    /// The order.
+    pub order: Order,
+    /// Median of `block_prefix`.
+    pub block_prefix_median: f64,
+    /// Mean of `block_prefix`.
+    pub block_prefix_mean: f64,
+    /// Median of `token_prefix`.
+    pub token_prefix_median: f64,
+    /// Mean of `token_prefix`.
+    pub token_prefix_mean: f64,
+    /// Median of `token_prefix` over the rows whose rendered context changed.
+    pub changed_token_prefix_median: f64,
+    /// Mean of `token_prefix` over the rows whose rendered context changed.
+    pub changed_token_prefix_mean: f64,
+}
+
+impl ReplayReport {
+    pub(crate) fn new(head: &CommitId, model: StabilityModel) -> Self {
+        ReplayReport { head: head.clone(), model, commits_examined: 0, rows: Vec::new(), summary: Vec::new() }
+    }
+
+    pub(crate) fn summarize(&mut self) {
+        self.summary = Order::ALL
+            .iter()
+            .map(|&order| {
+                let pick = |f: fn(&OrderShares) -> f64, only_changed: bool| -> Vec<f64> {
+                    let rows = self.rows.iter().filter(|r| r.context_changed || !only_changed);
+                    rows.flat_map(|r| r.orders.iter().filter(|s| s.order == order).map(f)).collect()
+                };
+                let blocks = pick(|s| s.block_prefix, false);
+                let tokens = pick(|s| s.token_prefix, false);
+                let changed = pick(|s| s.token_prefix, true);
+                OrderSummary {
+                    order,
+                    block_prefix_median: median(&blocks),
+                    block_prefix_mean: mean(&blocks),
+                    token_prefix_median: median(&tokens),
+                    token_prefix_mean: mean(&tokens),
+                    changed_token_prefix_median: median(&changed),
+                    changed_token_prefix_mean: mean(&changed),
+                }
+            })
+            .collect();
+    }
+
+    /// The summary of one order.
+    pub fn summary_of(&self, order: Order) -> Option<&OrderSummary> {
+        self.summary.iter().find(|s| s.order == order)
+    }
+
+    /// A Markdown table of the summary.
+    pub fn markdown(&self) -> String {
+        let mut s = String::new();
+        let _ = writeln!(
+            s,
+            "Replay of {} commits from {}: {} changed a file in the context, {} changed its text, {} changed which \
+             other files it holds.\n",
+            self.commits_examined,
+            short(&self.head),
+            self.rows.len(),
+            self.rows.iter().filter(|r| r.context_changed).count(),
+            self.rows.iter().filter(|r| r.selection_changed).count()
+        );
+        s.push_str("Shares of the parent's context tokens that stay reusable (median / mean):\n\n");
+        s.push_str("| order | before first changed block | token prefix | token prefix when the text changed |\n");
+        s.push_str("|---|---:|---:|---:|\n");
+        let pct = |m: f64, a: f64| format!("{:.1}% / {:.1}%", 100.0 * m, 100.0 * a);
+        for o in &self.summary {
+            let _ = writeln!(
+                s,
+                "| {} | {} | {} | {} |",
+                o.order.name(),
+                pct(o.block_prefix_median, o.block_prefix_mean),
+                pct(o.token_prefix_median, o.token_prefix_mean),
+                pct(o.changed_token_prefix_median, o.changed_token_prefix_mean)
+            );
+        }
+        s
+    }
+}
+
+impl ReplayRow {
+    pub(crate) fn new(commit: &CommitId, parent: &CommitId, changed_paths: usize, changed_blocks: usize) -> Self {
+        ReplayRow {
+            commit: commit.clone(),
+            parent: parent.clone(),
+            changed_paths,
+            changed_blocks,
+            context_tokens: 0,
+            selection_changed: false,
+            context_changed: false,
+            orders: Vec::new(),
+        }
+    }
+
+    pub(crate) fn push(&mut self, order: Order, before: &RepoContext, block_prefix: usize, token_prefix: usize) {
+        let total = before.tokens.len();
+        self.context_tokens = total;
+        let share = |n: usize| if total == 0 { 0.0 } else { n as f64 / total as f64 };
+        self.orders.push(OrderShares { order, block_prefix: share(block_prefix), token_prefix: share(token_prefix) });
+    }
+}
+
+fn short(c: &CommitId) -> &str {
+    c.0.get(..12).unwrap_or(&c.0)
+}
+
+fn median(xs: &[f64]) -> f64 {
+    if xs.is_empty() {
+        return 0.0;
+    }
+    let mut v = xs.to_vec();
+    v.sort_by(f64::total_cmp);
+    let mid = v.len() / 2;
+    if v.len() % 2 == 1 {
+        v[mid]
+    } else {
+        (v[mid - 1] + v[mid]) / 2.0
+    }
+}
+
+fn mean(xs: &[f64]) -> f64 {
+    if xs.is_empty() {
+        0.0
+    } else {
+        xs.iter().sum::<f64>() / xs.len() as f64
+    }
+}

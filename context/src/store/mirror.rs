@@ -1,0 +1,221 @@
+//! [`Mirror`]: one repository on disk, read at exact commits.
+
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex, OnceLock};
+
+use git2::{FetchOptions, FetchPrune, Repository, RepositoryOpenFlags};
+
+use super::paths::{branch_ref, check_repo_path, looks_like_sha};
+use super::tree::{diff_trees, find_commit};
+use crate::{BlobId, CommitId, ContextError};
+
+/// A repository on disk: a bare mirror from [`crate::RepoStore`] or any repository opened with
+/// [`Mirror::open_path`].
+///
+/// Holds only the path: every call opens its own `git2::Repository` (which is not `Sync`), so a
+/// `Mirror` is `Send + Sync` and cheap to clone. Fetches of the same path are serialized.
+#[derive(Clone, Debug)]
+pub struct Mirror {
+    path: PathBuf,
+}
+
+/// A file's content at a commit.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct FileAt {
+    /// The blob id of the content.
+    pub blob: BlobId,
+    /// The raw bytes.
+    pub bytes: Vec<u8>,
+}
+
+/// One path changed between two commits.
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize)]
+pub struct Change {
+    /// Repository-relative path with '/' separators.
+    pub path: String,
+    /// What happened to it.
+    pub kind: ChangeKind,
+}
+
+/// How a path changed.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ChangeKind {
+    /// Absent before, present after.
+    Added,
+    /// Present in both with different content or mode.
+    Modified,
+    /// Present before, absent after.
+    Deleted,
+}
+
+const HEADS_REFSPEC: &str = "+refs/heads/*:refs/heads/*";
+
+impl Mirror {
+    /// Opens an existing repository (bare or with a work tree) at exactly `path` (no search in
+    /// parent directories). Nothing is ever written through it except by [`Mirror::fetch`].
+    pub fn open_path(path: &Path) -> Result<Mirror, ContextError> {
+        let mirror = Mirror { path: path.to_path_buf() };
+        mirror.repo().map_err(|e| match e {
+            ContextError::Git(m) => ContextError::NotFound(format!("no repository at {}: {m}", path.display())),
+            other => other,
+        })?;
+        Ok(mirror)
+    }
+
+    /// Creates (or reuses) a bare repository at `path` whose `origin` points at `url`.
+    pub(crate) fn init_bare(path: &Path, url: &str) -> Result<Mirror, ContextError> {
+        let repo = if path.exists() { open_exact(path)? } else { Repository::init_bare(path)? };
+        match repo.find_remote("origin") {
+            Ok(remote) if remote.url().ok() == Some(url) => {}
+            Ok(_) => repo.remote_set_url("origin", url)?,
+            Err(_) => {
+                repo.remote_with_fetch("origin", url, HEADS_REFSPEC)?;
+            }
+        }
+        Ok(Mirror { path: path.to_path_buf() })
+    }
+
+    /// The repository's directory.
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// Opens the repository (crate-internal: the builder opens it once per build).
+    pub(crate) fn repo(&self) -> Result<Repository, ContextError> {
+        open_exact(&self.path)
+    }
+
+    /// Fetches every branch of `origin` into `refs/heads/*`, pruning branches deleted there.
+    pub fn fetch(&self) -> Result<(), ContextError> {
+        let lock = fetch_lock(&self.path);
+        let _guard = lock.lock().unwrap_or_else(|p| p.into_inner());
+        let repo = self.repo()?;
+        let mut remote = repo.find_remote("origin")?;
+        let mut opts = FetchOptions::new();
+        opts.prune(FetchPrune::On).download_tags(git2::AutotagOption::None);
+        remote.fetch(&[HEADS_REFSPEC], Some(&mut opts), None)?;
+        Ok(())
+    }
+
+    /// The commit a branch points at; `branch` is `main` or `refs/heads/main`.
+    /// [`ContextError::UnknownRef`] if the name is invalid or the branch does not exist.
+    pub fn branch_head(&self, branch: &str) -> Result<CommitId, ContextError> {
+        let full = branch_ref(branch)?;
+        let repo = self.repo()?;
+        let reference = match repo.find_reference(&full) {
+            Ok(r) => r,
+            Err(e) if e.code() == git2::ErrorCode::NotFound => {
+                return Err(ContextError::UnknownRef(format!("no branch {branch:?}")))
+            }
+            Err(e) => return Err(e.into()),
+        };
+        let commit = reference.peel_to_commit()?;
+        Ok(CommitId::from_oid(commit.id()))
+    }
+
+    /// Resolves a branch name, a full or abbreviated commit id, or `HEAD` to a commit.
+    /// [`ContextError::UnknownRef`] if it names nothing, is ambiguous, or is not a commit.
+    pub fn resolve(&self, rev: &str) -> Result<CommitId, ContextError> {
+        if rev == "HEAD" {
+            let repo = self.repo()?;
+            let head = repo.head().and_then(|h| h.peel_to_commit());
+            return head
+                .map(|c| CommitId::from_oid(c.id()))
+                .map_err(|_| ContextError::UnknownRef("HEAD does not point at a commit".into()));
+        }
+        match self.branch_head(rev) {
+            Err(ContextError::UnknownRef(_)) => {}
+            other => return other,
+        }
+        if !looks_like_sha(rev) {
+            return Err(ContextError::UnknownRef(format!("no branch or commit {rev:?}")));
+        }
+        let repo = self.repo()?;
+        let object = match repo.revparse_single(rev) {
+            Ok(o) => o,
+            Err(e) if e.code() == git2::ErrorCode::Ambiguous => {
+                return Err(ContextError::UnknownRef(format!("{rev:?} is ambiguous")))
+            }
+            Err(e) if matches!(e.code(), git2::ErrorCode::NotFound | git2::ErrorCode::InvalidSpec) => {
+                return Err(ContextError::UnknownRef(format!("no branch or commit {rev:?}")))
+            }
+            Err(e) => return Err(e.into()),
+        };
+        let commit = object.into_commit().map_err(|_| ContextError::UnknownRef(format!("{rev:?} is not a commit")))?;
+        Ok(CommitId::from_oid(commit.id()))
+    }
+
+    /// True if `c` is a commit present in the repository.
+    pub fn has_commit(&self, c: &CommitId) -> bool {
+        self.repo().is_ok_and(|repo| find_commit(&repo, c).is_ok())
+    }
+
+    /// The file at `path` in `commit`. `path` is repository-relative with '/' separators; absolute
+    /// paths, `.`/`..`/empty components, NUL and backslashes are [`ContextError::BadPath`].
+    /// `Ok(None)` when the path is absent at that commit or is not a regular file (a directory, a
+    /// symlink, a submodule).
+    pub fn read_file(&self, commit: &CommitId, path: &str) -> Result<Option<FileAt>, ContextError> {
+        check_repo_path(path)?;
+        let repo = self.repo()?;
+        let tree = find_commit(&repo, commit)?.tree()?;
+        let entry = match tree.get_path(Path::new(path)) {
+            Ok(e) => e,
+            Err(e) if e.code() == git2::ErrorCode::NotFound => return Ok(None),
+            Err(e) => return Err(e.into()),
+        };
+        if entry.kind() != Some(git2::ObjectType::Blob) || !matches!(entry.filemode(), 0o100644 | 0o100755) {
+            return Ok(None);
+        }
+        let blob = repo.find_blob(entry.id())?;
+        Ok(Some(FileAt { blob: BlobId::from_oid(blob.id()), bytes: blob.content().to_vec() }))
+    }
+
+    /// The paths changed from `before` to `after` (a tree diff; a rename is a deletion plus an
+    /// addition), sorted by path.
+    pub fn changed_paths(&self, before: &CommitId, after: &CommitId) -> Result<Vec<Change>, ContextError> {
+        let repo = self.repo()?;
+        let before_tree = find_commit(&repo, before)?.tree()?;
+        let after_tree = find_commit(&repo, after)?.tree()?;
+        let deltas = diff_trees(&repo, Some(&before_tree), &after_tree)?;
+        Ok(deltas
+            .into_iter()
+            .map(|(path, delta)| {
+                let kind = match delta {
+                    git2::Delta::Added => ChangeKind::Added,
+                    git2::Delta::Deleted => ChangeKind::Deleted,
+                    _ => ChangeKind::Modified,
+                };
+                Change { path, kind }
+            })
+            .collect())
+    }
+
+    /// First-parent history from `head` back, newest first, at most `limit` commits (`head`
+    /// included).
+    pub fn first_parent(&self, head: &CommitId, limit: usize) -> Result<Vec<CommitId>, ContextError> {
+        let repo = self.repo()?;
+        let mut out = Vec::new();
+        let mut commit = find_commit(&repo, head)?;
+        while out.len() < limit {
+            out.push(CommitId::from_oid(commit.id()));
+            match commit.parent(0) {
+                Ok(p) => commit = p,
+                Err(_) => break,
+            }
+        }
+        Ok(out)
+    }
+}
+
+fn open_exact(path: &Path) -> Result<Repository, ContextError> {
+    Ok(Repository::open_ext(path, RepositoryOpenFlags::NO_SEARCH, std::iter::empty::<&std::ffi::OsStr>())?)
+}
+
+/// One lock per repository path in this process, so two fetches never race on ref lock files.
+fn fetch_lock(path: &Path) -> Arc<Mutex<()>> {
+    static LOCKS: OnceLock<Mutex<HashMap<PathBuf, Arc<Mutex<()>>>>> = OnceLock::new();
+    let mut map = LOCKS.get_or_init(Default::default).lock().unwrap_or_else(|p| p.into_inner());
+    map.entry(path.to_path_buf()).or_default().clone()
+}

@@ -1,0 +1,11 @@
+//! The repository store: one bare mirror per registered repository, read at exact commits.
+
+mod mirror;
+mod paths;
+mod repo_store;
+mod source;
+pub(crate) mod tree;
+
+pub use mirror::{Change, ChangeKind, FileAt, Mirror};
+pub use repo_store::RepoStore;
+pub use source::{Source, SourcePolicy};

@@ -1,0 +1,102 @@
+//! [`RepoStore`]: creates, opens and removes the bare mirrors under one directory.
+
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
+
+use super::source::validate_source;
+use super::{Mirror, Source, SourcePolicy};
+use crate::ContextError;
+
+/// The mirrors of all registered repositories, one bare repository `<mirrors_dir>/<id>.git` each.
+///
+/// Cheap to clone; `Send + Sync`. Creation and removal are serialized within one store.
+#[derive(Clone, Debug)]
+pub struct RepoStore {
+    inner: Arc<Inner>,
+}
+
+#[derive(Debug)]
+struct Inner {
+    mirrors_dir: PathBuf,
+    allowed_root: Option<PathBuf>,
+    allow_remote: bool,
+    lifecycle: Mutex<()>,
+}
+
+impl RepoStore {
+    /// Opens (creating it if needed) the mirrors directory. The allowed root, if any, must exist.
+    pub fn new(mirrors_dir: impl Into<PathBuf>, policy: SourcePolicy) -> Result<RepoStore, ContextError> {
+        let dir = mirrors_dir.into();
+        std::fs::create_dir_all(&dir)?;
+        let mirrors_dir = dir.canonicalize()?;
+        let allowed_root =
+            match policy.allowed_root {
+                Some(root) => Some(root.canonicalize().map_err(|e| {
+                    ContextError::Io(format!("allowed root {} cannot be resolved: {e}", root.display()))
+                })?),
+                None => None,
+            };
+        let inner = Inner { mirrors_dir, allowed_root, allow_remote: policy.allow_remote, lifecycle: Mutex::new(()) };
+        Ok(RepoStore { inner: Arc::new(inner) })
+    }
+
+    /// The canonical mirrors directory.
+    pub fn mirrors_dir(&self) -> &Path {
+        &self.inner.mirrors_dir
+    }
+
+    /// Checks a registration source against the policy without touching git.
+    ///
+    /// Accepts a local path or `file://` URL whose canonical path is inside `allowed_root` (refused
+    /// if no root is configured, if it escapes through `..` or symlinks, or if it is inside the
+    /// mirrors directory), and `https://`, `http://`, `ssh://`, `git://` and scp-like `user@host:path`
+    /// URLs when remote sources are allowed. Anything else (`ext::`, `fd::`, empty strings, strings
+    /// starting with `-`, control characters, other schemes) is [`ContextError::BadSource`].
+    pub fn validate(&self, url: &str) -> Result<Source, ContextError> {
+        let i = &self.inner;
+        validate_source(url, i.allowed_root.as_deref(), &i.mirrors_dir, i.allow_remote)
+    }
+
+    /// Creates the bare mirror of repository `id` (`[A-Za-z0-9_-]{1,64}`, else `BadSource`) and
+    /// fetches all its branches. Idempotent: an existing mirror gets its source updated and is
+    /// fetched again. A mirror whose first fetch fails is removed again.
+    pub fn create_mirror(&self, id: &str, source: &Source) -> Result<Mirror, ContextError> {
+        let path = self.mirror_path(id)?;
+        let _guard = self.inner.lifecycle.lock().unwrap_or_else(|p| p.into_inner());
+        let existed = path.exists();
+        let result = Mirror::init_bare(&path, &source.git_url()).and_then(|m| m.fetch().map(|()| m));
+        if result.is_err() && !existed {
+            let _ = std::fs::remove_dir_all(&path);
+        }
+        result
+    }
+
+    /// Opens the existing mirror of `id`; [`ContextError::NotFound`] if there is none.
+    pub fn mirror(&self, id: &str) -> Result<Mirror, ContextError> {
+        let path = self.mirror_path(id)?;
+        if !path.is_dir() {
+            return Err(ContextError::NotFound(format!("no mirror for repository '{id}'")));
+        }
+        Mirror::open_path(&path)
+    }
+
+    /// Deletes the mirror of `id`; [`ContextError::NotFound`] if there is none.
+    pub fn remove(&self, id: &str) -> Result<(), ContextError> {
+        let path = self.mirror_path(id)?;
+        let _guard = self.inner.lifecycle.lock().unwrap_or_else(|p| p.into_inner());
+        if !path.is_dir() {
+            return Err(ContextError::NotFound(format!("no mirror for repository '{id}'")));
+        }
+        std::fs::remove_dir_all(&path)?;
+        Ok(())
+    }
+
+    fn mirror_path(&self, id: &str) -> Result<PathBuf, ContextError> {
+        let ok =
+            (1..=64).contains(&id.len()) && id.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-');
+        if !ok {
+            return Err(ContextError::BadSource(format!("repository id must match [A-Za-z0-9_-]{{1,64}}, got {id:?}")));
+        }
+        Ok(self.inner.mirrors_dir.join(format!("{id}.git")))
+    }
+}

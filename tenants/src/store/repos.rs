@@ -1,0 +1,255 @@
+//! Repositories, their webhook deliveries and the invalidations pushes caused.
+//!
+//! Reads that a tenant makes take its [`TenantId`]; the webhook path, which is authenticated by
+//! the repository's HMAC secret instead of a tenant token, looks a repository up by id alone.
+
+use chrono::{DateTime, Utc};
+use sqlx::types::Json;
+use uuid::Uuid;
+
+use super::{Store, StoreError};
+use crate::model::TenantId;
+
+/// A registered repository.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Repository {
+    pub id: Uuid,
+    pub tenant: TenantId,
+    pub name: String,
+    /// The clone URL or local path as registered.
+    pub source: String,
+    pub default_branch: String,
+    /// The push webhook's HMAC key (given to the tenant once, at registration).
+    pub webhook_secret: String,
+    /// How the repository's context is built (the context crate's options, as JSON).
+    pub options: serde_json::Value,
+    pub created_at: DateTime<Utc>,
+}
+
+/// What [`Store::create_repository`] needs.
+#[derive(Clone, Debug)]
+pub struct NewRepository<'a> {
+    /// Chosen by the caller (the mirror is named after it before the row exists).
+    pub id: Uuid,
+    pub tenant: TenantId,
+    pub name: &'a str,
+    pub source: &'a str,
+    pub default_branch: &'a str,
+    pub webhook_secret: &'a str,
+    pub options: &'a serde_json::Value,
+}
+
+/// One push's effect on the cache.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Invalidation {
+    pub repo: Uuid,
+    pub delivery_id: String,
+    pub git_ref: String,
+    pub before: String,
+    pub after: String,
+    pub paths: Vec<String>,
+    pub evicted_tokens: i64,
+    pub prewarmed: i32,
+}
+
+#[derive(sqlx::FromRow)]
+struct RepoRow {
+    id: Uuid,
+    tenant_id: Uuid,
+    name: String,
+    source: String,
+    default_branch: String,
+    webhook_secret: String,
+    options: Json<serde_json::Value>,
+    created_at: DateTime<Utc>,
+}
+
+impl From<RepoRow> for Repository {
+    fn from(r: RepoRow) -> Repository {
+        Repository {
+            id: r.id,
+            tenant: TenantId(r.tenant_id),
+            name: r.name,
+            source: r.source,
+            default_branch: r.default_branch,
+            webhook_secret: r.webhook_secret,
+            options: r.options.0,
+            created_at: r.created_at,
+        }
+    }
+}
+
+const REPO_COLUMNS: &str = "id, tenant_id, name, source, default_branch, webhook_secret, options, created_at";
+
+impl Store {
+    /// Registers a repository. The name must be unique among the tenant's live repositories
+    /// ([`StoreError::Conflict`]); an unknown tenant is [`StoreError::NotFound`].
+    pub async fn create_repository(&self, new: &NewRepository<'_>) -> Result<Repository, StoreError> {
+        let name = new.name.trim();
+        if name.is_empty() || name.chars().count() > 200 {
+            return Err(StoreError::Invalid("a repository name has 1 to 200 characters".into()));
+        }
+        let row: RepoRow = sqlx::query_as(&format!(
+            "INSERT INTO repositories (id, tenant_id, name, source, default_branch, webhook_secret, options) \
+             VALUES ($1, $2, $3, $4, $5, $6, $7) RETURNING {REPO_COLUMNS}"
+        ))
+        .bind(new.id)
+        .bind(new.tenant.0)
+        .bind(name)
+        .bind(new.source)
+        .bind(new.default_branch)
+        .bind(new.webhook_secret)
+        .bind(Json(new.options))
+        .fetch_one(self.pool())
+        .await
+        .map_err(|e| match StoreError::from(e) {
+            StoreError::Conflict(_) => StoreError::Conflict(format!("a repository named {name:?} already exists")),
+            other => other,
+        })?;
+        Ok(row.into())
+    }
+
+    /// A live repository of this tenant (`None` for another tenant's).
+    pub async fn repository(&self, tenant: TenantId, id: Uuid) -> Result<Option<Repository>, StoreError> {
+        let row: Option<RepoRow> = sqlx::query_as(&format!(
+            "SELECT {REPO_COLUMNS} FROM repositories WHERE id = $1 AND tenant_id = $2 AND deleted_at IS NULL"
+        ))
+        .bind(id)
+        .bind(tenant.0)
+        .fetch_optional(self.pool())
+        .await?;
+        Ok(row.map(Repository::from))
+    }
+
+    /// A live repository by id alone, for the webhook (which proves itself with the secret).
+    pub async fn repository_for_webhook(&self, id: Uuid) -> Result<Option<Repository>, StoreError> {
+        let row: Option<RepoRow> = sqlx::query_as(&format!(
+            "SELECT {REPO_COLUMNS} FROM repositories r WHERE id = $1 AND deleted_at IS NULL \
+             AND EXISTS (SELECT 1 FROM tenants t WHERE t.id = r.tenant_id AND t.deleted_at IS NULL)"
+        ))
+        .bind(id)
+        .fetch_optional(self.pool())
+        .await?;
+        Ok(row.map(Repository::from))
+    }
+
+    /// The tenant's live repositories, oldest first.
+    pub async fn repositories(&self, tenant: TenantId) -> Result<Vec<Repository>, StoreError> {
+        let rows: Vec<RepoRow> = sqlx::query_as(&format!(
+            "SELECT {REPO_COLUMNS} FROM repositories WHERE tenant_id = $1 AND deleted_at IS NULL ORDER BY created_at, id"
+        ))
+        .bind(tenant.0)
+        .fetch_all(self.pool())
+        .await?;
+        Ok(rows.into_iter().map(Repository::from).collect())
+    }
+
+    /// Soft-deletes a repository and closes its open sessions; returns the ids of the sessions
+    /// it closed, or `None` if the repository is unknown, deleted or another tenant's.
+    pub async fn delete_repository(&self, tenant: TenantId, id: Uuid) -> Result<Option<Vec<Uuid>>, StoreError> {
+        let mut tx = self.pool().begin().await?;
+        let done = sqlx::query(
+            "UPDATE repositories SET deleted_at = now() WHERE id = $1 AND tenant_id = $2 AND deleted_at IS NULL",
+        )
+        .bind(id)
+        .bind(tenant.0)
+        .execute(&mut *tx)
+        .await?;
+        if done.rows_affected() != 1 {
+            return Ok(None);
+        }
+        let closed: Vec<(Uuid,)> = sqlx::query_as(
+            "UPDATE sessions SET closed_at = now() WHERE repo_id = $1 AND closed_at IS NULL RETURNING id",
+        )
+        .bind(id)
+        .fetch_all(&mut *tx)
+        .await?;
+        tx.commit().await?;
+        Ok(Some(closed.into_iter().map(|(id,)| id).collect()))
+    }
+
+    /// Records a webhook delivery inside `tx`. Returns `false` if this delivery id was already
+    /// recorded for the repository (a redelivery). Concurrent duplicates wait for the first
+    /// transaction and then see it, so committing the transaction only after the push has been
+    /// applied makes a failed attempt retryable and a successful one happen once.
+    pub async fn record_delivery(
+        tx: &mut sqlx::PgConnection,
+        repo: Uuid,
+        delivery_id: &str,
+        event: &str,
+    ) -> Result<bool, StoreError> {
+        let done = sqlx::query(
+            "INSERT INTO webhook_deliveries (repo_id, delivery_id, event) VALUES ($1, $2, $3) \
+             ON CONFLICT (repo_id, delivery_id) DO NOTHING",
+        )
+        .bind(repo)
+        .bind(delivery_id)
+        .bind(event)
+        .execute(tx)
+        .await?;
+        Ok(done.rows_affected() == 1)
+    }
+
+    /// Records what a push invalidated (inside the delivery's transaction).
+    pub async fn record_invalidation(tx: &mut sqlx::PgConnection, inv: &Invalidation) -> Result<(), StoreError> {
+        sqlx::query(
+            "INSERT INTO invalidations (repo_id, delivery_id, ref, before, after, paths, evicted_tokens, prewarmed) \
+             VALUES ($1, $2, $3, $4, $5, $6, $7, $8)",
+        )
+        .bind(inv.repo)
+        .bind(&inv.delivery_id)
+        .bind(&inv.git_ref)
+        .bind(&inv.before)
+        .bind(&inv.after)
+        .bind(&inv.paths)
+        .bind(inv.evicted_tokens)
+        .bind(inv.prewarmed)
+        .execute(tx)
+        .await?;
+        Ok(())
+    }
+
+    /// A repository's invalidations, newest first (at most `limit`).
+    pub async fn invalidations(
+        &self,
+        tenant: TenantId,
+        repo: Uuid,
+        limit: i64,
+    ) -> Result<Vec<Invalidation>, StoreError> {
+        let rows: Vec<InvalidationRow> = sqlx::query_as(
+            "SELECT i.repo_id, i.delivery_id, i.ref AS git_ref, i.before, i.after, i.paths, i.evicted_tokens, \
+             i.prewarmed FROM invalidations i JOIN repositories r ON r.id = i.repo_id \
+             WHERE i.repo_id = $1 AND r.tenant_id = $2 ORDER BY i.id DESC LIMIT $3",
+        )
+        .bind(repo)
+        .bind(tenant.0)
+        .bind(limit.max(0))
+        .fetch_all(self.pool())
+        .await?;
+        Ok(rows
+            .into_iter()
+            .map(|r| Invalidation {
+                repo: r.repo_id,
+                delivery_id: r.delivery_id,
+                git_ref: r.git_ref,
+                before: r.before,
+                after: r.after,
+                paths: r.paths,
+                evicted_tokens: r.evicted_tokens,
+                prewarmed: r.prewarmed,
+            })
+            .collect())
+    }
+}
+
+#[derive(sqlx::FromRow)]
+struct InvalidationRow {
+    repo_id: Uuid,
+    delivery_id: String,
+    git_ref: String,
+    before: String,
+    after: String,
+    paths: Vec<String>,
+    evicted_tokens: i64,
+    prewarmed: i32,
+}

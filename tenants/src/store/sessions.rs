@@ -1,0 +1,227 @@
+//! Sessions and their append-only turns.
+
+use chrono::{DateTime, Utc};
+use uuid::Uuid;
+
+use super::{Store, StoreError};
+use crate::model::TenantId;
+
+/// A session: a tenant working on one branch of one repository.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Session {
+    pub id: Uuid,
+    pub tenant: TenantId,
+    pub repo: Uuid,
+    pub branch: String,
+    pub created_at: DateTime<Utc>,
+    pub last_active_at: DateTime<Utc>,
+    pub closed_at: Option<DateTime<Utc>>,
+}
+
+/// Who said a turn.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Role {
+    User,
+    Assistant,
+}
+
+impl Role {
+    fn as_str(self) -> &'static str {
+        match self {
+            Role::User => "user",
+            Role::Assistant => "assistant",
+        }
+    }
+}
+
+/// One turn of a session's history.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Turn {
+    pub seq: i32,
+    pub role: Role,
+    pub content: String,
+    /// Assistant turns: the token ids as generated.
+    pub tokens: Option<Vec<u32>>,
+    /// Assistant turns: the model that generated them.
+    pub model: Option<String>,
+    /// User turns: the commit of the repository context.
+    pub commit: Option<String>,
+    pub request_id: Option<Uuid>,
+    pub created_at: DateTime<Utc>,
+}
+
+/// A turn to append.
+#[derive(Clone, Debug)]
+pub struct NewTurn<'a> {
+    pub role: Role,
+    pub content: &'a str,
+    pub tokens: Option<&'a [u32]>,
+    pub model: Option<&'a str>,
+    pub commit: Option<&'a str>,
+    pub request_id: Option<Uuid>,
+}
+
+#[derive(sqlx::FromRow)]
+struct SessionRow {
+    id: Uuid,
+    tenant_id: Uuid,
+    repo_id: Uuid,
+    branch: String,
+    created_at: DateTime<Utc>,
+    last_active_at: DateTime<Utc>,
+    closed_at: Option<DateTime<Utc>>,
+}
+
+impl From<SessionRow> for Session {
+    fn from(r: SessionRow) -> Session {
+        Session {
+            id: r.id,
+            tenant: TenantId(r.tenant_id),
+            repo: r.repo_id,
+            branch: r.branch,
+            created_at: r.created_at,
+            last_active_at: r.last_active_at,
+            closed_at: r.closed_at,
+        }
+    }
+}
+
+#[derive(sqlx::FromRow)]
+struct TurnRow {
+    seq: i32,
+    role: String,
+    content: String,
+    tokens: Option<Vec<i32>>,
+    model: Option<String>,
+    commit: Option<String>,
+    request_id: Option<Uuid>,
+    created_at: DateTime<Utc>,
+}
+
+const SESSION_COLUMNS: &str = "id, tenant_id, repo_id, branch, created_at, last_active_at, closed_at";
+
+impl Store {
+    /// Opens a session on a live repository of the tenant; [`StoreError::NotFound`] if the
+    /// repository is unknown, deleted or another tenant's.
+    pub async fn create_session(&self, tenant: TenantId, repo: Uuid, branch: &str) -> Result<Session, StoreError> {
+        let row: Option<SessionRow> = sqlx::query_as(&format!(
+            "INSERT INTO sessions (id, tenant_id, repo_id, branch) \
+             SELECT $1, $2, $3, $4 WHERE EXISTS \
+               (SELECT 1 FROM repositories WHERE id = $3 AND tenant_id = $2 AND deleted_at IS NULL) \
+             RETURNING {SESSION_COLUMNS}"
+        ))
+        .bind(Uuid::new_v4())
+        .bind(tenant.0)
+        .bind(repo)
+        .bind(branch)
+        .fetch_optional(self.pool())
+        .await?;
+        row.map(Session::from).ok_or_else(|| StoreError::NotFound(format!("repository {repo}")))
+    }
+
+    /// A session of this tenant, open or closed (`None` for another tenant's).
+    pub async fn session(&self, tenant: TenantId, id: Uuid) -> Result<Option<Session>, StoreError> {
+        let row: Option<SessionRow> =
+            sqlx::query_as(&format!("SELECT {SESSION_COLUMNS} FROM sessions WHERE id = $1 AND tenant_id = $2"))
+                .bind(id)
+                .bind(tenant.0)
+                .fetch_optional(self.pool())
+                .await?;
+        Ok(row.map(Session::from))
+    }
+
+    /// Marks a session active now.
+    pub async fn touch_session(&self, id: Uuid) -> Result<(), StoreError> {
+        sqlx::query("UPDATE sessions SET last_active_at = now() WHERE id = $1").bind(id).execute(self.pool()).await?;
+        Ok(())
+    }
+
+    /// Closes an open session of the tenant; `false` if it is unknown, another tenant's or
+    /// already closed.
+    pub async fn close_session(&self, tenant: TenantId, id: Uuid) -> Result<bool, StoreError> {
+        let done =
+            sqlx::query("UPDATE sessions SET closed_at = now() WHERE id = $1 AND tenant_id = $2 AND closed_at IS NULL")
+                .bind(id)
+                .bind(tenant.0)
+                .execute(self.pool())
+                .await?;
+        Ok(done.rows_affected() == 1)
+    }
+
+    /// Closes every open session idle since before `cutoff`; returns them.
+    pub async fn close_idle_sessions(&self, cutoff: DateTime<Utc>) -> Result<Vec<Session>, StoreError> {
+        let rows: Vec<SessionRow> = sqlx::query_as(&format!(
+            "UPDATE sessions SET closed_at = now() WHERE closed_at IS NULL AND last_active_at < $1 \
+             RETURNING {SESSION_COLUMNS}"
+        ))
+        .bind(cutoff)
+        .fetch_all(self.pool())
+        .await?;
+        Ok(rows.into_iter().map(Session::from).collect())
+    }
+
+    /// Open sessions on a repository's branch active since `since`, most recently active first.
+    pub async fn active_sessions(
+        &self,
+        repo: Uuid,
+        branch: &str,
+        since: DateTime<Utc>,
+    ) -> Result<Vec<Session>, StoreError> {
+        let rows: Vec<SessionRow> = sqlx::query_as(&format!(
+            "SELECT {SESSION_COLUMNS} FROM sessions WHERE repo_id = $1 AND branch = $2 AND closed_at IS NULL \
+             AND last_active_at >= $3 ORDER BY last_active_at DESC, id"
+        ))
+        .bind(repo)
+        .bind(branch)
+        .bind(since)
+        .fetch_all(self.pool())
+        .await?;
+        Ok(rows.into_iter().map(Session::from).collect())
+    }
+
+    /// Appends a turn at the end of the session's history and returns its sequence number. Two
+    /// appends racing for one number cannot both succeed (primary key): the loser gets
+    /// [`StoreError::Conflict`].
+    pub async fn append_turn(&self, session: Uuid, turn: &NewTurn<'_>) -> Result<i32, StoreError> {
+        let tokens: Option<Vec<i32>> = turn.tokens.map(|t| t.iter().map(|&id| id as i32).collect());
+        let (seq,): (i32,) = sqlx::query_as(
+            "INSERT INTO turns (session_id, seq, role, content, tokens, model, commit, request_id) \
+             SELECT $1, COALESCE(MAX(seq) + 1, 0), $2, $3, $4, $5, $6, $7 FROM turns WHERE session_id = $1 \
+             RETURNING seq",
+        )
+        .bind(session)
+        .bind(turn.role.as_str())
+        .bind(turn.content)
+        .bind(tokens)
+        .bind(turn.model)
+        .bind(turn.commit)
+        .bind(turn.request_id)
+        .fetch_one(self.pool())
+        .await?;
+        Ok(seq)
+    }
+
+    /// A session's history in order.
+    pub async fn turns(&self, session: Uuid) -> Result<Vec<Turn>, StoreError> {
+        let rows: Vec<TurnRow> = sqlx::query_as(
+            "SELECT seq, role, content, tokens, model, commit, request_id, created_at FROM turns \
+             WHERE session_id = $1 ORDER BY seq",
+        )
+        .bind(session)
+        .fetch_all(self.pool())
+        .await?;
+        Ok(rows
+            .into_iter()
+            .map(|r| Turn {
+                seq: r.seq,
+                role: if r.role == "assistant" { Role::Assistant } else { Role::User },
+                content: r.content,
+                tokens: r.tokens.map(|t| t.into_iter().map(|id| id as u32).collect()),
+                model: r.model,
+                commit: r.commit,
+                request_id: r.request_id,
+                created_at: r.created_at,
+            })
+            .collect())
+    }
+}

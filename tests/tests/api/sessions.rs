@@ -1,0 +1,338 @@
+//! Repositories, sessions and push webhooks: registration rules, the
+//! assembled prompt (dry runs), never answering from a stale file, cache
+//! reuse across pushes, pre-warm, and session-aware retention.
+
+use crate::helpers::*;
+use serde_json::{json, Value};
+
+const LIB: &str = "pub mod cart;\npub mod price;\n\npub use cart::Cart;\n";
+const PRICE: &str = "/// A price in cents.\n#[derive(Clone, Copy)]\npub struct Price(pub u64);\n\nimpl Price {\n    pub fn cents(self) -> u64 {\n        self.0\n    }\n}\n";
+const CART_V1: &str = "use crate::price::Price;\n\npub struct Cart {\n    items: Vec<Price>,\n}\n\nimpl Cart {\n    pub fn total(&self) -> u64 {\n        self.items.iter().map(|p| p.cents()).sum()\n    }\n}\n";
+const CART_V2: &str = "use crate::price::Price;\n\npub struct Cart {\n    items: Vec<Price>,\n}\n\nimpl Cart {\n    pub fn add(&mut self, p: Price) {\n        self.items.push(p);\n    }\n\n    pub fn total(&self) -> u64 {\n        self.items.iter().map(|p| p.cents()).sum()\n    }\n}\n";
+const CART_V3: &str = "use crate::price::Price;\n\npub struct Cart {\n    items: Vec<Price>,\n}\n\nimpl Cart {\n    pub fn add(&mut self, p: Price) {\n        self.items.push(p);\n    }\n\n    pub fn total_cents(&self) -> u64 {\n        self.items.iter().map(|p| p.cents()).sum()\n    }\n}\n";
+
+/// A small crate whose `src/cart.rs` has changed most often.
+fn shop(app: &TestApp, name: &str) -> cachet_context::testing::TestRepo {
+    let repo = app.source_repo(
+        name,
+        &[
+            ("Cargo.toml", Some("[package]\nname = \"shop\"\nversion = \"0.1.0\"\n")),
+            ("src/lib.rs", Some(LIB)),
+            ("src/price.rs", Some(PRICE)),
+            ("src/cart.rs", Some(CART_V1)),
+        ],
+    );
+    repo.commit(&[("src/cart.rs", Some(CART_V2))], "cart: add").unwrap();
+    repo
+}
+
+fn segment<'a>(dry: &'a Value, path: &str) -> &'a Value {
+    dry["segments"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|s| s["path"] == path && ["outline", "file"].contains(&s["kind"].as_str().unwrap()))
+        .unwrap_or_else(|| panic!("no context block for {path}: {dry}"))
+}
+
+async fn ask(app: &TestApp, token: &str, session: &str, content: &str) -> Value {
+    let r = app.message(token, session, json!({ "content": content, "max_tokens": 2, "temperature": 0 })).await;
+    assert_eq!(r.status(), 200, "{}", r.text().await.unwrap());
+    r.json().await.unwrap()
+}
+
+fn cached(v: &Value) -> u64 {
+    v["usage"]["prompt_tokens_details"]["cached_tokens"].as_u64().unwrap()
+}
+
+#[tokio::test]
+async fn a_dry_run_shows_the_prompt_its_segments_and_the_commit() {
+    let app = spawn_app().await;
+    let (_, token) = app.tenant("acme").await;
+    let repo = app.register(&token, shop(&app, "shop")).await;
+    let session = app.session(&token, &repo).await;
+    let r = app
+        .message(
+            &token,
+            &session,
+            json!({ "content": "Why is total wrong?", "files": ["src/price.rs"],
+                                              "tool_output": { "name": "cargo test", "content": "1 failed" },
+                                              "dry_run": true }),
+        )
+        .await;
+    assert_eq!(r.status(), 200);
+    let dry: Value = r.json().await.unwrap();
+    assert_eq!(dry["commit"], repo.head);
+    let prompt = dry["prompt"].as_str().unwrap();
+    assert!(prompt.contains("struct Cart") && prompt.contains("Why is total wrong?") && prompt.contains("1 failed"));
+    // Context, then this turn: the named file, tool output, the question.
+    let kinds: Vec<&str> = dry["segments"].as_array().unwrap().iter().map(|s| s["kind"].as_str().unwrap()).collect();
+    let at = |k: &str| kinds.iter().position(|x| *x == k).unwrap_or_else(|| panic!("no {k} in {kinds:?}"));
+    assert!(at("context_header") < at("turn_file") && at("turn_file") < at("tool_output"));
+    assert!(at("tool_output") < at("question"));
+    // Segments tile the prompt, in text and in tokens.
+    let (mut text_end, mut token_end) = (0, 0);
+    for s in dry["segments"].as_array().unwrap() {
+        assert_eq!(s["text"]["start"].as_u64().unwrap(), text_end, "{s}");
+        assert_eq!(s["tokens"]["start"].as_u64().unwrap(), token_end, "{s}");
+        text_end = s["text"]["end"].as_u64().unwrap();
+        token_end = s["tokens"]["end"].as_u64().unwrap();
+    }
+    assert_eq!(text_end as usize, prompt.len());
+    assert_eq!(token_end, dry["prompt_tokens"].as_u64().unwrap());
+    assert_eq!(dry["token_ids"].as_array().unwrap().len() as u64, token_end);
+    let cart = segment(&dry, "src/cart.rs");
+    assert_eq!(cart["blob"].as_str().unwrap().len(), 40);
+    // Nothing was stored.
+    let s: Value = app.get(&token, &format!("/v1/sessions/{session}")).await.json().await.unwrap();
+    assert_eq!(s["turns"].as_array().unwrap().len(), 0);
+}
+
+#[tokio::test]
+async fn after_a_push_the_prompt_has_the_new_file_and_reuses_the_prefix_before_it() {
+    let app = spawn_app().await;
+    let (_, token) = app.tenant("acme").await;
+    let repo = app.register(&token, shop(&app, "shop")).await;
+    let first = app.session(&token, &repo).await;
+    let v = ask(&app, &token, &first, "What does Cart do?").await;
+    assert_eq!(v["cachet"]["commit"], repo.head);
+    // Closed, so the push below pre-warms nothing: what the next session
+    // reuses is what survived the invalidation.
+    assert_eq!(
+        app.client
+            .delete(format!("{}/v1/sessions/{first}", app.address))
+            .bearer_auth(&token)
+            .send()
+            .await
+            .unwrap()
+            .status(),
+        200
+    );
+
+    let after = repo.source.commit(&[("src/cart.rs", Some(CART_V3))], "cart: rename total").unwrap().to_string();
+    let r = app.push_hook(&repo, &repo.head, &after, Some("delivery-1")).await;
+    assert_eq!(r.status(), 200);
+    let pushed: Value = r.json().await.unwrap();
+    assert_eq!(pushed["changed_paths"], json!(["src/cart.rs"]));
+    assert_eq!(pushed["prewarmed"], 0);
+
+    let second = app.session(&token, &repo).await;
+    let dry = app.dry_run(&token, &second, "What does Cart do?").await;
+    assert_eq!(dry["commit"], after);
+    let prompt = dry["prompt"].as_str().unwrap();
+    assert!(prompt.contains("total_cents"), "the new content is in the prompt");
+    assert!(!prompt.contains("fn total(&self)"), "the old content is not");
+    let block_start = segment(&dry, "src/cart.rs")["tokens"]["start"].as_u64().unwrap();
+    let v = ask(&app, &token, &second, "What does Cart do?").await;
+    assert_eq!(v["cachet"]["commit"], after);
+    // Everything before the changed file's block came from the cache, and
+    // nothing from the old block (its heading tokens match, but it was invalidated).
+    assert_eq!(cached(&v), block_start);
+}
+
+#[tokio::test]
+async fn a_push_prewarms_the_context_of_active_sessions() {
+    let app = spawn_app().await;
+    let (_, token) = app.tenant("acme").await;
+    let repo = app.register(&token, shop(&app, "shop")).await;
+    let session = app.session(&token, &repo).await;
+    ask(&app, &token, &session, "What does Cart do?").await;
+    let after = repo.source.commit(&[("src/cart.rs", Some(CART_V3))], "cart: rename total").unwrap().to_string();
+    let pushed: Value = app.push_hook(&repo, &repo.head, &after, None).await.json().await.unwrap();
+    assert_eq!(pushed["prewarmed"], 1, "{pushed}");
+    app.engine_idle().await;
+    let dry = app.dry_run(&token, &session, "And now?").await;
+    let context = dry["context_tokens"].as_u64().unwrap();
+    assert!(context > segment(&dry, "src/cart.rs")["tokens"]["end"].as_u64().unwrap());
+    let v = ask(&app, &token, &session, "And now?").await;
+    assert_eq!(v["cachet"]["commit"], after);
+    assert_eq!(cached(&v), context, "the whole new repository context was pre-warmed");
+}
+
+#[tokio::test]
+async fn webhooks_are_verified_deduplicated_and_scoped() {
+    let app = spawn_app().await;
+    let (_, token) = app.tenant("acme").await;
+    let repo = app.register(&token, shop(&app, "shop")).await;
+    let session = app.session(&token, &repo).await;
+    let after = repo.source.commit(&[("src/cart.rs", Some(CART_V3))], "cart: rename total").unwrap().to_string();
+    let body = serde_json::to_vec(&json!({ "ref": "refs/heads/main", "before": repo.head, "after": after })).unwrap();
+    let hook = |signature: Option<String>, event: &str, delivery: &str| {
+        let mut req = app
+            .client
+            .post(format!("{}/v1/webhooks/git/{}", app.address, repo.id))
+            .header("x-github-event", event)
+            .header("x-github-delivery", delivery)
+            .body(body.clone());
+        if let Some(s) = signature {
+            req = req.header("x-hub-signature-256", s);
+        }
+        req.send()
+    };
+    // Bad or missing signatures: 401, and no fetch (the session still sees the old head).
+    error(hook(Some(sign("not-the-secret", &body)), "push", "d1").await.unwrap(), 401).await;
+    error(hook(None, "push", "d1").await.unwrap(), 401).await;
+    error(hook(Some("sha256=zz".into()), "push", "d1").await.unwrap(), 401).await;
+    assert_eq!(app.dry_run(&token, &session, "q").await["commit"], repo.head);
+    // Other events are acknowledged and ignored.
+    let ping: Value = hook(Some(sign(&repo.secret, &body)), "ping", "d0").await.unwrap().json().await.unwrap();
+    assert_eq!(ping["ignored"], true);
+    // A good delivery applies once; its redelivery is acknowledged only.
+    let r = hook(Some(sign(&repo.secret, &body)), "push", "d1").await.unwrap();
+    assert_eq!(r.status(), 200);
+    assert_eq!(app.dry_run(&token, &session, "q").await["commit"], after);
+    let again = hook(Some(sign(&repo.secret, &body)), "push", "d1").await.unwrap();
+    assert_eq!(again.status(), 200);
+    assert_eq!(again.json::<Value>().await.unwrap()["duplicate"], true);
+    let info: Value = app.get(&token, &format!("/v1/repos/{}", repo.id)).await.json().await.unwrap();
+    let invalidations = info["invalidations"].as_array().unwrap();
+    assert_eq!(invalidations.len(), 1, "{info}");
+    assert_eq!(invalidations[0]["paths"], json!(["src/cart.rs"]));
+    assert!(info.get("webhook").is_none() && !info.to_string().contains(&repo.secret), "the secret is shown once");
+    // Unregistered repositories: 404.
+    for id in [uuid::Uuid::new_v4().to_string(), "not-a-uuid".to_string()] {
+        let r = app
+            .client
+            .post(format!("{}/v1/webhooks/git/{id}", app.address))
+            .header("x-hub-signature-256", sign(&repo.secret, &body))
+            .body(body.clone())
+            .send()
+            .await
+            .unwrap();
+        error(r, 404).await;
+    }
+}
+
+#[tokio::test]
+async fn registration_and_file_paths_are_confined() {
+    let app = spawn_app().await;
+    let (_, token) = app.tenant("acme").await;
+    let (_, other) = app.tenant("globex").await;
+    let outside = tempfile::tempdir().unwrap();
+    let stray = cachet_context::testing::TestRepo::init(outside.path().join("stray")).unwrap();
+    stray.commit(&[("a.txt", Some("a\n"))], "a").unwrap();
+    let sources = app.sources();
+    for url in [
+        stray.path().display().to_string(),
+        format!("file://{}", stray.path().display()),
+        format!("{}/../{}", sources.display(), outside.path().display()),
+        format!("{}/../../../../../../etc", sources.display()),
+        "ext::sh -c touch% /tmp/pwned".to_string(),
+        "-uhttps://example.invalid/x".to_string(),
+        "".to_string(),
+        app.state.settings.server.data_dir.join("mirrors").display().to_string(),
+    ] {
+        let r = app.post(&token, "/v1/repos", json!({ "url": url })).await;
+        let e = error(r, 400).await;
+        assert_eq!(e["param"], "url", "{url}: {e}");
+    }
+    // A file:// URL under the root works.
+    let src = shop(&app, "shop");
+    let r = app.post(&token, "/v1/repos", json!({ "url": format!("file://{}", src.path().display()) })).await;
+    assert_eq!(r.status(), 201);
+    let v: Value = r.json().await.unwrap();
+    assert!(v["webhook"]["secret"].as_str().unwrap().starts_with("whsec_"));
+    let id = v["id"].as_str().unwrap();
+    // Another tenant cannot see it or open a session on it.
+    error(app.get(&other, &format!("/v1/repos/{id}")).await, 404).await;
+    error(app.post(&other, "/v1/sessions", json!({ "repo": id })).await, 404).await;
+    let listed: Value = app.get(&other, "/v1/repos").await.json().await.unwrap();
+    assert_eq!(listed["data"].as_array().unwrap().len(), 0);
+    // An unknown branch is a 400.
+    error(app.post(&token, "/v1/sessions", json!({ "repo": id, "branch": "nope" })).await, 400).await;
+    // Files a message names stay inside the repository.
+    let r = app.post(&token, "/v1/sessions", json!({ "repo": id })).await;
+    let session: Value = r.json().await.unwrap();
+    let session = session["id"].as_str().unwrap();
+    for path in ["../shop/src/lib.rs", "/etc/passwd", "src/../../x", "nope.rs", "src"] {
+        let r = app.message(&token, session, json!({ "content": "q", "files": [path], "dry_run": true })).await;
+        error(r, 400).await;
+    }
+    // Another tenant's session is unknown to it.
+    error(app.message(&other, session, json!({ "content": "q" })).await, 404).await;
+}
+
+#[tokio::test]
+async fn a_live_session_keeps_its_history_cached_under_pressure() {
+    let app = spawn_with(|s| {
+        s.engine.pool_tokens = 2048;
+        s.context.budget_tokens = 400;
+    })
+    .await;
+    let (tenant, token) = app.tenant("acme").await;
+    let repo = app.register(&token, shop(&app, "shop")).await;
+    let session = app.session(&token, &repo).await;
+    ask(&app, &token, &session, &"Explain how the cart sums prices, step by step. ".repeat(4)).await;
+    let flood = || async {
+        for i in 0..12 {
+            let body = app.chat_body(&format!("{i} unrelated {}", "noise words here ".repeat(18)), 1);
+            assert_eq!(app.chat(&token, body).await.status(), 200);
+        }
+    };
+    flood().await;
+    let dry = app.dry_run(&token, &session, "And the tax?").await;
+    let history_end = dry["segments"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|s| s["kind"].as_str().unwrap().starts_with("history"))
+        .map(|s| s["tokens"]["end"].as_u64().unwrap())
+        .max()
+        .unwrap();
+    let v = ask(&app, &token, &session, "And the tax?").await;
+    // The last answer stopped at its length limit: its last token was never
+    // fed back, so it has no KV; everything before it is cached.
+    let history_cached = history_end - 1;
+    assert!(cached(&v) >= history_cached, "a live session's history stays cached: {} < {history_cached}", cached(&v));
+
+    // Closed, its prefix is ordinary cache and goes under pressure.
+    let dry = app.dry_run(&token, &session, "One more?").await;
+    let ids: Vec<u32> = dry["token_ids"].as_array().unwrap().iter().map(|t| t.as_u64().unwrap() as u32).collect();
+    assert_eq!(
+        app.client
+            .delete(format!("{}/v1/sessions/{session}", app.address))
+            .bearer_auth(&token)
+            .send()
+            .await
+            .unwrap()
+            .status(),
+        200
+    );
+    error(app.message(&token, &session, json!({ "content": "q" })).await, 409).await;
+    flood().await;
+    let engine = app.state.served.get().unwrap().engine.clone();
+    let mut probe = cachet_engine::runtime::Request::new(
+        cachet_engine::radix::TenantKey::new(tenant.to_string()),
+        ids,
+        cachet_engine::generate::GenerateParams { max_tokens: 1, ..Default::default() },
+    );
+    probe.prewarm = true;
+    let done = tokio::task::spawn_blocking(move || engine.submit(probe).collect_blocking()).await.unwrap();
+    let done = done.result.unwrap();
+    assert!(done.cached_tokens < history_cached as usize, "{} >= {history_cached}", done.cached_tokens);
+}
+
+#[tokio::test]
+async fn sessions_and_their_prompts_survive_a_restart() {
+    let app = spawn_app().await;
+    let (_, token) = app.tenant("acme").await;
+    let repo = app.register(&token, shop(&app, "shop")).await;
+    let session = app.session(&token, &repo).await;
+    ask(&app, &token, &session, "What does Cart do?").await;
+    let before = app.dry_run(&token, &session, "And Price?").await;
+    let history: Value = app.get(&token, &format!("/v1/sessions/{session}")).await.json().await.unwrap();
+    assert_eq!(history["turns"].as_array().unwrap().len(), 2);
+
+    // The same data folder and database, a new process.
+    let settings = app.state.settings.clone();
+    app.handle.stop(true).await;
+    let TestApp { data_dir, database_url, .. } = app;
+    let again = spawn_settings(settings, data_dir, database_url).await;
+    let after = again.dry_run(&token, &session, "And Price?").await;
+    assert_eq!(before["prompt"], after["prompt"], "byte-identical prompt after a restart");
+    assert_eq!(before["token_ids"], after["token_ids"]);
+    let history_after: Value = again.get(&token, &format!("/v1/sessions/{session}")).await.json().await.unwrap();
+    assert_eq!(history["turns"], history_after["turns"]);
+    let v = ask(&again, &token, &session, "And Price?").await;
+    assert_eq!(v["cachet"]["turn"], 2);
+}
