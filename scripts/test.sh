@@ -13,6 +13,17 @@ python3 -m pip --version >/dev/null 2>&1 || {
   apt-get update -qq && apt-get install -y -qq python3-pip >/dev/null
 }
 
+# The report page is checked in a real headless Chromium (Debian's package).
+if ! command -v chromium >/dev/null 2>&1; then
+  if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
+    echo "installing chromium (for the report page test)" >&2
+    apt-get update -qq && apt-get install -y -qq chromium >/dev/null
+  else
+    echo "error: chromium is required for the report page test (apt-get install chromium)" >&2
+    exit 1
+  fi
+fi
+
 echo "== cargo fmt --check"
 cargo fmt --all -- --check
 
@@ -20,7 +31,7 @@ echo "== the default model"
 cargo run -q -p cachet-api -- models pull
 
 echo "== cargo test"
-REQUIRE_MODEL=1 cargo test --workspace
+REQUIRE_MODEL=1 REQUIRE_CHROMIUM=1 cargo test --workspace
 
 echo "== the openai Python package against cachet serve (real model)"
 ./scripts/openai-check.sh

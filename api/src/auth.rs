@@ -85,6 +85,26 @@ fn same(a: &[u8], b: &[u8]) -> bool {
     a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
 }
 
+/// The live tenant a tenant token names.
+async fn tenant_of(state: &AppState, token: &str) -> Result<Tenant, ApiError> {
+    let claims = state.jwt.verify(token).map_err(|e| ApiError::Unauthorized(e.to_string()))?;
+    if claims.role != Role::Tenant {
+        return Err(ApiError::Unauthorized("this endpoint needs a tenant token".into()));
+    }
+    let id = claims.tenant.ok_or_else(|| ApiError::Unauthorized("the token names no tenant".into()))?;
+    state
+        .tenants
+        .get(state, id)
+        .await?
+        .ok_or_else(|| ApiError::Unauthorized("the token's tenant does not exist".into()))
+}
+
+/// Whether `token` is the operator's credential.
+fn is_operator(state: &AppState, token: &str) -> bool {
+    same(token.as_bytes(), state.operator_token.expose().as_bytes())
+        || state.jwt.verify(token).is_ok_and(|c| c.role == Role::Operator)
+}
+
 impl FromRequest for TenantAuth {
     type Error = ApiError;
     type Future = Pin<Box<dyn Future<Output = Result<TenantAuth, ApiError>>>>;
@@ -93,17 +113,45 @@ impl FromRequest for TenantAuth {
         let (token, state) = (bearer(req), state(req));
         Box::pin(async move {
             let (token, state) = (token?, state?);
-            let claims = state.jwt.verify(&token).map_err(|e| ApiError::Unauthorized(e.to_string()))?;
-            if claims.role != Role::Tenant {
-                return Err(ApiError::Unauthorized("this endpoint needs a tenant token".into()));
+            Ok(TenantAuth(tenant_of(&state, &token).await?))
+        })
+    }
+}
+
+/// Who looks at a browser page: a tenant or the operator. The token comes from the
+/// `Authorization` header, else the `cachet_token` cookie, else a `token` query parameter (which
+/// the page then moves into the cookie).
+#[derive(Clone, Debug)]
+pub enum Viewer {
+    Tenant(Tenant),
+    Operator,
+}
+
+/// The name of the browser cookie holding a bearer token.
+pub const TOKEN_COOKIE: &str = "cachet_token";
+
+/// A `token` query parameter, if the request has one.
+pub fn query_token(req: &HttpRequest) -> Option<String> {
+    web::Query::<HashMap<String, String>>::from_query(req.query_string()).ok()?.get("token").cloned()
+}
+
+impl FromRequest for Viewer {
+    type Error = ApiError;
+    type Future = Pin<Box<dyn Future<Output = Result<Viewer, ApiError>>>>;
+
+    fn from_request(req: &HttpRequest, _: &mut Payload) -> Self::Future {
+        let token = bearer(req)
+            .ok()
+            .or_else(|| req.cookie(TOKEN_COOKIE).map(|c| c.value().to_string()))
+            .or_else(|| query_token(req))
+            .ok_or_else(|| ApiError::Unauthorized("sign in with a token: ?token=… or Authorization: Bearer …".into()));
+        let state = state(req);
+        Box::pin(async move {
+            let (token, state) = (token?, state?);
+            if is_operator(&state, &token) {
+                return Ok(Viewer::Operator);
             }
-            let id = claims.tenant.ok_or_else(|| ApiError::Unauthorized("the token names no tenant".into()))?;
-            let tenant = state
-                .tenants
-                .get(&state, id)
-                .await?
-                .ok_or_else(|| ApiError::Unauthorized("the token's tenant does not exist".into()))?;
-            Ok(TenantAuth(tenant))
+            Ok(Viewer::Tenant(tenant_of(&state, &token).await?))
         })
     }
 }

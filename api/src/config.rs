@@ -23,6 +23,21 @@ pub struct Settings {
     pub auth: AuthSettings,
     pub tenants: TenantSettings,
     pub context: ContextSettings,
+    pub tasks: TaskSettings,
+}
+
+/// Tasks.
+#[derive(Clone, Debug, Deserialize)]
+#[serde(default)]
+pub struct TaskSettings {
+    /// An open task with no request for this long is marked abandoned.
+    pub idle_secs: u64,
+}
+
+impl Default for TaskSettings {
+    fn default() -> Self {
+        TaskSettings { idle_secs: 24 * 60 * 60 }
+    }
 }
 
 /// Repositories, their context, and sessions.

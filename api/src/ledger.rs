@@ -241,6 +241,8 @@ mod tests {
             status: "ok".into(),
             finish_reason: Some("stop".into()),
             created_at: chrono::Utc::now(),
+            slo_class: Some("interactive".into()),
+            slo_met: Some(true),
         }
     }
 

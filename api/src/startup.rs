@@ -213,7 +213,7 @@ impl Application {
             ),
             busy: Default::default(),
         });
-        let sweeper = tokio::spawn(crate::sessions::sweep_idle(state.clone()));
+        let sweeper = tokio::spawn(crate::sweeper::run(state.clone()));
         load_model_in_background(state.clone());
 
         let listener =

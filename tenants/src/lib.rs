@@ -4,7 +4,9 @@
 //! - The domain: [`TenantId`], [`Plan`] with its [`Prices`] and
 //!   [`RateLimits`], [`Tenant`], and the ledger's [`UsageRecord`].
 //! - [`jwt`]: bearer tokens (HS256, RS256, EdDSA) carrying the tenant id.
-//! - [`store`]: the Postgres [`store::Store`] (sqlx) and its migrations (`migrations/`).
+//! - [`store`]: the Postgres [`store::Store`] (sqlx) and its migrations (`migrations/`): tenants,
+//!   repositories, sessions and turns, tasks, the usage ledger, webhook deliveries, invalidations.
+//! - [`report`]: usage reports and cost per successful task.
 //! - [`cluster`]: a private Postgres cluster from the machine's binaries, for `cachet serve`
 //!   without a `DATABASE_URL` and for tests.
 //!
@@ -28,6 +30,7 @@
 pub mod cluster;
 pub mod jwt;
 mod model;
+pub mod report;
 mod secret;
 pub mod store;
 

@@ -222,6 +222,13 @@ pub struct UsageRecord {
     pub finish_reason: Option<String>,
     /// When the request was received.
     pub created_at: DateTime<Utc>,
+    /// The SLO class it ran under (`"interactive"`, `"batch"`).
+    #[serde(default)]
+    pub slo_class: Option<String>,
+    /// Whether it met its class's TTFT and inter-token targets (`None`: no verdict, e.g. it failed
+    /// before its first token).
+    #[serde(default)]
+    pub slo_met: Option<bool>,
 }
 
 impl UsageRecord {

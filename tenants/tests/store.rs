@@ -36,6 +36,8 @@ fn usage(tenant: TenantId, seconds_ago: i64) -> UsageRecord {
         status: "ok".into(),
         finish_reason: Some("stop".into()),
         created_at: now() - chrono::Duration::seconds(seconds_ago),
+        slo_class: Some("interactive".into()),
+        slo_met: Some(true),
     }
 }
 

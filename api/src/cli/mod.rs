@@ -4,6 +4,7 @@
 mod bench;
 mod context;
 mod generate;
+pub mod report;
 pub mod serve;
 
 use crate::models::{self, ModelSpec, Progress, PullOptions};
@@ -43,6 +44,8 @@ pub enum Command {
         #[command(subcommand)]
         command: serve::TenantsCommand,
     },
+    /// Usage and cost per successful task, by day, session, repository or task.
+    Report(report::ReportArgs),
     /// Repository context: show it, or replay a history to measure reuse.
     #[command(subcommand)]
     Context(context::ContextCommand),
@@ -88,6 +91,7 @@ pub fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Tenants { data, command } => serve::tenants(data, command),
         Command::Token { data, command } => serve::token(data, command),
         Command::Context(cmd) => context::run(cmd),
+        Command::Report(args) => report::run(args),
     }
 }
 

@@ -44,7 +44,7 @@ pub struct DataArgs {
 }
 
 impl DataArgs {
-    fn settings(&self) -> anyhow::Result<Settings> {
+    pub fn settings(&self) -> anyhow::Result<Settings> {
         Settings::load(&Overrides {
             config: self.config.clone(),
             data_dir: self.data_dir.clone(),

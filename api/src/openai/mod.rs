@@ -217,6 +217,9 @@ pub(crate) async fn execute(
         None => id_from(http, sampling.session_id, "x-cachet-session")?,
     };
     let task = id_from(http, sampling.task_id, "x-cachet-task")?;
+    if let Some(task) = task {
+        crate::routes::tasks::check_task(state, tenant.id, task).await?;
+    }
     let slo = match sampling.slo.as_deref() {
         None | Some("interactive") => SloClass::Interactive,
         Some("batch") => SloClass::Batch,
@@ -241,6 +244,15 @@ pub(crate) async fn execute(
         (retention_key(tenant.id, s), ttl)
     });
     let ledger = state.ledger.clone();
+    let targets = state.settings.engine_config().map_err(ApiError::Internal)?;
+    let targets = match slo {
+        SloClass::Interactive => targets.interactive,
+        SloClass::Batch => targets.batch,
+    };
+    let slo_class = match slo {
+        SloClass::Interactive => "interactive",
+        SloClass::Batch => "batch",
+    };
     let (tenant_id, plan, model_id, endpoint) = (tenant.id, tenant.plan.clone(), served.id.clone(), job.endpoint);
     let hook: OnComplete = Arc::new(move |outcome: Outcome, c: &Completion| {
         let uncached = c.prompt_tokens.saturating_sub(c.cached_tokens) as u64;
@@ -268,6 +280,8 @@ pub(crate) async fn execute(
             .into(),
             finish_reason: (outcome == Outcome::Finished).then(|| finish_reason(c.finish_reason).to_string()),
             created_at: chrono::Utc::now(),
+            slo_class: Some(slo_class.into()),
+            slo_met: slo_verdict(outcome, c, &targets),
         });
     });
     let mut request = Request::new(engine_tenant, job.tokens, job.params);
@@ -318,6 +332,23 @@ pub(crate) async fn execute(
     }
 }
 
+/// Whether a request met its SLO: it finished, its first token came within the TTFT target and
+/// its mean inter-token latency within the ITL target. No verdict for a cancelled request.
+fn slo_verdict(outcome: Outcome, c: &Completion, targets: &cachet_engine::runtime::SloTargets) -> Option<bool> {
+    match outcome {
+        Outcome::Cancelled => None,
+        Outcome::Failed => Some(false),
+        Outcome::Finished => {
+            let Some(ttft) = c.ttft else { return Some(false) };
+            let itl_ok = match c.output_tokens {
+                0 | 1 => true,
+                n => (c.e2e.saturating_sub(ttft)).as_secs_f64() / (n - 1) as f64 <= targets.itl.as_secs_f64(),
+            };
+            Some(ttft <= targets.ttft && itl_ok)
+        }
+    }
+}
+
 /// The engine's refusals as HTTP errors.
 pub(crate) fn engine_error(e: RequestError) -> ApiError {
     match e {
@@ -325,5 +356,47 @@ pub(crate) fn engine_error(e: RequestError) -> ApiError {
         RequestError::Invalid(m) => ApiError::bad(m),
         RequestError::TooLong { tokens, limit } => ApiError::ContextTooLong { tokens, limit },
         other => ApiError::Internal(other.to_string()),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use cachet_engine::runtime::SloTargets;
+
+    fn completion(ttft_ms: Option<u64>, e2e_ms: u64, output_tokens: usize) -> Completion {
+        Completion {
+            finish_reason: FinishReason::Length,
+            prompt_tokens: 10,
+            cached_tokens: 0,
+            computed_prefill_tokens: 10,
+            output_tokens,
+            queue_time: Duration::ZERO,
+            ttft: ttft_ms.map(Duration::from_millis),
+            e2e: Duration::from_millis(e2e_ms),
+            compute_seconds: 0.0,
+            retractions: 0,
+        }
+    }
+
+    #[test]
+    fn slo_verdicts_follow_ttft_and_mean_itl() {
+        let t = SloTargets { ttft: Duration::from_millis(500), itl: Duration::from_millis(50) };
+        // 500 ms to the first token, then 9 gaps of exactly 50 ms: met (targets are inclusive).
+        assert_eq!(slo_verdict(Outcome::Finished, &completion(Some(500), 950, 10), &t), Some(true));
+        assert_eq!(
+            slo_verdict(Outcome::Finished, &completion(Some(501), 951, 10), &t),
+            Some(false),
+            "late first token"
+        );
+        assert_eq!(slo_verdict(Outcome::Finished, &completion(Some(100), 560, 10), &t), Some(false), "slow tokens");
+        assert_eq!(
+            slo_verdict(Outcome::Finished, &completion(Some(100), 9_000, 1), &t),
+            Some(true),
+            "one token: no gap"
+        );
+        assert_eq!(slo_verdict(Outcome::Finished, &completion(None, 10, 0), &t), Some(false), "no first token");
+        assert_eq!(slo_verdict(Outcome::Failed, &completion(Some(1), 2, 2), &t), Some(false));
+        assert_eq!(slo_verdict(Outcome::Cancelled, &completion(Some(1), 2, 2), &t), None);
     }
 }

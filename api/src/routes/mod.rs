@@ -3,7 +3,9 @@
 
 pub mod admin;
 pub mod ops;
+pub mod reports;
 pub mod repos;
+pub mod tasks;
 pub mod usage;
 pub mod webhooks;
 
@@ -21,11 +23,13 @@ use utoipa::{Modify, OpenApi};
         ops::healthz, ops::readyz, ops::metrics,
         repos::create_repo, repos::list_repos, repos::get_repo, repos::delete_repo, webhooks::git_webhook,
         sessions::create_session, sessions::get_session, sessions::delete_session, sessions::message::post_message,
+        tasks::create_task, tasks::get_task, tasks::task_outcome,
+        reports::tenant_report, reports::operator_report, reports::report_page,
     ),
     components(schemas(
         openai::types::ChatCompletionRequest, openai::types::CompletionRequest, openai::types::ChatCompletion,
         openai::types::TextCompletion, openai::types::ModelList, openai::types::Usage, admin::NewTenant, admin::NewToken,
-        repos::NewRepo, sessions::NewSession, sessions::message::MessageRequest,
+        repos::NewRepo, sessions::NewSession, sessions::message::MessageRequest, tasks::NewTask, tasks::Outcome,
     )),
     modifiers(&Bearer),
 )]
@@ -58,6 +62,12 @@ pub fn configure(cfg: &mut web::ServiceConfig) {
         .service(sessions::get_session)
         .service(sessions::delete_session)
         .service(sessions::post_message)
+        .service(tasks::create_task)
+        .service(tasks::get_task)
+        .service(tasks::task_outcome)
+        .service(reports::tenant_report)
+        .service(reports::operator_report)
+        .service(reports::report_page)
         .service(admin::create_tenant)
         .service(admin::list_tenants)
         .service(admin::delete_tenant)

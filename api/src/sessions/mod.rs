@@ -163,23 +163,3 @@ pub async fn delete_session(
     close(&state, auth.0.id, id).await?;
     Ok(HttpResponse::Ok().json(json!({"id": id, "object": "session", "closed": true})))
 }
-
-/// Closes idle sessions and releases their retention, every little while.
-pub async fn sweep_idle(state: web::Data<AppState>) {
-    let period = (idle(&state) / 4).clamp(Duration::from_secs(1), Duration::from_secs(60));
-    loop {
-        tokio::time::sleep(period).await;
-        let cutoff = chrono::Utc::now() - idle(&state);
-        match state.store.close_idle_sessions(cutoff).await {
-            Ok(closed) => {
-                for s in closed {
-                    tracing::debug!(session = %s.id, "session idled out");
-                    if let Some(served) = state.served.get() {
-                        served.engine.release(retention_key(s.tenant, s.id));
-                    }
-                }
-            }
-            Err(e) => tracing::warn!("closing idle sessions: {e}"),
-        }
-    }
-}

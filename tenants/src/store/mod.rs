@@ -15,11 +15,14 @@ use uuid::Uuid;
 
 use crate::model::{Plan, Tenant, TenantId, UsageRecord};
 
+mod reports;
 mod repos;
 mod sessions;
+mod tasks;
 
 pub use repos::{Invalidation, NewRepository, Repository};
 pub use sessions::{NewTurn, Role, Session, Turn};
+pub use tasks::{OutcomeError, Task, TaskStatus};
 
 /// How long an operation waits for a connection before the store reports Postgres as unavailable.
 pub const ACQUIRE_TIMEOUT: Duration = Duration::from_secs(3);
@@ -28,7 +31,7 @@ pub const MAX_CONNECTIONS: u32 = 8;
 /// The longest accepted tenant name, in characters.
 pub const MAX_TENANT_NAME: usize = 200;
 
-/// Rows per `INSERT` statement in [`Store::insert_usage`] (18 binds each, below Postgres' 65,535).
+/// Rows per `INSERT` statement in [`Store::insert_usage`] (20 binds each, below Postgres' 65,535).
 const USAGE_ROWS_PER_STATEMENT: usize = 1000;
 
 /// What went wrong talking to Postgres.
@@ -149,6 +152,8 @@ struct UsageRow {
     status: String,
     finish_reason: Option<String>,
     created_at: DateTime<Utc>,
+    slo_class: Option<String>,
+    slo_met: Option<bool>,
 }
 
 impl From<UsageRow> for UsageRecord {
@@ -172,13 +177,16 @@ impl From<UsageRow> for UsageRecord {
             status: r.status,
             finish_reason: r.finish_reason,
             created_at: r.created_at,
+            slo_class: r.slo_class,
+            slo_met: r.slo_met,
         }
     }
 }
 
 const TENANT_COLUMNS: &str = "id, name, plan, created_at, deleted_at";
 const USAGE_COLUMNS: &str = "id, tenant_id, session_id, task_id, model, endpoint, prompt_tokens, cached_tokens, \
-     computed_tokens, output_tokens, queue_ms, ttft_ms, e2e_ms, compute_seconds, cost, status, finish_reason, created_at";
+     computed_tokens, output_tokens, queue_ms, ttft_ms, e2e_ms, compute_seconds, cost, status, finish_reason, created_at, \
+     slo_class, slo_met";
 
 fn check_name(name: &str) -> Result<&str, StoreError> {
     let name = name.trim();
@@ -318,7 +326,9 @@ impl Store {
                     .push_bind(r.cost)
                     .push_bind(&r.status)
                     .push_bind(&r.finish_reason)
-                    .push_bind(r.created_at);
+                    .push_bind(r.created_at)
+                    .push_bind(&r.slo_class)
+                    .push_bind(r.slo_met);
             });
             insert.push(" ON CONFLICT (id) DO NOTHING");
             inserted += insert.build().execute(&mut *tx).await?.rows_affected();

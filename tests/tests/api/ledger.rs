@@ -17,7 +17,13 @@ async fn ledger_rows_match_the_responses() {
     let app = spawn_app().await;
     let (tenant, token) = app.tenant("acme").await;
     let session = Uuid::new_v4();
-    let task = Uuid::new_v4();
+    let r = app.post(&token, "/v1/tasks", json!({ "title": "answer questions" })).await;
+    assert_eq!(r.status(), 201);
+    let task: Uuid = r.json::<Value>().await.unwrap()["id"].as_str().unwrap().parse().unwrap();
+    // A task id the tenant does not have is refused before anything runs.
+    let mut unknown = app.chat_body("x", 1);
+    unknown["task_id"] = json!(Uuid::new_v4());
+    error(app.chat(&token, unknown).await, 404).await;
     let mut responses = Vec::new();
     for i in 0..4 {
         let mut body = app.chat_body(&format!("question {} about the same code ", i % 2).repeat(10), 5);

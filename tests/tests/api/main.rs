@@ -7,4 +7,5 @@ mod chat;
 mod errors;
 mod helpers;
 mod ledger;
+mod reports;
 mod sessions;

@@ -1,0 +1,134 @@
+//! `/v1/tasks`: a task is a unit of work an agent attempts; requests carry its id (`task_id` or
+//! `X-Cachet-Task`), and its outcome is recorded once. What a *successful* task costs comes from
+//! here.
+
+use crate::auth::TenantAuth;
+use crate::error::ApiError;
+use crate::state::AppState;
+use actix_web::{get, post, web, HttpResponse};
+use cachet_tenants::store::{OutcomeError, Task, TaskStatus};
+use serde::Deserialize;
+use serde_json::json;
+use uuid::Uuid;
+
+/// `POST /v1/tasks`.
+#[derive(Clone, Debug, Deserialize, utoipa::ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct NewTask {
+    /// The session the task runs in (optional).
+    #[serde(default)]
+    pub session_id: Option<Uuid>,
+    pub title: String,
+}
+
+/// `POST /v1/tasks/{id}/outcome`.
+#[derive(Clone, Debug, Deserialize, utoipa::ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct Outcome {
+    /// `succeeded`, `failed` or `abandoned`.
+    pub status: String,
+    /// Anything that shows the outcome (test results, a commit, a link).
+    #[serde(default)]
+    #[schema(value_type = Option<Object>)]
+    pub evidence: Option<serde_json::Value>,
+}
+
+fn task_json(t: &Task) -> serde_json::Value {
+    json!({"id": t.id, "object": "task", "session_id": t.session_id, "title": t.title, "status": t.status,
+           "evidence": t.evidence, "created_at": t.created_at, "closed_at": t.closed_at})
+}
+
+/// Opens a task.
+#[utoipa::path(post, path = "/v1/tasks", tag = "tasks", request_body = NewTask,
+    responses((status = 201, description = "The task"), (status = 400, description = "Invalid title"),
+              (status = 404, description = "Unknown session")),
+    security(("bearer" = [])))]
+#[post("/v1/tasks")]
+pub async fn create_task(
+    state: web::Data<AppState>,
+    auth: TenantAuth,
+    body: web::Json<NewTask>,
+) -> Result<HttpResponse, ApiError> {
+    let task = state.store.create_task(auth.0.id, body.session_id, &body.title).await.map_err(|e| match e {
+        cachet_tenants::StoreError::NotFound(_) => {
+            ApiError::NotFound(format!("session {}", body.session_id.map(|s| s.to_string()).unwrap_or_default()))
+        }
+        other => other.into(),
+    })?;
+    Ok(HttpResponse::Created().json(task_json(&task)))
+}
+
+/// A task, with what its requests cost so far.
+#[utoipa::path(get, path = "/v1/tasks/{id}", tag = "tasks",
+    responses((status = 200, description = "The task"), (status = 404, description = "Unknown task")),
+    security(("bearer" = [])))]
+#[get("/v1/tasks/{id}")]
+pub async fn get_task(
+    state: web::Data<AppState>,
+    auth: TenantAuth,
+    id: web::Path<Uuid>,
+) -> Result<HttpResponse, ApiError> {
+    let id = id.into_inner();
+    let task = state.store.task(auth.0.id, id).await?.ok_or_else(|| ApiError::NotFound(format!("task {id}")))?;
+    // What was recorded so far, including rows still on their way to the database.
+    state.ledger.flush().await;
+    let (requests, cost) = state.store.task_cost(auth.0.id, id).await?;
+    let mut out = task_json(&task);
+    out["requests"] = json!(requests);
+    out["cost"] = json!(cost);
+    Ok(HttpResponse::Ok().json(out))
+}
+
+/// Records a task's outcome (once: a second outcome is a 409).
+#[utoipa::path(post, path = "/v1/tasks/{id}/outcome", tag = "tasks", request_body = Outcome,
+    responses((status = 200, description = "The closed task"), (status = 400, description = "Unknown status"),
+              (status = 404, description = "Unknown task"), (status = 409, description = "It already has an outcome")),
+    security(("bearer" = [])))]
+#[post("/v1/tasks/{id}/outcome")]
+pub async fn task_outcome(
+    state: web::Data<AppState>,
+    auth: TenantAuth,
+    id: web::Path<Uuid>,
+    body: web::Json<Outcome>,
+) -> Result<HttpResponse, ApiError> {
+    let id = id.into_inner();
+    let status = match body.status.as_str() {
+        "succeeded" => TaskStatus::Succeeded,
+        "failed" => TaskStatus::Failed,
+        "abandoned" => TaskStatus::Abandoned,
+        other => {
+            return Err(ApiError::bad_param(
+                "status",
+                format!("unknown outcome {other:?} (succeeded, failed, abandoned)"),
+            ))
+        }
+    };
+    let task = state.store.close_task(auth.0.id, id, status, body.evidence.as_ref()).await.map_err(|e| match e {
+        OutcomeError::NotFound => ApiError::NotFound(format!("task {id}")),
+        OutcomeError::AlreadyClosed(s) => ApiError::Conflict(format!("task {id} already has its outcome ({s})")),
+        OutcomeError::Store(e) => e.into(),
+    })?;
+    Ok(HttpResponse::Ok().json(task_json(&task)))
+}
+
+/// Checks a task id a request carries: the tenant's, and open. While the database is unreachable
+/// the request goes on (its ledger row keeps the id).
+pub(crate) async fn check_task(state: &AppState, tenant: cachet_tenants::TenantId, id: Uuid) -> Result<(), ApiError> {
+    match state.store.task(tenant, id).await {
+        Ok(None) => Err(ApiError::NotFound(format!("task {id}"))),
+        Ok(Some(t)) if t.status != TaskStatus::Open => {
+            Err(ApiError::Conflict(format!("task {id} is closed ({})", t.status.as_str())))
+        }
+        Ok(Some(_)) => {
+            if let Err(e) = state.store.touch_task(id).await {
+                tracing::warn!(task = %id, "{e}");
+            }
+            Ok(())
+        }
+        Err(e) if e.is_unavailable() => {
+            tracing::warn!(task = %id, "cannot check the task, the database is unreachable: {e}");
+            Ok(())
+        }
+        Err(e) => Err(e.into()),
+    }
+}

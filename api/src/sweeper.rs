@@ -1,0 +1,34 @@
+//! Housekeeping every little while: idle sessions are closed (and their retention in the engine
+//! released), idle open tasks are marked abandoned.
+
+use crate::openai::retention_key;
+use crate::state::AppState;
+use actix_web::web;
+use std::time::Duration;
+
+/// Runs until aborted.
+pub async fn run(state: web::Data<AppState>) {
+    let session_idle = crate::sessions::idle(&state);
+    let task_idle = Duration::from_secs(state.settings.tasks.idle_secs.max(1));
+    let period = (session_idle.min(task_idle) / 4).clamp(Duration::from_secs(1), Duration::from_secs(60));
+    loop {
+        tokio::time::sleep(period).await;
+        let now = chrono::Utc::now();
+        match state.store.close_idle_sessions(now - session_idle).await {
+            Ok(closed) => {
+                for s in closed {
+                    tracing::debug!(session = %s.id, "session idled out");
+                    if let Some(served) = state.served.get() {
+                        served.engine.release(retention_key(s.tenant, s.id));
+                    }
+                }
+            }
+            Err(e) => tracing::warn!("closing idle sessions: {e}"),
+        }
+        match state.store.abandon_idle_tasks(now - task_idle).await {
+            Ok(0) => {}
+            Ok(n) => tracing::info!(tasks = n, "idle tasks marked abandoned"),
+            Err(e) => tracing::warn!("abandoning idle tasks: {e}"),
+        }
+    }
+}
