@@ -105,17 +105,19 @@ pub fn variants() -> Vec<(&'static str, StabilityModel)> {
     let d = StabilityModel::DEFAULT;
     vec![
         ("default", d),
-        ("half-life 10", StabilityModel { half_life: 10.0, ..d }),
+        ("half-life 25", StabilityModel { half_life: 25.0, ..d }),
         ("half-life 100", StabilityModel { half_life: 100.0, ..d }),
         ("no decay (count)", StabilityModel { half_life: f64::INFINITY, ..d }),
         ("outline weight 0.5", StabilityModel { outline_weight: 0.5, ..d }),
         ("+ recency 1.0/10", StabilityModel { recency_weight: 1.0, recency_half_life: 10.0, ..d }),
-        ("size prior 0.05", StabilityModel { size_prior: Some(0.05), ..d }),
+        ("size prior 0.5", StabilityModel { size_prior: Some(0.5), ..d }),
         ("size prior 2", StabilityModel { size_prior: Some(2.0), ..d }),
         ("no size", StabilityModel { size_prior: None, ..d }),
-        ("no epochs", StabilityModel { epochs: false, ..d }),
-        ("no epochs, no size", StabilityModel { epochs: false, size_prior: None, ..d }),
-        ("no epochs, half-life 100", StabilityModel { epochs: false, half_life: 100.0, ..d }),
+        ("epochs", StabilityModel { epochs: true, ..d }),
+        (
+            "epochs, half-life 25, size prior 0.5",
+            StabilityModel { epochs: true, half_life: 25.0, size_prior: Some(0.5), ..d },
+        ),
     ]
 }
 

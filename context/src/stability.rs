@@ -32,17 +32,18 @@ pub struct StabilityModel {
 }
 
 impl StabilityModel {
-    /// The model [`crate::Order::Stability`] uses: decayed change frequency with a half-life of 25
-    /// commits, chosen by replay measurement (`context/REPLAY.md`, `examples/replay.rs`). Slower
-    /// decay, outline weights below 1, an extra recency term and size-aware scores all measured
-    /// worse; a faster decay (10) was as good on some histories and worse on others.
+    /// The model [`crate::Order::Stability`] uses: change count with a slow decay (half-life 200
+    /// commits), divided by the block's size with a small prior, no epochs. Chosen by replaying
+    /// real and synthetic histories (`docs/context.md`): faster decay, epochs, outline weights
+    /// below 1 and a recency term all measured worse on the real history; without the size term
+    /// the real history lost half its reusable prefix.
     pub const DEFAULT: StabilityModel = StabilityModel {
-        half_life: 25.0,
+        half_life: 200.0,
         outline_weight: 1.0,
         recency_weight: 0.0,
         recency_half_life: 10.0,
-        size_prior: Some(0.5),
-        epochs: true,
+        size_prior: Some(0.05),
+        epochs: false,
     };
 
     /// The score of a block (lower = more stable = earlier).

@@ -66,3 +66,30 @@ fn overload_is_refused_early_and_admitted_requests_meet_their_target() {
     assert!(start.elapsed() < target * 4);
     h.check_integrity_blocking().unwrap();
 }
+
+/// A target no request can meet: an idle engine still serves the first request (refusing it
+/// would not make anything faster), and refuses those that would queue behind it.
+#[test]
+fn an_idle_engine_admits_what_it_cannot_serve_in_time() {
+    let mut config = EngineConfig { pool: PoolSize::Tokens(4096), ..Default::default() };
+    config.interactive.ttft = Duration::from_micros(1);
+    config.overload_factor = 1.0;
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("tiny.gguf");
+    Tiny::random(TinyArch::Qwen2, 78, false).write_gguf(DType::Q8_0, &path).unwrap();
+    let backend = CpuBackend::new(1).unwrap();
+    let loaded = cachet_engine::loader::load(&path, &backend).unwrap();
+    let h = runtime::start(backend, loaded, config).unwrap();
+    let alone = h.submit(request("a", tokens(1, 200), 4)).collect_blocking();
+    assert!(alone.result.is_ok(), "an idle engine refused: {:?}", alone.result.err());
+    let first = h.submit(request("a", tokens(2, 200), 64));
+    let behind: Vec<_> = (0..2).map(|i| h.submit(request("b", tokens(3 + i, 200), 4))).collect();
+    let refused = behind
+        .into_iter()
+        .map(|s| s.collect_blocking().result)
+        .filter(|r| matches!(r, Err(RequestError::Overloaded { .. })))
+        .count();
+    assert!(first.collect_blocking().result.is_ok());
+    assert!(refused >= 1, "requests queued behind a running one were all admitted");
+    h.check_integrity_blocking().unwrap();
+}

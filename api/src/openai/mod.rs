@@ -118,7 +118,7 @@ pub(crate) fn params(s: &Sampling, prompt_tokens: usize, max_context: usize) -> 
         max_tokens: requested.unwrap_or(room).min(room),
         stop,
         stop_token_ids: Vec::new(),
-        ignore_eos: false,
+        ignore_eos: s.ignore_eos.unwrap_or(false),
     })
 }
 

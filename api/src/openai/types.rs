@@ -103,6 +103,10 @@ pub struct Sampling {
     /// cachet extension: the task (or `X-Cachet-Task`).
     #[serde(default)]
     pub task_id: Option<Uuid>,
+    /// cachet extension (as vLLM's and llama-server's): keep generating past the end-of-sequence
+    /// token, up to `max_tokens` (for benchmarks).
+    #[serde(default)]
+    pub ignore_eos: Option<bool>,
     /// cachet extension: `interactive` (default) or `batch`.
     #[serde(default)]
     pub slo: Option<String>,

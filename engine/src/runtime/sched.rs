@@ -129,8 +129,10 @@ impl<B: Backend> Engine<B> {
     /// every step with the current throughput, so a slow-down turns into
     /// early refusals instead of late answers. Requests that already started
     /// (or were retracted after starting) are never refused.
+    /// While nothing runs, nothing is refused: the next step admits what it can, and waiting
+    /// would not make any of it faster.
     pub(super) fn refuse_late(&mut self, now: std::time::Instant) {
-        if self.cfg.overload_factor <= 0.0 {
+        if self.cfg.overload_factor <= 0.0 || self.running.is_empty() {
             return;
         }
         let mut i = 0;

@@ -3,6 +3,7 @@
 
 mod admin_and_ops;
 mod auth;
+mod bench;
 mod chat;
 mod errors;
 mod helpers;

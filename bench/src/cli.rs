@@ -1,0 +1,307 @@
+//! The command line: `cachet-bench run` and `cachet-bench report`.
+
+use crate::arrival::Arrival;
+use crate::client::Target;
+use crate::error::BenchError;
+use crate::record::Slo;
+use crate::report::ResultsFile;
+use crate::run::{http_client, run_workload, warmup, RunOptions};
+use crate::workload::source::SourceCorpus;
+use crate::workload::{Scenario, ScenarioSpec, Workload};
+use clap::{Args, Parser, Subcommand};
+use std::path::PathBuf;
+use std::time::Duration;
+
+/// Load generator for OpenAI-compatible servers: six coding-agent workloads,
+/// TTFT / ITL / e2e percentiles, throughput, SLO attainment and goodput.
+#[derive(Debug, Parser)]
+#[command(name = "cachet-bench", version)]
+pub struct Cli {
+    /// What to do.
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+/// The subcommands.
+#[derive(Debug, Subcommand)]
+#[allow(clippy::large_enum_variant)] // parsed once per process
+pub enum Command {
+    /// Runs scenarios against one or more targets; writes results.json, results.md, ttft.svg, configs.svg.
+    Run(RunArgs),
+    /// Merges results files and renders the markdown and charts again.
+    Report(ReportArgs),
+}
+
+/// `cachet-bench run`.
+#[derive(Debug, Args)]
+pub struct RunArgs {
+    /// A system under test: NAME=URL or NAME=URL@MODEL (URL without /v1). Repeat for several.
+    #[arg(long = "target", required = true, value_name = "NAME=URL[@MODEL]")]
+    pub targets: Vec<String>,
+    /// The model to request (unless a target names its own).
+    #[arg(long)]
+    pub model: Option<String>,
+    /// Bearer token sent to every target without its own.
+    #[arg(long, env = "CACHET_BENCH_API_KEY", hide_env_values = true)]
+    pub api_key: Option<String>,
+    /// Bearer token of one target. Repeatable.
+    #[arg(long = "target-api-key", value_name = "NAME=KEY")]
+    pub target_api_keys: Vec<String>,
+    /// Comma-separated scenarios, or `all`: repeated-context, unrelated, long-input, long-output, peak, agent.
+    #[arg(long, default_value = "all")]
+    pub scenario: String,
+    /// Seed of prompts and arrival schedules.
+    #[arg(long, default_value_t = 0)]
+    pub seed: u64,
+    /// Multiplies request counts (conversations, bursts).
+    #[arg(long, default_value_t = 1.0)]
+    pub scale: f64,
+    /// Multiplies prompt sizes.
+    #[arg(long, default_value_t = 1.0)]
+    pub size_scale: f64,
+    /// Overrides max_tokens of every scenario.
+    #[arg(long)]
+    pub max_tokens: Option<u32>,
+    /// Overrides the users of closed-loop scenarios.
+    #[arg(long)]
+    pub users: Option<usize>,
+    /// Overrides the Poisson rate (requests/s) of open-loop scenarios.
+    #[arg(long)]
+    pub rate: Option<f64>,
+    /// TTFT objective (ms).
+    #[arg(long, default_value_t = 3000.0)]
+    pub slo_ttft_ms: f64,
+    /// Mean inter-token latency objective (ms).
+    #[arg(long, default_value_t = 250.0)]
+    pub slo_itl_ms: f64,
+    /// Per-request timeout (seconds).
+    #[arg(long, default_value_t = 600)]
+    pub timeout_s: u64,
+    /// The git repository prompts are cut from (default: the one containing the current directory).
+    #[arg(long, default_value = ".")]
+    pub source_repo: PathBuf,
+    /// Output directory.
+    #[arg(long)]
+    pub out: PathBuf,
+    /// A label stored with the results (e.g. the configuration).
+    #[arg(long)]
+    pub label: Option<String>,
+    /// Leave per-request records out of results.json.
+    #[arg(long)]
+    pub no_records: bool,
+    /// Skip the warm-up request before each (system, scenario).
+    #[arg(long)]
+    pub no_warmup: bool,
+}
+
+/// `cachet-bench report`.
+#[derive(Debug, Args)]
+pub struct ReportArgs {
+    /// A results.json. Repeat to merge.
+    #[arg(long = "in", required = true)]
+    pub inputs: Vec<PathBuf>,
+    /// Output directory.
+    #[arg(long)]
+    pub out: PathBuf,
+}
+
+/// Parses `NAME=URL[@MODEL]`; the model defaults to `model`.
+///
+/// # Errors
+/// [`BenchError::InvalidArgument`] for a malformed target or no model.
+pub fn parse_target(spec: &str, model: Option<&str>) -> Result<Target, BenchError> {
+    let bad = |m: &str| BenchError::InvalidArgument(format!("--target {spec:?}: {m}"));
+    let (name, rest) = spec.split_once('=').ok_or_else(|| bad("expected NAME=URL[@MODEL]"))?;
+    // The model starts at the first '@' after the scheme (URLs with user info are not supported).
+    let after_scheme = rest.find("://").map_or(0, |i| i + 3);
+    let (url, own_model) = match rest[after_scheme..].find('@') {
+        Some(at) => (&rest[..after_scheme + at], Some(&rest[after_scheme + at + 1..])),
+        None => (rest, None),
+    };
+    if name.is_empty() {
+        return Err(bad("empty name"));
+    }
+    if !(url.starts_with("http://") || url.starts_with("https://")) {
+        return Err(bad("the URL must start with http:// or https://"));
+    }
+    let model = own_model.filter(|m| !m.is_empty()).or(model).ok_or_else(|| bad("no model: give --model or @MODEL"))?;
+    Ok(Target {
+        name: name.to_string(),
+        base_url: url.trim_end_matches('/').trim_end_matches("/v1").to_string(),
+        model: model.to_string(),
+        api_key: None,
+    })
+}
+
+impl RunArgs {
+    /// The targets, with their keys.
+    fn targets(&self) -> Result<Vec<Target>, BenchError> {
+        let mut targets = Vec::new();
+        for t in &self.targets {
+            let mut target = parse_target(t, self.model.as_deref())?;
+            if targets.iter().any(|o: &Target| o.name == target.name) {
+                return Err(BenchError::InvalidArgument(format!("two targets are named {:?}", target.name)));
+            }
+            target.api_key = self.api_key.clone();
+            targets.push(target);
+        }
+        for k in &self.target_api_keys {
+            let (name, key) = k
+                .split_once('=')
+                .ok_or_else(|| BenchError::InvalidArgument("--target-api-key expects NAME=KEY".into()))?;
+            let t = targets
+                .iter_mut()
+                .find(|t| t.name == name)
+                .ok_or_else(|| BenchError::InvalidArgument(format!("--target-api-key: no target named {name:?}")))?;
+            t.api_key = Some(key.to_string());
+        }
+        Ok(targets)
+    }
+
+    /// The spec of `scenario` after scaling and overrides.
+    fn spec(&self, scenario: Scenario) -> Result<ScenarioSpec, BenchError> {
+        let positive = |v: f64, flag: &str| {
+            if v.is_finite() && v > 0.0 {
+                Ok(v)
+            } else {
+                Err(BenchError::InvalidArgument(format!("{flag} must be a positive number")))
+            }
+        };
+        let mut spec = ScenarioSpec::defaults(scenario)
+            .scaled(positive(self.scale, "--scale")?, positive(self.size_scale, "--size-scale")?);
+        if let Some(m) = self.max_tokens {
+            spec.max_tokens = m;
+        }
+        match &mut spec.arrival {
+            Arrival::Closed { users } => *users = self.users.unwrap_or(*users),
+            Arrival::Open { rate_per_s, .. } => *rate_per_s = self.rate.unwrap_or(*rate_per_s),
+        }
+        spec.validate()?;
+        Ok(spec)
+    }
+}
+
+/// Runs the command line.
+///
+/// # Errors
+/// Invalid arguments, an unreadable repository, a failed warm-up, or files
+/// that cannot be read or written.
+pub async fn main(cli: Cli) -> Result<(), BenchError> {
+    match cli.command {
+        Command::Run(args) => run(args).await,
+        Command::Report(args) => report(args),
+    }
+}
+
+async fn run(args: RunArgs) -> Result<(), BenchError> {
+    let targets = args.targets()?;
+    let scenarios = Scenario::parse_list(&args.scenario)?;
+    let opts = RunOptions {
+        seed: args.seed,
+        slo: Slo { ttft_ms: args.slo_ttft_ms, itl_ms: args.slo_itl_ms },
+        timeout: Duration::from_secs(args.timeout_s.max(1)),
+        source_repo: args.source_repo.clone(),
+        warmup: !args.no_warmup,
+        label: args.label.clone(),
+    };
+    let workloads = {
+        let corpus = SourceCorpus::open(&args.source_repo)?;
+        eprintln!("prompts from {} ({} files at HEAD)", corpus.root().display(), corpus.files().len());
+        let mut w = Vec::new();
+        for &s in &scenarios {
+            w.push(Workload::build(&args.spec(s)?, &corpus, args.seed)?);
+        }
+        w
+    };
+    let client = http_client()?;
+    let mut file = ResultsFile::new(args.label.clone(), targets.clone(), Vec::new());
+    for (i, workload) in workloads.iter().enumerate() {
+        // Alternate who goes first: A, B then B, A ...
+        let mut order = targets.clone();
+        order.rotate_left(i % targets.len());
+        for target in &order {
+            eprintln!(
+                "{} on {}: {} requests; {}",
+                workload.spec.scenario,
+                target.name,
+                workload.requests(),
+                workload.spec.describe()
+            );
+            if opts.warmup {
+                warmup(&client, target, opts.timeout).await?;
+            }
+            let result = run_workload(&client, target, workload, &opts).await;
+            let s = &result.summary;
+            eprintln!(
+                "  done {} / failed {}; TTFT p50 {} ms; goodput {:.3} req/s; {:.1} s",
+                s.completed,
+                s.failed,
+                s.ttft_ms.map_or("n/a".into(), |p| format!("{:.0}", p.p50)),
+                s.goodput_per_s,
+                s.wall_s
+            );
+            file.results.push(result);
+            // Written after every run, so an interrupted benchmark keeps what it measured.
+            file.write_all(&args.out, !args.no_records)?;
+        }
+    }
+    let md = file.write_all(&args.out, !args.no_records)?;
+    println!("{md}");
+    Ok(())
+}
+
+fn report(args: ReportArgs) -> Result<(), BenchError> {
+    let files = args.inputs.iter().map(|p| ResultsFile::read(p)).collect::<Result<Vec<_>, _>>()?;
+    let merged = ResultsFile::merge(files);
+    let md = merged.write_all(&args.out, true)?;
+    println!("{md}");
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn targets_parse_with_and_without_a_model() {
+        let t = parse_target("cachet=http://127.0.0.1:8080/", Some("qwen")).unwrap();
+        assert_eq!(
+            (t.name.as_str(), t.base_url.as_str(), t.model.as_str()),
+            ("cachet", "http://127.0.0.1:8080", "qwen")
+        );
+        let t = parse_target("llama=http://h:9000/v1@Qwen/Qwen2.5-0.5B@q8", None).unwrap();
+        assert_eq!((t.base_url.as_str(), t.model.as_str()), ("http://h:9000", "Qwen/Qwen2.5-0.5B@q8"));
+        assert!(parse_target("x=http://h", None).is_err());
+        assert!(parse_target("http://h", Some("m")).is_err());
+        assert!(parse_target("x=ftp://h", Some("m")).is_err());
+    }
+
+    #[test]
+    fn the_command_line_parses() {
+        let cli = Cli::try_parse_from([
+            "cachet-bench",
+            "run",
+            "--target",
+            "a=http://x",
+            "--target",
+            "b=http://y@m2",
+            "--model",
+            "m",
+            "--scenario",
+            "peak,agent",
+            "--scale",
+            "0.5",
+            "--out",
+            "/tmp/x",
+            "--rate",
+            "1.5",
+        ])
+        .unwrap();
+        let Command::Run(args) = cli.command else { panic!("run") };
+        assert_eq!(args.targets().unwrap().len(), 2);
+        let spec = args.spec(Scenario::Peak).unwrap();
+        assert!(matches!(spec.arrival, Arrival::Open { rate_per_s, .. } if rate_per_s == 1.5));
+        assert_eq!(spec.conversations, 4);
+        assert!(Cli::try_parse_from(["cachet-bench", "report", "--out", "d"]).is_err());
+    }
+}

@@ -1,0 +1,170 @@
+//! The markdown report: context (date, machine, seed, SLOs, scenario
+//! parameters) and one table row per (scenario, system).
+
+use super::ResultsFile;
+use crate::run::ScenarioResult;
+use crate::stats::Percentiles;
+use crate::workload::{Scenario, CHARS_PER_TOKEN};
+use std::fmt::Write;
+
+/// The whole report.
+pub fn render(file: &ResultsFile) -> String {
+    let mut md = String::new();
+    let _ = writeln!(md, "# cachet-bench results\n");
+    if let Some(label) = &file.label {
+        let _ = writeln!(md, "Label: {label}\n");
+    }
+    let dates = date_range(file);
+    let _ = writeln!(md, "- Date: {dates}");
+    let _ = writeln!(md, "- Machine (client): {}", file.machine.describe());
+    let mut seeds: Vec<u64> = file.results.iter().map(|r| r.seed).collect();
+    seeds.sort_unstable();
+    seeds.dedup();
+    let seeds: Vec<String> = seeds.iter().map(u64::to_string).collect();
+    let _ = writeln!(md, "- Seed: {}", seeds.join(", "));
+    for slo in file.slos() {
+        let _ = writeln!(
+            md,
+            "- SLO: TTFT ≤ {} ms and mean inter-token latency ≤ {} ms per request; \
+             goodput = requests meeting it per second of wall time",
+            slo.ttft_ms, slo.itl_ms
+        );
+    }
+    for t in &file.targets {
+        let _ = writeln!(md, "- Target `{}`: {} (model `{}`)", t.name, t.base_url, t.model);
+    }
+    let _ = writeln!(
+        md,
+        "- TTFT and e2e count from when the arrival process scheduled the request (client-side queueing included). \
+         Percentiles interpolate linearly between closest ranks (numpy's default); ITL percentiles pool every \
+         gap between token events. Failed requests count in totals and never meet the SLO. Sizes are approximate \
+         tokens ({CHARS_PER_TOKEN} characters each); *prompt tok* is the server-reported mean. Throughput is over \
+         the wall time from the first send to the last completion.\n"
+    );
+
+    let _ = writeln!(md, "## Scenarios\n\n| scenario | parameters |\n|---|---|");
+    let mut seen: Vec<(Scenario, String)> = Vec::new();
+    for r in &file.results {
+        let d = r.spec.describe();
+        if !seen.iter().any(|(s, x)| *s == r.scenario && *x == d) {
+            let _ = writeln!(md, "| {} | {} |", r.scenario, d);
+            seen.push((r.scenario, d));
+        }
+    }
+
+    let _ = writeln!(
+        md,
+        "\n## Results\n\n| scenario | system | done / failed | TTFT p50 / p95 / p99 ms | ITL p50 / p95 / p99 ms \
+         | e2e p50 / p95 / p99 ms | req/s | out tok/s | SLO met | goodput req/s | cached | prompt tok |\n\
+         |---|---|---|---|---|---|---|---|---|---|---|---|"
+    );
+    let several_slos = file.slos().len() > 1;
+    let mut rows: Vec<_> = file.results.iter().enumerate().collect();
+    rows.sort_by_key(|(i, r)| (r.scenario, *i));
+    for (_, r) in rows {
+        let s = &r.summary;
+        let cached = s.cached_ratio.map_or("n/a".to_string(), |c| format!("{:.0}%", c * 100.0));
+        let prompt = if s.completed > 0 && s.prompt_tokens > 0 {
+            format!("{:.0}", s.prompt_tokens as f64 / s.completed as f64)
+        } else {
+            "n/a".into()
+        };
+        let _ = writeln!(
+            md,
+            "| {} | {} | {} / {} | {} | {} | {} | {:.3} | {:.1} | {:.0}% | {:.3} | {} | {} |",
+            r.scenario,
+            system_cell(r, several_slos),
+            s.completed,
+            s.failed,
+            triple(&s.ttft_ms, 0),
+            triple(&s.itl_ms, 1),
+            triple(&s.e2e_ms, 0),
+            s.requests_per_s,
+            s.output_tokens_per_s,
+            s.slo_attainment * 100.0,
+            s.goodput_per_s,
+            cached,
+            prompt,
+        );
+    }
+    let failures: Vec<String> = file
+        .results
+        .iter()
+        .flat_map(|r| {
+            r.records.iter().filter_map(move |x| {
+                x.error
+                    .as_ref()
+                    .map(|e| format!("- {} / {} #{}.{}: {e}", r.scenario, r.configuration(), x.conversation, x.turn))
+            })
+        })
+        .collect();
+    if !failures.is_empty() {
+        let _ = writeln!(md, "\n## Failures\n");
+        for f in failures.iter().take(50) {
+            let _ = writeln!(md, "{f}");
+        }
+        if failures.len() > 50 {
+            let _ = writeln!(md, "- ... and {} more", failures.len() - 50);
+        }
+    }
+    md
+}
+
+/// The configuration, with its SLO when results with different SLOs are merged.
+fn system_cell(r: &ScenarioResult, with_slo: bool) -> String {
+    if with_slo {
+        format!("{} (SLO {} / {} ms)", r.configuration(), r.summary.slo.ttft_ms, r.summary.slo.itl_ms)
+    } else {
+        r.configuration()
+    }
+}
+
+/// "p50 / p95 / p99" with `digits` decimals, or "n/a".
+fn triple(p: &Option<Percentiles>, digits: usize) -> String {
+    match p {
+        Some(p) => format!("{:.d$} / {:.d$} / {:.d$}", p.p50, p.p95, p.p99, d = digits),
+        None => "n/a".into(),
+    }
+}
+
+/// The first and last scenario start, as UTC dates and times.
+fn date_range(file: &ResultsFile) -> String {
+    let first = file.results.iter().map(|r| r.started_at).min();
+    let last = file.results.iter().map(|r| r.started_at).max();
+    let fmt = |t: chrono::DateTime<chrono::Utc>| t.format("%Y-%m-%d %H:%M UTC").to_string();
+    match (first, last) {
+        (Some(a), Some(b)) if fmt(a) != fmt(b) => format!("{} to {}", fmt(a), fmt(b)),
+        (Some(a), _) => fmt(a),
+        _ => fmt(file.created_at),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::report::tests::sample;
+    use crate::report::Machine;
+
+    #[test]
+    fn the_report_states_its_context_and_one_row_per_result() {
+        let mut file = ResultsFile::new(
+            Some("run 1".into()),
+            Vec::new(),
+            vec![sample("cachet", Scenario::Agent, 100.0), sample("llama", Scenario::Peak, 200.0)],
+        );
+        file.machine = Machine { cpu: "Test CPU".into(), cores: 2, memory_gib: 8.0 };
+        let md = render(&file);
+        for needle in
+            ["Test CPU, 2 logical cores, 8.0 GiB", "Seed: 9", "TTFT ≤ 3000 ms", "≤ 250 ms", "Date: 20", "numpy"]
+        {
+            assert!(md.contains(needle), "{needle} missing:\n{md}");
+        }
+        // Scenario order (peak before agent), parameters, the failure listed.
+        let peak = md.find("| peak | llama | 2 / 1 | 300 / 390 / 398 |").expect("peak row");
+        let agent = md.find("| agent | cachet | 2 / 1 |").expect("agent row");
+        assert!(peak < agent);
+        assert!(md.contains("| peak | 8 prompts of ~600 tok"));
+        assert!(md.contains("HTTP 503"));
+        assert!(md.contains("| 50% |"), "cached ratio");
+    }
+}

@@ -1,0 +1,156 @@
+//! The prompt builders of the six scenarios. Each conversation draws from
+//! its own random stream (seed, scenario, index), so conversations do not
+//! change when others are added.
+
+use super::{Conversation, Scenario, ScenarioSpec, CHARS_PER_TOKEN};
+use crate::client::Message;
+use crate::rng::Rng;
+use crate::workload::source::SourceCorpus;
+
+/// The system prompt of `repeated-context`, before the repository context.
+const REPO_SYSTEM: &str = "You are a senior software engineer. Answer questions about the repository whose \
+files follow. Be concise and refer to files by path.\n\n";
+
+/// The system prompt of `agent` sessions: a coding agent's tool descriptions.
+const AGENT_SYSTEM: &str = "You are a coding agent working in a git repository. You can call these tools:\n\
+- read_file(path, revision?): returns the file's contents at a revision (default HEAD).\n\
+- git_diff(from, to): returns the unified diff between two commits.\n\
+- edit_file(path, old, new): replaces the text `old` with `new` in the file.\n\
+- run_tests(filter?): runs the test suite and returns its output.\n\
+Think step by step. After each tool result, say what you learned and which tool you call next.";
+
+/// Conversation `i` of `spec`.
+pub(super) fn conversation(spec: &ScenarioSpec, corpus: &SourceCorpus, seed: u64, i: usize) -> Conversation {
+    let mut rng = Rng::derive(seed, &format!("{}/{i}", spec.scenario));
+    let chars = spec.prompt_tokens * CHARS_PER_TOKEN;
+    match spec.scenario {
+        Scenario::RepeatedContext => {
+            // The same stream for every session: the shared prefix.
+            let mut shared = Rng::derive(seed, "repeated-context/context");
+            let context = corpus.context(&mut shared, spec.shared_tokens * CHARS_PER_TOKEN);
+            let turns = (0..spec.turns)
+                .map(|k| {
+                    let lead = if k == 0 { "" } else { "Follow-up question. " };
+                    ask(&mut rng, corpus, lead, chars)
+                })
+                .collect();
+            Conversation { preamble: vec![Message::new("system", format!("{REPO_SYSTEM}{context}"))], turns }
+        }
+        Scenario::Unrelated | Scenario::Peak => single(code_then_question(&mut rng, corpus, chars, None)),
+        Scenario::LongInput => single(code_then_question(
+            &mut rng,
+            corpus,
+            chars,
+            Some("List the three most important problems in the code above, one sentence each."),
+        )),
+        Scenario::LongOutput => single(code_then_question(
+            &mut rng,
+            corpus,
+            chars,
+            Some("Explain the code above line by line in detail, then propose improvements and rewrite it in full."),
+        )),
+        Scenario::Agent => agent(spec, corpus, &mut rng),
+    }
+}
+
+fn single(user: String) -> Conversation {
+    Conversation { preamble: Vec::new(), turns: vec![user] }
+}
+
+/// A fenced excerpt of about `chars` characters (question included), then a
+/// question about it (`question`, or one drawn about the excerpt).
+fn code_then_question(rng: &mut Rng, corpus: &SourceCorpus, chars: usize, question: Option<&str>) -> String {
+    // Leave room for a drawn question of typical length.
+    let q_room = question.map_or(120, str::len);
+    let room = chars.saturating_sub(q_room + 10).max(CHARS_PER_TOKEN * 8);
+    let (path, code) = corpus.excerpt(rng, room);
+    let q = match question {
+        Some(q) => q.to_string(),
+        None => question_about(rng, &path, &code),
+    };
+    format!("```\n{code}```\n{q}")
+}
+
+/// A question about a random file, padded with an excerpt of that file to
+/// about `chars` characters.
+fn ask(rng: &mut Rng, corpus: &SourceCorpus, lead: &str, chars: usize) -> String {
+    let index = rng.below(corpus.files().len());
+    let file = &corpus.files()[index];
+    let q = format!("{lead}{}", question_about(rng, &file.path, &file.text));
+    let room = chars.saturating_sub(q.len() + 30);
+    if room < CHARS_PER_TOKEN * 8 {
+        return q;
+    }
+    let (_, code) = corpus.excerpt_of(rng, index, room);
+    format!("{q}\nThe code I mean:\n```\n{code}```")
+}
+
+/// An agent session: the task and an initial file, then tool results that
+/// alternate between `git diff` output and files read at older commits.
+fn agent(spec: &ScenarioSpec, corpus: &SourceCorpus, rng: &mut Rng) -> Conversation {
+    let chars = spec.prompt_tokens * CHARS_PER_TOKEN;
+    let file = corpus.pick(rng);
+    let task = question_about(rng, &file.path, &file.text);
+    let initial = super::source::truncate_at_line(&file.text, spec.shared_tokens.max(1) * CHARS_PER_TOKEN);
+    let mut turns =
+        vec![format!("Task: {task} Fix what you find.\nTool result (read_file {}):\n```\n{initial}```", file.path)];
+    for k in 1..spec.turns {
+        let diff = if k % 2 == 1 { corpus.diff(rng, chars) } else { None };
+        turns.push(match diff {
+            Some(d) => format!("Tool result (git_diff):\n```diff\n{d}```\nContinue with the task."),
+            None => {
+                let (label, text) = corpus.file_at_older_commit(rng);
+                let text = super::source::truncate_at_line(&text, chars);
+                format!("Tool result (read_file {label}):\n```\n{text}```\nContinue with the task.")
+            }
+        });
+    }
+    Conversation { preamble: vec![Message::new("system", AGENT_SYSTEM)], turns }
+}
+
+/// A question about an item of `text` (a function, type, ...) in `path`, or
+/// about the file itself when it declares nothing.
+fn question_about(rng: &mut Rng, path: &str, text: &str) -> String {
+    let items = identifiers(text);
+    if items.is_empty() {
+        return match rng.below(3) {
+            0 => format!("What is the purpose of `{path}`, and what would break if it were removed?"),
+            1 => format!("Is anything in `{path}` wrong or out of date? Explain briefly."),
+            _ => format!("How does `{path}` fit into the rest of the repository?"),
+        };
+    }
+    let item = &items[rng.below(items.len())];
+    match rng.below(6) {
+        0 => format!("What does `{item}` in `{path}` do, and which callers depend on its behaviour?"),
+        1 => format!("Is there a bug or an unhandled edge case in `{item}` (`{path}`)? Explain briefly."),
+        2 => format!("How would you unit-test `{item}` in `{path}`?"),
+        3 => format!("Suggest a clearer name or signature for `{item}` in `{path}`, and say why."),
+        4 => format!("Which invariants does `{item}` in `{path}` rely on?"),
+        _ => format!("How does `{item}` in `{path}` fit into the rest of the repository?"),
+    }
+}
+
+/// Names declared in `text`: the word after `fn`, `struct`, `def`, `class`, ...
+fn identifiers(text: &str) -> Vec<String> {
+    const KEYWORDS: [&str; 10] = ["fn", "struct", "enum", "trait", "def", "class", "func", "function", "type", "impl"];
+    let words: Vec<&str> = text.split(|c: char| !(c.is_alphanumeric() || c == '_')).filter(|w| !w.is_empty()).collect();
+    let mut out: Vec<String> = words
+        .windows(2)
+        .filter(|w| KEYWORDS.contains(&w[0]) && w[1].len() > 2 && !w[1].starts_with(|c: char| c.is_ascii_digit()))
+        .map(|w| w[1].to_string())
+        .collect();
+    out.sort();
+    out.dedup();
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn identifiers_are_declared_names() {
+        let ids = identifiers("pub fn open_file(x: u32) {}\nstruct Pool;\ndef parse():\nlet fn = 3;");
+        assert_eq!(ids, vec!["Pool", "open_file", "parse"]);
+    }
+}

@@ -1,0 +1,138 @@
+//! Prompt builders against the workspace's own repository.
+
+use super::*;
+use std::path::Path;
+
+/// The workspace's own repository.
+fn corpus() -> SourceCorpus {
+    SourceCorpus::open(&Path::new(env!("CARGO_MANIFEST_DIR")).join("..")).expect("the workspace is a git repository")
+}
+
+fn all_text(w: &Workload) -> Vec<String> {
+    w.conversations
+        .iter()
+        .map(|c| {
+            let mut s: String = c.preamble.iter().map(|m| m.content.as_str()).collect();
+            for t in &c.turns {
+                s.push_str(t);
+            }
+            s
+        })
+        .collect()
+}
+
+/// Whether most long lines of `text` are lines of HEAD's files (the rest may
+/// come from older commits or diffs): the prompt is real source text.
+fn from_source(corpus: &SourceCorpus, text: &str) -> bool {
+    let lines: Vec<&str> = text.lines().filter(|l| l.trim().len() >= 12 && !l.contains('`')).collect();
+    let found = lines.iter().filter(|l| corpus.files().iter().any(|f| f.text.contains(**l))).count();
+    !lines.is_empty() && found * 2 >= lines.len()
+}
+
+fn common_prefix(a: &str, b: &str) -> usize {
+    a.bytes().zip(b.bytes()).take_while(|(x, y)| x == y).count()
+}
+
+#[test]
+fn every_scenario_is_deterministic_for_a_seed_and_built_of_real_source() {
+    let corpus = corpus();
+    for s in Scenario::ALL {
+        let spec = ScenarioSpec::defaults(s);
+        let a = Workload::build(&spec, &corpus, 7).unwrap();
+        let b = Workload::build(&spec, &corpus, 7).unwrap();
+        assert_eq!(a.conversations, b.conversations, "{s}");
+        assert_eq!(a.start_times_s, b.start_times_s, "{s}");
+        assert_eq!(a.requests(), spec.requests(), "{s}");
+        let c = Workload::build(&spec, &corpus, 8).unwrap();
+        assert_ne!(a.conversations, c.conversations, "{s}: another seed, other prompts");
+        for text in all_text(&a) {
+            assert!(from_source(&corpus, &text), "{s}: not source text: {text:.300}");
+            assert!(!text.to_lowercase().contains("lorem ipsum"));
+        }
+    }
+}
+
+#[test]
+fn prompts_are_roughly_the_requested_size() {
+    let corpus = corpus();
+    let within = |got: usize, want: usize| got * 10 >= want * 6 && got * 10 <= want * 14;
+    for s in [Scenario::Unrelated, Scenario::LongInput, Scenario::LongOutput, Scenario::Peak] {
+        let spec = ScenarioSpec::defaults(s);
+        let w = Workload::build(&spec, &corpus, 3).unwrap();
+        for c in &w.conversations {
+            let n = approx_tokens(&c.turns[0]);
+            assert!(within(n, spec.prompt_tokens), "{s}: {n} tokens, wanted ~{}", spec.prompt_tokens);
+        }
+    }
+    let spec = ScenarioSpec::defaults(Scenario::RepeatedContext);
+    let w = Workload::build(&spec, &corpus, 3).unwrap();
+    let context = approx_tokens(&w.conversations[0].preamble[0].content);
+    assert!(within(context, spec.shared_tokens), "context {context} tokens");
+    for t in &w.conversations[0].turns {
+        assert!(within(approx_tokens(t), spec.prompt_tokens), "question {} tokens", approx_tokens(t));
+    }
+    // Agent: tool outputs are at most about the requested size, and the context grows.
+    let spec = ScenarioSpec::defaults(Scenario::Agent);
+    let w = Workload::build(&spec, &corpus, 3).unwrap();
+    for c in &w.conversations {
+        assert_eq!(c.turns.len(), spec.turns);
+        for t in &c.turns[1..] {
+            assert!(approx_tokens(t) <= spec.prompt_tokens + 40, "tool output {} tokens", approx_tokens(t));
+        }
+    }
+}
+
+#[test]
+fn repeated_context_shares_its_prefix_and_unrelated_does_not() {
+    let corpus = corpus();
+    let spec = ScenarioSpec::defaults(Scenario::RepeatedContext);
+    let w = Workload::build(&spec, &corpus, 11).unwrap();
+    let first = &w.conversations[0].first_messages();
+    for c in &w.conversations[1..] {
+        let m = c.first_messages();
+        assert_eq!(m[0], first[0], "the same system message (repository context)");
+        assert_ne!(m[1], first[1], "each session asks its own question");
+    }
+    assert!(approx_tokens(&first[0].content) > 1000);
+
+    let w = Workload::build(&ScenarioSpec::defaults(Scenario::Unrelated), &corpus, 11).unwrap();
+    let texts: Vec<&String> = w.conversations.iter().map(|c| &c.turns[0]).collect();
+    for (i, a) in texts.iter().enumerate() {
+        for b in &texts[i + 1..] {
+            assert!(common_prefix(a, b) < 100, "unrelated prompts share {} bytes", common_prefix(a, b));
+        }
+    }
+}
+
+#[test]
+fn agent_turns_carry_diffs_and_files() {
+    let corpus = corpus();
+    assert!(corpus.commit_count() > 0, "the workspace has history");
+    let w = Workload::build(&ScenarioSpec::defaults(Scenario::Agent), &corpus, 5).unwrap();
+    let turns: Vec<&String> = w.conversations.iter().flat_map(|c| &c.turns).collect();
+    assert!(turns.iter().any(|t| t.contains("Tool result (git_diff)") && t.contains("\n@@")), "a real diff");
+    assert!(turns.iter().filter(|t| t.contains("Tool result (read_file")).count() >= 2);
+}
+
+#[test]
+fn open_loop_workloads_start_on_the_schedule() {
+    let corpus = corpus();
+    let spec = ScenarioSpec::defaults(Scenario::Peak);
+    let w = Workload::build(&spec, &corpus, 1).unwrap();
+    let times = w.start_times_s.as_ref().unwrap();
+    assert_eq!(times.len(), 8 + 16);
+    assert_eq!(w.conversations.len(), times.len());
+    assert_eq!(times.iter().filter(|&&t| t == 10.0).count(), 16);
+}
+
+#[test]
+fn scaling_and_parsing() {
+    let spec = ScenarioSpec::defaults(Scenario::Peak).scaled(0.5, 0.25);
+    assert_eq!(spec.conversations, 4);
+    assert_eq!(spec.requests(), 4 + 8);
+    assert_eq!(spec.prompt_tokens, 150);
+    assert_eq!(Scenario::parse_list("all").unwrap().len(), 6);
+    assert_eq!(Scenario::parse_list("peak, agent,peak").unwrap(), vec![Scenario::Peak, Scenario::Agent]);
+    assert!(Scenario::parse_list("nope").is_err());
+    assert!(ScenarioSpec { turns: 0, ..ScenarioSpec::defaults(Scenario::Agent) }.validate().is_err());
+}

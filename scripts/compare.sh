@@ -1,0 +1,117 @@
+#!/usr/bin/env bash
+# cachet vs llama.cpp's llama-server, side by side on this machine: the same GGUF, the same
+# thread count and the same KV capacity, the same cachet-bench scenarios against each in one
+# run (alternating which goes first), then the scheduling experiment (cachet with aggressive
+# batching, baseline FCFS and SLO-oriented scheduling on the peak workload). In the side-by-side
+# run cachet never refuses (overload_factor 0), as llama-server queues everything; the
+# experiment runs the SLO configuration with its admission control.
+#
+#   scripts/compare.sh          (environment: THREADS=2 CTX=16384 SLOTS=4 SCENARIOS=all
+#                                SCALE=1 SEED=1 OUT=target/compare EXPERIMENT=1 SIDE_BY_SIDE=1)
+#
+# Writes $OUT/side-by-side/ and $OUT/experiment/ (results.json, results.md, ttft.svg,
+# configs.svg) and $OUT/summary.md. Needs llama-server: $LLAMA_BIN, else
+# ~/.cache/cachet-peer/llama.cpp/build/bin, else ../shared/peer/build-llama-server.sh builds it.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+THREADS=${THREADS:-2}
+CTX=${CTX:-16384}
+SLOTS=${SLOTS:-4}
+SCENARIOS=${SCENARIOS:-all}
+SCALE=${SCALE:-1}
+SEED=${SEED:-1}
+OUT=${OUT:-target/compare}
+EXPERIMENT=${EXPERIMENT:-1}
+SIDE_BY_SIDE=${SIDE_BY_SIDE:-1}
+CACHET_PORT=${CACHET_PORT:-18080}
+LLAMA_PORT=${LLAMA_PORT:-18081}
+mkdir -p "$OUT"
+OUT=$(cd "$OUT" && pwd)
+
+BIN=${LLAMA_BIN:-$HOME/.cache/cachet-peer/llama.cpp/build/bin}
+if [ ! -x "$BIN/llama-server" ]; then
+  [ -x ../shared/peer/build-llama-server.sh ] || { echo "llama-server not found; set LLAMA_BIN" >&2; exit 1; }
+  BIN=$(../shared/peer/build-llama-server.sh | tail -n 1)
+fi
+cargo build -q --release -p cachet-api -p cachet-bench
+CACHET=$PWD/target/release/cachet
+BENCH=$PWD/target/release/cachet-bench
+MODEL=$($CACHET models pull 2>/dev/null | tail -n 1)
+MODEL_ID=$(basename "$MODEL" .gguf)
+
+DATA="$OUT/cachet-data"
+rm -rf "$DATA"
+mkdir -p "$DATA"
+PIDS=()
+cleanup() { for p in "${PIDS[@]}"; do kill "$p" 2>/dev/null || true; done; wait 2>/dev/null || true; }
+trap cleanup EXIT
+
+wait_http() { # URL, name, pid
+  for _ in $(seq 600); do
+    curl -fsS -o /dev/null "$1" 2>/dev/null && return 0
+    kill -0 "$3" 2>/dev/null || { echo "$2 exited; see its log in $OUT" >&2; exit 1; }
+    sleep 0.5
+  done
+  echo "$2 did not become ready" >&2
+  exit 1
+}
+
+# cachet: the same KV capacity as llama-server's CTX, the given policy and batch settings.
+start_cachet() { # name, then CACHET_* settings
+  local name=$1; shift
+  env "$@" CACHET_SERVER__BIND="127.0.0.1:$CACHET_PORT" CACHET_MODEL__PATH="$MODEL" \
+    CACHET_MODEL__THREADS="$THREADS" CACHET_ENGINE__POOL_TOKENS="$CTX" RUST_LOG=warn \
+    "$CACHET" serve --data-dir "$DATA" > "$OUT/cachet-$name.log" 2>&1 &
+  CACHET_PID=$!
+  PIDS+=("$CACHET_PID")
+  wait_http "http://127.0.0.1:$CACHET_PORT/readyz" cachet "$CACHET_PID"
+}
+stop_cachet() { kill "$CACHET_PID"; wait "$CACHET_PID" 2>/dev/null || true; }
+
+# A tenant and its token (the private Postgres is started by cachet itself when needed).
+start_cachet setup
+TENANT=$("$CACHET" tenants create bench --data-dir "$DATA" 2>/dev/null | tail -n 1)
+TOKEN=$("$CACHET" token issue --tenant "$TENANT" --ttl 12h --data-dir "$DATA" 2>/dev/null | tail -n 1)
+stop_cachet
+
+machine="$(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | sed 's/^ //'), $(nproc) cores"
+{
+  echo "# cachet vs llama-server ($(date -u +%Y-%m-%d), $machine)"
+  echo
+  echo "Model: $MODEL_ID; $THREADS threads each; KV capacity $CTX tokens each (llama-server: $SLOTS slots,"
+  echo "unified KV); seed $SEED; scale $SCALE."
+} > "$OUT/summary.md"
+
+if [ "$SIDE_BY_SIDE" = 1 ]; then
+  start_cachet default CACHET_ENGINE__OVERLOAD_FACTOR=0
+  "$BIN/llama-server" -m "$MODEL" -a "$MODEL_ID" -t "$THREADS" -c "$CTX" -np "$SLOTS" --kv-unified \
+    --host 127.0.0.1 --port "$LLAMA_PORT" --no-webui > "$OUT/llama-server.log" 2>&1 &
+  LLAMA_PID=$!
+  PIDS+=("$LLAMA_PID")
+  wait_http "http://127.0.0.1:$LLAMA_PORT/health" llama-server "$LLAMA_PID"
+  "$BENCH" run --target "cachet=http://127.0.0.1:$CACHET_PORT@$MODEL_ID" \
+    --target "llama-server=http://127.0.0.1:$LLAMA_PORT@$MODEL_ID" --target-api-key "cachet=$TOKEN" \
+    --scenario "$SCENARIOS" --seed "$SEED" --scale "$SCALE" --out "$OUT/side-by-side"
+  kill "$LLAMA_PID"; wait "$LLAMA_PID" 2>/dev/null || true
+  stop_cachet
+  { echo; echo "## Side by side"; echo; cat "$OUT/side-by-side/results.md"; } >> "$OUT/summary.md"
+fi
+
+if [ "$EXPERIMENT" = 1 ]; then
+  # The same peak workload against three scheduler configurations, one server at a time.
+  run_config() { # label, then CACHET_* settings
+    local label=$1; shift
+    start_cachet "$label" "$@"
+    "$BENCH" run --target "cachet=http://127.0.0.1:$CACHET_PORT@$MODEL_ID" --api-key "$TOKEN" \
+      --scenario peak --seed "$SEED" --scale "$SCALE" --label "$label" --out "$OUT/experiment-$label"
+    stop_cachet
+  }
+  run_config aggressive CACHET_ENGINE__POLICY=fcfs CACHET_ENGINE__TOKEN_BUDGET=4096 CACHET_ENGINE__MAX_RUNNING=64 \
+    CACHET_ENGINE__OVERLOAD_FACTOR=0
+  run_config baseline CACHET_ENGINE__POLICY=fcfs CACHET_ENGINE__OVERLOAD_FACTOR=0
+  run_config slo CACHET_ENGINE__POLICY=slo
+  "$BENCH" report --in "$OUT/experiment-aggressive/results.json" --in "$OUT/experiment-baseline/results.json" \
+    --in "$OUT/experiment-slo/results.json" --out "$OUT/experiment"
+  { echo; echo "## Scheduling experiment (peak)"; echo; cat "$OUT/experiment/results.md"; } >> "$OUT/summary.md"
+fi
+echo "wrote $OUT/summary.md" >&2
