@@ -73,9 +73,17 @@ async fn overload_answers_429_with_retry_after() {
     })
     .await;
     let (_, token) = app.tenant("acme").await;
+    // An idle engine serves whatever comes (refusing would not make it faster)...
+    let mut busy = app.chat_body("keep the engine busy", 400);
+    busy["stream"] = json!(true);
+    busy["ignore_eos"] = json!(true);
+    let running = app.chat(&token, busy).await;
+    assert_eq!(running.status(), 200, "the first request runs");
+    // ...and refuses what would wait behind running work past its target.
     let r = app.chat(&token, app.chat_body(&"long prompt ".repeat(300), 4)).await;
     assert!(r.headers().contains_key("retry-after"));
     assert_eq!(error(r, 429).await["code"], "overloaded");
+    drop(running);
 }
 
 #[tokio::test]
