@@ -27,11 +27,14 @@ fi
 echo "== cargo fmt --check"
 cargo fmt --all -- --check
 
+echo "== NVRTC (the tests compile every CUDA kernel with it; no GPU needed)"
+export LD_LIBRARY_PATH="$(scripts/nvrtc.sh)${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+
 echo "== the default model"
 cargo run -q -p cachet-api -- models pull
 
 echo "== cargo test"
-REQUIRE_MODEL=1 REQUIRE_CHROMIUM=1 cargo test --workspace
+REQUIRE_MODEL=1 REQUIRE_CHROMIUM=1 REQUIRE_NVRTC=1 cargo test --workspace
 
 echo "== the openai Python package against cachet serve (real model)"
 ./scripts/openai-check.sh

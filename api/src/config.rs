@@ -111,6 +111,11 @@ pub struct ModelSettings {
     pub id: String,
     /// Engine threads (0: one per core).
     pub threads: usize,
+    /// `auto` (default: a CUDA GPU when one is usable, else the CPU), `cpu`, `cuda` or `cuda:N`.
+    pub device: String,
+    /// On CUDA, multiply long prefills with cuBLAS on bf16 weight copies (faster; gives up
+    /// batch invariance).
+    pub cublas_prefill: bool,
     /// The operator's system prompt, placed before every conversation and
     /// cached once for all tenants; empty: none.
     pub public_system_prompt: String,
@@ -210,6 +215,7 @@ pub struct Overrides {
     pub bind: Option<String>,
     pub data_dir: Option<PathBuf>,
     pub model: Option<PathBuf>,
+    pub device: Option<String>,
 }
 
 impl Settings {
@@ -236,6 +242,9 @@ impl Settings {
         s.server.data_dir = data_dir;
         if let Some(m) = &overrides.model {
             s.model.path = m.display().to_string();
+        }
+        if let Some(d) = &overrides.device {
+            s.model.device = d.clone();
         }
         s.server.data_dir = expand_home(&s.server.data_dir);
         Ok(s)

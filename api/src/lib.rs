@@ -8,6 +8,7 @@ pub mod auth;
 pub mod cli;
 pub mod config;
 pub mod context;
+pub mod device;
 pub mod error;
 pub mod ledger;
 pub mod models;

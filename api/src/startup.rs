@@ -308,20 +308,38 @@ fn load_model_in_background(state: web::Data<AppState>) {
         .expect("spawning the model loader");
 }
 
+/// Loads the model onto `backend` and starts the engine loop on it.
+fn start_engine<B: cachet_kernels::backend::Backend + 'static>(
+    backend: B,
+    path: &std::path::Path,
+    config: cachet_engine::runtime::EngineConfig,
+) -> anyhow::Result<cachet_engine::runtime::EngineHandle> {
+    let loaded = cachet_engine::loader::load(path, &backend).with_context(|| format!("loading {}", path.display()))?;
+    tracing::info!(backend = %backend.name(), "model loaded");
+    Ok(cachet_engine::runtime::start(backend, loaded, config)?)
+}
+
 fn load(settings: &Settings) -> anyhow::Result<Served> {
     let path = if settings.model.path.is_empty() {
         crate::cli::pull_default(None)?
     } else {
         std::path::PathBuf::from(&settings.model.path)
     };
-    let backend = cachet_kernels::cpu::CpuBackend::new(settings.model.threads)?;
-    let loaded = cachet_engine::loader::load(&path, &backend).with_context(|| format!("loading {}", path.display()))?;
     let id = if settings.model.id.is_empty() {
         path.file_stem().map_or_else(|| "model".into(), |s| s.to_string_lossy().into_owned())
     } else {
         settings.model.id.clone()
     };
-    let engine = cachet_engine::runtime::start(backend, loaded, settings.engine_config().map_err(anyhow::Error::msg)?)?;
+    let choice: crate::device::DeviceChoice = settings.model.device.parse().map_err(anyhow::Error::msg)?;
+    let config = settings.engine_config().map_err(anyhow::Error::msg)?;
+    let engine = match crate::device::select(choice)? {
+        crate::device::Device::Cpu => {
+            start_engine(cachet_kernels::cpu::CpuBackend::new(settings.model.threads)?, &path, config)?
+        }
+        crate::device::Device::Cuda(info) => {
+            start_engine(crate::device::cuda_backend(&info, settings.model.cublas_prefill)?, &path, config)?
+        }
+    };
     let public = match (settings.model.public_system_prompt.as_str(), engine.chat_template()) {
         ("", _) | (_, None) => None,
         (prompt, Some(template)) => {

@@ -11,7 +11,9 @@
 use cachet_engine::chat_template::ChatMessage;
 use cachet_engine::generate::{GenerateParams, Generator};
 use cachet_engine::kv_pool::PoolSize;
+use cachet_kernels::backend::Backend;
 use cachet_kernels::cpu::CpuBackend;
+use cachet_kernels::cuda::CudaBackend;
 use serde::Deserialize;
 use std::path::PathBuf;
 use std::sync::{Mutex, OnceLock};
@@ -112,13 +114,41 @@ fn chat_template_text_is_identical() {
     }
 }
 
+/// The default model on the CUDA backend: `None` without the model or a GPU (a failure under
+/// `REQUIRE_GPU=1`).
+fn cuda_generator() -> Option<&'static Mutex<Generator<CudaBackend>>> {
+    static GEN: OnceLock<Option<Mutex<Generator<CudaBackend>>>> = OnceLock::new();
+    GEN.get_or_init(|| {
+        if let Err(e) = cachet_kernels::cuda::probe() {
+            assert!(std::env::var("REQUIRE_GPU").as_deref() != Ok("1"), "REQUIRE_GPU=1 but no CUDA device: {e}");
+            eprintln!("skipped: no CUDA device ({e})");
+            return None;
+        }
+        let path = model_path()?;
+        let backend = CudaBackend::new(0).unwrap();
+        let loaded = cachet_engine::loader::load(&path, &backend).unwrap();
+        Some(Mutex::new(Generator::new(backend, loaded, PoolSize::Tokens(1024)).unwrap()))
+    })
+    .as_ref()
+}
+
 /// (c) Greedy completions of 32 tokens: identical for at least 3 of the 4
 /// prompts, and any divergence happens where the reference's top two logits
 /// are within 0.5 of each other (a near-tie that quantized arithmetic may flip).
 #[test]
 fn greedy_completions_match() {
     let Some(g) = generator() else { return };
-    let mut g = g.lock().unwrap();
+    check_greedy(&mut g.lock().unwrap());
+}
+
+/// (c) on the CUDA backend.
+#[test]
+fn cuda_greedy_completions_match() {
+    let Some(g) = cuda_generator() else { return };
+    check_greedy(&mut g.lock().unwrap());
+}
+
+fn check_greedy<B: Backend>(g: &mut Generator<B>) {
     let cases = reference().greedy;
     assert_eq!(cases.len(), 4);
     let mut identical = 0;
@@ -148,7 +178,17 @@ fn greedy_completions_match() {
 #[test]
 fn last_position_logits_are_close() {
     let Some(g) = generator() else { return };
-    let mut g = g.lock().unwrap();
+    check_logits(&mut g.lock().unwrap());
+}
+
+/// (d) on the CUDA backend.
+#[test]
+fn cuda_last_position_logits_are_close() {
+    let Some(g) = cuda_generator() else { return };
+    check_logits(&mut g.lock().unwrap());
+}
+
+fn check_logits<B: Backend>(g: &mut Generator<B>) {
     for (i, c) in reference().logits.iter().enumerate() {
         let logits = g.prompt_logits(&c.prompt_ids).unwrap();
         let mut worst = 0f32;

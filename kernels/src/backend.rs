@@ -23,6 +23,9 @@ pub enum BackendError {
     /// An allocation did not fit.
     #[error("out of memory allocating {bytes} bytes for {what}")]
     OutOfMemory { what: &'static str, bytes: usize },
+    /// The device, its driver or a library it needs (a GPU backend) failed.
+    #[error("device: {0}")]
+    Device(String),
 }
 
 /// How rotary position embedding pairs the dimensions of a head.

@@ -8,6 +8,9 @@
 //!   activations are quantized per row block and multiplied with integer dot
 //!   products at the best SIMD level the CPU has (AVX-512 VNNI, AVX2, or the
 //!   portable scalar path), on a rayon pool.
+//! - [`cuda::CudaBackend`]: the same ops on an NVIDIA GPU (kernels compiled by
+//!   NVRTC at run time, cuBLAS for prefill); always built, and
+//!   [`cuda::probe`] says whether a device is there.
 //!
 //! ```
 //! use cachet_kernels::backend::Backend;
@@ -30,5 +33,6 @@
 
 pub mod backend;
 pub mod cpu;
+pub mod cuda;
 pub mod quant;
 pub mod tensor;

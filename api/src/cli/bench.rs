@@ -20,6 +20,12 @@ pub struct BenchArgs {
     /// Worker threads (default: one per core).
     #[arg(long, default_value_t = 0)]
     pub threads: usize,
+    /// auto (a CUDA GPU when usable, else the CPU), cpu, cuda or cuda:N.
+    #[arg(long, default_value = "auto", env = "CACHET_DEVICE")]
+    pub device: String,
+    /// On CUDA: long prefills through cuBLAS on bf16 weight copies (gives up batch invariance).
+    #[arg(long)]
+    pub cublas_prefill: bool,
     /// Prompt tokens of the prefill test (0 skips it).
     #[arg(long, default_value_t = 512)]
     pub prompt: usize,
@@ -45,16 +51,16 @@ pub struct BenchArgs {
     pub reuse: Option<usize>,
 }
 
-struct Bench {
-    b: CpuBackend,
-    model: Model<CpuBackend>,
-    pool: KvPool<CpuBackend>,
-    scratch: ForwardScratch<CpuBackend>,
+struct Bench<B: Backend> {
+    b: B,
+    model: Model<B>,
+    pool: KvPool<B>,
+    scratch: ForwardScratch<B>,
     logits: Vec<f32>,
     rng: Rng,
 }
 
-impl Bench {
+impl<B: Backend> Bench<B> {
     fn tokens(&mut self, n: usize) -> Vec<u32> {
         let vocab = self.model.config().vocab_size as u64;
         (0..n).map(|_| (self.rng.next_u64() % vocab) as u32).collect()
@@ -172,23 +178,54 @@ pub fn run(args: BenchArgs) -> anyhow::Result<()> {
         Some(p) => p.clone(),
         None => super::pull_default(None)?,
     };
-    if let Some(prefix) = args.reuse {
-        return reuse(&args, &path, prefix);
+    let device = crate::device::select(args.device.parse().map_err(anyhow::Error::msg)?)?;
+    match (device, args.reuse) {
+        (crate::device::Device::Cpu, Some(prefix)) => reuse(&args, &path, prefix, CpuBackend::new(args.threads)?),
+        (crate::device::Device::Cuda(info), Some(prefix)) => {
+            reuse(&args, &path, prefix, crate::device::cuda_backend(&info, args.cublas_prefill)?)
+        }
+        (crate::device::Device::Cpu, None) => {
+            let mut b = CpuBackend::new(args.threads)?;
+            if args.profile {
+                b = b.with_profiling();
+            }
+            let threads = b.threads();
+            let (read_gbs, copy_gbs) =
+                bandwidth(&rayon::ThreadPoolBuilder::new().num_threads(threads).build().context("thread pool")?);
+            let b = speeds(&args, &path, b, read_gbs, copy_gbs)?;
+            if args.profile {
+                super::generate::print_profile(&b.profile());
+            }
+            Ok(())
+        }
+        (crate::device::Device::Cuda(info), None) => {
+            if args.profile {
+                anyhow::bail!("--profile times the CPU backend's ops; run with --device cpu");
+            }
+            // The device's memory bandwidth from its clock and bus width (no copy measured).
+            let peak = info.peak_bandwidth_gbs().unwrap_or(f64::NAN);
+            speeds(&args, &path, crate::device::cuda_backend(&info, args.cublas_prefill)?, peak, f64::NAN)?;
+            Ok(())
+        }
     }
-    let mut b = CpuBackend::new(args.threads)?;
-    if args.profile {
-        b = b.with_profiling();
-    }
-    let loaded = cachet_engine::loader::load(&path, &b).with_context(|| format!("loading {}", path.display()))?;
+}
+
+/// Prefill and decode speeds on `b`, with weight bandwidth as a share of `read_gbs`; returns the
+/// backend (for its profile).
+fn speeds<B: Backend>(
+    args: &BenchArgs,
+    path: &std::path::Path,
+    b: B,
+    read_gbs: f64,
+    copy_gbs: f64,
+) -> anyhow::Result<B> {
+    let loaded = cachet_engine::loader::load(path, &b).with_context(|| format!("loading {}", path.display()))?;
     let max_batch = args.batch.iter().copied().max().unwrap_or(1);
     let slots = args.prompt.max(max_batch * (args.gen + 1)).max(16);
     let pool = KvPool::new(&b, loaded.model.config(), PoolSize::Tokens(slots))?;
     let scratch = ForwardScratch::new(&b);
     let mut bench = Bench { b, model: loaded.model, pool, scratch, logits: Vec::new(), rng: Rng::new(1234) };
 
-    let threads = bench.b.threads();
-    let (read_gbs, copy_gbs) =
-        bandwidth(&rayon::ThreadPoolBuilder::new().num_threads(threads).build().context("thread pool")?);
     let step_bytes = bench.model.step_bytes();
 
     // Warm-up: fault the weights in and size the buffers.
@@ -239,20 +276,16 @@ pub fn run(args: BenchArgs) -> anyhow::Result<()> {
             }
         }
     }
-    if args.profile {
-        super::generate::print_profile(&bench.b.profile());
-    }
-    Ok(())
+    Ok(bench.b)
 }
 
 /// `--reuse N`: per round, a fresh N-token prefix; request A (prefix + 16
 /// tokens) runs cold, then request B (prefix + 16 other tokens) reuses A's
 /// cached prefix. Reports the median TTFT of each and their ratio.
-fn reuse(args: &BenchArgs, path: &std::path::Path, prefix: usize) -> anyhow::Result<()> {
+fn reuse<B: Backend + 'static>(args: &BenchArgs, path: &std::path::Path, prefix: usize, b: B) -> anyhow::Result<()> {
     use cachet_engine::generate::GenerateParams;
     use cachet_engine::radix::TenantKey;
     use cachet_engine::runtime::{self, EngineConfig, Request};
-    let b = CpuBackend::new(args.threads)?;
     let loaded = cachet_engine::loader::load(path, &b).with_context(|| format!("loading {}", path.display()))?;
     let name = loaded.name.clone();
     let vocab = loaded.model.config().vocab_size as u64;

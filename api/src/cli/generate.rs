@@ -57,6 +57,12 @@ pub struct GenerateArgs {
     /// Worker threads (default: one per core).
     #[arg(long, default_value_t = 0)]
     pub threads: usize,
+    /// auto (a CUDA GPU when usable, else the CPU), cpu, cuda or cuda:N.
+    #[arg(long, default_value = "auto", env = "CACHET_DEVICE")]
+    pub device: String,
+    /// On CUDA: long prefills through cuBLAS on bf16 weight copies (gives up batch invariance).
+    #[arg(long)]
+    pub cublas_prefill: bool,
     /// KV pool size in tokens (default: the model's context, at most 8192).
     #[arg(long)]
     pub ctx: Option<usize>,
@@ -78,12 +84,36 @@ pub fn run(args: GenerateArgs) -> anyhow::Result<()> {
         (None, Some(f)) => std::fs::read_to_string(f).with_context(|| format!("reading {}", f.display()))?,
         (None, None) => bail!("give --prompt or --prompt-file"),
     };
-    let mut backend = CpuBackend::new(args.threads)?;
-    if args.profile {
-        backend = backend.with_profiling();
+    match crate::device::select(args.device.parse().map_err(anyhow::Error::msg)?)? {
+        crate::device::Device::Cpu => {
+            let mut backend = CpuBackend::new(args.threads)?;
+            if args.profile {
+                backend = backend.with_profiling();
+            }
+            let gen = generate_on(&args, &model_path, prompt_text, backend)?;
+            if args.profile {
+                print_profile(&gen.backend().profile());
+            }
+        }
+        crate::device::Device::Cuda(info) => {
+            if args.profile {
+                bail!("--profile times the CPU backend's ops; run with --device cpu");
+            }
+            generate_on(&args, &model_path, prompt_text, crate::device::cuda_backend(&info, args.cublas_prefill)?)?;
+        }
     }
+    Ok(())
+}
+
+/// Loads the model on `backend`, generates and reports; returns the generator (for its profile).
+fn generate_on<B: Backend>(
+    args: &GenerateArgs,
+    model_path: &std::path::Path,
+    prompt_text: String,
+    backend: B,
+) -> anyhow::Result<Generator<B>> {
     let load_start = Instant::now();
-    let loaded = cachet_engine::loader::load(&model_path, &backend)
+    let loaded = cachet_engine::loader::load(model_path, &backend)
         .with_context(|| format!("loading {}", model_path.display()))?;
     let load_time = load_start.elapsed();
     let config = loaded.model.config().clone();
@@ -170,10 +200,7 @@ pub fn run(args: GenerateArgs) -> anyhow::Result<()> {
             peak_rss.map_or("n/a".into(), |b| format!("{:.0} MiB", b as f64 / (1 << 20) as f64)),
         );
     }
-    if args.profile {
-        print_profile(&gen.backend().profile());
-    }
-    Ok(())
+    Ok(gen)
 }
 
 pub(super) fn print_profile(profile: &cachet_kernels::cpu::Profile) {

@@ -21,6 +21,9 @@ pub struct ServeArgs {
     /// Model: a .gguf file or Hugging Face directory (default: the default model).
     #[arg(long)]
     pub model: Option<PathBuf>,
+    /// auto (a CUDA GPU when usable, else the CPU), cpu, cuda or cuda:N.
+    #[arg(long)]
+    pub device: Option<String>,
     /// Configuration file (default <data_dir>/cachet.toml if present).
     #[arg(long)]
     pub config: Option<PathBuf>,
@@ -103,7 +106,13 @@ pub fn parse_ttl(s: &str) -> anyhow::Result<Duration> {
 }
 
 pub fn serve(args: ServeArgs) -> anyhow::Result<()> {
-    let overrides = Overrides { config: args.config, bind: args.bind, data_dir: args.data_dir, model: args.model };
+    let overrides = Overrides {
+        config: args.config,
+        bind: args.bind,
+        data_dir: args.data_dir,
+        model: args.model,
+        device: args.device,
+    };
     let settings = Settings::load(&overrides).map_err(anyhow::Error::msg)?;
     actix_web::rt::System::new().block_on(async move {
         let app = Application::build(settings.clone()).await?;

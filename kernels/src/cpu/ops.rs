@@ -34,7 +34,7 @@ pub fn rms_norm_inplace(x: &mut [f32], w: &[f32], eps: f32, group: usize) {
 }
 
 /// Inverse frequencies `theta^(-2i/d)` as Hugging Face computes them (f32).
-fn inv_freq(rope: &RopeConfig, i: usize) -> f32 {
+pub(crate) fn inv_freq(rope: &RopeConfig, i: usize) -> f32 {
     let exponent = (2 * i) as f32 / rope.head_dim as f32;
     1.0 / rope.theta.powf(exponent)
 }

@@ -1,0 +1,171 @@
+//! A whole tiny-model forward on the CPU and on CUDA: every architecture and
+//! every GGUF format, logits compared with each other and with the f64
+//! reference; and on CUDA, in batch-invariant mode, chunked prefill and
+//! batching give exactly the logits of a sequence run alone.
+//!
+//! Without a CUDA device the tests print "skipped: no CUDA device" and pass;
+//! with `REQUIRE_GPU=1` a missing device fails them.
+//!
+//! Tolerances (max |a − b| / max |reference|, as tiny_models.rs): against the
+//! reference 1% for F32/F16/BF16 weights (the f16 KV cache and summation
+//! order) and 4% for quantized ones (the CPU quantizes activations to 8 bits
+//! per block; CUDA keeps them f32 in the kernels). The 40-token prompt takes
+//! the cuBLAS prefill path, which rounds activations (and F16 or quantized
+//! weights) to bf16, 2⁻⁹ relative per value: 2% there for F16/BF16 (F32
+//! weights use an fp32 GEMM and keep 1%). CPU vs CUDA: the sum of the two
+//! bounds (each side is within its own of the reference; tiny_models.rs holds
+//! the CPU to its bound).
+
+mod common;
+
+use cachet_engine::config::ModelConfig;
+use cachet_engine::gguf::GgufFile;
+use cachet_engine::kv_pool::{KvPool, PoolSize, SlotId};
+use cachet_engine::model::{ForwardScratch, LogitsFor, Model, SeqChunk};
+use cachet_kernels::backend::Backend;
+use cachet_kernels::cpu::CpuBackend;
+use cachet_kernels::cuda::{self, CudaBackend, CudaOptions};
+use cachet_kernels::quant::DType;
+use common::*;
+
+fn gpu(options: CudaOptions) -> Option<CudaBackend> {
+    match cuda::probe() {
+        Ok(info) => Some(
+            CudaBackend::with_options(0, options)
+                .unwrap_or_else(|e| panic!("a CUDA device was found ({info}) but the backend failed: {e}")),
+        ),
+        Err(e) => {
+            if std::env::var("REQUIRE_GPU").is_ok_and(|v| v == "1") {
+                panic!("REQUIRE_GPU=1 but no CUDA device: {e}");
+            }
+            println!("skipped: no CUDA device ({e})");
+            None
+        }
+    }
+}
+
+struct Runner<B: Backend> {
+    b: B,
+    model: Model<B>,
+    pool: KvPool<B>,
+    scratch: ForwardScratch<B>,
+}
+
+impl<B: Backend> Runner<B> {
+    fn new(b: B, path: &std::path::Path) -> Runner<B> {
+        let file = GgufFile::open(path).unwrap();
+        let config = ModelConfig::from_gguf(&file).unwrap();
+        let pool = KvPool::new(&b, &config, PoolSize::Tokens(256)).unwrap();
+        let model = Model::load(&b, &file, config).unwrap();
+        let scratch = ForwardScratch::new(&b);
+        Runner { b, model, pool, scratch }
+    }
+
+    /// All-position logits of one sequence, run in chunks of `chunk` tokens.
+    fn logits(&mut self, tokens: &[u32], chunk: usize) -> Vec<Vec<f32>> {
+        let slots = self.pool.allocate(tokens.len()).unwrap();
+        let vocab = self.model.config().vocab_size;
+        let mut rows = Vec::new();
+        let mut out = Vec::new();
+        for start in (0..tokens.len()).step_by(chunk) {
+            let end = (start + chunk).min(tokens.len());
+            let batch = [SeqChunk {
+                tokens: &tokens[start..end],
+                start_pos: start,
+                slots: SlotId::raw(&slots[..end]),
+                logits: LogitsFor::All,
+            }];
+            self.model.forward(&self.b, self.pool.storage_mut(), &batch, &mut self.scratch, &mut out).unwrap();
+            rows.extend(out.chunks(vocab).map(<[f32]>::to_vec));
+        }
+        self.pool.free(&slots).unwrap();
+        self.pool.check_integrity().unwrap();
+        rows
+    }
+}
+
+const PROMPT: [u32; 12] = [3, 200, 17, 45, 45, 99, 260, 1, 0, 318, 77, 150];
+
+fn worst(ours: &[Vec<f32>], reference: &[Vec<f32>]) -> f32 {
+    ours.iter().zip(reference).map(|(a, b)| rel_err(a, b)).fold(0.0, f32::max)
+}
+
+#[test]
+fn tiny_models_match_the_cpu_in_every_format() {
+    let Some(probe) = gpu(CudaOptions::default()) else { return };
+    drop(probe);
+    let dir = tempfile::tempdir().unwrap();
+    // A prompt long enough for the cuBLAS prefill path (≥ dense_min_rows rows).
+    let long: Vec<u32> = (0..40u32).map(|i| (i * 37 + 5) % 320).collect();
+    for arch in [TinyArch::Qwen2, TinyArch::Llama, TinyArch::Qwen3] {
+        for dtype in DType::ALL {
+            let tied = matches!(dtype, DType::Q4_0 | DType::Q6_K | DType::BF16);
+            let tiny = Tiny::random(arch, 11, tied);
+            let path = dir.path().join(format!("{}-{dtype}.gguf", arch.name()));
+            tiny.write_gguf(dtype, &path).unwrap();
+            let stored = dequantized(&tiny, &GgufFile::open(&path).unwrap());
+            let mut c = Runner::new(CpuBackend::new(2).unwrap(), &path);
+            let mut g = Runner::new(CudaBackend::new(0).unwrap(), &path);
+            for tokens in [&PROMPT[..], &long[..]] {
+                let cublas = tokens.len() >= CudaOptions::default().dense_min_rows;
+                let tol = match dtype {
+                    d if d.is_quantized() => 0.04,
+                    DType::F16 | DType::BF16 if cublas => 0.02,
+                    _ => 0.01,
+                };
+                let cpu_tol = if dtype.is_quantized() { 0.04 } else { 0.01 };
+                let reference = reference_logits(&stored, tokens);
+                let (lc, lg) = (c.logits(tokens, tokens.len()), g.logits(tokens, tokens.len()));
+                let (err_gpu, err_cpu, err_pair) = (worst(&lg, &reference), worst(&lc, &reference), worst(&lg, &lc));
+                println!(
+                    "{:6} {dtype:5} tied={tied:5} n={:2}: cuda {err_gpu:.5} cpu {err_cpu:.5} cuda-cpu {err_pair:.5}",
+                    arch.name(),
+                    tokens.len()
+                );
+                assert!(err_gpu < tol, "{} {dtype}: CUDA vs reference {err_gpu} ≥ {tol}", arch.name());
+                assert!(
+                    err_pair < tol + cpu_tol,
+                    "{} {dtype}: CUDA vs CPU {err_pair} ≥ {}",
+                    arch.name(),
+                    tol + cpu_tol
+                );
+            }
+        }
+    }
+}
+
+#[test]
+fn batching_and_chunking_do_not_change_cuda_results() {
+    let Some(probe) = gpu(CudaOptions::batch_invariant()) else { return };
+    drop(probe);
+    let dir = tempfile::tempdir().unwrap();
+    for dtype in [DType::Q5_0, DType::Q4_K, DType::Q6_K, DType::F16] {
+        let path = dir.path().join(format!("m-{dtype}.gguf"));
+        Tiny::random(TinyArch::Qwen2, 23, false).write_gguf(dtype, &path).unwrap();
+        let mut r = Runner::new(CudaBackend::with_options(0, CudaOptions::batch_invariant()).unwrap(), &path);
+        let vocab = r.model.config().vocab_size;
+        let seqs: [&[u32]; 3] = [&PROMPT[..5], &PROMPT[..], &[7, 8, 9]];
+        let alone: Vec<Vec<Vec<f32>>> = seqs.iter().map(|s| r.logits(s, s.len())).collect();
+        assert_eq!(r.logits(seqs[1], 4), alone[1], "{dtype}: chunking changed the logits");
+        assert_eq!(r.logits(seqs[1], 1), alone[1], "{dtype}: token-by-token decode changed the logits");
+
+        let slots: Vec<Vec<SlotId>> = seqs.iter().map(|s| r.pool.allocate(s.len()).unwrap()).collect();
+        let batch: Vec<SeqChunk<'_>> = seqs
+            .iter()
+            .zip(&slots)
+            .map(|(s, sl)| SeqChunk { tokens: s, start_pos: 0, slots: SlotId::raw(sl), logits: LogitsFor::All })
+            .collect();
+        let mut out = Vec::new();
+        r.model.forward(&r.b, r.pool.storage_mut(), &batch, &mut r.scratch, &mut out).unwrap();
+        let rows: Vec<Vec<f32>> = out.chunks(vocab).map(<[f32]>::to_vec).collect();
+        let mut i = 0;
+        for (s, expected) in seqs.iter().zip(&alone) {
+            assert_eq!(&rows[i..i + s.len()], &expected[..], "{dtype}: batching changed the logits");
+            i += s.len();
+        }
+        for s in &slots {
+            r.pool.free(s).unwrap();
+        }
+        r.pool.check_integrity().unwrap();
+    }
+}

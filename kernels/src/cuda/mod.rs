@@ -1,0 +1,362 @@
+//! The CUDA backend: the same ops as the CPU backend on an NVIDIA GPU, so the
+//! scheduler, radix cache and model code run unchanged.
+//!
+//! - Always compiled: cudarc loads `libcuda`, `libcublas` and `libnvrtc` at
+//!   run time, so building needs no CUDA toolkit. [`probe`] says whether a
+//!   device can be used (and never panics).
+//! - Kernels are the `.cu` sources of `kernels/cuda/`, compiled by NVRTC when
+//!   the first backend of a process starts on a GPU architecture.
+//! - Weights keep their file format on the device; matmuls dequantize on the
+//!   fly. For prefill (at least [`CudaOptions::dense_min_rows`] rows) cuBLAS
+//!   multiplies a bf16 copy made at load, when the memory allows.
+//! - The KV pool has the CPU pool's layout: per layer, K and V as
+//!   `slots × (kv_heads · head_dim)` f16, addressed by slot.
+//! - Batch invariance: every kernel computes a row the same way whatever else
+//!   is in the batch (fixed reduction order per row). The cuBLAS prefill path
+//!   does not promise that; [`CudaOptions::batch_invariant`] turns it off.
+//!
+//! Device failures inside an op (which the [`Backend`] trait cannot return)
+//! panic with the driver's message.
+//!
+//! ```
+//! use cachet_kernels::backend::Backend;
+//! use cachet_kernels::cuda::{self, CudaBackend};
+//!
+//! match cuda::probe() {
+//!     Ok(info) => {
+//!         println!("found {info}");
+//!         if let Ok(gpu) = CudaBackend::new(info.ordinal) {
+//!             let (mut x, mut y) = (gpu.buf(), gpu.buf());
+//!             gpu.upload(&mut x, 1, 4, &[1.0, 2.0, 3.0, 4.0]);
+//!             gpu.upload(&mut y, 1, 4, &[0.5; 4]);
+//!             gpu.add(&mut x, &y);
+//!             let mut out = Vec::new();
+//!             gpu.download(&x, &mut out);
+//!             assert_eq!(out, [1.5, 2.5, 3.5, 4.5]);
+//!         }
+//!     }
+//!     Err(why) => println!("CPU only: {why}"),
+//! }
+//! ```
+
+mod attention;
+mod matmul;
+mod module;
+mod ops;
+mod probe;
+mod scratch;
+
+pub use matmul::CudaWeight;
+pub use module::{compile, kernel_names, nvrtc_available, nvrtc_options, programs, CompileError, Program, HEADERS};
+pub use probe::{device_count, probe, probe_device, CudaDeviceInfo, CudaUnavailable};
+
+use crate::backend::*;
+use crate::tensor::HostTensor;
+use cudarc::cublas::CudaBlas;
+use cudarc::driver::{CudaContext, CudaSlice, CudaStream, DriverError};
+use module::Kernels;
+use scratch::Scratch;
+use std::sync::{Arc, Mutex};
+
+/// Choices of the CUDA backend.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct CudaOptions {
+    /// Make a dense bf16 copy of each weight matrix at load (when it fits) and
+    /// multiply batches of at least `dense_min_rows` rows with cuBLAS.
+    pub dense_prefill: bool,
+    /// Fewest rows of `x` for which a matmul uses the dense copy.
+    pub dense_min_rows: usize,
+    /// Device memory left free when deciding whether a dense copy fits.
+    pub dense_reserve_bytes: u64,
+}
+
+impl Default for CudaOptions {
+    fn default() -> Self {
+        CudaOptions { dense_prefill: true, dense_min_rows: 32, dense_reserve_bytes: 2 << 30 }
+    }
+}
+
+impl CudaOptions {
+    /// Only the dequantizing kernels: a row's result never depends on the
+    /// batch (as on the CPU), at the cost of slower long prefills.
+    pub fn batch_invariant() -> CudaOptions {
+        CudaOptions { dense_prefill: false, ..CudaOptions::default() }
+    }
+}
+
+/// A row-major f32 matrix in device memory. Its allocation only grows.
+#[derive(Debug, Default)]
+pub struct CudaBuf {
+    data: Option<CudaSlice<f32>>,
+    rows: usize,
+    cols: usize,
+}
+
+impl CudaBuf {
+    fn len(&self) -> usize {
+        self.rows * self.cols
+    }
+
+    /// The allocation (the buffer must have been sized).
+    fn slice(&self) -> &CudaSlice<f32> {
+        self.data.as_ref().expect("a sized CUDA buffer")
+    }
+
+    fn slice_mut(&mut self) -> &mut CudaSlice<f32> {
+        self.data.as_mut().expect("a sized CUDA buffer")
+    }
+}
+
+/// The KV pool in device memory: per layer, K and V as f16 bits,
+/// `slots × (kv_heads · head_dim)` each (the CPU pool's layout).
+#[derive(Debug)]
+pub struct CudaKv {
+    pub layout: KvLayout,
+    layers: Vec<(CudaSlice<u16>, CudaSlice<u16>)>,
+}
+
+/// The CUDA backend on one device.
+pub struct CudaBackend {
+    ctx: Arc<CudaContext>,
+    stream: Arc<CudaStream>,
+    /// `None` when libcublas cannot be loaded: then every matmul uses the
+    /// dequantizing kernels.
+    blas: Option<CudaBlas>,
+    kernels: Kernels,
+    info: CudaDeviceInfo,
+    options: CudaOptions,
+    /// Index tables and partial results reused across calls.
+    scratch: Mutex<Scratch>,
+}
+
+impl std::fmt::Debug for CudaBackend {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("CudaBackend").field("device", &self.info).field("options", &self.options).finish()
+    }
+}
+
+/// Whether libcublas can be loaded.
+fn blas_loads() -> bool {
+    // SAFETY: only tries to open the library (libloading), touching no state.
+    std::panic::catch_unwind(|| unsafe { cudarc::cublas::sys::is_culib_present() }).unwrap_or(false)
+}
+
+/// Panics with the driver's message: the ops of [`Backend`] cannot fail.
+fn check<T>(what: &str, r: Result<T, DriverError>) -> T {
+    r.unwrap_or_else(|e| panic!("CUDA {what}: {e}"))
+}
+
+impl CudaBackend {
+    /// A backend on device `ordinal` with the default options.
+    pub fn new(ordinal: usize) -> Result<CudaBackend, BackendError> {
+        CudaBackend::with_options(ordinal, CudaOptions::default())
+    }
+
+    /// A backend on device `ordinal`: creates its context, stream and cuBLAS
+    /// handle and loads the kernels (compiling them with NVRTC the first time).
+    pub fn with_options(ordinal: usize, options: CudaOptions) -> Result<CudaBackend, BackendError> {
+        let unavailable = |e: CudaUnavailable| BackendError::Device(e.to_string());
+        let count = device_count().map_err(unavailable)?;
+        if ordinal >= count {
+            return Err(unavailable(CudaUnavailable::NoDevice { ordinal, count }));
+        }
+        if !module::nvrtc_available() {
+            return Err(BackendError::Device(CompileError::NoNvrtc.to_string()));
+        }
+        let built = probe::guarded(|| {
+            let device = |e: DriverError| CudaUnavailable::Driver(e.to_string());
+            let ctx = CudaContext::new(ordinal).map_err(device)?;
+            // SAFETY: the backend queues all its work on one stream, so the
+            // events cudarc would create per allocation (to order uses across
+            // streams) are not needed.
+            unsafe { ctx.disable_event_tracking() };
+            let info = probe::info(&ctx)?;
+            let stream = ctx.default_stream();
+            let kernels = Kernels::load(&ctx, info.compute_capability).map_err(CudaUnavailable::Driver)?;
+            let blas = if blas_loads() {
+                Some(
+                    CudaBlas::new(stream.clone())
+                        .map_err(|e| CudaUnavailable::Driver(format!("cuBLAS (libcublas): {e}")))?,
+                )
+            } else {
+                None
+            };
+            Ok((ctx, stream, kernels, blas, info))
+        });
+        let (ctx, stream, kernels, blas, info) = built.map_err(unavailable)?;
+        let mut options = options;
+        options.dense_prefill &= blas.is_some();
+        Ok(CudaBackend { ctx, stream, blas, kernels, info, options, scratch: Mutex::new(Scratch::default()) })
+    }
+
+    /// The device this backend runs on.
+    pub fn device(&self) -> &CudaDeviceInfo {
+        &self.info
+    }
+
+    /// The options in effect (`dense_prefill` is off when libcublas is missing).
+    pub fn options(&self) -> &CudaOptions {
+        &self.options
+    }
+
+    /// Waits until every queued op has finished.
+    pub fn synchronize(&self) {
+        check("synchronize", self.stream.synchronize());
+    }
+
+    /// Layer `layer` of the pool as f16 values `(K, V)`, each
+    /// `slots × (kv_heads · head_dim)` (the CPU pool's layout), for tests.
+    pub fn read_kv(&self, kv: &CudaKv, layer: usize) -> (Vec<half::f16>, Vec<half::f16>) {
+        let n = kv.layout.slots * kv.layout.kv_heads * kv.layout.head_dim;
+        let read = |s: &CudaSlice<u16>| {
+            let mut host = vec![0u16; n];
+            if n > 0 {
+                check("reading the KV pool", self.stream.memcpy_dtoh(&s.slice(0..n), host.as_mut_slice()));
+            }
+            self.synchronize();
+            host.into_iter().map(half::f16::from_bits).collect()
+        };
+        let (k, v) = &kv.layers[layer];
+        (read(k), read(v))
+    }
+
+    fn scratch(&self) -> std::sync::MutexGuard<'_, Scratch> {
+        self.scratch.lock().unwrap_or_else(|e| e.into_inner())
+    }
+}
+
+impl Backend for CudaBackend {
+    type Weight = CudaWeight;
+    type Buf = CudaBuf;
+    type Kv = CudaKv;
+
+    fn name(&self) -> String {
+        let (major, minor) = self.info.compute_capability;
+        let gib = self.info.total_memory as f64 / (1u64 << 30) as f64;
+        let blas = if self.blas.is_some() { "" } else { ", no cuBLAS" };
+        format!("cuda ({}, sm_{major}{minor}, {gib:.0} GiB{blas})", self.info.name)
+    }
+
+    fn load(&self, t: HostTensor) -> Result<CudaWeight, BackendError> {
+        matmul::load(self, t)
+    }
+
+    fn weight_shape(&self, w: &CudaWeight) -> (usize, usize) {
+        (w.rows, w.cols)
+    }
+
+    fn buf(&self) -> CudaBuf {
+        CudaBuf::default()
+    }
+
+    fn resize(&self, b: &mut CudaBuf, rows: usize, cols: usize) {
+        let need = rows * cols;
+        if b.data.as_ref().is_none_or(|d| d.len() < need) {
+            // Drop the old allocation first, so its memory can be reused.
+            b.data = None;
+            b.data = Some(check("allocating a buffer", self.stream.alloc_zeros::<f32>(need.max(1))));
+        }
+        b.rows = rows;
+        b.cols = cols;
+    }
+
+    fn buf_shape(&self, b: &CudaBuf) -> (usize, usize) {
+        (b.rows, b.cols)
+    }
+
+    fn upload(&self, b: &mut CudaBuf, rows: usize, cols: usize, data: &[f32]) {
+        assert_eq!(data.len(), rows * cols, "upload of {} values as {rows}×{cols}", data.len());
+        self.resize(b, rows, cols);
+        if !data.is_empty() {
+            let mut dst = b.slice_mut().slice_mut(0..data.len());
+            check("upload", self.stream.memcpy_htod(data, &mut dst));
+        }
+    }
+
+    fn download(&self, b: &CudaBuf, out: &mut Vec<f32>) {
+        out.clear();
+        out.resize(b.len(), 0.0);
+        if !out.is_empty() {
+            check("download", self.stream.memcpy_dtoh(&b.slice().slice(0..b.len()), out.as_mut_slice()));
+        }
+        self.synchronize();
+    }
+
+    fn kv(&self, layout: KvLayout) -> Result<CudaKv, BackendError> {
+        let per_layer = layout.slots * layout.kv_heads * layout.head_dim;
+        let oom = |e: DriverError| match e.0 {
+            cudarc::driver::sys::CUresult::CUDA_ERROR_OUT_OF_MEMORY => {
+                BackendError::OutOfMemory { what: "KV pool", bytes: layout.bytes() }
+            }
+            _ => BackendError::Device(format!("allocating the KV pool: {e}")),
+        };
+        let mut layers = Vec::with_capacity(layout.layers);
+        for _ in 0..layout.layers {
+            let k = self.stream.alloc_zeros::<u16>(per_layer.max(1)).map_err(oom)?;
+            let v = self.stream.alloc_zeros::<u16>(per_layer.max(1)).map_err(oom)?;
+            layers.push((k, v));
+        }
+        Ok(CudaKv { layout, layers })
+    }
+
+    fn memory_available(&self) -> Option<u64> {
+        self.ctx.mem_get_info().ok().map(|(free, _)| free as u64)
+    }
+
+    fn embed(&self, table: &CudaWeight, tokens: &[u32], out: &mut CudaBuf) -> Result<(), BackendError> {
+        matmul::embed(self, table, tokens, out)
+    }
+
+    fn matmul(&self, x: &CudaBuf, jobs: &mut [(&CudaWeight, &mut CudaBuf)]) {
+        matmul::matmul(self, x, jobs);
+    }
+
+    fn add_bias(&self, x: &mut CudaBuf, bias: &CudaWeight) {
+        ops::add_bias(self, x, bias);
+    }
+
+    fn add(&self, x: &mut CudaBuf, y: &CudaBuf) {
+        ops::add(self, x, y);
+    }
+
+    fn rms_norm(&self, x: &CudaBuf, w: &CudaWeight, eps: f32, out: &mut CudaBuf) {
+        ops::rms_norm(self, x, w, eps, out);
+    }
+
+    fn rms_norm_heads(&self, x: &mut CudaBuf, w: &CudaWeight, eps: f32, head_dim: usize) {
+        ops::rms_norm_heads(self, x, w, eps, head_dim);
+    }
+
+    fn rope_table(&self, positions: &[u32], rope: &RopeConfig, out: &mut CudaBuf) {
+        ops::rope_table(self, positions, rope, out);
+    }
+
+    fn rope(&self, x: &mut CudaBuf, table: &CudaBuf, rope: &RopeConfig) {
+        ops::rope(self, x, table, rope);
+    }
+
+    fn silu_mul(&self, gate: &mut CudaBuf, up: &CudaBuf) {
+        ops::silu_mul(self, gate, up);
+    }
+
+    fn kv_store(&self, kv: &mut CudaKv, layer: usize, k: &CudaBuf, v: &CudaBuf, slots: &[u32]) {
+        ops::kv_store(self, kv, layer, k, v, slots);
+    }
+
+    fn attention(
+        &self,
+        q: &CudaBuf,
+        kv: &CudaKv,
+        layer: usize,
+        seqs: &[AttnSeq],
+        slots: &[u32],
+        shape: &AttnShape,
+        out: &mut CudaBuf,
+    ) {
+        attention::attention(self, q, kv, layer, seqs, slots, shape, out);
+    }
+
+    fn gather_rows(&self, x: &CudaBuf, rows: &[usize], out: &mut CudaBuf) {
+        ops::gather_rows(self, x, rows, out);
+    }
+}

@@ -1,0 +1,176 @@
+//! Launches of the element-wise and row-wise kernels of `ops.cu`.
+
+use super::scratch::upload_u32;
+use super::{check, CudaBackend, CudaBuf, CudaKv, CudaWeight};
+use crate::backend::{Backend, RopeConfig, RopeStyle};
+use crate::quant::DType;
+use cudarc::driver::{LaunchConfig, PushKernelArg};
+
+/// A grid-stride launch over `n` elements.
+pub(super) fn grid(n: usize) -> LaunchConfig {
+    const THREADS: u32 = 256;
+    let blocks = n.div_ceil(THREADS as usize).clamp(1, 1 << 20) as u32;
+    LaunchConfig { grid_dim: (blocks, 1, 1), block_dim: (THREADS, 1, 1), shared_mem_bytes: 0 }
+}
+
+/// A launch with one block per group of `group` values.
+fn per_group(groups: usize, group: usize) -> LaunchConfig {
+    let threads = group.next_multiple_of(32).clamp(32, 256) as u32;
+    LaunchConfig { grid_dim: (groups as u32, 1, 1), block_dim: (threads, 1, 1), shared_mem_bytes: 0 }
+}
+
+/// The f32 values of a vector weight (norms and biases are loaded as f32).
+fn vector(w: &CudaWeight, len: usize) -> &cudarc::driver::CudaSlice<u8> {
+    assert_eq!(w.dtype, DType::F32, "vectors are loaded as f32");
+    assert_eq!(w.rows * w.cols, len, "a vector of {len} values");
+    &w.bytes
+}
+
+pub(super) fn add(be: &CudaBackend, x: &mut CudaBuf, y: &CudaBuf) {
+    // As on the CPU: `y` matches `x`, or is one row repeated (a bias).
+    let broadcast = y.len() == x.cols && x.rows != 1;
+    assert!(broadcast || y.len() == x.len(), "add of {}×{} and {}×{}", x.rows, x.cols, y.rows, y.cols);
+    add_raw(be, x, y.slice(), broadcast as u32);
+}
+
+pub(super) fn add_bias(be: &CudaBackend, x: &mut CudaBuf, bias: &CudaWeight) {
+    let b = vector(bias, x.cols);
+    add_raw(be, x, b, 1);
+}
+
+fn add_raw<T>(be: &CudaBackend, x: &mut CudaBuf, y: &cudarc::driver::CudaSlice<T>, broadcast: u32) {
+    let n = x.len() as u64;
+    if n == 0 {
+        return;
+    }
+    let cols = x.cols as u32;
+    let mut b = be.stream.launch_builder(&be.kernels.add);
+    b.arg(x.slice_mut()).arg(y).arg(&n).arg(&cols).arg(&broadcast);
+    // SAFETY: add_f32(float*, const float*, u64, u32, u32); x holds n values,
+    // y n (or cols when broadcast) f32 values.
+    check("add", unsafe { b.launch(grid(n as usize)) });
+}
+
+pub(super) fn silu_mul(be: &CudaBackend, gate: &mut CudaBuf, up: &CudaBuf) {
+    assert_eq!(gate.len(), up.len(), "silu_mul of different shapes");
+    let n = gate.len() as u64;
+    if n == 0 {
+        return;
+    }
+    let mut b = be.stream.launch_builder(&be.kernels.silu_mul);
+    b.arg(gate.slice_mut()).arg(up.slice()).arg(&n);
+    // SAFETY: silu_mul_f32(float*, const float*, u64); both hold n values.
+    check("silu_mul", unsafe { b.launch(grid(n as usize)) });
+}
+
+pub(super) fn rms_norm(be: &CudaBackend, x: &CudaBuf, w: &CudaWeight, eps: f32, out: &mut CudaBuf) {
+    be.resize(out, x.rows, x.cols);
+    if x.len() == 0 {
+        return;
+    }
+    let wv = vector(w, x.cols);
+    let group = x.cols as u32;
+    let mut b = be.stream.launch_builder(&be.kernels.rms_norm);
+    b.arg(x.slice()).arg(wv).arg(out.slice_mut()).arg(&group).arg(&eps);
+    // SAFETY: rms_norm_f32(const float*, const float*, float*, u32, float);
+    // one block per row of `cols` values; out has x's shape.
+    check("rms_norm", unsafe { b.launch(per_group(x.rows, x.cols)) });
+}
+
+pub(super) fn rms_norm_heads(be: &CudaBackend, x: &mut CudaBuf, w: &CudaWeight, eps: f32, head_dim: usize) {
+    assert!(head_dim > 0 && x.cols.is_multiple_of(head_dim), "rows of {} are not whole heads of {head_dim}", x.cols);
+    if x.len() == 0 {
+        return;
+    }
+    let wv = vector(w, head_dim);
+    let group = head_dim as u32;
+    let groups = x.len() / head_dim;
+    let mut b = be.stream.launch_builder(&be.kernels.rms_norm_inplace);
+    b.arg(x.slice_mut()).arg(wv).arg(&group).arg(&eps);
+    // SAFETY: rms_norm_inplace_f32(float*, const float*, u32, float); one
+    // block per head of head_dim values.
+    check("rms_norm_heads", unsafe { b.launch(per_group(groups, head_dim)) });
+}
+
+pub(super) fn rope_table(be: &CudaBackend, positions: &[u32], rope: &RopeConfig, out: &mut CudaBuf) {
+    let d = rope.head_dim;
+    be.resize(out, positions.len(), d);
+    if positions.is_empty() {
+        return;
+    }
+    let half = d / 2;
+    // Positions, then the inverse frequencies as f32 bits (the CPU's values).
+    let mut host: Vec<u32> = positions.to_vec();
+    host.extend((0..half).map(|i| crate::cpu::ops::inv_freq(rope, i).to_bits()));
+    let mut scratch = be.scratch();
+    let idx = upload_u32(&be.stream, &mut scratch.idx, &host);
+    let pos = idx.slice(0..positions.len());
+    let freq = idx.slice(positions.len()..host.len());
+    let (n, h) = (positions.len() as u32, half as u32);
+    let mut b = be.stream.launch_builder(&be.kernels.rope_table);
+    b.arg(&pos).arg(&freq).arg(out.slice_mut()).arg(&n).arg(&h);
+    // SAFETY: rope_table_f32(const u32*, const u32*, float*, u32, u32); out
+    // holds n × head_dim values.
+    check("rope_table", unsafe { b.launch(grid(positions.len() * half)) });
+}
+
+pub(super) fn rope(be: &CudaBackend, x: &mut CudaBuf, table: &CudaBuf, rope: &RopeConfig) {
+    let d = rope.head_dim;
+    assert!(d.is_multiple_of(2) && x.cols.is_multiple_of(d), "rows of {} are not whole heads of {d}", x.cols);
+    assert_eq!((table.rows, table.cols), (x.rows, d), "a RoPE table row per row of x");
+    if x.len() == 0 {
+        return;
+    }
+    let (rows, cols, hd) = (x.rows as u32, x.cols as u32, d as u32);
+    let interleaved = (rope.style == RopeStyle::Interleaved) as u32;
+    let cfg = grid(x.len() / 2);
+    let mut b = be.stream.launch_builder(&be.kernels.rope);
+    b.arg(x.slice_mut()).arg(table.slice()).arg(&rows).arg(&cols).arg(&hd).arg(&interleaved);
+    // SAFETY: rope_f32(float*, const float*, u32, u32, u32, u32); x is
+    // rows × cols, table rows × head_dim.
+    check("rope", unsafe { b.launch(cfg) });
+}
+
+pub(super) fn gather_rows(be: &CudaBackend, x: &CudaBuf, rows: &[usize], out: &mut CudaBuf) {
+    be.resize(out, rows.len(), x.cols);
+    if rows.is_empty() || x.cols == 0 {
+        return;
+    }
+    let host: Vec<u32> = rows
+        .iter()
+        .map(|&r| {
+            assert!(r < x.rows, "row {r} of a {}-row buffer", x.rows);
+            r as u32
+        })
+        .collect();
+    let mut scratch = be.scratch();
+    let idx = upload_u32(&be.stream, &mut scratch.idx, &host);
+    let (n, cols) = (rows.len() as u32, x.cols as u32);
+    let mut b = be.stream.launch_builder(&be.kernels.gather_rows);
+    b.arg(x.slice()).arg(idx).arg(out.slice_mut()).arg(&n).arg(&cols);
+    // SAFETY: gather_rows_f32(const float*, const u32*, float*, u32, u32);
+    // every index is a row of x (checked), out holds n × cols values.
+    check("gather_rows", unsafe { b.launch(grid(rows.len() * x.cols)) });
+}
+
+pub(super) fn kv_store(be: &CudaBackend, kv: &mut CudaKv, layer: usize, k: &CudaBuf, v: &CudaBuf, slots: &[u32]) {
+    let cols = kv.layout.kv_heads * kv.layout.head_dim;
+    assert_eq!((k.rows, k.cols), (slots.len(), cols), "K rows per slot");
+    assert_eq!((v.rows, v.cols), (slots.len(), cols), "V rows per slot");
+    if let Some(&s) = slots.iter().find(|&&s| s as usize >= kv.layout.slots) {
+        panic!("slot {s} outside a pool of {} slots", kv.layout.slots);
+    }
+    if slots.is_empty() || cols == 0 {
+        return;
+    }
+    let mut scratch = be.scratch();
+    let idx = upload_u32(&be.stream, &mut scratch.idx, slots);
+    let (kc, vc) = &mut kv.layers[layer];
+    let (n, c) = (slots.len() as u32, cols as u32);
+    let mut b = be.stream.launch_builder(&be.kernels.kv_store);
+    b.arg(k.slice()).arg(v.slice()).arg(kc).arg(vc).arg(idx).arg(&n).arg(&c);
+    // SAFETY: kv_store_f16(const float*, const float*, u16*, u16*, const u32*,
+    // u32, u32); every slot is inside the layer (checked), k and v hold
+    // n × cols values.
+    check("kv_store", unsafe { b.launch(grid(slots.len() * cols)) });
+}

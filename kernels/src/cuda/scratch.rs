@@ -1,0 +1,47 @@
+//! Device buffers reused across calls: the index tables each op uploads
+//! (tokens, slots, positions), the bf16 activations of cuBLAS GEMMs and the
+//! partial results of attention. They only grow.
+//!
+//! Every use is queued on the backend's one stream, so a later upload into the
+//! same buffer cannot overtake a kernel still reading it.
+
+use cudarc::driver::{CudaSlice, CudaStream, DeviceRepr, ValidAsZeroBits};
+use std::sync::Arc;
+
+/// The backend's reusable buffers (behind its mutex).
+#[derive(Debug, Default)]
+pub(super) struct Scratch {
+    pub idx: Option<CudaSlice<u32>>,
+    pub bf16: Option<CudaSlice<u16>>,
+    pub part_o: Option<CudaSlice<f32>>,
+    pub part_ml: Option<CudaSlice<f32>>,
+}
+
+/// `slot`, grown to hold at least `need` elements (at least doubling).
+pub(super) fn grown<'a, T: DeviceRepr + ValidAsZeroBits>(
+    stream: &Arc<CudaStream>,
+    slot: &'a mut Option<CudaSlice<T>>,
+    need: usize,
+) -> &'a mut CudaSlice<T> {
+    let have = slot.as_ref().map_or(0, |s| s.len());
+    if have < need || slot.is_none() {
+        let size = need.max(2 * have).max(1024);
+        *slot = None;
+        *slot = Some(super::check("allocating scratch", stream.alloc_zeros::<T>(size)));
+    }
+    slot.as_mut().expect("allocated above")
+}
+
+/// Copies `data` into the index scratch and returns it.
+pub(super) fn upload_u32<'a>(
+    stream: &Arc<CudaStream>,
+    slot: &'a mut Option<CudaSlice<u32>>,
+    data: &[u32],
+) -> &'a CudaSlice<u32> {
+    let buf = grown(stream, slot, data.len());
+    if !data.is_empty() {
+        let mut dst = buf.slice_mut(0..data.len());
+        super::check("uploading indices", stream.memcpy_htod(data, &mut dst));
+    }
+    buf
+}
