@@ -18,11 +18,9 @@
 
 mod common;
 
-use cachet_engine::config::ModelConfig;
 use cachet_engine::gguf::GgufFile;
-use cachet_engine::kv_pool::{KvPool, PoolSize, SlotId};
-use cachet_engine::model::{ForwardScratch, LogitsFor, Model, SeqChunk};
-use cachet_kernels::backend::Backend;
+use cachet_engine::kv_pool::SlotId;
+use cachet_engine::model::{LogitsFor, SeqChunk};
 use cachet_kernels::cpu::CpuBackend;
 use cachet_kernels::cuda::{self, CudaBackend, CudaOptions};
 use cachet_kernels::quant::DType;
@@ -44,52 +42,6 @@ fn gpu(options: CudaOptions) -> Option<CudaBackend> {
     }
 }
 
-struct Runner<B: Backend> {
-    b: B,
-    model: Model<B>,
-    pool: KvPool<B>,
-    scratch: ForwardScratch<B>,
-}
-
-impl<B: Backend> Runner<B> {
-    fn new(b: B, path: &std::path::Path) -> Runner<B> {
-        let file = GgufFile::open(path).unwrap();
-        let config = ModelConfig::from_gguf(&file).unwrap();
-        let pool = KvPool::new(&b, &config, PoolSize::Tokens(256)).unwrap();
-        let model = Model::load(&b, &file, config).unwrap();
-        let scratch = ForwardScratch::new(&b);
-        Runner { b, model, pool, scratch }
-    }
-
-    /// All-position logits of one sequence, run in chunks of `chunk` tokens.
-    fn logits(&mut self, tokens: &[u32], chunk: usize) -> Vec<Vec<f32>> {
-        let slots = self.pool.allocate(tokens.len()).unwrap();
-        let vocab = self.model.config().vocab_size;
-        let mut rows = Vec::new();
-        let mut out = Vec::new();
-        for start in (0..tokens.len()).step_by(chunk) {
-            let end = (start + chunk).min(tokens.len());
-            let batch = [SeqChunk {
-                tokens: &tokens[start..end],
-                start_pos: start,
-                slots: SlotId::raw(&slots[..end]),
-                logits: LogitsFor::All,
-            }];
-            self.model.forward(&self.b, self.pool.storage_mut(), &batch, &mut self.scratch, &mut out).unwrap();
-            rows.extend(out.chunks(vocab).map(<[f32]>::to_vec));
-        }
-        self.pool.free(&slots).unwrap();
-        self.pool.check_integrity().unwrap();
-        rows
-    }
-}
-
-const PROMPT: [u32; 12] = [3, 200, 17, 45, 45, 99, 260, 1, 0, 318, 77, 150];
-
-fn worst(ours: &[Vec<f32>], reference: &[Vec<f32>]) -> f32 {
-    ours.iter().zip(reference).map(|(a, b)| rel_err(a, b)).fold(0.0, f32::max)
-}
-
 #[test]
 fn tiny_models_match_the_cpu_in_every_format() {
     let Some(probe) = gpu(CudaOptions::default()) else { return };
@@ -104,8 +56,8 @@ fn tiny_models_match_the_cpu_in_every_format() {
             let path = dir.path().join(format!("{}-{dtype}.gguf", arch.name()));
             tiny.write_gguf(dtype, &path).unwrap();
             let stored = dequantized(&tiny, &GgufFile::open(&path).unwrap());
-            let mut c = Runner::new(CpuBackend::new(2).unwrap(), &path);
-            let mut g = Runner::new(CudaBackend::new(0).unwrap(), &path);
+            let mut c = Runner::gguf(CpuBackend::new(2).unwrap(), &path);
+            let mut g = Runner::gguf(CudaBackend::new(0).unwrap(), &path);
             for tokens in [&PROMPT[..], &long[..]] {
                 let cublas = tokens.len() >= CudaOptions::default().dense_min_rows;
                 let tol = match dtype {
@@ -142,7 +94,7 @@ fn batching_and_chunking_do_not_change_cuda_results() {
     for dtype in [DType::Q5_0, DType::Q4_K, DType::Q6_K, DType::F16] {
         let path = dir.path().join(format!("m-{dtype}.gguf"));
         Tiny::random(TinyArch::Qwen2, 23, false).write_gguf(dtype, &path).unwrap();
-        let mut r = Runner::new(CudaBackend::with_options(0, CudaOptions::batch_invariant()).unwrap(), &path);
+        let mut r = Runner::gguf(CudaBackend::with_options(0, CudaOptions::batch_invariant()).unwrap(), &path);
         let vocab = r.model.config().vocab_size;
         let seqs: [&[u32]; 3] = [&PROMPT[..5], &PROMPT[..], &[7, 8, 9]];
         let alone: Vec<Vec<Vec<f32>>> = seqs.iter().map(|s| r.logits(s, s.len())).collect();

@@ -7,64 +7,12 @@ mod common;
 
 use cachet_engine::config::ModelConfig;
 use cachet_engine::gguf::GgufFile;
-use cachet_engine::kv_pool::{KvPool, PoolSize, SlotId};
-use cachet_engine::model::{ForwardScratch, LogitsFor, Model, SeqChunk};
+use cachet_engine::kv_pool::{PoolSize, SlotId};
+use cachet_engine::model::{LogitsFor, SeqChunk};
 use cachet_engine::weights::SafetensorsDir;
 use cachet_kernels::cpu::CpuBackend;
 use cachet_kernels::quant::DType;
 use common::*;
-
-struct Runner {
-    b: CpuBackend,
-    model: Model<CpuBackend>,
-    pool: KvPool<CpuBackend>,
-    scratch: ForwardScratch<CpuBackend>,
-}
-
-impl Runner {
-    fn gguf(path: &std::path::Path) -> Runner {
-        let file = GgufFile::open(path).unwrap();
-        let config = ModelConfig::from_gguf(&file).unwrap();
-        Runner::new(&file, config)
-    }
-
-    fn new(src: &dyn cachet_engine::weights::WeightSource, config: ModelConfig) -> Runner {
-        let b = CpuBackend::new(2).unwrap();
-        let pool = KvPool::new(&b, &config, PoolSize::Tokens(256)).unwrap();
-        let model = Model::load(&b, src, config).unwrap();
-        let scratch = ForwardScratch::new(&b);
-        Runner { b, model, pool, scratch }
-    }
-
-    /// All-position logits of one sequence, run in chunks of `chunk` tokens.
-    fn logits(&mut self, tokens: &[u32], chunk: usize) -> Vec<Vec<f32>> {
-        let slots = self.pool.allocate(tokens.len()).unwrap();
-        let vocab = self.model.config().vocab_size;
-        let mut rows = Vec::new();
-        let mut out = Vec::new();
-        for start in (0..tokens.len()).step_by(chunk) {
-            let end = (start + chunk).min(tokens.len());
-            let batch: Vec<SeqChunk<'_>> = vec![SeqChunk {
-                tokens: &tokens[start..end],
-                start_pos: start,
-                slots: SlotId::raw(&slots[..end]),
-                logits: LogitsFor::All,
-            }];
-            self.model.forward(&self.b, self.pool.storage_mut(), &batch, &mut self.scratch, &mut out).unwrap();
-            rows.extend(out.chunks(vocab).map(<[f32]>::to_vec));
-        }
-        self.pool.free(&slots).unwrap();
-        self.pool.check_integrity().unwrap();
-        rows
-    }
-}
-
-const PROMPT: [u32; 12] = [3, 200, 17, 45, 45, 99, 260, 1, 0, 318, 77, 150];
-
-/// Worst relative error over all positions.
-fn worst(ours: &[Vec<f32>], reference: &[Vec<f32>]) -> f32 {
-    ours.iter().zip(reference).map(|(a, b)| rel_err(a, b)).fold(0.0, f32::max)
-}
 
 /// Every GGUF format, every architecture, tied and untied output: the engine
 /// matches the f64 reference on the same (dequantized) weights. Tolerances:
@@ -82,7 +30,7 @@ fn gguf_every_format_matches_the_reference() {
             tiny.write_gguf(dtype, &path).unwrap();
             let file = GgufFile::open(&path).unwrap();
             let reference = reference_logits(&dequantized(&tiny, &file), &PROMPT);
-            let mut r = Runner::gguf(&path);
+            let mut r = Runner::gguf(CpuBackend::new(2).unwrap(), &path);
             let ours = r.logits(&PROMPT, PROMPT.len());
             let err = worst(&ours, &reference);
             let tol = if dtype.is_quantized() { 0.04 } else { 0.01 };
@@ -106,7 +54,7 @@ fn safetensors_match_the_reference_and_the_gguf() {
                 serde_json::from_slice(&std::fs::read(dir.path().join("config.json")).unwrap()).unwrap();
             let config = ModelConfig::from_hf(&json).unwrap();
             let src = SafetensorsDir::open(dir.path()).unwrap();
-            let mut r = Runner::new(&src, config);
+            let mut r = Runner::new(CpuBackend::new(2).unwrap(), &src, config);
             let ours = r.logits(&PROMPT, PROMPT.len());
             // The reference reads back what the file holds (rounded to dtype).
             let gguf = dir.path().join("same.gguf");
@@ -115,7 +63,7 @@ fn safetensors_match_the_reference_and_the_gguf() {
             let err = worst(&ours, &reference_logits(&stored, &PROMPT));
             println!("{:6} {dtype:5} safetensors rel err {err:.5}", arch.name());
             assert!(err < 0.01, "{} {dtype}: {err}", arch.name());
-            let via_gguf = Runner::gguf(&gguf).logits(&PROMPT, PROMPT.len());
+            let via_gguf = Runner::gguf(CpuBackend::new(2).unwrap(), &gguf).logits(&PROMPT, PROMPT.len());
             let err = worst(&ours, &via_gguf);
             assert!(err < 1e-3, "{} {dtype}: HF layout vs GGUF layout differ by {err}", arch.name());
         }
@@ -132,7 +80,7 @@ fn batching_and_chunking_do_not_change_results() {
     for dtype in [DType::Q5_0, DType::Q4_K, DType::F16] {
         let path = dir.path().join(format!("m-{dtype}.gguf"));
         Tiny::random(TinyArch::Qwen2, 23, false).write_gguf(dtype, &path).unwrap();
-        let mut r = Runner::gguf(&path);
+        let mut r = Runner::gguf(CpuBackend::new(2).unwrap(), &path);
         let vocab = r.model.config().vocab_size;
         let seqs: [&[u32]; 3] = [&PROMPT[..5], &PROMPT[..], &[7, 8, 9]];
         let alone: Vec<Vec<Vec<f32>>> = seqs.iter().map(|s| r.logits(s, s.len())).collect();
@@ -186,7 +134,7 @@ fn bad_batches_are_errors() {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("m.gguf");
     Tiny::random(TinyArch::Qwen2, 1, false).write_gguf(DType::Q8_0, &path).unwrap();
-    let mut r = Runner::gguf(&path);
+    let mut r = Runner::gguf(CpuBackend::new(2).unwrap(), &path);
     let slots = r.pool.allocate(3).unwrap();
     let mut out = Vec::new();
     let mut run = |tokens: &[u32], start: usize, n_slots: usize| {

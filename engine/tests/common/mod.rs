@@ -3,9 +3,14 @@
 
 #![allow(dead_code)]
 
+use cachet_engine::config::ModelConfig;
 use cachet_engine::gguf::GgufFile;
+use cachet_engine::kv_pool::{KvPool, PoolSize, SlotId};
+use cachet_engine::model::{ForwardScratch, LogitsFor, Model, SeqChunk};
 pub use cachet_engine::testing::*;
 use cachet_engine::weights::TensorName;
+use cachet_engine::weights::WeightSource;
+use cachet_kernels::backend::Backend;
 
 /// The weights as the file stores them, dequantized (so a comparison with the
 /// reference measures the kernels, not the weight quantization).
@@ -144,4 +149,56 @@ pub fn reference_logits(m: &Tiny, tokens: &[u32]) -> Vec<Vec<f32>> {
 pub fn rel_err(a: &[f32], b: &[f32]) -> f32 {
     let scale = b.iter().fold(0f32, |m, v| m.max(v.abs()));
     a.iter().zip(b).fold(0f32, |m, (x, y)| m.max((x - y).abs())) / scale
+}
+
+/// A model on a backend, with its KV pool, for all-position logits.
+pub struct Runner<B: Backend> {
+    pub b: B,
+    pub model: Model<B>,
+    pub pool: KvPool<B>,
+    pub scratch: ForwardScratch<B>,
+}
+
+impl<B: Backend> Runner<B> {
+    pub fn gguf(b: B, path: &std::path::Path) -> Runner<B> {
+        let file = GgufFile::open(path).unwrap();
+        let config = ModelConfig::from_gguf(&file).unwrap();
+        Runner::new(b, &file, config)
+    }
+
+    pub fn new(b: B, src: &dyn WeightSource, config: ModelConfig) -> Runner<B> {
+        let pool = KvPool::new(&b, &config, PoolSize::Tokens(256)).unwrap();
+        let model = Model::load(&b, src, config).unwrap();
+        let scratch = ForwardScratch::new(&b);
+        Runner { b, model, pool, scratch }
+    }
+
+    /// All-position logits of one sequence, run in chunks of `chunk` tokens.
+    pub fn logits(&mut self, tokens: &[u32], chunk: usize) -> Vec<Vec<f32>> {
+        let slots = self.pool.allocate(tokens.len()).unwrap();
+        let vocab = self.model.config().vocab_size;
+        let mut rows = Vec::new();
+        let mut out = Vec::new();
+        for start in (0..tokens.len()).step_by(chunk) {
+            let end = (start + chunk).min(tokens.len());
+            let batch = [SeqChunk {
+                tokens: &tokens[start..end],
+                start_pos: start,
+                slots: SlotId::raw(&slots[..end]),
+                logits: LogitsFor::All,
+            }];
+            self.model.forward(&self.b, self.pool.storage_mut(), &batch, &mut self.scratch, &mut out).unwrap();
+            rows.extend(out.chunks(vocab).map(<[f32]>::to_vec));
+        }
+        self.pool.free(&slots).unwrap();
+        self.pool.check_integrity().unwrap();
+        rows
+    }
+}
+
+pub const PROMPT: [u32; 12] = [3, 200, 17, 45, 45, 99, 260, 1, 0, 318, 77, 150];
+
+/// Worst relative error over all positions.
+pub fn worst(ours: &[Vec<f32>], reference: &[Vec<f32>]) -> f32 {
+    ours.iter().zip(reference).map(|(a, b)| rel_err(a, b)).fold(0.0, f32::max)
 }
