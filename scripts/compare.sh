@@ -98,7 +98,7 @@ if [ "$SIDE_BY_SIDE" = 1 ]; then
 fi
 
 if [ "$EXPERIMENT" = 1 ]; then
-  # The same peak workload against three scheduler configurations, one server at a time.
+  # The same peak workload against four scheduler configurations, one server at a time.
   run_config() { # label, then CACHET_* settings
     local label=$1; shift
     start_cachet "$label" "$@"
@@ -107,11 +107,13 @@ if [ "$EXPERIMENT" = 1 ]; then
     stop_cachet
   }
   run_config aggressive CACHET_ENGINE__POLICY=fcfs CACHET_ENGINE__TOKEN_BUDGET=4096 CACHET_ENGINE__MAX_RUNNING=64 \
-    CACHET_ENGINE__OVERLOAD_FACTOR=0
-  run_config baseline CACHET_ENGINE__POLICY=fcfs CACHET_ENGINE__OVERLOAD_FACTOR=0
+    CACHET_ENGINE__OVERLOAD_FACTOR=0 CACHET_ENGINE__PACE_PREFILL=false
+  run_config baseline CACHET_ENGINE__POLICY=fcfs CACHET_ENGINE__OVERLOAD_FACTOR=0 CACHET_ENGINE__PACE_PREFILL=false
+  # The SLO configuration without prefill pacing, to show what pacing alone changes.
+  run_config slo-unpaced CACHET_ENGINE__POLICY=slo CACHET_ENGINE__PACE_PREFILL=false
   run_config slo CACHET_ENGINE__POLICY=slo
   "$BENCH" report --in "$OUT/experiment-aggressive/results.json" --in "$OUT/experiment-baseline/results.json" \
-    --in "$OUT/experiment-slo/results.json" --out "$OUT/experiment"
+    --in "$OUT/experiment-slo-unpaced/results.json" --in "$OUT/experiment-slo/results.json" --out "$OUT/experiment"
   { echo; echo "## Scheduling experiment (peak)"; echo; cat "$OUT/experiment/results.md"; } >> "$OUT/summary.md"
 fi
 echo "wrote $OUT/summary.md" >&2

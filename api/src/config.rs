@@ -128,6 +128,10 @@ pub struct EngineSettings {
     pub pool_tokens: usize,
     /// Most tokens per forward pass.
     pub token_budget: usize,
+    /// While requests decode, size passes to their inter-token target.
+    pub pace_prefill: bool,
+    /// Prefill tokens a paced pass carries at least.
+    pub min_prefill_chunk: usize,
     /// Most requests running at once.
     pub max_running: usize,
     /// `slo` (fair share, deadlines, prefix), `fcfs` or `lpm`.
@@ -181,6 +185,8 @@ impl Default for EngineSettings {
         EngineSettings {
             pool_tokens: 16_384,
             token_budget: d.token_budget,
+            pace_prefill: d.pace_prefill,
+            min_prefill_chunk: d.min_prefill_chunk,
             max_running: d.max_running,
             policy: "slo".into(),
             overload_factor: d.overload_factor,
@@ -258,6 +264,8 @@ impl Settings {
         let cfg = EngineConfig {
             pool: cachet_engine::kv_pool::PoolSize::Tokens(e.pool_tokens),
             token_budget: e.token_budget,
+            pace_prefill: e.pace_prefill,
+            min_prefill_chunk: e.min_prefill_chunk,
             max_running: e.max_running,
             policy: e.policy.parse().map_err(|m| format!("engine.policy: {m}"))?,
             interactive: SloTargets {

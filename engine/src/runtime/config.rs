@@ -64,6 +64,13 @@ pub struct EngineConfig {
     pub pool: PoolSize,
     /// Most tokens (decode tokens plus prefill chunks) in one forward pass.
     pub token_budget: usize,
+    /// While requests decode, size each pass to fit the tightest inter-token
+    /// target among them (prefill goes in smaller chunks) instead of always
+    /// filling `token_budget`.
+    pub pace_prefill: bool,
+    /// Prefill tokens a paced pass carries at least, so prompts keep moving
+    /// when the decoders alone fill the inter-token target.
+    pub min_prefill_chunk: usize,
     /// Most requests running (holding KV and decoding) at once.
     pub max_running: usize,
     pub policy: Policy,
@@ -82,6 +89,8 @@ impl Default for EngineConfig {
         EngineConfig {
             pool: PoolSize::Tokens(16_384),
             token_budget: 512,
+            pace_prefill: true,
+            min_prefill_chunk: 32,
             max_running: 64,
             policy: Policy::Slo,
             interactive: SloTargets { ttft: Duration::from_secs(3), itl: Duration::from_millis(250) },
@@ -105,6 +114,9 @@ impl EngineConfig {
     pub fn validate(&self) -> Result<(), String> {
         if self.token_budget == 0 {
             return Err("token_budget must be at least 1".into());
+        }
+        if self.min_prefill_chunk == 0 {
+            return Err("min_prefill_chunk must be at least 1".into());
         }
         if self.max_running == 0 {
             return Err("max_running must be at least 1".into());

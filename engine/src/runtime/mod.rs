@@ -6,6 +6,7 @@
 
 mod config;
 mod handle;
+mod pace;
 mod request;
 mod sched;
 mod seq;
@@ -74,6 +75,8 @@ pub(crate) struct Engine<B: Backend> {
     vtc: HashMap<TenantKey, f64>,
     /// Tokens per second of a forward pass (moving average), for admission.
     rate: f64,
+    /// Pass time against pass size, for pacing prefill around decode.
+    pace: pace::PassModel,
     stats: stats::Stats,
 }
 
@@ -83,57 +86,7 @@ pub fn start<B: Backend + 'static>(
     loaded: LoadedModel<B>,
     cfg: EngineConfig,
 ) -> Result<EngineHandle, StartError> {
-    cfg.validate().map_err(StartError::Config)?;
-    let config = loaded.model.config().clone();
-    let pool_bytes = cachet_kernels::backend::KvLayout {
-        layers: config.n_layers,
-        slots: cfg.pool.slots(&config),
-        kv_heads: config.n_kv_heads,
-        head_dim: config.head_dim,
-    }
-    .bytes() as u64;
-    if let Some(available) = backend.memory_available() {
-        if pool_bytes > available {
-            return Err(StartError::Memory(format!(
-                "a KV pool of {} MiB ({} tokens) does not fit next to the {} MiB model: {} MiB of memory are available; \
-                 make the pool smaller",
-                pool_bytes >> 20,
-                cfg.pool.slots(&config),
-                loaded.file_bytes >> 20,
-                available >> 20
-            )));
-        }
-    }
-    let pool = KvPool::new(&backend, &config, cfg.pool).map_err(|e| StartError::Backend(e.to_string()))?;
-    let cache = RadixCache::new(pool.capacity(), cfg.default_share);
-    let scratch = ForwardScratch::new(&backend);
-    let eos_ids = loaded.tokenizer.eos_ids();
-    let info = handle::Info {
-        model_name: loaded.name.clone(),
-        tokenizer: loaded.tokenizer.clone(),
-        chat_template: loaded.chat_template.map(std::sync::Arc::new),
-        max_context: config.max_context.min(pool.capacity()),
-        vocab_size: config.vocab_size,
-        config: cfg.clone(),
-    };
-    let mut engine = Engine {
-        cfg,
-        backend,
-        model: loaded.model,
-        tokenizer: loaded.tokenizer,
-        eos_ids,
-        pool,
-        cache,
-        scratch,
-        logits: Vec::new(),
-        waiting: Vec::new(),
-        running: Vec::new(),
-        next_id: 0,
-        vtc: HashMap::new(),
-        rate: 0.0,
-        stats: stats::Stats::default(),
-    };
-    engine.warm_up().map_err(StartError::Backend)?;
+    let (engine, info) = Engine::build(backend, loaded, cfg)?;
     let (tx, rx) = std::sync::mpsc::channel();
     std::thread::Builder::new()
         .name("cachet-engine".into())
@@ -143,27 +96,91 @@ pub fn start<B: Backend + 'static>(
 }
 
 impl<B: Backend> Engine<B> {
+    /// The engine, warmed up, and what its handle knows about it.
+    fn build(backend: B, loaded: LoadedModel<B>, cfg: EngineConfig) -> Result<(Engine<B>, handle::Info), StartError> {
+        cfg.validate().map_err(StartError::Config)?;
+        let config = loaded.model.config().clone();
+        let pool_bytes = cachet_kernels::backend::KvLayout {
+            layers: config.n_layers,
+            slots: cfg.pool.slots(&config),
+            kv_heads: config.n_kv_heads,
+            head_dim: config.head_dim,
+        }
+        .bytes() as u64;
+        if let Some(available) = backend.memory_available() {
+            if pool_bytes > available {
+                return Err(StartError::Memory(format!(
+                "a KV pool of {} MiB ({} tokens) does not fit next to the {} MiB model: {} MiB of memory are available; \
+                 make the pool smaller",
+                pool_bytes >> 20,
+                cfg.pool.slots(&config),
+                loaded.file_bytes >> 20,
+                available >> 20
+            )));
+            }
+        }
+        let pool = KvPool::new(&backend, &config, cfg.pool).map_err(|e| StartError::Backend(e.to_string()))?;
+        let cache = RadixCache::new(pool.capacity(), cfg.default_share);
+        let scratch = ForwardScratch::new(&backend);
+        let eos_ids = loaded.tokenizer.eos_ids();
+        let info = handle::Info {
+            model_name: loaded.name.clone(),
+            tokenizer: loaded.tokenizer.clone(),
+            chat_template: loaded.chat_template.map(std::sync::Arc::new),
+            max_context: config.max_context.min(pool.capacity()),
+            vocab_size: config.vocab_size,
+            config: cfg.clone(),
+        };
+        let mut engine = Engine {
+            cfg,
+            backend,
+            model: loaded.model,
+            tokenizer: loaded.tokenizer,
+            eos_ids,
+            pool,
+            cache,
+            scratch,
+            logits: Vec::new(),
+            waiting: Vec::new(),
+            running: Vec::new(),
+            next_id: 0,
+            vtc: HashMap::new(),
+            rate: 0.0,
+            pace: pace::PassModel::default(),
+            stats: stats::Stats::default(),
+        };
+        engine.warm_up().map_err(StartError::Backend)?;
+        Ok((engine, info))
+    }
+}
+
+impl<B: Backend> Engine<B> {
     /// One forward pass over a short prompt: faults the weights in, sizes the
     /// buffers and gives admission control its first throughput estimate.
     fn warm_up(&mut self) -> Result<(), String> {
-        let n = 64.min(self.pool.capacity()).min(self.model.config().max_context);
-        let slots = self.pool.allocate(n).map_err(|e| e.to_string())?;
-        let tokens: Vec<u32> = (0..n as u32).map(|i| i % self.model.config().vocab_size as u32).collect();
-        let seqs = [SeqChunk {
-            tokens: &tokens,
-            start_pos: 0,
-            slots: crate::kv_pool::SlotId::raw(&slots),
-            logits: LogitsFor::Last,
-        }];
+        let n = 64.min(self.pool.capacity().saturating_sub(1)).min(self.model.config().max_context - 1).max(1);
+        let slots = self.pool.allocate(n + 1).map_err(|e| e.to_string())?;
+        let tokens: Vec<u32> = (0..=n as u32).map(|i| i % self.model.config().vocab_size as u32).collect();
+        let raw = crate::kv_pool::SlotId::raw(&slots);
+        let prompt = [SeqChunk { tokens: &tokens[..n], start_pos: 0, slots: &raw[..n], logits: LogitsFor::Last }];
         // The first pass faults the weights in and sizes the buffers; the second, warm one gives
         // the estimate (a cold estimate would make admission control refuse what it could serve).
+        // A one-token pass after it gives pacing the fixed cost of a pass.
+        let decode = [SeqChunk { tokens: &tokens[n..], start_pos: n, slots: raw, logits: LogitsFor::Last }];
         let mut r = Ok(());
-        for _ in 0..2 {
+        for (i, pass) in [&prompt, &prompt, &decode].into_iter().enumerate() {
             let start = Instant::now();
-            r = self.model.forward(&self.backend, self.pool.storage_mut(), &seqs, &mut self.scratch, &mut self.logits);
-            self.rate = n as f64 / start.elapsed().as_secs_f64().max(1e-6);
+            r = self.model.forward(&self.backend, self.pool.storage_mut(), pass, &mut self.scratch, &mut self.logits);
+            let secs = start.elapsed().as_secs_f64();
             if r.is_err() {
                 break;
+            }
+            let tokens = pass[0].tokens.len();
+            if tokens == n {
+                self.rate = n as f64 / secs.max(1e-6);
+            }
+            if i > 0 {
+                self.pace.observe(tokens, secs);
             }
         }
         self.pool.free(&slots).map_err(|e| e.to_string())?;

@@ -118,8 +118,14 @@ impl<B: Backend> Engine<B> {
         };
         let running: usize = self.running.iter().filter(|s| s.remaining() > 1).map(|s| s.remaining()).sum();
         let decoding = self.running.iter().filter(|s| s.remaining() == 1).count();
-        let prefill_share = (1.0 - decoding as f64 / self.cfg.token_budget as f64).max(0.1);
-        let rate = (self.rate * prefill_share).max(1.0);
+        // Prompt tokens per second: what a pass carries beyond the decode tokens, over what
+        // such a pass takes (pacing makes passes smaller while requests decode).
+        let budget = self.step_budget();
+        let rate = match self.pace.seconds(budget) {
+            Some(secs) if secs > 0.0 => budget.saturating_sub(decoding).max(budget / 10).max(1) as f64 / secs,
+            _ => self.rate * (1.0 - decoding as f64 / budget as f64).max(0.1),
+        }
+        .max(1.0);
         Duration::from_secs_f64((ahead + running + own) as f64 / rate)
     }
 }

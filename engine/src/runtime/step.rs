@@ -26,7 +26,7 @@ impl<B: Backend> Engine<B> {
         self.drop_cancelled();
         self.refuse_late(now);
         let mut plan = Vec::new();
-        let mut budget = self.cfg.token_budget;
+        let mut budget = self.step_budget();
 
         // 1. Decode: every running sequence that is ready for its next token.
         self.make_room_for_decode(now);
@@ -261,6 +261,9 @@ impl<B: Backend> Engine<B> {
             let rate = total as f64 / secs.max(1e-6);
             self.rate = if self.rate > 0.0 { 0.8 * self.rate + 0.2 * rate } else { rate };
         }
+        self.pace.observe(total, secs);
+        metrics::histogram!("cachet:forward_pass_tokens").record(total as f64);
+        metrics::histogram!("cachet:forward_pass_seconds").record(secs);
         let vocab = self.model.config().vocab_size;
         let max_context = self.model.config().max_context.min(self.pool.capacity());
         let mut row = 0;
