@@ -113,8 +113,20 @@ impl Repos {
     }
 
     /// The mirror of a registered repository.
+    ///
+    /// A replica that has no mirror of a registered repository yet (another replica took the
+    /// registration, or its volume is new) creates it from the registered source, checked
+    /// against this replica's source policy.
     pub fn mirror(&self, repo: &Repository) -> Result<Mirror, ContextError> {
-        self.store.mirror(&mirror_id(repo.id))
+        let id = mirror_id(repo.id);
+        match self.store.mirror(&id) {
+            Err(ContextError::NotFound(_)) => {
+                let source = self.store.validate(&repo.source)?;
+                tracing::info!(repo = %repo.id, "mirroring the repository on this replica (first use here)");
+                self.store.create_mirror(&id, &source)
+            }
+            other => other,
+        }
     }
 
     /// The repository's context at `commit` (built once per commit).

@@ -10,6 +10,7 @@ pub mod config;
 pub mod context;
 pub mod device;
 pub mod error;
+pub mod fanout;
 pub mod ledger;
 pub mod models;
 pub mod openai;

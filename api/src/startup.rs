@@ -163,6 +163,7 @@ pub struct Application {
     db: Database,
     ledger_task: tokio::task::JoinHandle<()>,
     sweeper: tokio::task::JoinHandle<()>,
+    fanout: tokio::task::JoinHandle<()>,
 }
 
 impl std::fmt::Debug for Application {
@@ -212,8 +213,12 @@ impl Application {
                     .context("the mirrors folder")?,
             ),
             busy: Default::default(),
+            replica: uuid::Uuid::new_v4(),
+            branches_served: Default::default(),
+            pushes_from_elsewhere: Default::default(),
         });
         let sweeper = tokio::spawn(crate::sweeper::run(state.clone()));
+        let fanout = tokio::spawn(crate::fanout::run(state.clone()));
         load_model_in_background(state.clone());
 
         let listener =
@@ -221,8 +226,11 @@ impl Application {
         let port = listener.local_addr()?.port();
         let limit = settings.server.max_body_bytes;
         let app_state = state.clone();
+        // Names the replica that answered (behind a consistent-hash proxy: deploy/k8s/proxy.yaml).
+        let replica = state.replica.to_string();
         let server = HttpServer::new(move || {
             App::new()
+                .wrap(actix_web::middleware::DefaultHeaders::new().add(("x-cachet-replica", replica.clone())))
                 .wrap(actix_web::middleware::Logger::new("%a \"%r\" %s %b %Dms"))
                 .app_data(app_state.clone())
                 .app_data(web::JsonConfig::default().limit(limit).error_handler(json_error))
@@ -241,7 +249,7 @@ impl Application {
         .workers(settings.server.workers.max(1))
         .shutdown_timeout(settings.server.shutdown_timeout_secs)
         .run();
-        Ok(Application { port, server, state, db, ledger_task, sweeper })
+        Ok(Application { port, server, state, db, ledger_task, sweeper, fanout })
     }
 
     /// The bound port.
@@ -269,9 +277,10 @@ impl Application {
     /// open then are closed, which cancels their requests), the ledger is
     /// flushed, and a private Postgres cluster is stopped.
     pub async fn run_until_stopped(self) -> anyhow::Result<()> {
-        let Application { server, state, mut db, ledger_task, sweeper, .. } = self;
+        let Application { server, state, mut db, ledger_task, sweeper, fanout, .. } = self;
         server.await?;
         sweeper.abort();
+        fanout.abort();
         let waiting = state.ledger.flush().await;
         if waiting > 0 {
             tracing::warn!(

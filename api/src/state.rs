@@ -44,6 +44,13 @@ pub struct AppState {
     pub repos: std::sync::Arc<crate::context::Repos>,
     /// Sessions with a turn in progress.
     pub busy: std::sync::Arc<Mutex<std::collections::HashSet<uuid::Uuid>>>,
+    /// This process among the replicas sharing the database (fan-out notices name it).
+    pub replica: uuid::Uuid,
+    /// When this replica last assembled a prompt on each (repository, branch): a push another
+    /// replica received is pre-warmed here only where this replica serves the branch.
+    pub branches_served: Mutex<std::collections::HashMap<(uuid::Uuid, String), std::time::Instant>>,
+    /// Pushes received by other replicas that this one has applied.
+    pub pushes_from_elsewhere: std::sync::atomic::AtomicU64,
 }
 
 /// Holds a session's one turn in progress; dropping it ends the turn.
@@ -66,6 +73,18 @@ impl std::fmt::Debug for AppState {
 }
 
 impl AppState {
+    /// Notes that this replica served a prompt on `branch` of `repo`.
+    pub fn note_branch_served(&self, repo: uuid::Uuid, branch: &str) {
+        let mut served = self.branches_served.lock().unwrap_or_else(|e| e.into_inner());
+        served.insert((repo, branch.to_string()), std::time::Instant::now());
+    }
+
+    /// Whether this replica served a prompt on `branch` of `repo` within `within`.
+    pub fn served_branch_within(&self, repo: uuid::Uuid, branch: &str, within: std::time::Duration) -> bool {
+        let served = self.branches_served.lock().unwrap_or_else(|e| e.into_inner());
+        served.get(&(repo, branch.to_string())).is_some_and(|t| t.elapsed() <= within)
+    }
+
     /// Tells the engine a tenant's KV share when it is new or changed.
     pub fn sync_share(&self, served: &Served, tenant: &cachet_tenants::Tenant) {
         let mut shares = self.shares.lock().unwrap_or_else(|e| e.into_inner());

@@ -8,7 +8,8 @@
 //!
 //! The delivery is recorded in the same transaction that records the
 //! invalidation, committed only once the push is applied: a failed attempt
-//! can be redelivered, a successful one is applied once.
+//! can be redelivered, a successful one is applied once. Other replicas on
+//! the same database hear of it at commit and apply it too (`crate::fanout`).
 
 use crate::context::tag_source;
 use crate::error::ApiError;
@@ -28,12 +29,13 @@ use sha2::Sha256;
 use std::collections::HashMap;
 use uuid::Uuid;
 
+/// A push: the ref and its old and new commit.
 #[derive(Debug, Deserialize)]
-struct Push {
+pub(crate) struct Push {
     #[serde(rename = "ref")]
-    git_ref: String,
-    before: String,
-    after: String,
+    pub git_ref: String,
+    pub before: String,
+    pub after: String,
 }
 
 fn header<'a>(req: &'a HttpRequest, name: &str) -> Option<&'a str> {
@@ -102,7 +104,7 @@ pub async fn git_webhook(
     if !Store::record_delivery(&mut tx, repo.id, &delivery, &event).await? {
         return Ok(HttpResponse::Ok().json(json!({"event": "push", "delivery": delivery, "duplicate": true})));
     }
-    let applied = apply(&state, &repo, &branch, &push).await?;
+    let applied = apply(&state, &repo, &branch, &push, Received::Here).await?;
     let inv = Invalidation {
         repo: repo.id,
         delivery_id: delivery.clone(),
@@ -113,7 +115,7 @@ pub async fn git_webhook(
         evicted_tokens: applied.evicted as i64,
         prewarmed: applied.prewarmed as i32,
     };
-    Store::record_invalidation(&mut tx, &inv).await?;
+    Store::record_invalidation(&mut tx, &inv, state.replica).await?;
     tx.commit().await.map_err(cachet_tenants::StoreError::from)?;
     tracing::info!(repo = %repo.id, %branch, paths = applied.paths.len(), evicted = applied.evicted,
                    prewarmed = applied.prewarmed, "push applied");
@@ -124,13 +126,32 @@ pub async fn git_webhook(
 }
 
 /// What a push did.
-struct Applied {
-    paths: Vec<String>,
-    evicted: usize,
-    prewarmed: usize,
+pub(crate) struct Applied {
+    pub paths: Vec<String>,
+    pub evicted: usize,
+    pub prewarmed: usize,
 }
 
-async fn apply(state: &web::Data<AppState>, repo: &Repository, branch: &str, push: &Push) -> Result<Applied, ApiError> {
+/// Which replica received a push.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Received {
+    /// This one (the webhook).
+    Here,
+    /// Another (heard through the fan-out).
+    Elsewhere,
+}
+
+/// Applies a push to this replica: fetches the mirror, invalidates the changed files' cached
+/// spans, pre-warms the branch's context if a session on it is active — for a push another
+/// replica received, only if this replica served that branch within the session idle time
+/// (behind an affinity proxy the others would compute a context nobody asks them for).
+pub(crate) async fn apply(
+    state: &web::Data<AppState>,
+    repo: &Repository,
+    branch: &str,
+    push: &Push,
+    received: Received,
+) -> Result<Applied, ApiError> {
     let (st, r, before, after) = (state.clone(), repo.clone(), push.before.clone(), push.after.clone());
     // Fetch, diff, and the new context's block versions (to keep what did not change).
     let (paths, versions) = web::block(move || -> Result<_, ApiError> {
@@ -167,7 +188,12 @@ async fn apply(state: &web::Data<AppState>, repo: &Repository, branch: &str, pus
         let source = tag_source(repo.id, branch, path);
         evicted += served.engine.invalidate(&source, versions.get(path).map(String::as_str)).await.unwrap_or(0);
     }
-    let prewarmed = if is_zero(&push.after) { 0 } else { prewarm(state, served, repo, branch).await? };
+    let serves_branch = || state.served_branch_within(repo.id, branch, crate::sessions::idle(state));
+    let prewarmed = if is_zero(&push.after) || (received == Received::Elsewhere && !serves_branch()) {
+        0
+    } else {
+        prewarm(state, served, repo, branch).await?
+    };
     Ok(Applied { paths, evicted, prewarmed })
 }
 

@@ -100,6 +100,7 @@ pub async fn post_message(
     .await
     .map_err(|e| ApiError::Internal(e.to_string()))??;
     let commit = prompt.commit.to_string();
+    state.note_branch_served(repo.id, &session.branch);
     if body.dry_run {
         return Ok(HttpResponse::Ok().json(json!({
             "object": "session.prompt",

@@ -15,6 +15,7 @@ use uuid::Uuid;
 
 use crate::model::{Plan, Tenant, TenantId, UsageRecord};
 
+pub mod fanout;
 mod reports;
 mod repos;
 mod sessions;

@@ -190,11 +190,18 @@ impl Store {
         Ok(done.rows_affected() == 1)
     }
 
-    /// Records what a push invalidated (inside the delivery's transaction).
-    pub async fn record_invalidation(tx: &mut sqlx::PgConnection, inv: &Invalidation) -> Result<(), StoreError> {
-        sqlx::query(
+    /// Records what a push invalidated (inside the delivery's transaction) and notifies every
+    /// replica listening on [`super::fanout::CHANNEL`]; Postgres delivers the notice when the
+    /// transaction commits, and never if it rolls back. `origin` names the recording replica,
+    /// which has applied the push already. Returns the invalidation's id.
+    pub async fn record_invalidation(
+        tx: &mut sqlx::PgConnection,
+        inv: &Invalidation,
+        origin: Uuid,
+    ) -> Result<i64, StoreError> {
+        let id: i64 = sqlx::query_scalar(
             "INSERT INTO invalidations (repo_id, delivery_id, ref, before, after, paths, evicted_tokens, prewarmed) \
-             VALUES ($1, $2, $3, $4, $5, $6, $7, $8)",
+             VALUES ($1, $2, $3, $4, $5, $6, $7, $8) RETURNING id",
         )
         .bind(inv.repo)
         .bind(&inv.delivery_id)
@@ -204,9 +211,15 @@ impl Store {
         .bind(&inv.paths)
         .bind(inv.evicted_tokens)
         .bind(inv.prewarmed)
-        .execute(tx)
+        .fetch_one(&mut *tx)
         .await?;
-        Ok(())
+        let notice = super::fanout::Notice { id, origin };
+        sqlx::query("SELECT pg_notify($1, $2)")
+            .bind(super::fanout::CHANNEL)
+            .bind(serde_json::to_string(&notice).expect("a notice serializes"))
+            .execute(&mut *tx)
+            .await?;
+        Ok(id)
     }
 
     /// A repository's invalidations, newest first (at most `limit`).
@@ -217,7 +230,7 @@ impl Store {
         limit: i64,
     ) -> Result<Vec<Invalidation>, StoreError> {
         let rows: Vec<InvalidationRow> = sqlx::query_as(
-            "SELECT i.repo_id, i.delivery_id, i.ref AS git_ref, i.before, i.after, i.paths, i.evicted_tokens, \
+            "SELECT i.id, i.repo_id, i.delivery_id, i.ref AS git_ref, i.before, i.after, i.paths, i.evicted_tokens, \
              i.prewarmed FROM invalidations i JOIN repositories r ON r.id = i.repo_id \
              WHERE i.repo_id = $1 AND r.tenant_id = $2 ORDER BY i.id DESC LIMIT $3",
         )
@@ -226,24 +239,13 @@ impl Store {
         .bind(limit.max(0))
         .fetch_all(self.pool())
         .await?;
-        Ok(rows
-            .into_iter()
-            .map(|r| Invalidation {
-                repo: r.repo_id,
-                delivery_id: r.delivery_id,
-                git_ref: r.git_ref,
-                before: r.before,
-                after: r.after,
-                paths: r.paths,
-                evicted_tokens: r.evicted_tokens,
-                prewarmed: r.prewarmed,
-            })
-            .collect())
+        Ok(rows.into_iter().map(Invalidation::from).collect())
     }
 }
 
 #[derive(sqlx::FromRow)]
-struct InvalidationRow {
+pub(super) struct InvalidationRow {
+    pub id: i64,
     repo_id: Uuid,
     delivery_id: String,
     git_ref: String,
@@ -252,4 +254,19 @@ struct InvalidationRow {
     paths: Vec<String>,
     evicted_tokens: i64,
     prewarmed: i32,
+}
+
+impl From<InvalidationRow> for Invalidation {
+    fn from(r: InvalidationRow) -> Invalidation {
+        Invalidation {
+            repo: r.repo_id,
+            delivery_id: r.delivery_id,
+            git_ref: r.git_ref,
+            before: r.before,
+            after: r.after,
+            paths: r.paths,
+            evicted_tokens: r.evicted_tokens,
+            prewarmed: r.prewarmed,
+        }
+    }
 }

@@ -4,6 +4,7 @@
 
 use crate::helpers::*;
 use serde_json::{json, Value};
+use std::time::Duration;
 
 const LIB: &str = "pub mod cart;\npub mod price;\n\npub use cart::Cart;\n";
 const PRICE: &str = "/// A price in cents.\n#[derive(Clone, Copy)]\npub struct Price(pub u64);\n\nimpl Price {\n    pub fn cents(self) -> u64 {\n        self.0\n    }\n}\n";
@@ -335,4 +336,68 @@ async fn sessions_and_their_prompts_survive_a_restart() {
     assert_eq!(history["turns"], history_after["turns"]);
     let v = ask(&again, &token, &session, "And Price?").await;
     assert_eq!(v["cachet"]["turn"], 2);
+}
+
+#[tokio::test]
+async fn a_push_to_one_replica_reaches_the_cache_of_another() {
+    // Two replicas on one database (as behind a proxy), each with its own engine and mirrors,
+    // reading the same repository source.
+    let a = spawn_app().await;
+    let sources = a.sources();
+    let url = a.database_url.clone();
+    let data = tempfile::tempdir().unwrap();
+    let mut s = settings(&url, data.path());
+    s.context.allowed_root = sources;
+    let b = spawn_settings(s, data, url.clone()).await;
+    // A third replica that never serves this repository.
+    let data = tempfile::tempdir().unwrap();
+    let mut s = settings(&url, data.path());
+    s.context.allowed_root = a.sources();
+    let c = spawn_settings(s, data, url).await;
+    assert_ne!(a.state.replica, b.state.replica);
+    for (app, replica) in [(&a, a.state.replica), (&b, b.state.replica), (&c, c.state.replica)] {
+        let r = app.client.get(format!("{}/healthz", app.address)).send().await.unwrap();
+        assert_eq!(r.headers()["x-cachet-replica"].to_str().unwrap(), replica.to_string());
+    }
+
+    let (_, token) = a.tenant("acme").await;
+    let repo = a.register(&token, shop(&a, "shop")).await;
+    let session = a.session(&token, &repo).await;
+    // The session's turns run on B, so B's cache holds the repository context.
+    ask(&b, &token, &session, "What does Cart do?").await;
+    let engine_b = b.state.served.get().unwrap().engine.clone();
+    let invalidated_before = engine_b.snapshot().await.unwrap().invalidated_slots;
+
+    // The push webhook reaches A.
+    let after = repo.source.commit(&[("src/cart.rs", Some(CART_V3))], "cart: rename total").unwrap().to_string();
+    let pushed: Value = a.push_hook(&repo, &repo.head, &after, None).await.json().await.unwrap();
+    assert_eq!(pushed["changed_paths"], json!(["src/cart.rs"]), "{pushed}");
+
+    // B hears of it through Postgres: its stale span of src/cart.rs is freed …
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    while engine_b.snapshot().await.unwrap().invalidated_slots == invalidated_before {
+        assert!(std::time::Instant::now() < deadline, "replica B never invalidated the changed file");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    // … and the new context is pre-warmed in B's cache: the next turn on B reuses all of it.
+    b.engine_idle().await;
+    let dry = b.dry_run(&token, &session, "And now?").await;
+    let context = dry["context_tokens"].as_u64().unwrap();
+    let v = ask(&b, &token, &session, "And now?").await;
+    assert_eq!(v["cachet"]["commit"], after);
+    assert_eq!(cached(&v), context, "B pre-warmed the whole new repository context");
+
+    // C applied the push too (its mirror has the new commit) but computed nothing for it: it
+    // serves no session on the branch.
+    let from_elsewhere = |app: &TestApp| app.state.pushes_from_elsewhere.load(std::sync::atomic::Ordering::Relaxed);
+    while from_elsewhere(&c) == 0 {
+        assert!(std::time::Instant::now() < deadline, "replica C never applied the push");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert_eq!((from_elsewhere(&a), from_elsewhere(&b), from_elsewhere(&c)), (0, 1, 1));
+    let id = cachet_api::context::mirror_id(repo.id.parse().unwrap());
+    c.state.repos.store.mirror(&id).unwrap().resolve(&after).unwrap();
+    c.engine_idle().await;
+    let snapshot = c.state.served.get().unwrap().engine.snapshot().await.unwrap();
+    assert_eq!((snapshot.cached_slots, snapshot.finished), (0, 0), "C pre-warmed nothing: {snapshot:?}");
 }

@@ -1,0 +1,98 @@
+//! Invalidation fan-out through LISTEN/NOTIFY: another replica's invalidations arrive, one's own
+//! do not, a rolled-back one never does, and after the listening connection is killed the
+//! listener reconnects and catches up on what was recorded meanwhile.
+
+mod common;
+
+use cachet_tenants::store::{Invalidation, NewRepository};
+use cachet_tenants::{Plan, Store};
+use common::fresh_store;
+use std::time::Duration;
+use uuid::Uuid;
+
+async fn repo(store: &Store) -> Uuid {
+    let tenant = store.create_tenant("acme", &Plan::default()).await.unwrap();
+    let new = NewRepository {
+        id: Uuid::new_v4(),
+        tenant: tenant.id,
+        name: "shop",
+        source: "/srv/git/shop",
+        default_branch: "main",
+        webhook_secret: "whsec_0123456789abcdef0123456789abcdef",
+        options: &serde_json::json!({}),
+    };
+    store.create_repository(&new).await.unwrap().id
+}
+
+fn push(repo: Uuid, delivery: &str) -> Invalidation {
+    Invalidation {
+        repo,
+        delivery_id: delivery.into(),
+        git_ref: "refs/heads/main".into(),
+        before: "a".repeat(40),
+        after: "b".repeat(40),
+        paths: vec!["src/cart.rs".into()],
+        evicted_tokens: 12,
+        prewarmed: 1,
+    }
+}
+
+async fn record(store: &Store, inv: &Invalidation, origin: Uuid, commit: bool) {
+    let mut tx = store.pool().begin().await.unwrap();
+    Store::record_invalidation(&mut tx, inv, origin).await.unwrap();
+    if commit {
+        tx.commit().await.unwrap();
+    } else {
+        tx.rollback().await.unwrap();
+    }
+}
+
+async fn next(l: &mut cachet_tenants::store::fanout::InvalidationListener) -> Vec<String> {
+    let got = tokio::time::timeout(Duration::from_secs(20), l.next()).await.expect("an invalidation in time");
+    got.unwrap().into_iter().map(|i| i.delivery_id).collect()
+}
+
+#[tokio::test]
+async fn other_replicas_invalidations_arrive_own_and_rolled_back_ones_do_not() {
+    let store = fresh_store().await;
+    let repo = repo(&store).await;
+    let (me, other) = (Uuid::new_v4(), Uuid::new_v4());
+    record(&store, &push(repo, "before-listening"), other, true).await;
+    let mut l = store.listen_invalidations(me).await.unwrap();
+
+    record(&store, &push(repo, "mine"), me, true).await;
+    record(&store, &push(repo, "rolled-back"), other, false).await;
+    record(&store, &push(repo, "theirs"), other, true).await;
+    let got = next(&mut l).await;
+    assert_eq!(got, ["theirs"]);
+    let inv = tokio::time::timeout(Duration::from_millis(300), l.next()).await;
+    assert!(inv.is_err(), "nothing else is pending: {inv:?}");
+}
+
+#[tokio::test]
+async fn after_the_connection_is_killed_the_listener_catches_up() {
+    let store = fresh_store().await;
+    let repo = repo(&store).await;
+    let (me, other) = (Uuid::new_v4(), Uuid::new_v4());
+    let mut l = store.listen_invalidations(me).await.unwrap();
+    record(&store, &push(repo, "one"), other, true).await;
+    assert_eq!(next(&mut l).await, ["one"]);
+
+    // Kill the listening connection (the only one that ran LISTEN), then record two pushes
+    // whose notices nobody hears.
+    let killed: Vec<bool> = sqlx::query_scalar(
+        "SELECT pg_terminate_backend(pid) FROM pg_stat_activity \
+         WHERE datname = current_database() AND query LIKE 'LISTEN%'",
+    )
+    .fetch_all(store.pool())
+    .await
+    .unwrap();
+    assert_eq!(killed, [true]);
+    record(&store, &push(repo, "two"), other, true).await;
+    record(&store, &push(repo, "three"), me, true).await;
+    // Both come back, in order (its own too: applying a push twice is harmless).
+    assert_eq!(next(&mut l).await, ["two", "three"]);
+    // And the new connection listens.
+    record(&store, &push(repo, "four"), other, true).await;
+    assert_eq!(next(&mut l).await, ["four"]);
+}
