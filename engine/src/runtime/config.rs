@@ -11,8 +11,9 @@ pub enum Policy {
     Fcfs,
     /// Longest cached prefix first (most reuse).
     Lpm,
-    /// Fair share across tenants (the tenant that has used the fewest tokens
-    /// goes next), then earliest SLO deadline, then longest cached prefix.
+    /// What can still meet its TTFT target first, then fair share across
+    /// tenants (the tenant that has used the fewest tokens goes next), then
+    /// earliest SLO deadline, then longest cached prefix.
     #[default]
     Slo,
 }

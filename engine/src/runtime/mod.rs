@@ -12,6 +12,8 @@ mod sched;
 mod seq;
 mod stats;
 mod step;
+#[cfg(test)]
+mod tests;
 
 pub use config::{EngineConfig, Policy, SloClass, SloTargets};
 pub use handle::{EngineHandle, RequestStream};
@@ -274,7 +276,7 @@ impl<B: Backend> Engine<B> {
         // any faster (and a refusal would leave the throughput estimate without new passes).
         let idle = self.running.is_empty() && self.waiting.iter().all(|w| w.req.prewarm);
         if !seq.req.prewarm && !idle && self.cfg.overload_factor > 0.0 {
-            let predicted = self.predict_ttft(&seq);
+            let predicted = self.predict_ttft(&seq, now);
             if predicted > targets.ttft.mul_f64(self.cfg.overload_factor) {
                 self.refuse(seq, predicted);
                 return;

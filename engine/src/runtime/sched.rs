@@ -3,11 +3,15 @@
 //!
 //! - `fcfs`: arrival order.
 //! - `lpm`: the longest cached prefix first (most reuse per step).
-//! - `slo` (default): fair share across tenants first — the tenant whose
-//!   virtual token counter (tokens processed for it) is lowest goes next, so
-//!   one tenant's burst cannot starve another — then, within the tenant, the
-//!   earliest deadline (arrival + TTFT target), higher priority, longest
-//!   cached prefix.
+//! - `slo` (default): requests that can still meet their TTFT target first
+//!   (those that cannot, even served alone from now, wait behind them and are
+//!   served after: under overload, earliest deadline first would otherwise
+//!   make every request late); among those, fair share across tenants — the
+//!   tenant whose virtual token counter (tokens processed for it) is lowest
+//!   goes next, so one tenant's burst cannot starve another — then, within
+//!   the tenant, the earliest deadline (arrival + TTFT target), higher
+//!   priority, longest cached prefix. Running prompts get their chunks in
+//!   the same order.
 //!
 //! Pre-warm requests always go last.
 
@@ -17,14 +21,45 @@ use super::Engine;
 use crate::radix::TenantKey;
 use cachet_kernels::backend::Backend;
 use std::cmp::Reverse;
-use std::time::Duration;
+use std::time::{Duration, Instant};
+
+/// A running prompt: its sequence id and tenant.
+pub(super) type Prompt = (u64, TenantKey);
+
+/// Whether a request that has `work` prompt tokens left can no longer produce its first token
+/// by its deadline, even if it were served alone from `now` at `rate` tokens per second. Never
+/// for pre-warm requests or requests past their first token (a retracted request resumes).
+fn hopeless(seq: &Seq, work: usize, now: Instant, rate: f64) -> bool {
+    if seq.req.prewarm || seq.first_token.is_some() {
+        return false;
+    }
+    now + Duration::from_secs_f64(work as f64 / rate) > seq.deadline
+}
 
 impl<B: Backend> Engine<B> {
     /// Index in `waiting` of the request to admit next.
-    pub(super) fn pick(&mut self) -> usize {
+    pub(super) fn pick(&mut self, now: Instant) -> usize {
         let prewarm_only = self.waiting.iter().all(|s| s.req.prewarm);
-        let candidates: Vec<usize> =
+        let mut candidates: Vec<usize> =
             (0..self.waiting.len()).filter(|&i| self.waiting[i].req.prewarm == prewarm_only).collect();
+        if self.cfg.policy == Policy::Slo {
+            // What can still meet its TTFT target goes first. Under overload, earliest deadline
+            // first would spend the engine on requests that are late anyway, and so make every
+            // later one late too; those wait (they are still served) behind the ones that can
+            // make it.
+            let rate = self.prefill_rate();
+            let hopeful: Vec<usize> = candidates
+                .iter()
+                .copied()
+                .filter(|&i| {
+                    let work = self.uncached(i);
+                    !hopeless(&self.waiting[i], work, now, rate)
+                })
+                .collect();
+            if !hopeful.is_empty() {
+                candidates = hopeful;
+            }
+        }
         match self.cfg.policy {
             Policy::Fcfs => {
                 *candidates.iter().min_by_key(|&&i| (self.waiting[i].arrival, self.waiting[i].id)).expect("non-empty")
@@ -64,6 +99,48 @@ impl<B: Backend> Engine<B> {
         self.cache.peek_prefix(&key)
     }
 
+    /// Tokens waiting request `i` still has to compute before its first token.
+    fn uncached(&mut self, i: usize) -> usize {
+        let len = self.waiting[i].tokens.len();
+        len - self.cached_prefix(i).min(len - 1)
+    }
+
+    /// Prompt tokens per second the engine computes now: what a pass carries beyond the decode
+    /// tokens, over what such a pass takes (pacing makes passes smaller while requests decode).
+    pub(super) fn prefill_rate(&self) -> f64 {
+        let decoding = self.running.iter().filter(|s| s.remaining() == 1).count();
+        let budget = self.step_budget();
+        match self.pace.seconds(budget) {
+            Some(secs) if secs > 0.0 => budget.saturating_sub(decoding).max(budget / 10).max(1) as f64 / secs,
+            _ => self.rate * (1.0 - decoding as f64 / budget as f64).max(0.1),
+        }
+        .max(1.0)
+    }
+
+    /// Running prompts in the order their next chunks are planned, as (can still meet the TTFT
+    /// target, cannot): oldest first, all in the first list, except under `slo`, where those
+    /// that can no longer make it come second and each list goes by deadline.
+    pub(super) fn prefill_order(&self, now: Instant) -> (Vec<Prompt>, Vec<Prompt>) {
+        let mut prefilling: Vec<&Seq> = self.running.iter().filter(|s| s.remaining() > 1).collect();
+        let mut late = Vec::new();
+        if self.cfg.policy == Policy::Slo {
+            let rate = self.prefill_rate();
+            prefilling.sort_by_key(|s| (s.deadline, s.id));
+            let (ok, hopeless_ones): (Vec<&Seq>, Vec<&Seq>) =
+                prefilling.into_iter().partition(|s| !hopeless(s, s.remaining(), now, rate));
+            prefilling = ok;
+            late = hopeless_ones;
+        }
+        let ids = |v: Vec<&Seq>| v.into_iter().map(|s| (s.id, s.req.tenant.clone())).collect();
+        (ids(prefilling), ids(late))
+    }
+
+    /// Whether waiting request `i` can no longer meet its TTFT target (see [`hopeless`]).
+    pub(super) fn hopeless_waiting(&mut self, i: usize, now: Instant) -> bool {
+        let (work, rate) = (self.uncached(i), self.prefill_rate());
+        hopeless(&self.waiting[i], work, now, rate)
+    }
+
     /// A tenant coming back from idle starts level with the least served
     /// active tenant instead of spending credit saved while away.
     pub(super) fn lift_vtc(&mut self, tenant: &TenantKey) {
@@ -89,11 +166,19 @@ impl<B: Backend> Engine<B> {
     /// first depends on the policy: under `fcfs` and `lpm` everything queued
     /// (for `lpm`, conservatively); under `slo`, its own tenant's requests
     /// with earlier deadlines, and from every other tenant about as much work
-    /// as its own tenant gets (fair share), plus unfinished prefills.
-    pub(super) fn predict_ttft(&mut self, seq: &Seq) -> Duration {
+    /// as its own tenant gets (fair share), plus unfinished prefills — but
+    /// requests that can no longer make their target do not count ahead of
+    /// one that can, and one that cannot waits for all that can.
+    pub(super) fn predict_ttft(&mut self, seq: &Seq, now: Instant) -> Duration {
         let key = seq.key(&mut self.cache, seq.tokens.len());
         let own = seq.tokens.len() - self.cache.peek_prefix(&key).min(seq.tokens.len() - 1);
+        let rate = self.prefill_rate();
+        // Under `slo`, a request that can still make its target goes before every one that
+        // cannot; one that cannot waits for all that can.
+        let slo = self.cfg.policy == Policy::Slo;
+        let me_hopeless = slo && hopeless(seq, own, now, rate);
         let mut mine = 0;
+        let mut before_me = 0;
         let mut others: std::collections::HashMap<TenantKey, usize> = std::collections::HashMap::new();
         for i in 0..self.waiting.len() {
             let (prewarm, deadline, len, tenant, id) = {
@@ -104,7 +189,13 @@ impl<B: Backend> Engine<B> {
                 continue;
             }
             let work = len - self.cached_prefix(i).min(len - 1);
-            if tenant == seq.req.tenant {
+            let its_hopeless = slo && hopeless(&self.waiting[i], work, now, rate);
+            if its_hopeless && !me_hopeless {
+                continue;
+            }
+            if me_hopeless && !its_hopeless {
+                before_me += work;
+            } else if tenant == seq.req.tenant {
                 if deadline <= seq.deadline {
                     mine += work;
                 }
@@ -112,20 +203,17 @@ impl<B: Backend> Engine<B> {
                 *others.entry(tenant).or_default() += work;
             }
         }
-        let ahead = match self.cfg.policy {
-            Policy::Slo => mine + others.values().map(|&w| w.min(mine + own)).sum::<usize>(),
-            Policy::Fcfs | Policy::Lpm => mine + others.values().sum::<usize>(),
-        };
-        let running: usize = self.running.iter().filter(|s| s.remaining() > 1).map(|s| s.remaining()).sum();
-        let decoding = self.running.iter().filter(|s| s.remaining() == 1).count();
-        // Prompt tokens per second: what a pass carries beyond the decode tokens, over what
-        // such a pass takes (pacing makes passes smaller while requests decode).
-        let budget = self.step_budget();
-        let rate = match self.pace.seconds(budget) {
-            Some(secs) if secs > 0.0 => budget.saturating_sub(decoding).max(budget / 10).max(1) as f64 / secs,
-            _ => self.rate * (1.0 - decoding as f64 / budget as f64).max(0.1),
-        }
-        .max(1.0);
+        let ahead = before_me
+            + match self.cfg.policy {
+                Policy::Slo => mine + others.values().map(|&w| w.min(mine + own)).sum::<usize>(),
+                Policy::Fcfs | Policy::Lpm => mine + others.values().sum::<usize>(),
+            };
+        let running: usize = self
+            .running
+            .iter()
+            .filter(|s| s.remaining() > 1 && (me_hopeless || !(slo && hopeless(s, s.remaining(), now, rate))))
+            .map(|s| s.remaining())
+            .sum();
         Duration::from_secs_f64((ahead + running + own) as f64 / rate)
     }
 }
@@ -151,7 +239,7 @@ impl<B: Backend> Engine<B> {
             let limit = self.cfg.targets(seq.req.slo).ttft.mul_f64(self.cfg.overload_factor);
             let waited = now.saturating_duration_since(seq.arrival);
             let seq = self.waiting.swap_remove(i);
-            let predicted = waited + self.predict_ttft(&seq);
+            let predicted = waited + self.predict_ttft(&seq, now);
             if predicted > limit {
                 self.refuse(seq, predicted);
             } else {

@@ -39,40 +39,16 @@ impl<B: Backend> Engine<B> {
                 budget -= 1;
             }
         }
-        // 2. Prefill chunks of sequences already running, oldest first.
-        let prefilling: Vec<(u64, TenantKey)> =
-            self.running.iter().filter(|s| s.remaining() > 1).map(|s| (s.id, s.req.tenant.clone())).collect();
-        for (id, tenant) in prefilling {
-            if budget == 0 {
-                break;
-            }
-            let remaining = self.running.iter().find(|s| s.id == id).map_or(0, |s| s.remaining());
-            let chunk = remaining.min(budget);
-            if !self.ensure_free(chunk, &tenant, now) {
-                continue;
-            }
-            let seq = self.running.iter_mut().find(|s| s.id == id).expect("listed above");
-            self.pool.allocate_into(chunk, &mut seq.slots).expect("ensure_free made room");
-            plan.push(Planned { seq: id, len: chunk, logits: chunk == remaining });
-            budget -= chunk;
-        }
-        // 3. Admit waiting requests in policy order while budget and memory last.
-        while budget > 0 && self.running.len() < self.cfg.max_running && !self.waiting.is_empty() {
-            let idx = self.pick();
-            let mut seq = self.waiting.swap_remove(idx);
-            self.admit(&mut seq, now);
-            let chunk = seq.remaining().min(budget);
-            if !self.ensure_free(chunk, &seq.req.tenant.clone(), now) {
-                // Not enough memory even after evicting: wait for running
-                // requests to finish.
-                self.release_kv(&mut seq, false);
-                self.waiting.push(seq);
-                break;
-            }
-            self.pool.allocate_into(chunk, &mut seq.slots).expect("ensure_free made room");
-            plan.push(Planned { seq: seq.id, len: chunk, logits: chunk == seq.remaining() });
-            budget -= chunk;
-            self.running.push(seq);
+        // 2. Prefill chunks of sequences already running, then 3. admit waiting requests in
+        // policy order while budget and memory last. Under `slo`, prompts that can no longer
+        // meet their TTFT target (hopeless) yield to everything that still can: hopeful running
+        // prompts, then hopeful admissions, then the hopeless running prompts, then the rest.
+        let (hopeful, hopeless) = self.prefill_order(now);
+        self.plan_prefills(hopeful, &mut plan, &mut budget, now);
+        let out_of_memory = self.admit_waiting(&mut plan, &mut budget, now, !hopeless.is_empty());
+        self.plan_prefills(hopeless, &mut plan, &mut budget, now);
+        if !out_of_memory {
+            self.admit_waiting(&mut plan, &mut budget, now, false);
         }
         if plan.is_empty() {
             // Nothing fits: running prefills are stuck on memory. Give one up
@@ -85,6 +61,57 @@ impl<B: Backend> Engine<B> {
         }
         self.run_plan(&plan, now);
         self.publish_stats();
+    }
+
+    /// Plans the next chunk of each listed running prompt while the budget lasts.
+    fn plan_prefills(
+        &mut self,
+        order: Vec<(u64, TenantKey)>,
+        plan: &mut Vec<Planned>,
+        budget: &mut usize,
+        now: Instant,
+    ) {
+        for (id, tenant) in order {
+            if *budget == 0 {
+                break;
+            }
+            let remaining = self.running.iter().find(|s| s.id == id).map_or(0, |s| s.remaining());
+            let chunk = remaining.min(*budget);
+            if !self.ensure_free(chunk, &tenant, now) {
+                continue;
+            }
+            let seq = self.running.iter_mut().find(|s| s.id == id).expect("listed above");
+            self.pool.allocate_into(chunk, &mut seq.slots).expect("ensure_free made room");
+            plan.push(Planned { seq: id, len: chunk, logits: chunk == remaining });
+            *budget -= chunk;
+        }
+    }
+
+    /// Admits waiting requests in policy order while budget, memory and `max_running` allow;
+    /// with `hopeful_only`, stops at the first that can no longer meet its TTFT target. True
+    /// when memory ran out (admitting more this step is pointless).
+    fn admit_waiting(&mut self, plan: &mut Vec<Planned>, budget: &mut usize, now: Instant, hopeful_only: bool) -> bool {
+        while *budget > 0 && self.running.len() < self.cfg.max_running && !self.waiting.is_empty() {
+            let idx = self.pick(now);
+            if hopeful_only && self.hopeless_waiting(idx, now) {
+                return false;
+            }
+            let mut seq = self.waiting.swap_remove(idx);
+            self.admit(&mut seq, now);
+            let chunk = seq.remaining().min(*budget);
+            if !self.ensure_free(chunk, &seq.req.tenant.clone(), now) {
+                // Not enough memory even after evicting: wait for running
+                // requests to finish.
+                self.release_kv(&mut seq, false);
+                self.waiting.push(seq);
+                return true;
+            }
+            self.pool.allocate_into(chunk, &mut seq.slots).expect("ensure_free made room");
+            plan.push(Planned { seq: seq.id, len: chunk, logits: chunk == seq.remaining() });
+            *budget -= chunk;
+            self.running.push(seq);
+        }
+        false
     }
 
     /// Matches the longest cached prefix (leaving at least one token to

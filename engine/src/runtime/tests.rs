@@ -1,0 +1,172 @@
+//! The engine itself (no thread), stepped by hand on a tiny random-weight model, with a made-up
+//! pass cost so that chunk sizes and admission order are exact.
+
+use super::pace::PassModel;
+use super::{request::Request, Engine, EngineConfig, Policy, SloTargets};
+use crate::generate::GenerateParams;
+use crate::kv_pool::PoolSize;
+use crate::radix::TenantKey;
+use crate::testing::{Tiny, TinyArch};
+use cachet_kernels::cpu::CpuBackend;
+use cachet_kernels::quant::DType;
+use std::time::Duration;
+
+fn engine(cfg: EngineConfig) -> Engine<CpuBackend> {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("tiny.gguf");
+    Tiny::random(TinyArch::Qwen2, 5, false).write_gguf(DType::Q8_0, &path).unwrap();
+    let backend = CpuBackend::new(1).unwrap();
+    let loaded = crate::loader::load(&path, &backend).unwrap();
+    Engine::build(backend, loaded, cfg).unwrap().0
+}
+
+fn cfg() -> EngineConfig {
+    EngineConfig {
+        pool: PoolSize::Tokens(4096),
+        overload_factor: 0.0,
+        min_prefill_chunk: 8,
+        interactive: SloTargets { ttft: Duration::from_secs(3), itl: Duration::from_millis(250) },
+        ..EngineConfig::default()
+    }
+}
+
+/// `fixed` seconds a pass plus `per_token` a token.
+fn cost(fixed: f64, per_token: f64) -> PassModel {
+    let mut m = PassModel::default();
+    for n in [1, 100, 1, 300] {
+        m.observe(n, fixed + per_token * n as f64);
+    }
+    m
+}
+
+/// 10 ms a pass plus 2 ms a token: 120 tokens fit in 250 ms.
+fn pass_cost() -> PassModel {
+    cost(0.010, 0.002)
+}
+
+/// Queues a request of `prompt` tokens (its event stream is dropped: nobody listens).
+fn submit(e: &mut Engine<CpuBackend>, prompt: usize, max_tokens: usize) -> u64 {
+    let params = GenerateParams { max_tokens, ignore_eos: true, ..Default::default() };
+    let tokens = (0..prompt as u32).map(|i| (i * 7 + 3 + prompt as u32) % 300).collect();
+    let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
+    std::mem::forget(rx);
+    let id = e.next_id;
+    e.submit(Request::new(TenantKey::new("t"), tokens, params), tx);
+    id
+}
+
+fn computed(e: &Engine<CpuBackend>, id: u64) -> usize {
+    e.running.iter().find(|s| s.id == id).map_or(0, |s| s.computed)
+}
+
+/// A decodes; B's 600-token prompt arrives; one step.
+fn chunk_next_to_a_decoder(cfg: EngineConfig, cost: PassModel) -> (usize, usize) {
+    let mut e = engine(cfg);
+    let a = submit(&mut e, 10, 1000);
+    e.step();
+    assert!(e.running[0].first_token.is_some(), "A decodes after one step");
+    let b = submit(&mut e, 600, 4);
+    e.pace = cost;
+    let before = e.running[0].generated();
+    e.step();
+    assert_eq!(e.running.iter().find(|s| s.id == a).unwrap().generated(), before + 1, "A got its token");
+    (computed(&e, b), e.step_budget())
+}
+
+#[test]
+fn a_prompt_next_to_a_decoder_comes_in_chunks_that_fit_the_inter_token_target() {
+    let (chunk, _) = chunk_next_to_a_decoder(cfg(), pass_cost());
+    // (250 − 10) / 2 = 120 tokens in the pass, one of them A's.
+    assert_eq!(chunk, 119);
+}
+
+#[test]
+fn without_pacing_the_prompt_fills_the_token_budget() {
+    let (chunk, budget) = chunk_next_to_a_decoder(EngineConfig { pace_prefill: false, ..cfg() }, pass_cost());
+    assert_eq!(chunk, 511);
+    assert_eq!(budget, 512);
+}
+
+#[test]
+fn when_decoders_alone_fill_the_target_prompts_still_move() {
+    let (chunk, _) = chunk_next_to_a_decoder(cfg(), cost(0.300, 0.002));
+    assert_eq!(chunk, 8, "min_prefill_chunk");
+}
+
+#[test]
+fn batch_decoders_allow_bigger_chunks_and_no_decoder_means_the_full_budget() {
+    let batch =
+        EngineConfig { interactive: SloTargets { ttft: Duration::from_secs(3), itl: Duration::from_secs(1) }, ..cfg() };
+    let (chunk, _) = chunk_next_to_a_decoder(batch, pass_cost());
+    assert_eq!(chunk, 494, "(1000 − 10) / 2 = 495 tokens, one of them A's");
+
+    let mut e = engine(cfg());
+    let b = submit(&mut e, 600, 4);
+    e.pace = pass_cost();
+    e.step();
+    assert_eq!(computed(&e, b), 512);
+}
+
+/// 10 ms a prompt token: 600 tokens take 6 s (past the 3 s TTFT target), 50 take 0.5 s.
+fn slow() -> PassModel {
+    cost(0.0, 0.010)
+}
+
+/// `late` (600 tokens) arrives first, `fine` (50 tokens) second; one step with a 64-token budget.
+fn admission_order(policy: Policy) -> (usize, usize) {
+    let mut e = engine(EngineConfig { policy, token_budget: 64, pace_prefill: false, ..cfg() });
+    let late = submit(&mut e, 600, 4);
+    let fine = submit(&mut e, 50, 4);
+    e.pace = slow();
+    e.step();
+    (computed(&e, late), computed(&e, fine))
+}
+
+#[test]
+fn under_slo_a_request_that_can_still_make_it_goes_before_a_hopeless_one() {
+    // Earliest deadline first would start `late` (it arrived first); it cannot make its target
+    // anyway, so `fine` goes first and `late` gets what is left of the budget.
+    assert_eq!(admission_order(Policy::Slo), (14, 50));
+    assert_eq!(admission_order(Policy::Fcfs), (64, 0));
+}
+
+#[test]
+fn a_hopeless_running_prompt_yields_its_chunk_to_a_new_one_that_can_make_it() {
+    let mut e = engine(EngineConfig { token_budget: 64, pace_prefill: false, ..cfg() });
+    let late = submit(&mut e, 600, 4);
+    e.step();
+    assert_eq!(computed(&e, late), 64);
+    let fine = submit(&mut e, 50, 4);
+    e.pace = slow();
+    e.step();
+    assert_eq!((computed(&e, late), computed(&e, fine)), (64 + 14, 50));
+    // Once nobody else can make it, the hopeless prompt gets the whole budget again.
+    e.pace = slow();
+    e.step();
+    assert_eq!(computed(&e, late), 64 + 14 + 63, "one token of the pass is fine's first decode step");
+    // Nothing is dropped: both finish.
+    for _ in 0..100 {
+        if e.running.is_empty() && e.waiting.is_empty() {
+            break;
+        }
+        e.step();
+    }
+    assert!(e.running.is_empty() && e.waiting.is_empty());
+    assert_eq!(e.stats.finished, 2);
+}
+
+#[test]
+fn admission_control_does_not_count_hopeless_requests_ahead_of_one_that_can_make_it() {
+    // Refuse what is predicted past 2 × 3 s. `late` (590 tokens, 5.9 s alone) is queued; `fine`
+    // (50 tokens, 0.5 s) would be predicted at 6.4 s behind it under earliest deadline first,
+    // but under `slo` it goes first, so it is predicted at 0.5 s and accepted.
+    let admitted = |policy| {
+        let mut e = engine(EngineConfig { policy, overload_factor: 2.0, pace_prefill: false, ..cfg() });
+        e.pace = slow();
+        submit(&mut e, 590, 4);
+        submit(&mut e, 50, 4);
+        (e.waiting.len(), e.stats.refused)
+    };
+    assert_eq!(admitted(Policy::Slo), (2, 0));
+    assert_eq!(admitted(Policy::Fcfs), (1, 1));
+}
