@@ -1,11 +1,17 @@
-//! Applies the pushes other replicas received: every replica on the same database keeps its own
-//! engine, so a push that one of them recorded must reach the others' caches too (invalidate
-//! the changed files' spans, pre-warm the branch's context). The notices travel through Postgres
-//! `LISTEN`/`NOTIFY` (`cachet_tenants::store::fanout`).
+//! Applies what other replicas (or the command line) changed: every replica on the same
+//! database keeps its own engine and mirrors, so a push that one of them received must reach the
+//! others' caches (invalidate the changed files' spans, pre-warm a branch served here), a deleted
+//! tenant's cache namespace must be purged everywhere, and a deleted repository's mirror removed
+//! everywhere. The notices travel through Postgres `LISTEN`/`NOTIFY`
+//! (`cachet_tenants::store::fanout`).
 
+use crate::context::mirror_id;
 use crate::routes::webhooks::{apply, Push, Received};
 use crate::state::AppState;
 use actix_web::web;
+use cachet_context::ContextError;
+use cachet_engine::radix::TenantKey;
+use cachet_tenants::store::fanout::Change;
 use cachet_tenants::store::Invalidation;
 use std::time::Duration;
 
@@ -13,10 +19,10 @@ use std::time::Duration;
 pub async fn run(state: web::Data<AppState>) {
     let mut pause = Duration::from_millis(500);
     let mut listener = loop {
-        match state.store.listen_invalidations(state.replica).await {
+        match state.store.listen_changes(state.replica).await {
             Ok(l) => break l,
             Err(e) => {
-                tracing::warn!("cannot listen for other replicas' invalidations yet: {e}");
+                tracing::warn!("cannot listen for other replicas' changes yet: {e}");
                 tokio::time::sleep(pause).await;
                 pause = (pause * 2).min(Duration::from_secs(30));
             }
@@ -25,14 +31,34 @@ pub async fn run(state: web::Data<AppState>) {
     pause = Duration::from_millis(500);
     loop {
         match listener.next().await {
-            Ok(invalidations) => {
+            Ok(changes) => {
                 pause = Duration::from_millis(500);
-                for inv in invalidations {
-                    apply_remote(&state, &inv).await;
+                for change in changes {
+                    let kind = match &change {
+                        Change::Invalidation(inv) => {
+                            apply_push(&state, inv).await;
+                            "push"
+                        }
+                        Change::TenantDeleted(tenant) => {
+                            state.tenants.forget(*tenant);
+                            state.shares.lock().unwrap_or_else(|e| e.into_inner()).remove(tenant);
+                            if let Some(served) = state.served.get() {
+                                served.engine.purge_tenant(TenantKey::new(tenant.to_string()));
+                            }
+                            tracing::info!(%tenant, "a deleted tenant's cache purged");
+                            "tenant_deleted"
+                        }
+                        Change::RepositoryDeleted(repo) => {
+                            remove_mirror(&state, *repo).await;
+                            "repository_deleted"
+                        }
+                    };
+                    metrics::counter!("cachet:replica_changes_total", "kind" => kind).increment(1);
+                    state.changes_applied.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
                 }
             }
             Err(e) => {
-                tracing::warn!("listening for other replicas' invalidations: {e}");
+                tracing::warn!("listening for other replicas' changes: {e}");
                 tokio::time::sleep(pause).await;
                 pause = (pause * 2).min(Duration::from_secs(30));
             }
@@ -40,9 +66,9 @@ pub async fn run(state: web::Data<AppState>) {
     }
 }
 
-/// Applies one push that another replica recorded (counted once done, whatever the outcome);
-/// failures are logged (the cache stays correct without it: matching is token-exact).
-async fn apply_remote(state: &web::Data<AppState>, inv: &Invalidation) {
+/// Applies one push that another replica recorded; failures are logged (the cache stays
+/// correct without it: matching is token-exact).
+async fn apply_push(state: &web::Data<AppState>, inv: &Invalidation) {
     let Some(branch) = inv.git_ref.strip_prefix("refs/heads/") else { return };
     let repo = match state.store.repository_for_webhook(inv.repo).await {
         Ok(Some(repo)) => repo,
@@ -53,15 +79,23 @@ async fn apply_remote(state: &web::Data<AppState>, inv: &Invalidation) {
         }
     };
     let push = Push { git_ref: inv.git_ref.clone(), before: inv.before.clone(), after: inv.after.clone() };
-    let result = apply(state, &repo, branch, &push, Received::Elsewhere).await;
-    state.pushes_from_elsewhere.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-    match result {
+    match apply(state, &repo, branch, &push, Received::Elsewhere).await {
         Ok(applied) => {
-            metrics::counter!("cachet:replica_invalidations_total").increment(1);
             tracing::info!(repo = %repo.id, branch, delivery = inv.delivery_id, paths = applied.paths.len(),
                            evicted = applied.evicted, prewarmed = applied.prewarmed,
                            "applied a push another replica received");
         }
         Err(e) => tracing::warn!(repo = %repo.id, delivery = inv.delivery_id, "a push from another replica: {e}"),
+    }
+}
+
+/// Removes a deleted repository's mirror here, if this replica has one.
+async fn remove_mirror(state: &web::Data<AppState>, repo: uuid::Uuid) {
+    let repos = state.repos.clone();
+    match web::block(move || repos.store.remove(&mirror_id(repo))).await {
+        Ok(Ok(())) => tracing::info!(%repo, "a deleted repository's mirror removed"),
+        Ok(Err(ContextError::NotFound(_))) => {}
+        Ok(Err(e)) => tracing::warn!(%repo, "removing a deleted repository's mirror: {e}"),
+        Err(e) => tracing::warn!(%repo, "removing a deleted repository's mirror: {e}"),
     }
 }

@@ -215,7 +215,7 @@ impl Application {
             busy: Default::default(),
             replica: uuid::Uuid::new_v4(),
             branches_served: Default::default(),
-            pushes_from_elsewhere: Default::default(),
+            changes_applied: Default::default(),
         });
         let sweeper = tokio::spawn(crate::sweeper::run(state.clone()));
         let fanout = tokio::spawn(crate::fanout::run(state.clone()));

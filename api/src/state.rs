@@ -49,8 +49,8 @@ pub struct AppState {
     /// When this replica last assembled a prompt on each (repository, branch): a push another
     /// replica received is pre-warmed here only where this replica serves the branch.
     pub branches_served: Mutex<std::collections::HashMap<(uuid::Uuid, String), std::time::Instant>>,
-    /// Pushes received by other replicas that this one has applied.
-    pub pushes_from_elsewhere: std::sync::atomic::AtomicU64,
+    /// Changes made elsewhere (pushes other replicas received, deletions) applied here.
+    pub changes_applied: std::sync::atomic::AtomicU64,
 }
 
 /// Holds a session's one turn in progress; dropping it ends the turn.

@@ -1,17 +1,23 @@
-//! Invalidation fan-out through LISTEN/NOTIFY: another replica's invalidations arrive, one's own
-//! do not, a rolled-back one never does, and after the listening connection is killed the
-//! listener reconnects and catches up on what was recorded meanwhile.
+//! Change fan-out through LISTEN/NOTIFY: another replica's invalidations arrive, one's own do
+//! not, a rolled-back one never does; deletions of tenants and repositories reach every replica;
+//! after the listening connection is killed the listener reconnects and catches up on what was
+//! recorded meanwhile.
 
 mod common;
 
+use cachet_tenants::store::fanout::{Change, ChangeListener};
 use cachet_tenants::store::{Invalidation, NewRepository};
-use cachet_tenants::{Plan, Store};
+use cachet_tenants::{Plan, Store, TenantId};
 use common::fresh_store;
 use std::time::Duration;
 use uuid::Uuid;
 
 async fn repo(store: &Store) -> Uuid {
-    let tenant = store.create_tenant("acme", &Plan::default()).await.unwrap();
+    repo_of(store, "acme").await.1
+}
+
+async fn repo_of(store: &Store, name: &str) -> (TenantId, Uuid) {
+    let tenant = store.create_tenant(name, &Plan::default()).await.unwrap();
     let new = NewRepository {
         id: Uuid::new_v4(),
         tenant: tenant.id,
@@ -21,7 +27,7 @@ async fn repo(store: &Store) -> Uuid {
         webhook_secret: "whsec_0123456789abcdef0123456789abcdef",
         options: &serde_json::json!({}),
     };
-    store.create_repository(&new).await.unwrap().id
+    (tenant.id, store.create_repository(&new).await.unwrap().id)
 }
 
 fn push(repo: Uuid, delivery: &str) -> Invalidation {
@@ -47,9 +53,29 @@ async fn record(store: &Store, inv: &Invalidation, origin: Uuid, commit: bool) {
     }
 }
 
-async fn next(l: &mut cachet_tenants::store::fanout::InvalidationListener) -> Vec<String> {
-    let got = tokio::time::timeout(Duration::from_secs(20), l.next()).await.expect("an invalidation in time");
-    got.unwrap().into_iter().map(|i| i.delivery_id).collect()
+/// The next changes, as short names: a push by its delivery id, deletions by kind.
+async fn next(l: &mut ChangeListener) -> Vec<String> {
+    let got = tokio::time::timeout(Duration::from_secs(20), l.next()).await.expect("a change in time");
+    got.unwrap()
+        .into_iter()
+        .map(|c| match c {
+            Change::Invalidation(i) => i.delivery_id,
+            Change::TenantDeleted(t) => format!("tenant {t}"),
+            Change::RepositoryDeleted(r) => format!("repo {r}"),
+        })
+        .collect()
+}
+
+/// Kills the listening connection (the only one that ran LISTEN).
+async fn kill_listener(store: &Store) {
+    let killed: Vec<bool> = sqlx::query_scalar(
+        "SELECT pg_terminate_backend(pid) FROM pg_stat_activity \
+         WHERE datname = current_database() AND query LIKE 'LISTEN%'",
+    )
+    .fetch_all(store.pool())
+    .await
+    .unwrap();
+    assert_eq!(killed, [true]);
 }
 
 #[tokio::test]
@@ -58,7 +84,7 @@ async fn other_replicas_invalidations_arrive_own_and_rolled_back_ones_do_not() {
     let repo = repo(&store).await;
     let (me, other) = (Uuid::new_v4(), Uuid::new_v4());
     record(&store, &push(repo, "before-listening"), other, true).await;
-    let mut l = store.listen_invalidations(me).await.unwrap();
+    let mut l = store.listen_changes(me).await.unwrap();
 
     record(&store, &push(repo, "mine"), me, true).await;
     record(&store, &push(repo, "rolled-back"), other, false).await;
@@ -74,20 +100,12 @@ async fn after_the_connection_is_killed_the_listener_catches_up() {
     let store = fresh_store().await;
     let repo = repo(&store).await;
     let (me, other) = (Uuid::new_v4(), Uuid::new_v4());
-    let mut l = store.listen_invalidations(me).await.unwrap();
+    let mut l = store.listen_changes(me).await.unwrap();
     record(&store, &push(repo, "one"), other, true).await;
     assert_eq!(next(&mut l).await, ["one"]);
 
-    // Kill the listening connection (the only one that ran LISTEN), then record two pushes
-    // whose notices nobody hears.
-    let killed: Vec<bool> = sqlx::query_scalar(
-        "SELECT pg_terminate_backend(pid) FROM pg_stat_activity \
-         WHERE datname = current_database() AND query LIKE 'LISTEN%'",
-    )
-    .fetch_all(store.pool())
-    .await
-    .unwrap();
-    assert_eq!(killed, [true]);
+    // Kill the listening connection, then record two pushes whose notices nobody hears.
+    kill_listener(&store).await;
     record(&store, &push(repo, "two"), other, true).await;
     record(&store, &push(repo, "three"), me, true).await;
     // Both come back, in order (its own too: applying a push twice is harmless).
@@ -95,4 +113,35 @@ async fn after_the_connection_is_killed_the_listener_catches_up() {
     // And the new connection listens.
     record(&store, &push(repo, "four"), other, true).await;
     assert_eq!(next(&mut l).await, ["four"]);
+}
+
+#[tokio::test]
+async fn deletions_reach_every_replica_the_deleting_one_too() {
+    let store = fresh_store().await;
+    let (tenant, repo) = repo_of(&store, "acme").await;
+    let mut l = store.listen_changes(Uuid::new_v4()).await.unwrap();
+    store.delete_repository(tenant, repo).await.unwrap().unwrap();
+    assert_eq!(next(&mut l).await, [format!("repo {repo}")]);
+    assert!(store.delete_repository(tenant, repo).await.unwrap().is_none(), "already deleted");
+    assert!(store.delete_tenant(tenant).await.unwrap());
+    assert!(!store.delete_tenant(tenant).await.unwrap());
+    // The second attempts changed nothing and announced nothing.
+    assert_eq!(next(&mut l).await, [format!("tenant {tenant}")]);
+    let more = tokio::time::timeout(Duration::from_millis(300), l.next()).await;
+    assert!(more.is_err(), "nothing else is pending: {more:?}");
+}
+
+#[tokio::test]
+async fn deletions_missed_while_disconnected_are_caught_up() {
+    let store = fresh_store().await;
+    let (tenant, repo) = repo_of(&store, "acme").await;
+    let (kept, _) = repo_of(&store, "globex").await;
+    let mut l = store.listen_changes(Uuid::new_v4()).await.unwrap();
+    kill_listener(&store).await;
+    store.delete_repository(tenant, repo).await.unwrap().unwrap();
+    store.delete_tenant(tenant).await.unwrap();
+    let mut got = next(&mut l).await;
+    got.sort();
+    assert_eq!(got, [format!("repo {repo}"), format!("tenant {tenant}")]);
+    assert!(!got.contains(&format!("tenant {kept}")));
 }

@@ -274,12 +274,19 @@ impl Store {
 
     /// Soft-deletes a tenant: its rows stay (the ledger is history) and its name becomes free.
     /// Returns `false` if the tenant is unknown or already deleted.
+    /// Every replica hears of it at commit (`fanout`) and purges the tenant's cache.
     pub async fn delete_tenant(&self, id: TenantId) -> Result<bool, StoreError> {
+        let mut tx = self.pool.begin().await?;
         let done = sqlx::query("UPDATE tenants SET deleted_at = now() WHERE id = $1 AND deleted_at IS NULL")
             .bind(id.0)
-            .execute(&self.pool)
+            .execute(&mut *tx)
             .await?;
-        Ok(done.rows_affected() == 1)
+        if done.rows_affected() != 1 {
+            return Ok(false);
+        }
+        fanout::notify(&mut tx, &fanout::Notice::TenantDeleted { tenant: id.0 }).await?;
+        tx.commit().await?;
+        Ok(true)
     }
 
     /// Replaces a live tenant's plan snapshot. Returns `false` if the tenant is unknown or deleted.

@@ -145,7 +145,8 @@ impl Store {
     }
 
     /// Soft-deletes a repository and closes its open sessions; returns the ids of the sessions
-    /// it closed, or `None` if the repository is unknown, deleted or another tenant's.
+    /// it closed, or `None` if the repository is unknown, deleted or another tenant's. Every
+    /// replica hears of it at commit (`fanout`) and removes its mirror.
     pub async fn delete_repository(&self, tenant: TenantId, id: Uuid) -> Result<Option<Vec<Uuid>>, StoreError> {
         let mut tx = self.pool().begin().await?;
         let done = sqlx::query(
@@ -164,6 +165,7 @@ impl Store {
         .bind(id)
         .fetch_all(&mut *tx)
         .await?;
+        super::fanout::notify(&mut tx, &super::fanout::Notice::RepositoryDeleted { repo: id }).await?;
         tx.commit().await?;
         Ok(Some(closed.into_iter().map(|(id,)| id).collect()))
     }
@@ -213,12 +215,7 @@ impl Store {
         .bind(inv.prewarmed)
         .fetch_one(&mut *tx)
         .await?;
-        let notice = super::fanout::Notice { id, origin };
-        sqlx::query("SELECT pg_notify($1, $2)")
-            .bind(super::fanout::CHANNEL)
-            .bind(serde_json::to_string(&notice).expect("a notice serializes"))
-            .execute(&mut *tx)
-            .await?;
+        super::fanout::notify(tx, &super::fanout::Notice::Invalidation { id, origin }).await?;
         Ok(id)
     }
 

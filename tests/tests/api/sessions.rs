@@ -360,7 +360,7 @@ async fn a_push_to_one_replica_reaches_the_cache_of_another() {
         assert_eq!(r.headers()["x-cachet-replica"].to_str().unwrap(), replica.to_string());
     }
 
-    let (_, token) = a.tenant("acme").await;
+    let (tenant, token) = a.tenant("acme").await;
     let repo = a.register(&token, shop(&a, "shop")).await;
     let session = a.session(&token, &repo).await;
     // The session's turns run on B, so B's cache holds the repository context.
@@ -389,15 +389,40 @@ async fn a_push_to_one_replica_reaches_the_cache_of_another() {
 
     // C applied the push too (its mirror has the new commit) but computed nothing for it: it
     // serves no session on the branch.
-    let from_elsewhere = |app: &TestApp| app.state.pushes_from_elsewhere.load(std::sync::atomic::Ordering::Relaxed);
-    while from_elsewhere(&c) == 0 {
-        assert!(std::time::Instant::now() < deadline, "replica C never applied the push");
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-    assert_eq!((from_elsewhere(&a), from_elsewhere(&b), from_elsewhere(&c)), (0, 1, 1));
+    let applied = |app: &TestApp| app.state.changes_applied.load(std::sync::atomic::Ordering::Relaxed);
+    let wait_applied = |app: &TestApp, n: u64, what: &str| {
+        let what = what.to_string();
+        let state = app.state.clone();
+        async move {
+            let deadline = std::time::Instant::now() + Duration::from_secs(30);
+            while state.changes_applied.load(std::sync::atomic::Ordering::Relaxed) < n {
+                assert!(std::time::Instant::now() < deadline, "{what}");
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+        }
+    };
+    wait_applied(&c, 1, "replica C never applied the push").await;
+    assert_eq!((applied(&a), applied(&b), applied(&c)), (0, 1, 1), "the push is not applied twice on A");
     let id = cachet_api::context::mirror_id(repo.id.parse().unwrap());
     c.state.repos.store.mirror(&id).unwrap().resolve(&after).unwrap();
     c.engine_idle().await;
     let snapshot = c.state.served.get().unwrap().engine.snapshot().await.unwrap();
     assert_eq!((snapshot.cached_slots, snapshot.finished), (0, 0), "C pre-warmed nothing: {snapshot:?}");
+
+    // Deleting the repository (through A) removes every replica's mirror.
+    let before = [applied(&a), applied(&b), applied(&c)];
+    let r = a.client.delete(format!("{}/v1/repos/{}", a.address, repo.id)).bearer_auth(&token).send().await.unwrap();
+    assert_eq!(r.status(), 200);
+    for ((app, name), n) in [(&a, "A"), (&b, "B"), (&c, "C")].into_iter().zip(before) {
+        wait_applied(app, n + 1, &format!("replica {name} never heard of the deleted repository")).await;
+        assert!(app.state.repos.store.mirror(&id).is_err(), "replica {name} still has the mirror");
+    }
+    // Deleting the tenant purges its cache namespace on every replica.
+    assert!(engine_b.snapshot().await.unwrap().cached_slots > 0);
+    let before = applied(&b);
+    let r =
+        a.client.delete(format!("{}/admin/tenants/{tenant}", a.address)).bearer_auth(OPERATOR).send().await.unwrap();
+    assert_eq!(r.status(), 204, "{}", r.text().await.unwrap());
+    wait_applied(&b, before + 1, "replica B never heard of the deleted tenant").await;
+    assert_eq!(engine_b.snapshot().await.unwrap().cached_slots, 0, "B purged the tenant's cache");
 }
