@@ -98,12 +98,13 @@ if [ "$SIDE_BY_SIDE" = 1 ]; then
 fi
 
 if [ "$EXPERIMENT" = 1 ]; then
-  # The same peak workload against four scheduler configurations, one server at a time.
-  run_config() { # label, then CACHET_* settings
+  # The same peak workload against four scheduler configurations (the last also with retrying clients), one server at a time.
+  run_config() { # label, then CACHET_* settings (RETRIES=n: clients retry refusals n times)
     local label=$1; shift
     start_cachet "$label" "$@"
     "$BENCH" run --target "cachet=http://127.0.0.1:$CACHET_PORT@$MODEL_ID" --api-key "$TOKEN" \
-      --scenario peak --seed "$SEED" --scale "$SCALE" --label "$label" --out "$OUT/experiment-$label"
+      --scenario peak --seed "$SEED" --scale "$SCALE" --label "$label" --out "$OUT/experiment-$label" \
+      --retries "${RETRIES:-0}"
     stop_cachet
   }
   run_config aggressive CACHET_ENGINE__POLICY=fcfs CACHET_ENGINE__TOKEN_BUDGET=4096 CACHET_ENGINE__MAX_RUNNING=64 \
@@ -112,8 +113,11 @@ if [ "$EXPERIMENT" = 1 ]; then
   # The SLO configuration without prefill pacing, to show what pacing alone changes.
   run_config slo-unpaced CACHET_ENGINE__POLICY=slo CACHET_ENGINE__PACE_PREFILL=false
   run_config slo CACHET_ENGINE__POLICY=slo
+  # The same, with clients that come back after Retry-After (up to 3 times), as SDKs do.
+  RETRIES=3 run_config slo-retry CACHET_ENGINE__POLICY=slo
   "$BENCH" report --in "$OUT/experiment-aggressive/results.json" --in "$OUT/experiment-baseline/results.json" \
-    --in "$OUT/experiment-slo-unpaced/results.json" --in "$OUT/experiment-slo/results.json" --out "$OUT/experiment"
+    --in "$OUT/experiment-slo-unpaced/results.json" --in "$OUT/experiment-slo/results.json" \
+    --in "$OUT/experiment-slo-retry/results.json" --out "$OUT/experiment"
   { echo; echo "## Scheduling experiment (peak)"; echo; cat "$OUT/experiment/results.md"; } >> "$OUT/summary.md"
 fi
 echo "wrote $OUT/summary.md" >&2

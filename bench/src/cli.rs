@@ -77,6 +77,10 @@ pub struct RunArgs {
     /// Per-request timeout (seconds).
     #[arg(long, default_value_t = 600)]
     pub timeout_s: u64,
+    /// Send a request refused with 429 or 503 again, up to this many times, after its
+    /// Retry-After (TTFT still counts from the first scheduled send).
+    #[arg(long, default_value_t = 0)]
+    pub retries: u32,
     /// The git repository prompts are cut from (default: the one containing the current directory).
     #[arg(long, default_value = ".")]
     pub source_repo: PathBuf,
@@ -203,6 +207,7 @@ async fn run(args: RunArgs) -> Result<(), BenchError> {
         source_repo: args.source_repo.clone(),
         warmup: !args.no_warmup,
         label: args.label.clone(),
+        retries: args.retries,
     };
     let workloads = {
         let corpus = SourceCorpus::open(&args.source_repo)?;

@@ -108,9 +108,12 @@ pub(crate) fn ms_since(origin: Instant, t: Instant) -> f64 {
 /// Sends `req` to `target` and times it.
 ///
 /// `origin` is the scenario's start and `scheduled` the instant the arrival
-/// process wanted the request sent (TTFT and e2e count from it). Never fails:
-/// HTTP errors, connection errors, timeouts, in-stream errors and streams
-/// that end without `[DONE]` are recorded in the record's `error`.
+/// process wanted the request sent (TTFT and e2e count from it, across
+/// retries). A 429 or 503 is retried up to `retries` times, after what its
+/// `Retry-After` says (1 s when it says nothing, at most 60 s), as a
+/// well-behaved client would, while the timeout allows. Never fails: HTTP
+/// errors, connection errors, timeouts, in-stream errors and streams that end
+/// without `[DONE]` are recorded in the record's `error`.
 pub async fn send(
     client: &reqwest::Client,
     target: &Target,
@@ -118,8 +121,10 @@ pub async fn send(
     origin: Instant,
     scheduled: Instant,
     timeout: Duration,
+    retries: u32,
 ) -> Outcome {
     let sent = Instant::now();
+    let deadline = sent + timeout;
     let mut record = RequestRecord {
         conversation: 0,
         turn: 0,
@@ -134,11 +139,25 @@ pub async fn send(
         cached_tokens: None,
         approx_prompt_tokens: req.approx_prompt_tokens(),
         status: None,
+        retries: 0,
         error: None,
     };
-    let (acc, error) = match tokio::time::timeout(timeout, stream(client, target, req, scheduled, &mut record)).await {
-        Ok(r) => r,
-        Err(_) => (StreamAccumulator::default(), Some(format!("timed out after {} s", timeout.as_secs_f64()))),
+    let (acc, error) = loop {
+        let left = deadline.saturating_duration_since(Instant::now());
+        let (acc, error, retry_after) =
+            match tokio::time::timeout(left, stream(client, target, req, scheduled, &mut record)).await {
+                Ok(r) => r,
+                Err(_) => {
+                    (StreamAccumulator::default(), Some(format!("timed out after {} s", timeout.as_secs_f64())), None)
+                }
+            };
+        match retry_after {
+            Some(wait) if record.retries < retries && Instant::now() + wait < deadline => {
+                record.retries += 1;
+                tokio::time::sleep(wait).await;
+            }
+            _ => break (acc, error),
+        }
     };
     let end = Instant::now();
     record.end_ms = ms_since(origin, end);
@@ -153,14 +172,25 @@ pub async fn send(
     Outcome { record, text }
 }
 
-/// The request and its stream; returns what was seen and the failure, if any.
+/// How long a 429 or 503 response asks the client to wait: its `Retry-After` in seconds
+/// (1 s when absent or not a number of seconds), at most 60 s. `None` for other statuses.
+pub fn retry_after(status: u16, header: Option<&str>) -> Option<Duration> {
+    if status != 429 && status != 503 {
+        return None;
+    }
+    let secs = header.and_then(|h| h.trim().parse::<f64>().ok()).filter(|s| s.is_finite() && *s >= 0.0).unwrap_or(1.0);
+    Some(Duration::from_secs_f64(secs.min(60.0)))
+}
+
+/// The request and its stream; returns what was seen, the failure, if any, and for a 429 or
+/// 503 how long to wait before trying again.
 async fn stream(
     client: &reqwest::Client,
     target: &Target,
     req: &ChatRequest,
     scheduled: Instant,
     record: &mut RequestRecord,
-) -> (StreamAccumulator, Option<String>) {
+) -> (StreamAccumulator, Option<String>, Option<Duration>) {
     let mut acc = StreamAccumulator::default();
     let mut http = client.post(target.chat_url()).json(&req.body(&target.model));
     if let Some(key) = &target.api_key {
@@ -168,20 +198,24 @@ async fn stream(
     }
     let response = match http.send().await {
         Ok(r) => r,
-        Err(e) => return (acc, Some(format!("request failed: {}", error_chain(&e)))),
+        Err(e) => return (acc, Some(format!("request failed: {}", error_chain(&e))), None),
     };
     let status = response.status();
     record.status = Some(status.as_u16());
     if !status.is_success() {
+        let wait = retry_after(
+            status.as_u16(),
+            response.headers().get(reqwest::header::RETRY_AFTER).and_then(|v| v.to_str().ok()),
+        );
         let body = response.text().await.unwrap_or_default();
-        return (acc, Some(format!("HTTP {status}: {}", body.chars().take(300).collect::<String>())));
+        return (acc, Some(format!("HTTP {status}: {}", body.chars().take(300).collect::<String>())), wait);
     }
     let mut decoder = SseDecoder::new();
     let mut bytes = response.bytes_stream();
     while let Some(piece) = bytes.next().await {
         let piece = match piece {
             Ok(p) => p,
-            Err(e) => return (acc, Some(format!("the stream broke: {}", error_chain(&e)))),
+            Err(e) => return (acc, Some(format!("the stream broke: {}", error_chain(&e))), None),
         };
         let at = ms_since(scheduled, Instant::now());
         for data in decoder.push(&piece) {
@@ -196,7 +230,7 @@ async fn stream(
         (None, false) => Some("the stream ended without [DONE]".to_string()),
         (None, true) => None,
     };
-    (acc, error)
+    (acc, error, None)
 }
 
 /// An error and its sources, joined with ": ".
@@ -238,5 +272,98 @@ mod tests {
         };
         assert!(!format!("{t:?}").contains("s3cret"));
         assert_eq!(t.chat_url(), "http://x/v1/chat/completions");
+    }
+
+    #[test]
+    fn retry_after_reads_seconds_and_caps_them() {
+        assert_eq!(retry_after(429, Some("3")), Some(Duration::from_secs(3)));
+        assert_eq!(retry_after(503, Some(" 0.5 ")), Some(Duration::from_millis(500)));
+        assert_eq!(retry_after(429, None), Some(Duration::from_secs(1)));
+        assert_eq!(retry_after(429, Some("Wed, 21 Oct 2026 07:28:00 GMT")), Some(Duration::from_secs(1)));
+        assert_eq!(retry_after(429, Some("-4")), Some(Duration::from_secs(1)));
+        assert_eq!(retry_after(429, Some("3600")), Some(Duration::from_secs(60)));
+        assert_eq!(retry_after(500, Some("3")), None);
+        assert_eq!(retry_after(400, None), None);
+    }
+
+    /// A server that refuses the first `refusals` requests with 429 (`Retry-After: 0`) and then
+    /// streams one token; returns its address and how many requests it saw.
+    async fn refusing_server(refusals: usize) -> (String, std::sync::Arc<std::sync::atomic::AtomicUsize>) {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = format!("http://{}", listener.local_addr().unwrap());
+        let seen = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        let count = seen.clone();
+        tokio::spawn(async move {
+            loop {
+                let Ok((mut sock, _)) = listener.accept().await else { return };
+                let n = count.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+                // Read the head and the body (the client sends a Content-Length).
+                let mut buf = Vec::new();
+                let mut chunk = [0u8; 4096];
+                while let Ok(k) = sock.read(&mut chunk).await {
+                    if k == 0 {
+                        break;
+                    }
+                    buf.extend_from_slice(&chunk[..k]);
+                    let text = String::from_utf8_lossy(&buf).to_string();
+                    if let Some(head_end) = text.find("\r\n\r\n") {
+                        let length = text[..head_end]
+                            .lines()
+                            .find_map(|l| {
+                                l.to_ascii_lowercase().strip_prefix("content-length:").map(|v| v.trim().to_string())
+                            })
+                            .and_then(|v| v.parse::<usize>().ok())
+                            .unwrap_or(0);
+                        if buf.len() >= head_end + 4 + length {
+                            break;
+                        }
+                    }
+                }
+                let reply = if n < refusals {
+                    "HTTP/1.1 429 Too Many Requests\r\nRetry-After: 0\r\nContent-Length: 2\r\nConnection: close\r\n\r\n{}"
+                        .to_string()
+                } else {
+                    let body = "data: {\"choices\":[{\"delta\":{\"content\":\"hi\"}}]}\n\ndata: [DONE]\n\n";
+                    format!(
+                        "HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+                        body.len()
+                    )
+                };
+                let _ = sock.write_all(reply.as_bytes()).await;
+                let _ = sock.shutdown().await;
+            }
+        });
+        (addr, seen)
+    }
+
+    #[tokio::test]
+    async fn a_refused_request_is_retried_and_timed_from_its_first_schedule() {
+        let req = ChatRequest { messages: vec![Message::new("user", "hi")], max_tokens: 1, ignore_eos: false };
+        let client = reqwest::Client::new();
+        let origin = Instant::now();
+        let t = |base_url: String| Target { name: "s".into(), base_url, model: "m".into(), api_key: None };
+
+        // Two refusals, two retries allowed: it completes on the third attempt.
+        let (addr, seen) = refusing_server(2).await;
+        let scheduled = Instant::now();
+        let out = send(&client, &t(addr), &req, origin, scheduled, Duration::from_secs(10), 2).await;
+        assert_eq!(out.record.error, None);
+        assert_eq!((out.record.retries, out.record.status), (2, Some(200)));
+        assert_eq!(seen.load(std::sync::atomic::Ordering::SeqCst), 3);
+        assert_eq!(out.text, "hi");
+        assert!(out.record.ttft_ms.unwrap() <= out.record.e2e_ms);
+
+        // One retry allowed: the second refusal is the answer.
+        let (addr, seen) = refusing_server(2).await;
+        let out = send(&client, &t(addr), &req, origin, Instant::now(), Duration::from_secs(10), 1).await;
+        assert_eq!((out.record.retries, out.record.status), (1, Some(429)));
+        assert!(out.record.error.as_deref().unwrap().starts_with("HTTP 429"), "{:?}", out.record.error);
+        assert_eq!(seen.load(std::sync::atomic::Ordering::SeqCst), 2);
+
+        // Without retries, as before.
+        let (addr, _) = refusing_server(1).await;
+        let out = send(&client, &t(addr), &req, origin, Instant::now(), Duration::from_secs(10), 0).await;
+        assert_eq!((out.record.retries, out.record.status), (0, Some(429)));
     }
 }

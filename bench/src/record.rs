@@ -53,8 +53,11 @@ pub struct RequestRecord {
     pub cached_tokens: Option<u64>,
     /// The client's estimate of the prompt's size (characters / 4).
     pub approx_prompt_tokens: u64,
-    /// HTTP status, when a response arrived.
+    /// HTTP status, when a response arrived (of the last attempt).
     pub status: Option<u16>,
+    /// Attempts repeated after a 429 or 503 (with `--retries`), waiting what `Retry-After` said.
+    #[serde(default)]
+    pub retries: u32,
     /// Why it failed; `None` for a completed request.
     pub error: Option<String>,
 }

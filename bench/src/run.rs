@@ -31,10 +31,13 @@ pub struct RunOptions {
     pub warmup: bool,
     /// A free-form label stored with the results ("cachet lpm", ...).
     pub label: Option<String>,
+    /// Times a request refused with 429 or 503 is sent again after its `Retry-After`.
+    pub retries: u32,
 }
 
 impl Default for RunOptions {
-    /// Seed 0, default SLOs, 600 s timeout, the current directory's repository, warm-up on.
+    /// Seed 0, default SLOs, 600 s timeout, the current directory's repository, warm-up on, no
+    /// retries.
     fn default() -> RunOptions {
         RunOptions {
             seed: 0,
@@ -43,6 +46,7 @@ impl Default for RunOptions {
             source_repo: PathBuf::from("."),
             warmup: true,
             label: None,
+            retries: 0,
         }
     }
 }
@@ -125,7 +129,7 @@ pub async fn run_scenario(
 pub async fn warmup(client: &reqwest::Client, target: &Target, timeout: Duration) -> Result<(), BenchError> {
     let req = ChatRequest { messages: vec![Message::new("user", "Say hello.")], max_tokens: 4, ignore_eos: true };
     let now = Instant::now();
-    let out = send(client, target, &req, now, now, timeout).await;
+    let out = send(client, target, &req, now, now, timeout, 3).await;
     match out.record.error {
         None => Ok(()),
         Some(message) => Err(BenchError::Warmup { target: target.name.clone(), message }),
@@ -146,6 +150,7 @@ pub async fn run_workload(
         target,
         workload,
         timeout: opts.timeout,
+        retries: opts.retries,
         origin,
         in_flight: match &workload.spec.arrival {
             Arrival::Open { max_in_flight: Some(n), .. } => Some(Semaphore::new(*n)),
@@ -203,6 +208,7 @@ struct Runner<'a> {
     target: &'a Target,
     workload: &'a Workload,
     timeout: Duration,
+    retries: u32,
     origin: Instant,
     in_flight: Option<Semaphore>,
 }
@@ -230,7 +236,8 @@ impl Runner<'_> {
                 Some(s) => s.acquire().await.ok(),
                 None => None,
             };
-            let outcome = send(self.client, self.target, &req, self.origin, scheduled, self.timeout).await;
+            let outcome =
+                send(self.client, self.target, &req, self.origin, scheduled, self.timeout, self.retries).await;
             drop(permit);
             let mut record = outcome.record;
             record.conversation = i;
@@ -266,6 +273,7 @@ fn not_sent(conversation: usize, turn: usize, now_ms: f64, failed: usize) -> Req
         cached_tokens: None,
         approx_prompt_tokens: 0,
         status: None,
+        retries: 0,
         error: Some(format!("not sent: turn {failed} of this conversation failed")),
     }
 }

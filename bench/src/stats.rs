@@ -102,6 +102,9 @@ pub struct Summary {
     /// Sum of cached tokens / sum of prompt tokens over the completed requests
     /// that report both; `None` when none does.
     pub cached_ratio: Option<f64>,
+    /// Attempts repeated after a 429 or 503, over all requests.
+    #[serde(default)]
+    pub retries: u64,
 }
 
 /// Summarises `records` against `slo`.
@@ -131,6 +134,7 @@ pub fn summarize(records: &[RequestRecord], slo: &Slo) -> Summary {
         prompt_tokens: done.iter().filter_map(|r| r.prompt_tokens).sum(),
         output_tokens,
         cached_ratio: cached_ratio(&done),
+        retries: records.iter().map(|r| u64::from(r.retries)).sum(),
     }
 }
 
@@ -222,6 +226,7 @@ mod tests {
             cached_tokens: cached,
             approx_prompt_tokens: 0,
             status: Some(200),
+            retries: 0,
             error: None,
         }
     }
@@ -229,6 +234,7 @@ mod tests {
     fn failed(sent: f64, end: f64) -> RequestRecord {
         RequestRecord {
             status: Some(503),
+            retries: 0,
             error: Some("overloaded".into()),
             ttft_ms: None,
             itl_ms: vec![],

@@ -71,11 +71,12 @@ pub fn render(file: &ResultsFile) -> String {
         };
         let _ = writeln!(
             md,
-            "| {} | {} | {} / {} | {} | {} | {} | {:.3} | {:.1} | {:.0}% | {:.3} | {} | {} |",
+            "| {} | {} | {} / {}{} | {} | {} | {} | {:.3} | {:.1} | {:.0}% | {:.3} | {} | {} |",
             r.scenario,
             system_cell(r, several_slos),
             s.completed,
             s.failed,
+            if s.retries > 0 { format!(" ({} retries)", s.retries) } else { String::new() },
             triple(&s.ttft_ms, 0),
             triple(&s.itl_ms, 1),
             triple(&s.e2e_ms, 0),

@@ -170,6 +170,7 @@ pub(crate) mod tests {
             cached_tokens: Some(50),
             approx_prompt_tokens: 90,
             status: Some(200),
+            retries: 0,
             error: error.map(str::to_string),
         };
         let records = vec![rec(0, Some(ttft), None), rec(1, Some(ttft * 2.0), None), rec(2, None, Some("HTTP 503"))];

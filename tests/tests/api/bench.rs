@@ -19,6 +19,7 @@ fn options(seed: u64) -> RunOptions {
         source_repo: workspace(),
         warmup: true,
         label: Some("test".into()),
+        retries: 0,
     }
 }
 
