@@ -53,16 +53,34 @@ pub struct AppState {
     pub changes_applied: std::sync::atomic::AtomicU64,
 }
 
-/// Holds a session's one turn in progress; dropping it ends the turn.
+/// Holds a session's one turn in progress; dropping it ends the turn. Within a replica an
+/// in-memory set says so at once; across replicas a lease in Postgres does, renewed while the
+/// guard lives (so a replica that dies frees the session within [`TURN_LEASE`]).
 #[derive(Debug)]
 pub struct TurnGuard {
     busy: std::sync::Arc<Mutex<std::collections::HashSet<uuid::Uuid>>>,
     session: uuid::Uuid,
+    holder: uuid::Uuid,
+    store: Store,
+    renew: tokio::task::JoinHandle<()>,
 }
+
+/// How long a turn's lease lasts without renewal; it is renewed every third of that.
+pub const TURN_LEASE: std::time::Duration = std::time::Duration::from_secs(60);
 
 impl Drop for TurnGuard {
     fn drop(&mut self) {
         self.busy.lock().unwrap_or_else(|e| e.into_inner()).remove(&self.session);
+        self.renew.abort();
+        // Give the lease back now; without a runtime (shutting down) it simply expires.
+        if let Ok(rt) = tokio::runtime::Handle::try_current() {
+            let (store, session, holder) = (self.store.clone(), self.session, self.holder);
+            rt.spawn(async move {
+                if let Err(e) = store.end_turn(session, holder).await {
+                    tracing::warn!(%session, "releasing the turn lease (it expires by itself): {e}");
+                }
+            });
+        }
     }
 }
 
@@ -94,10 +112,34 @@ impl AppState {
         }
     }
 
-    /// Starts a turn of `session`; `None` if one is already in progress.
-    pub fn begin_turn(&self, session: uuid::Uuid) -> Option<TurnGuard> {
+    /// Starts a turn of `session`; `None` if one is already in progress, here or on another
+    /// replica.
+    pub async fn begin_turn(&self, session: uuid::Uuid) -> Result<Option<TurnGuard>, cachet_tenants::StoreError> {
         let fresh = self.busy.lock().unwrap_or_else(|e| e.into_inner()).insert(session);
-        fresh.then(|| TurnGuard { busy: self.busy.clone(), session })
+        if !fresh {
+            return Ok(None);
+        }
+        let holder = uuid::Uuid::new_v4();
+        let taken = self.store.begin_turn(session, holder, TURN_LEASE).await;
+        if !matches!(taken, Ok(true)) {
+            self.busy.lock().unwrap_or_else(|e| e.into_inner()).remove(&session);
+            return taken.map(|_| None);
+        }
+        let store = self.store.clone();
+        let renew = tokio::spawn(async move {
+            loop {
+                tokio::time::sleep(TURN_LEASE / 3).await;
+                match store.renew_turn(session, holder, TURN_LEASE).await {
+                    Ok(true) => {}
+                    Ok(false) => {
+                        tracing::warn!(%session, "the turn lease was lost (it expired); another turn may start");
+                        return;
+                    }
+                    Err(e) => tracing::warn!(%session, "renewing the turn lease: {e}"),
+                }
+            }
+        });
+        Ok(Some(TurnGuard { busy: self.busy.clone(), session, holder, store: self.store.clone(), renew }))
     }
 
     /// The served model, or a 503 while it loads (or if it failed to).

@@ -1,7 +1,7 @@
 //! Change fan-out through LISTEN/NOTIFY: another replica's invalidations arrive, one's own do
 //! not, a rolled-back one never does; deletions of tenants and repositories reach every replica;
 //! after the listening connection is killed the listener reconnects and catches up on what was
-//! recorded meanwhile.
+//! recorded meanwhile. Also the session turn lease that keeps one turn at a time across replicas.
 
 mod common;
 
@@ -144,4 +144,25 @@ async fn deletions_missed_while_disconnected_are_caught_up() {
     got.sort();
     assert_eq!(got, [format!("repo {repo}"), format!("tenant {tenant}")]);
     assert!(!got.contains(&format!("tenant {kept}")));
+}
+
+#[tokio::test]
+async fn a_session_turn_lease_is_exclusive_renewable_and_expires() {
+    let store = fresh_store().await;
+    let (tenant, repo) = repo_of(&store, "acme").await;
+    let session = store.create_session(tenant, repo, "main").await.unwrap().id;
+    let (a, b) = (Uuid::new_v4(), Uuid::new_v4());
+    let short = Duration::from_millis(300);
+    assert!(store.begin_turn(session, a, short).await.unwrap());
+    assert!(!store.begin_turn(session, b, short).await.unwrap(), "held by a");
+    assert!(store.renew_turn(session, a, short).await.unwrap());
+    assert!(!store.renew_turn(session, b, short).await.unwrap(), "b holds nothing");
+    store.end_turn(session, b).await.unwrap();
+    assert!(!store.begin_turn(session, b, short).await.unwrap(), "b cannot end a's turn");
+    store.end_turn(session, a).await.unwrap();
+    assert!(store.begin_turn(session, b, short).await.unwrap(), "given back");
+    // b's holder dies: its lease expires and a may go.
+    tokio::time::sleep(Duration::from_millis(400)).await;
+    assert!(store.begin_turn(session, a, Duration::from_secs(60)).await.unwrap(), "expired");
+    assert!(!store.renew_turn(session, b, short).await.unwrap(), "b lost it");
 }

@@ -71,7 +71,7 @@ pub async fn post_message(
     let guard = if body.dry_run {
         None
     } else {
-        Some(state.begin_turn(session.id).ok_or_else(|| {
+        Some(state.begin_turn(session.id).await?.ok_or_else(|| {
             ApiError::Conflict(format!("a turn of session {} is in progress; wait for its answer", session.id))
         })?)
     };

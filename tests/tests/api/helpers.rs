@@ -92,6 +92,15 @@ pub async fn spawn_with(tweak: impl FnOnce(&mut Settings)) -> TestApp {
     spawn_settings(s, data_dir, url).await
 }
 
+/// Another replica of `app`: the same database and repository sources, its own data folder
+/// (engine, mirrors).
+pub async fn spawn_replica(app: &TestApp) -> TestApp {
+    let data = tempfile::tempdir().unwrap();
+    let mut s = settings(&app.database_url, data.path());
+    s.context.allowed_root = app.sources();
+    spawn_settings(s, data, app.database_url.clone()).await
+}
+
 pub async fn spawn_settings(s: Settings, data_dir: tempfile::TempDir, database_url: String) -> TestApp {
     let jwt = Jwt::new(&s.auth.jwt).unwrap();
     let app = Application::build(s).await.expect("the app builds");

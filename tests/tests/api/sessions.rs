@@ -343,17 +343,9 @@ async fn a_push_to_one_replica_reaches_the_cache_of_another() {
     // Two replicas on one database (as behind a proxy), each with its own engine and mirrors,
     // reading the same repository source.
     let a = spawn_app().await;
-    let sources = a.sources();
-    let url = a.database_url.clone();
-    let data = tempfile::tempdir().unwrap();
-    let mut s = settings(&url, data.path());
-    s.context.allowed_root = sources;
-    let b = spawn_settings(s, data, url.clone()).await;
+    let b = spawn_replica(&a).await;
     // A third replica that never serves this repository.
-    let data = tempfile::tempdir().unwrap();
-    let mut s = settings(&url, data.path());
-    s.context.allowed_root = a.sources();
-    let c = spawn_settings(s, data, url).await;
+    let c = spawn_replica(&a).await;
     assert_ne!(a.state.replica, b.state.replica);
     for (app, replica) in [(&a, a.state.replica), (&b, b.state.replica), (&c, c.state.replica)] {
         let r = app.client.get(format!("{}/healthz", app.address)).send().await.unwrap();
@@ -425,4 +417,45 @@ async fn a_push_to_one_replica_reaches_the_cache_of_another() {
     assert_eq!(r.status(), 204, "{}", r.text().await.unwrap());
     wait_applied(&b, before + 1, "replica B never heard of the deleted tenant").await;
     assert_eq!(engine_b.snapshot().await.unwrap().cached_slots, 0, "B purged the tenant's cache");
+}
+
+#[tokio::test]
+async fn one_turn_at_a_time_per_session_across_replicas() {
+    let a = spawn_app().await;
+    let b = spawn_replica(&a).await;
+    let (_, token) = a.tenant("acme").await;
+    let repo = a.register(&token, shop(&a, "shop")).await;
+    let session = a.session(&token, &repo).await;
+    let id: uuid::Uuid = session.parse().unwrap();
+
+    // A turn runs on A (held here as its guard): B refuses a second one, A too.
+    let guard = a.state.begin_turn(id).await.unwrap().expect("no turn in progress");
+    let refused = error(b.message(&token, &session, json!({ "content": "q" })).await, 409).await;
+    assert!(refused.to_string().contains("in progress"), "{refused}");
+    assert!(a.state.begin_turn(id).await.unwrap().is_none());
+    // A dry run only looks: allowed meanwhile.
+    b.dry_run(&token, &session, "q").await;
+
+    // The turn ends: B may take the next one (the lease is given back in the background).
+    drop(guard);
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    loop {
+        let r = b.message(&token, &session, json!({ "content": "q", "max_tokens": 2 })).await;
+        if r.status() == 200 {
+            break;
+        }
+        assert_eq!(r.status(), 409, "{}", r.text().await.unwrap());
+        assert!(std::time::Instant::now() < deadline, "the lease was never given back");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    // And the lease B took for that turn is gone again.
+    let mut taken = None;
+    for _ in 0..250 {
+        taken = a.state.begin_turn(id).await.unwrap();
+        if taken.is_some() {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert!(taken.is_some(), "B's lease was never given back");
 }
