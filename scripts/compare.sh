@@ -46,15 +46,8 @@ PIDS=()
 cleanup() { for p in "${PIDS[@]}"; do kill "$p" 2>/dev/null || true; done; wait 2>/dev/null || true; }
 trap cleanup EXIT
 
-wait_http() { # URL, name, pid
-  for _ in $(seq 600); do
-    curl -fsS -o /dev/null "$1" 2>/dev/null && return 0
-    kill -0 "$3" 2>/dev/null || { echo "$2 exited; see its log in $OUT" >&2; exit 1; }
-    sleep 0.5
-  done
-  echo "$2 did not become ready" >&2
-  exit 1
-}
+# shellcheck source=scripts/lib.sh
+. scripts/lib.sh
 
 # cachet: the same KV capacity as llama-server's CTX, the given policy and batch settings.
 start_cachet() { # name, then CACHET_* settings
@@ -64,7 +57,7 @@ start_cachet() { # name, then CACHET_* settings
     "$CACHET" serve --data-dir "$DATA" > "$OUT/cachet-$name.log" 2>&1 &
   CACHET_PID=$!
   PIDS+=("$CACHET_PID")
-  wait_http "http://127.0.0.1:$CACHET_PORT/readyz" cachet "$CACHET_PID"
+  wait_http "http://127.0.0.1:$CACHET_PORT/readyz" cachet "$CACHET_PID" "$OUT/cachet-$name.log"
 }
 stop_cachet() { kill "$CACHET_PID"; wait "$CACHET_PID" 2>/dev/null || true; }
 
@@ -88,7 +81,7 @@ if [ "$SIDE_BY_SIDE" = 1 ]; then
     --host 127.0.0.1 --port "$LLAMA_PORT" --no-webui > "$OUT/llama-server.log" 2>&1 &
   LLAMA_PID=$!
   PIDS+=("$LLAMA_PID")
-  wait_http "http://127.0.0.1:$LLAMA_PORT/health" llama-server "$LLAMA_PID"
+  wait_http "http://127.0.0.1:$LLAMA_PORT/health" llama-server "$LLAMA_PID" "$OUT/llama-server.log"
   "$BENCH" run --target "cachet=http://127.0.0.1:$CACHET_PORT@$MODEL_ID" \
     --target "llama-server=http://127.0.0.1:$LLAMA_PORT@$MODEL_ID" --target-api-key "cachet=$TOKEN" \
     --scenario "$SCENARIOS" --seed "$SEED" --scale "$SCALE" --out "$OUT/side-by-side"

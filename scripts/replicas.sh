@@ -35,21 +35,14 @@ cleanup() {
 }
 trap cleanup EXIT
 
-wait_ready() { # port, pid, name
-  for _ in $(seq 300); do
-    curl -fsS -o /dev/null "http://127.0.0.1:$1/readyz" 2>/dev/null && return 0
-    kill -0 "$2" 2>/dev/null || { echo "replica $3 exited; see $OUT/$3.log" >&2; exit 1; }
-    sleep 0.5
-  done
-  echo "replica $3 did not become ready" >&2
-  exit 1
-}
+# shellcheck source=scripts/lib.sh
+. scripts/lib.sh
 
 # Replica A starts the private Postgres; B uses it through DATABASE_URL, with A's secrets.
 CACHET_SERVER__BIND=127.0.0.1:$A_PORT CACHET_MODEL__PATH="$MODEL" CACHET_MODEL__THREADS=1 RUST_LOG=info \
   "$CACHET" serve --data-dir "$OUT/a" > "$OUT/a.log" 2>&1 &
 PIDS+=($!)
-wait_ready "$A_PORT" "${PIDS[0]}" a
+wait_http "http://127.0.0.1:$A_PORT/readyz" "replica a" "${PIDS[0]}" "$OUT/a.log"
 PG_DIR="$OUT/a/postgres"   # the cluster's folder; elsewhere when the data folder says so
 [ -f "$OUT/a/postgres.location" ] && PG_DIR=$(cat "$OUT/a/postgres.location")
 PG_PORT=$(cat "$PG_DIR/port")
@@ -59,7 +52,7 @@ DATABASE_URL="postgres://postgres@127.0.0.1:$PG_PORT/cachet" \
   CACHET_SERVER__BIND=127.0.0.1:$B_PORT CACHET_MODEL__PATH="$MODEL" CACHET_MODEL__THREADS=1 RUST_LOG=info \
   "$CACHET" serve --data-dir "$OUT/b" > "$OUT/b.log" 2>&1 &
 PIDS+=($!)
-wait_ready "$B_PORT" "${PIDS[1]}" b
+wait_http "http://127.0.0.1:$B_PORT/readyz" "replica b" "${PIDS[1]}" "$OUT/b.log"
 
 # The proxy: deploy/k8s/proxy.yaml's default.conf, pointed at the two local replicas.
 python3 - "$OUT" "$PROXY_PORT" "$A_PORT" "$B_PORT" <<'EOF'
