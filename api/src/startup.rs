@@ -212,7 +212,7 @@ impl Application {
                 crate::context::Repos::new(&settings.context, &settings.server.data_dir)
                     .context("the mirrors folder")?,
             ),
-            busy: Default::default(),
+            turns: Default::default(),
             replica: uuid::Uuid::new_v4(),
             branches_served: Default::default(),
             changes_applied: Default::default(),

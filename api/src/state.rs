@@ -42,8 +42,8 @@ pub struct AppState {
     pub shares: Mutex<std::collections::HashMap<cachet_tenants::TenantId, f64>>,
     /// Mirrors and repository contexts.
     pub repos: std::sync::Arc<crate::context::Repos>,
-    /// Sessions with a turn in progress.
-    pub busy: std::sync::Arc<Mutex<std::collections::HashSet<uuid::Uuid>>>,
+    /// This replica's turns.
+    pub turns: std::sync::Arc<Mutex<Turns>>,
     /// This process among the replicas sharing the database (fan-out notices name it).
     pub replica: uuid::Uuid,
     /// When this replica last assembled a prompt on each (repository, branch): a push another
@@ -53,12 +53,21 @@ pub struct AppState {
     pub changes_applied: std::sync::atomic::AtomicU64,
 }
 
-/// Holds a session's one turn in progress; dropping it ends the turn. Within a replica an
-/// in-memory set says so at once; across replicas a lease in Postgres does, renewed while the
-/// guard lives (so a replica that dies frees the session within [`TURN_LEASE`]).
+/// This replica's turns: the sessions with a turn running, and the leases of ended turns whose
+/// release is still on its way to Postgres (the next turn here takes those over, so a client's
+/// next message never waits for that release).
+#[derive(Debug, Default)]
+pub struct Turns {
+    running: std::collections::HashSet<uuid::Uuid>,
+    releasing: std::collections::HashMap<uuid::Uuid, uuid::Uuid>,
+}
+
+/// Holds a session's one turn in progress; dropping it ends the turn. Within a replica
+/// [`Turns`] says so at once; across replicas a lease in Postgres does, renewed while the guard
+/// lives (so a replica that dies frees the session within [`TURN_LEASE`]).
 #[derive(Debug)]
 pub struct TurnGuard {
-    busy: std::sync::Arc<Mutex<std::collections::HashSet<uuid::Uuid>>>,
+    turns: std::sync::Arc<Mutex<Turns>>,
     session: uuid::Uuid,
     holder: uuid::Uuid,
     store: Store,
@@ -70,14 +79,22 @@ pub const TURN_LEASE: std::time::Duration = std::time::Duration::from_secs(60);
 
 impl Drop for TurnGuard {
     fn drop(&mut self) {
-        self.busy.lock().unwrap_or_else(|e| e.into_inner()).remove(&self.session);
+        {
+            let mut turns = self.turns.lock().unwrap_or_else(|e| e.into_inner());
+            turns.running.remove(&self.session);
+            turns.releasing.insert(self.session, self.holder);
+        }
         self.renew.abort();
         // Give the lease back now; without a runtime (shutting down) it simply expires.
         if let Ok(rt) = tokio::runtime::Handle::try_current() {
-            let (store, session, holder) = (self.store.clone(), self.session, self.holder);
+            let (turns, store, session, holder) = (self.turns.clone(), self.store.clone(), self.session, self.holder);
             rt.spawn(async move {
                 if let Err(e) = store.end_turn(session, holder).await {
                     tracing::warn!(%session, "releasing the turn lease (it expires by itself): {e}");
+                }
+                let mut turns = turns.lock().unwrap_or_else(|e| e.into_inner());
+                if turns.releasing.get(&session) == Some(&holder) {
+                    turns.releasing.remove(&session);
                 }
             });
         }
@@ -115,15 +132,24 @@ impl AppState {
     /// Starts a turn of `session`; `None` if one is already in progress, here or on another
     /// replica.
     pub async fn begin_turn(&self, session: uuid::Uuid) -> Result<Option<TurnGuard>, cachet_tenants::StoreError> {
-        let fresh = self.busy.lock().unwrap_or_else(|e| e.into_inner()).insert(session);
-        if !fresh {
-            return Ok(None);
-        }
+        let ended_here = {
+            let mut turns = self.turns.lock().unwrap_or_else(|e| e.into_inner());
+            if !turns.running.insert(session) {
+                return Ok(None);
+            }
+            turns.releasing.get(&session).copied()
+        };
         let holder = uuid::Uuid::new_v4();
-        let taken = self.store.begin_turn(session, holder, TURN_LEASE).await;
-        if !matches!(taken, Ok(true)) {
-            self.busy.lock().unwrap_or_else(|e| e.into_inner()).remove(&session);
-            return taken.map(|_| None);
+        let taken = self.store.begin_turn(session, holder, TURN_LEASE, ended_here).await;
+        {
+            let mut turns = self.turns.lock().unwrap_or_else(|e| e.into_inner());
+            if !matches!(taken, Ok(true)) {
+                turns.running.remove(&session);
+                return taken.map(|_| None);
+            }
+            if ended_here.is_some() && turns.releasing.get(&session) == ended_here.as_ref() {
+                turns.releasing.remove(&session);
+            }
         }
         let store = self.store.clone();
         let renew = tokio::spawn(async move {
@@ -139,7 +165,7 @@ impl AppState {
                 }
             }
         });
-        Ok(Some(TurnGuard { busy: self.busy.clone(), session, holder, store: self.store.clone(), renew }))
+        Ok(Some(TurnGuard { turns: self.turns.clone(), session, holder, store: self.store.clone(), renew }))
     }
 
     /// The served model, or a 503 while it loads (or if it failed to).

@@ -153,16 +153,20 @@ async fn a_session_turn_lease_is_exclusive_renewable_and_expires() {
     let session = store.create_session(tenant, repo, "main").await.unwrap().id;
     let (a, b) = (Uuid::new_v4(), Uuid::new_v4());
     let short = Duration::from_millis(300);
-    assert!(store.begin_turn(session, a, short).await.unwrap());
-    assert!(!store.begin_turn(session, b, short).await.unwrap(), "held by a");
+    assert!(store.begin_turn(session, a, short, None).await.unwrap());
+    assert!(!store.begin_turn(session, b, short, None).await.unwrap(), "held by a");
     assert!(store.renew_turn(session, a, short).await.unwrap());
     assert!(!store.renew_turn(session, b, short).await.unwrap(), "b holds nothing");
     store.end_turn(session, b).await.unwrap();
-    assert!(!store.begin_turn(session, b, short).await.unwrap(), "b cannot end a's turn");
+    assert!(!store.begin_turn(session, b, short, None).await.unwrap(), "b cannot end a's turn");
+    let c = Uuid::new_v4();
+    assert!(store.begin_turn(session, c, short, Some(a)).await.unwrap(), "a's ended turn is taken over");
     store.end_turn(session, a).await.unwrap();
-    assert!(store.begin_turn(session, b, short).await.unwrap(), "given back");
+    assert!(!store.begin_turn(session, b, short, None).await.unwrap(), "a's late release leaves c's lease");
+    store.end_turn(session, c).await.unwrap();
+    assert!(store.begin_turn(session, b, short, None).await.unwrap(), "given back");
     // b's holder dies: its lease expires and a may go.
     tokio::time::sleep(Duration::from_millis(400)).await;
-    assert!(store.begin_turn(session, a, Duration::from_secs(60)).await.unwrap(), "expired");
+    assert!(store.begin_turn(session, a, Duration::from_secs(60), None).await.unwrap(), "expired");
     assert!(!store.renew_turn(session, b, short).await.unwrap(), "b lost it");
 }

@@ -203,36 +203,31 @@ impl Store {
     }
 
     /// Takes the session's turn lease for `holder` until `lease` from now, if no unexpired lease
-    /// is held (one turn at a time per session, whichever replica runs it). False when another
-    /// turn holds it.
-    pub async fn begin_turn(&self, session: Uuid, holder: Uuid, lease: Duration) -> Result<bool, StoreError> {
-        self.lease_turn(
+    /// is held, or the one held is `replacing`'s (one turn at a time per session, whichever
+    /// replica runs it). False when another turn holds it.
+    pub async fn begin_turn(
+        &self,
+        session: Uuid,
+        holder: Uuid,
+        lease: Duration,
+        replacing: Option<Uuid>,
+    ) -> Result<bool, StoreError> {
+        let done = sqlx::query(
             "UPDATE sessions SET turn_holder = $2, turn_lease_until = now() + $3 * interval '1 millisecond' \
-             WHERE id = $1 AND (turn_lease_until IS NULL OR turn_lease_until < now())",
-            session,
-            holder,
-            lease,
+             WHERE id = $1 AND (turn_lease_until IS NULL OR turn_lease_until < now() OR turn_holder = $4)",
         )
-        .await
-    }
-
-    /// Extends `holder`'s lease to `lease` from now; false if it no longer holds it.
-    pub async fn renew_turn(&self, session: Uuid, holder: Uuid, lease: Duration) -> Result<bool, StoreError> {
-        self.lease_turn(
-            "UPDATE sessions SET turn_lease_until = now() + $3 * interval '1 millisecond' \
-             WHERE id = $1 AND turn_holder = $2",
-            session,
-            holder,
-            lease,
-        )
-        .await
-    }
-
-    /// Runs a lease update (`$1` session, `$2` holder, `$3` milliseconds); true if it applied.
-    async fn lease_turn(&self, sql: &str, session: Uuid, holder: Uuid, lease: Duration) -> Result<bool, StoreError> {
-        let done =
-            sqlx::query(sql).bind(session).bind(holder).bind(lease.as_millis() as f64).execute(self.pool()).await?;
+        .bind(session)
+        .bind(holder)
+        .bind(lease.as_millis() as f64)
+        .bind(replacing)
+        .execute(self.pool())
+        .await?;
         Ok(done.rows_affected() == 1)
+    }
+
+    /// Extends `holder`'s lease to `lease` from now; false if another turn holds it now.
+    pub async fn renew_turn(&self, session: Uuid, holder: Uuid, lease: Duration) -> Result<bool, StoreError> {
+        self.begin_turn(session, holder, lease, Some(holder)).await
     }
 
     /// Gives up `holder`'s lease (nothing if it no longer holds it).
