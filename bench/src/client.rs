@@ -125,23 +125,8 @@ pub async fn send(
 ) -> Outcome {
     let sent = Instant::now();
     let deadline = sent + timeout;
-    let mut record = RequestRecord {
-        conversation: 0,
-        turn: 0,
-        scheduled_ms: ms_since(origin, scheduled),
-        sent_ms: Some(ms_since(origin, sent)),
-        end_ms: 0.0,
-        ttft_ms: None,
-        itl_ms: Vec::new(),
-        e2e_ms: 0.0,
-        output_tokens: 0,
-        prompt_tokens: None,
-        cached_tokens: None,
-        approx_prompt_tokens: req.approx_prompt_tokens(),
-        status: None,
-        retries: 0,
-        error: None,
-    };
+    let mut record = RequestRecord::new(0, 0, ms_since(origin, scheduled), req.approx_prompt_tokens());
+    record.sent_ms = Some(ms_since(origin, sent));
     let (acc, error) = loop {
         let left = deadline.saturating_duration_since(Instant::now());
         let (acc, error, retry_after) =

@@ -63,6 +63,27 @@ pub struct RequestRecord {
 }
 
 impl RequestRecord {
+    /// A request scheduled at `scheduled_ms` that has not been sent (yet): nothing measured.
+    pub fn new(conversation: usize, turn: usize, scheduled_ms: f64, approx_prompt_tokens: u64) -> RequestRecord {
+        RequestRecord {
+            conversation,
+            turn,
+            scheduled_ms,
+            sent_ms: None,
+            end_ms: scheduled_ms,
+            ttft_ms: None,
+            itl_ms: Vec::new(),
+            e2e_ms: 0.0,
+            output_tokens: 0,
+            prompt_tokens: None,
+            cached_tokens: None,
+            approx_prompt_tokens,
+            status: None,
+            retries: 0,
+            error: None,
+        }
+    }
+
     /// Whether the request completed (a success status and a stream ending in `[DONE]`).
     pub fn completed(&self) -> bool {
         self.error.is_none()

@@ -260,20 +260,7 @@ impl Runner<'_> {
 /// The record of a turn never sent because turn `failed` of its conversation failed.
 fn not_sent(conversation: usize, turn: usize, now_ms: f64, failed: usize) -> RequestRecord {
     RequestRecord {
-        conversation,
-        turn,
-        scheduled_ms: now_ms,
-        sent_ms: None,
-        end_ms: now_ms,
-        ttft_ms: None,
-        itl_ms: Vec::new(),
-        e2e_ms: 0.0,
-        output_tokens: 0,
-        prompt_tokens: None,
-        cached_tokens: None,
-        approx_prompt_tokens: 0,
-        status: None,
-        retries: 0,
         error: Some(format!("not sent: turn {failed} of this conversation failed")),
+        ..RequestRecord::new(conversation, turn, now_ms, 0)
     }
 }

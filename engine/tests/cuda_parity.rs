@@ -19,8 +19,6 @@
 mod common;
 
 use cachet_engine::gguf::GgufFile;
-use cachet_engine::kv_pool::SlotId;
-use cachet_engine::model::{LogitsFor, SeqChunk};
 use cachet_kernels::cpu::CpuBackend;
 use cachet_kernels::cuda::{self, CudaBackend, CudaOptions};
 use cachet_kernels::quant::DType;
@@ -95,25 +93,14 @@ fn batching_and_chunking_do_not_change_cuda_results() {
         let path = dir.path().join(format!("m-{dtype}.gguf"));
         Tiny::random(TinyArch::Qwen2, 23, false).write_gguf(dtype, &path).unwrap();
         let mut r = Runner::gguf(CudaBackend::with_options(0, CudaOptions::batch_invariant()).unwrap(), &path);
-        let vocab = r.model.config().vocab_size;
         let seqs: [&[u32]; 3] = [&PROMPT[..5], &PROMPT[..], &[7, 8, 9]];
         let alone: Vec<Vec<Vec<f32>>> = seqs.iter().map(|s| r.logits(s, s.len())).collect();
         assert_eq!(r.logits(seqs[1], 4), alone[1], "{dtype}: chunking changed the logits");
         assert_eq!(r.logits(seqs[1], 1), alone[1], "{dtype}: token-by-token decode changed the logits");
 
-        let slots: Vec<Vec<SlotId>> = seqs.iter().map(|s| r.pool.allocate(s.len()).unwrap()).collect();
-        let batch: Vec<SeqChunk<'_>> = seqs
-            .iter()
-            .zip(&slots)
-            .map(|(s, sl)| SeqChunk { tokens: s, start_pos: 0, slots: SlotId::raw(sl), logits: LogitsFor::All })
-            .collect();
-        let mut out = Vec::new();
-        r.model.forward(&r.b, r.pool.storage_mut(), &batch, &mut r.scratch, &mut out).unwrap();
-        let rows: Vec<Vec<f32>> = out.chunks(vocab).map(<[f32]>::to_vec).collect();
-        let mut i = 0;
-        for (s, expected) in seqs.iter().zip(&alone) {
-            assert_eq!(&rows[i..i + s.len()], &expected[..], "{dtype}: batching changed the logits");
-            i += s.len();
+        let (rows, slots) = r.batched(&seqs);
+        for (got, expected) in rows.iter().zip(&alone) {
+            assert_eq!(got, expected, "{dtype}: batching changed the logits");
         }
         for s in &slots {
             r.pool.free(s).unwrap();

@@ -89,20 +89,11 @@ fn batching_and_chunking_do_not_change_results() {
         assert_eq!(r.logits(seqs[1], 4), alone[1], "{dtype}: chunking changed the logits");
 
         // All three at once, with slots interleaved in the pool.
-        let slots: Vec<Vec<SlotId>> = seqs.iter().map(|s| r.pool.allocate(s.len()).unwrap()).collect();
-        let batch: Vec<SeqChunk<'_>> = seqs
-            .iter()
-            .zip(&slots)
-            .map(|(s, sl)| SeqChunk { tokens: s, start_pos: 0, slots: SlotId::raw(sl), logits: LogitsFor::All })
-            .collect();
-        let mut out = Vec::new();
-        r.model.forward(&r.b, r.pool.storage_mut(), &batch, &mut r.scratch, &mut out).unwrap();
-        let rows: Vec<Vec<f32>> = out.chunks(vocab).map(<[f32]>::to_vec).collect();
-        let mut i = 0;
-        for (s, expected) in seqs.iter().zip(&alone) {
-            assert_eq!(&rows[i..i + s.len()], &expected[..], "{dtype}: batching changed the logits");
-            i += s.len();
+        let (rows, slots) = r.batched(&seqs);
+        for (got, expected) in rows.iter().zip(&alone) {
+            assert_eq!(got, expected, "{dtype}: batching changed the logits");
         }
+        let mut out = Vec::new();
 
         // Decode one more token for each sequence in one batch vs alone.
         let extra: Vec<SlotId> = r.pool.allocate(3).unwrap();

@@ -194,6 +194,24 @@ impl<B: Backend> Runner<B> {
         self.pool.check_integrity().unwrap();
         rows
     }
+
+    /// All positions' logits of several prompts run together in one forward pass (their slots
+    /// interleaved in the pool), split back per prompt; with the slots, which stay allocated.
+    #[allow(dead_code)] // not every test binary that shares this module uses it
+    pub fn batched(&mut self, seqs: &[&[u32]]) -> (Vec<Vec<Vec<f32>>>, Vec<Vec<SlotId>>) {
+        let vocab = self.model.config().vocab_size;
+        let slots: Vec<Vec<SlotId>> = seqs.iter().map(|s| self.pool.allocate(s.len()).unwrap()).collect();
+        let batch: Vec<SeqChunk<'_>> = seqs
+            .iter()
+            .zip(&slots)
+            .map(|(s, sl)| SeqChunk { tokens: s, start_pos: 0, slots: SlotId::raw(sl), logits: LogitsFor::All })
+            .collect();
+        let mut out = Vec::new();
+        self.model.forward(&self.b, self.pool.storage_mut(), &batch, &mut self.scratch, &mut out).unwrap();
+        let mut rows = out.chunks(vocab).map(<[f32]>::to_vec);
+        let per_seq = seqs.iter().map(|s| rows.by_ref().take(s.len()).collect()).collect();
+        (per_seq, slots)
+    }
 }
 
 pub const PROMPT: [u32; 12] = [3, 200, 17, 45, 45, 99, 260, 1, 0, 318, 77, 150];
