@@ -1,16 +1,18 @@
 #!/usr/bin/env bash
 # Starts `cachet serve` (real default model, private Postgres in a temporary
 # data folder), creates a tenant and a token with the CLI, runs the official
-# openai Python package against it (scripts/openai_check.py), then stops the
-# server with SIGINT and checks that it shut down cleanly.
+# openai Python package against it (scripts/openai_check.py: chat, completions,
+# streaming, errors; scripts/agents_check.py: tool calls and structured output,
+# answers validated with the jsonschema package), then stops the server with
+# SIGINT and checks that it shut down cleanly.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 BIN=${CACHET_BIN:-target/debug/cachet}
 [ -x "$BIN" ] || cargo build -q -p cachet-api
 VENV=target/pyenv
-if [ ! -x "$VENV/bin/python" ] || ! "$VENV/bin/python" -c "import openai" 2>/dev/null; then
+if [ ! -x "$VENV/bin/python" ] || ! "$VENV/bin/python" -c "import openai, jsonschema" 2>/dev/null; then
   python3 -m venv "$VENV"
-  "$VENV/bin/python" -m pip install -q --disable-pip-version-check openai
+  "$VENV/bin/python" -m pip install -q --disable-pip-version-check openai jsonschema
 fi
 DATA=$(mktemp -d /tmp/cachet-openai-check.XXXXXX)
 chmod 755 "$DATA"   # the postgres user must reach the private cluster inside
@@ -33,6 +35,7 @@ TENANT=$("$BIN" tenants create openai-check --data-dir "$DATA" 2>/dev/null)
 TOKEN=$("$BIN" token issue --tenant "$TENANT" --ttl 1h --data-dir "$DATA" 2>/dev/null)
 MODEL=$(curl -fs -H "Authorization: Bearer $TOKEN" "$BASE/v1/models" | python3 -c 'import json, sys; print(json.load(sys.stdin)["data"][0]["id"])')
 "$VENV/bin/python" scripts/openai_check.py "$BASE" "$TOKEN" "$MODEL"
+"$VENV/bin/python" scripts/agents_check.py "$BASE" "$TOKEN" "$MODEL"
 kill -INT "$PID"
 wait "$PID"
 PID=

@@ -4,6 +4,7 @@
 
 use actix_web::http::{header, StatusCode};
 use actix_web::{HttpResponse, ResponseError};
+use std::borrow::Cow;
 use std::time::Duration;
 
 /// Everything a handler can answer with instead of a result.
@@ -12,7 +13,7 @@ use std::time::Duration;
 pub enum ApiError {
     /// Malformed or out-of-range input (400).
     #[error("{message}")]
-    BadRequest { message: String, param: Option<&'static str> },
+    BadRequest { message: String, param: Option<Cow<'static, str>> },
     /// No, or an invalid, credential (401).
     #[error("{0}")]
     Unauthorized(String),
@@ -57,8 +58,9 @@ impl ApiError {
         ApiError::BadRequest { message: message.into(), param: None }
     }
 
-    pub fn bad_param(param: &'static str, message: impl Into<String>) -> ApiError {
-        ApiError::BadRequest { message: message.into(), param: Some(param) }
+    /// A 400 naming the parameter at fault (`"tools[2].function.parameters"` and the like).
+    pub fn bad_param(param: impl Into<Cow<'static, str>>, message: impl Into<String>) -> ApiError {
+        ApiError::BadRequest { message: message.into(), param: Some(param.into()) }
     }
 
     fn kind(&self) -> (&'static str, &'static str) {
@@ -99,7 +101,7 @@ impl ResponseError for ApiError {
     fn error_response(&self) -> HttpResponse {
         let (kind, code) = self.kind();
         let param = match self {
-            ApiError::BadRequest { param, .. } => *param,
+            ApiError::BadRequest { param, .. } => param.as_deref(),
             ApiError::ModelNotFound(_) => Some("model"),
             ApiError::ContextTooLong { .. } => Some("messages"),
             _ => None,

@@ -92,26 +92,55 @@ fn session_prompt_tokens_are_the_whole_texts_tokens() {
         })
         .collect();
     let messages = vec![
-        Message { role: "system", pieces: vec![Piece::text(Kind::System, "You are a careful coding assistant.")] },
-        Message { role: "system", pieces: context_pieces },
-        Message { role: "user", pieces: vec![Piece::text(Kind::HistoryUser, "Why does total() return Price?")] },
-        Message {
-            role: "assistant",
-            pieces: vec![Piece::text(Kind::HistoryAssistant, "Because `Price` wraps cents.\n\n")],
-        },
-        Message {
-            role: "user",
-            pieces: vec![
+        Message::new("system", vec![Piece::text(Kind::System, "You are a careful coding assistant.")]),
+        Message::new("system", context_pieces.clone()),
+        Message::new("user", vec![Piece::text(Kind::HistoryUser, "Why does total() return Price?")]),
+        Message::new("assistant", vec![Piece::text(Kind::HistoryAssistant, "Because `Price` wraps cents.\n\n")]),
+        Message::new(
+            "user",
+            vec![
                 Piece::text(Kind::TurnFile, block("src/cart.rs", FILES[2].1)),
                 Piece::text(Kind::ToolOutput, block("Tool output: cargo test", "test cart ... FAILED\n  left: 1")),
                 Piece::text(Kind::Question, "Fix the failing test."),
             ],
-        },
+        ),
     ];
-    let prompt = assemble(&template, &tok, &messages).unwrap();
+    let prompt = assemble(&template, &tok, &messages, None).unwrap();
     assert_eq!(prompt.tokens, tok.encode(&prompt.text, true).unwrap(), "piecewise tokens differ: {}", prompt.text);
     assert!(prompt.text.starts_with("<|im_start|>system\nYou are a careful"));
     assert!(prompt.text.ends_with("Fix the failing test.<|im_end|>\n<|im_start|>assistant\n"));
+
+    // With tools (rendered after the system message's content, which here ends with the
+    // repository context), a call in the history and its results (text the client chose,
+    // with whitespace at both ends): still exactly the whole text's tokens.
+    let mut system = vec![Piece::text(Kind::System, "You are a careful coding assistant.\n\n")];
+    system.extend(context_pieces);
+    let tools = serde_json::json!([{"type": "function", "function": {"name": "run", "description": "Run a command",
+        "parameters": {"type": "object", "properties": {"cmd": {"type": "string"}}, "required": ["cmd"]}}}]);
+    let tool = |id: &str, text: &str| Message {
+        role: "tool",
+        pieces: vec![Piece::text(Kind::ToolResult, text)],
+        tool_call_id: Some(id.into()),
+    };
+    let messages = vec![
+        Message::new("system", system),
+        Message::new("user", vec![Piece::text(Kind::HistoryUser, "Run the tests.")]),
+        Message::new(
+            "assistant",
+            vec![Piece::text(
+                Kind::HistoryAssistant,
+                "<tool_call>\n{\"name\": \"run\", \"arguments\": {\"cmd\": \"cargo test\"}}\n</tool_call>",
+            )],
+        ),
+        tool("call_1", "\n  test cart ... FAILED\n\n"),
+        tool("call_2", "exit status: 101"),
+        Message::new("user", vec![Piece::text(Kind::Question, "Fix it.")]),
+    ];
+    let prompt = assemble(&template, &tok, &messages, Some(&tools)).unwrap();
+    assert_eq!(prompt.tokens, tok.encode(&prompt.text, true).unwrap(), "piecewise tokens differ: {}", prompt.text);
+    let tools_at = prompt.text.find("# Tools").unwrap();
+    assert!(prompt.text.find("### ").unwrap() < tools_at, "the repository context comes before the tools");
+    assert!(prompt.text.contains("<tool_response>\n\n  test cart ... FAILED\n\n\n</tool_response>"));
 }
 
 /// This repository itself: real Rust code, docs and scripts.

@@ -5,8 +5,11 @@
 //!   Hugging Face safetensors directories.
 //! - [`model::Model`]: the generic Qwen2 / Llama / Qwen3 decoder and its
 //!   batched forward pass over a slot-indexed KV pool ([`kv_pool::KvPool`]).
+//! - [`constraint`]: grammars (JSON Schema, regex, Lark) that a request's output
+//!   must match, enforced token by token with llguidance.
 
 pub mod config;
+pub mod constraint;
 mod error;
 pub mod generate;
 pub mod gguf;

@@ -24,6 +24,8 @@ pub struct SamplingParams {
     pub frequency_penalty: f32,
     /// Seed of the random generator; `None` draws one.
     pub seed: Option<u64>,
+    /// Added to these tokens' logits before anything else (OpenAI's `logit_bias`).
+    pub logit_bias: Vec<(u32, f32)>,
 }
 
 impl Default for SamplingParams {
@@ -37,6 +39,7 @@ impl Default for SamplingParams {
             presence_penalty: 0.0,
             frequency_penalty: 0.0,
             seed: None,
+            logit_bias: Vec::new(),
         }
     }
 }
@@ -62,6 +65,10 @@ impl SamplingParams {
         check(
             self.frequency_penalty.is_finite() && self.frequency_penalty.abs() <= 2.0,
             "frequency_penalty must be in [-2, 2]",
+        )?;
+        check(
+            self.logit_bias.iter().all(|(_, b)| b.is_finite() && b.abs() <= 100.0),
+            "logit_bias values must be in [-100, 100]",
         )
     }
 }
@@ -138,6 +145,11 @@ impl Sampler {
 
     /// Picks the next token from `logits` (which it modifies) and records it.
     pub fn sample(&mut self, logits: &mut [f32]) -> u32 {
+        for &(t, bias) in &self.params.logit_bias {
+            if let Some(l) = logits.get_mut(t as usize) {
+                *l += bias;
+            }
+        }
         self.apply_penalties(logits);
         let token = if self.params.temperature == 0.0 { argmax(logits) } else { self.sample_random(logits) };
         self.accept(token);
@@ -318,6 +330,15 @@ mod tests {
         let mut l = [-1.0, -1.5];
         s.apply_penalties(&mut l);
         assert_eq!(l, [-2.0, -3.0]);
+    }
+
+    #[test]
+    fn logit_bias_moves_tokens_before_sampling() {
+        let p = SamplingParams { logit_bias: vec![(2, 5.0), (0, -100.0)], ..Default::default() };
+        let mut s = sampler(p);
+        assert_eq!(s.sample(&mut [3.0, 1.0, 0.0]), 2, "0 + 5 beats 3 - 100 and 1");
+        let bad = SamplingParams { logit_bias: vec![(1, 101.0)], ..Default::default() };
+        assert!(bad.validate().unwrap_err().contains("logit_bias"));
     }
 
     #[test]

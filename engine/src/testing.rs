@@ -231,15 +231,23 @@ pub fn tiny_vocab(w: &mut GgufWriter, vocab: usize) {
         .metadata("tokenizer.ggml.eos_token_id", Value::U32(eos))
         .metadata("tokenizer.ggml.bos_token_id", Value::U32(eos - 2))
         .metadata("tokenizer.ggml.add_bos_token", Value::Bool(false))
-        .metadata(
-            "tokenizer.chat_template",
-            Value::String(
-                "{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n{% endfor %}\
-                 {% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
-                    .into(),
-            ),
-        );
+        .metadata("tokenizer.chat_template", Value::String(TINY_CHAT_TEMPLATE.into()));
 }
+
+/// ChatML, with tools in the Hermes format (as Qwen2.5's template, smaller):
+/// without tools it renders plain ChatML.
+pub const TINY_CHAT_TEMPLATE: &str = concat!(
+    "{% if tools %}<|im_start|>system\n{% if messages[0].role == 'system' %}{{ messages[0].content }}\n\n{% endif %}",
+    "# Tools\n<tools>{% for t in tools %}{{ '\\n' }}{{ t | tojson }}{% endfor %}\n</tools>\n",
+    "Call a function with <tool_call>\n{\"name\": <function-name>, \"arguments\": <args-json-object>}\n</tool_call>",
+    "<|im_end|>\n{% endif %}",
+    "{% for m in messages %}{% if tools and loop.first and m.role == 'system' %}",
+    "{% elif m.role == 'tool' %}<|im_start|>user\n<tool_response>\n{{ m.content }}\n</tool_response><|im_end|>\n",
+    "{% else %}<|im_start|>{{ m.role }}\n{{ m.content }}{% for c in m.tool_calls or [] %}<tool_call>\n",
+    "{\"name\": \"{{ c.function.name }}\", \"arguments\": {{ c.function.arguments | tojson }}}\n</tool_call>",
+    "{% endfor %}<|im_end|>\n{% endif %}{% endfor %}",
+    "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}",
+);
 
 /// GPT-2's byte → printable character map.
 pub fn byte_alphabet() -> Vec<char> {

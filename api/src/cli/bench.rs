@@ -49,6 +49,10 @@ pub struct BenchArgs {
     /// the engine loop and its prefix cache.
     #[arg(long, value_name = "N")]
     pub reuse: Option<usize>,
+    /// Instead: decode speed with a tool-call grammar vs without, through the
+    /// engine loop (at each --batch), and grammar compile times for 20 tools.
+    #[arg(long, conflicts_with = "reuse")]
+    pub grammar: bool,
 }
 
 struct Bench<B: Backend> {
@@ -179,6 +183,14 @@ pub fn run(args: BenchArgs) -> anyhow::Result<()> {
         None => super::pull_default(None)?,
     };
     let device = crate::device::select(args.device.parse().map_err(anyhow::Error::msg)?)?;
+    if args.grammar {
+        return match device {
+            crate::device::Device::Cpu => super::bench_grammar::run(&args, &path, CpuBackend::new(args.threads)?),
+            crate::device::Device::Cuda(info) => {
+                super::bench_grammar::run(&args, &path, crate::device::cuda_backend(&info, args.cublas_prefill)?)
+            }
+        };
+    }
     match (device, args.reuse) {
         (crate::device::Device::Cpu, Some(prefix)) => reuse(&args, &path, prefix, CpuBackend::new(args.threads)?),
         (crate::device::Device::Cuda(info), Some(prefix)) => {

@@ -141,6 +141,7 @@ fn generate_on<B: Backend>(
             presence_penalty: args.presence_penalty,
             frequency_penalty: args.frequency_penalty,
             seed: args.seed,
+            logit_bias: Vec::new(),
         },
         max_tokens: args.max_tokens,
         stop: args.stop.clone(),

@@ -2,6 +2,7 @@
 //! `tenants`, `token`, `context`.
 
 mod bench;
+mod bench_grammar;
 mod context;
 mod generate;
 pub mod report;

@@ -1,8 +1,11 @@
 //! `POST /v1/chat/completions`: the conversation is rendered with the
 //! model's own chat template, behind the operator's public system prompt
-//! (the prefix every tenant shares).
+//! (the prefix every tenant shares). Tools and response formats become a
+//! grammar the engine enforces, and calls in the answer become `tool_calls`
+//! (see [`super::tools`]).
 
-use super::types::{ChatCompletion, ChatCompletionRequest, Content};
+use super::tools::{self, ToolFields};
+use super::types::{reject_unknown, ChatCompletion, ChatCompletionRequest, ChatMessageIn, Content};
 use super::{execute, model, params, Endpoint, Job};
 use crate::auth::TenantAuth;
 use crate::error::ApiError;
@@ -10,45 +13,86 @@ use crate::state::AppState;
 use actix_web::{post, web, HttpRequest, HttpResponse};
 use cachet_engine::chat_template::ChatMessage;
 use cachet_engine::runtime::PublicPrefix;
+use serde_json::Value;
 
-/// Converts OpenAI messages to the template's (text content only).
+/// The text of a message's content: a string, or text parts joined.
+fn text_of(content: &Option<Content>, at: usize) -> Result<String, ApiError> {
+    Ok(match content {
+        None => String::new(),
+        Some(Content::Text(t)) => t.clone(),
+        Some(Content::Parts(parts)) => {
+            let mut text = String::new();
+            for p in parts {
+                match (p.kind.as_str(), &p.text) {
+                    ("text", Some(t)) => text.push_str(t),
+                    (kind, _) => {
+                        return Err(ApiError::bad_param(
+                            format!("messages[{at}].content"),
+                            format!("content parts of type {kind:?} are not supported (text only)"),
+                        ))
+                    }
+                }
+            }
+            text
+        }
+    })
+}
+
+/// An assistant message's `tool_calls` as templates expect them: each call's
+/// `function.arguments` (a JSON string on the wire) parsed into an object, so
+/// the template does not render it double-encoded.
+pub(crate) fn history_calls(calls: &Value, at: usize) -> Result<Value, ApiError> {
+    let bad = |m: String| ApiError::bad_param(format!("messages[{at}].tool_calls"), m);
+    let list = calls.as_array().ok_or_else(|| bad(format!("messages[{at}].tool_calls must be an array")))?;
+    let mut out = Vec::with_capacity(list.len());
+    for (j, call) in list.iter().enumerate() {
+        let mut call = call.clone();
+        let function = call
+            .get_mut("function")
+            .and_then(Value::as_object_mut)
+            .ok_or_else(|| bad(format!("messages[{at}].tool_calls[{j}].function must be an object")))?;
+        if !function.get("name").is_some_and(Value::is_string) {
+            return Err(bad(format!("messages[{at}].tool_calls[{j}].function.name must be a string")));
+        }
+        if let Some(Value::String(args)) = function.get("arguments") {
+            // A string that is not JSON stays a string (as vLLM does).
+            if let Ok(parsed) = serde_json::from_str::<Value>(args) {
+                function.insert("arguments".into(), parsed);
+            }
+        }
+        out.push(call);
+    }
+    Ok(Value::Array(out))
+}
+
+/// Converts one OpenAI message to the template's.
+pub(crate) fn message(m: &ChatMessageIn, at: usize) -> Result<ChatMessage, ApiError> {
+    if !matches!(m.role.as_str(), "system" | "developer" | "user" | "assistant" | "tool") {
+        return Err(ApiError::bad_param(format!("messages[{at}].role"), format!("unknown role {:?}", m.role)));
+    }
+    let role = if m.role == "developer" { "system".to_string() } else { m.role.clone() };
+    let mut msg = ChatMessage::new(role, text_of(&m.content, at)?);
+    msg.name = m.name.clone();
+    msg.tool_calls = match &m.tool_calls {
+        Some(calls) if !calls.is_null() && m.role == "assistant" => Some(history_calls(calls, at)?),
+        Some(calls) if !calls.is_null() => {
+            return Err(ApiError::bad_param(
+                format!("messages[{at}].tool_calls"),
+                "only assistant messages carry tool_calls",
+            ))
+        }
+        _ => None,
+    };
+    msg.tool_call_id = m.tool_call_id.clone();
+    Ok(msg)
+}
+
+/// Converts OpenAI messages to the template's.
 fn messages(body: &ChatCompletionRequest) -> Result<Vec<ChatMessage>, ApiError> {
     if body.messages.is_empty() {
         return Err(ApiError::bad_param("messages", "messages must not be empty"));
     }
-    body.messages
-        .iter()
-        .map(|m| {
-            if !matches!(m.role.as_str(), "system" | "developer" | "user" | "assistant" | "tool") {
-                return Err(ApiError::bad_param("messages", format!("unknown role {:?}", m.role)));
-            }
-            let content = match &m.content {
-                None => String::new(),
-                Some(Content::Text(t)) => t.clone(),
-                Some(Content::Parts(parts)) => {
-                    let mut text = String::new();
-                    for p in parts {
-                        match (p.kind.as_str(), &p.text) {
-                            ("text", Some(t)) => text.push_str(t),
-                            (kind, _) => {
-                                return Err(ApiError::bad_param(
-                                    "messages",
-                                    format!("content parts of type {kind:?} are not supported (text only)"),
-                                ))
-                            }
-                        }
-                    }
-                    text
-                }
-            };
-            let role = if m.role == "developer" { "system".to_string() } else { m.role.clone() };
-            let mut msg = ChatMessage::new(role, content);
-            msg.name = m.name.clone();
-            msg.tool_calls = m.tool_calls.clone();
-            msg.tool_call_id = m.tool_call_id.clone();
-            Ok(msg)
-        })
-        .collect()
+    body.messages.iter().enumerate().map(|(i, m)| message(m, i)).collect()
 }
 
 /// Creates a model response for the given chat conversation.
@@ -66,15 +110,23 @@ pub async fn chat_completions(
     auth: TenantAuth,
     body: web::Json<ChatCompletionRequest>,
 ) -> Result<HttpResponse, ApiError> {
+    reject_unknown(&body.unknown)?;
     let served = model(&state, &body.model)?;
     let template = served.engine.chat_template().ok_or_else(|| ApiError::bad("the model has no chat template"))?;
+    let fields = ToolFields {
+        tools: body.tools.as_ref(),
+        tool_choice: body.tool_choice.as_ref(),
+        parallel_tool_calls: body.parallel_tool_calls,
+        response_format: body.response_format.as_ref(),
+    };
+    let plan = tools::plan(fields, template.source())?;
     let mut conversation = Vec::new();
     if let Some((public, _)) = &served.public {
         conversation.push(ChatMessage::system(public.clone()));
     }
     conversation.extend(messages(&body)?);
     let text = template
-        .render(&conversation, true, body.tools.as_ref())
+        .render(&conversation, true, plan.template_tools.as_ref())
         .map_err(|e| ApiError::bad_param("messages", e.to_string()))?;
     let tokens = served.engine.tokenizer().encode(&text, true).map_err(|e| ApiError::bad(e.to_string()))?;
     let public = served
@@ -82,6 +134,35 @@ pub async fn chat_completions(
         .as_ref()
         .filter(|(_, ids)| tokens.starts_with(ids))
         .map(|(_, ids)| PublicPrefix { template: "chat".into(), tokens: ids.len() });
-    let params = params(&body.sampling, tokens.len(), served.engine.max_context())?;
-    execute(&state, &http, auth, served, &body.sampling, Job::new(Endpoint::Chat, tokens, public, params)).await
+    let params = params(&body.sampling, tokens.len(), &served.engine)?;
+    let mut job = Job::new(Endpoint::Chat, tokens, public, params);
+    job.grammar = tools::compile(&served.engine, &plan).await?;
+    job.calls = plan.calls;
+    execute(&state, &http, auth, served, &body.sampling, job).await
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use cachet_engine::chat_template::ChatTemplate;
+    use serde_json::json;
+
+    #[test]
+    fn history_arguments_are_rendered_as_objects_not_strings() {
+        let template = ChatTemplate::new(cachet_engine::testing::TINY_CHAT_TEMPLATE, None, None).unwrap();
+        let calls = json!([{"id": "c1", "type": "function", "function": {"name": "f", "arguments": "{\"a\": [1, \"x\"]}"}},
+                           {"id": "c2", "type": "function", "function": {"name": "g", "arguments": "not json"}}]);
+        let render = |calls: Value| {
+            let mut m = ChatMessage::assistant("");
+            m.tool_calls = Some(calls);
+            template.render(&[ChatMessage::user("x"), m], false, None).unwrap()
+        };
+        let text = render(history_calls(&calls, 0).unwrap());
+        assert!(text.contains(r#"{"name": "f", "arguments": {"a": [1, "x"]}}"#), "{text}");
+        assert!(text.contains(r#"{"name": "g", "arguments": "not json"}"#), "{text}");
+        // As sent (a JSON string), it would be double-encoded.
+        assert!(render(calls).contains(r#""arguments": "{\"a\""#));
+        let bad = json!([{"id": "c", "type": "function", "function": {"arguments": "{}"}}]);
+        assert!(history_calls(&bad, 3).is_err());
+    }
 }

@@ -1,7 +1,7 @@
 //! `POST /v1/completions`: raw text (or token ids) in, text out; with
 //! `suffix`, a fill-in-the-middle prompt in the model's FIM tokens.
 
-use super::types::{CompletionRequest, Prompt, TextCompletion};
+use super::types::{reject_unknown, CompletionRequest, Prompt, TextCompletion};
 use super::{execute, model, params, Endpoint, Job};
 use crate::auth::TenantAuth;
 use crate::error::ApiError;
@@ -23,6 +23,7 @@ pub async fn completions(
     auth: TenantAuth,
     body: web::Json<CompletionRequest>,
 ) -> Result<HttpResponse, ApiError> {
+    reject_unknown(&body.unknown)?;
     let served = model(&state, &body.model)?;
     if body.echo == Some(true) {
         return Err(ApiError::bad_param("echo", "echo is not supported"));
@@ -57,7 +58,7 @@ pub async fn completions(
     if let Some(&bad) = tokens.iter().find(|&&t| t as usize >= served.engine.vocab_size()) {
         return Err(ApiError::bad_param("prompt", format!("token id {bad} is outside the vocabulary")));
     }
-    let params = params(&body.sampling, tokens.len(), served.engine.max_context())?;
+    let params = params(&body.sampling, tokens.len(), &served.engine)?;
     let job = Job::new(Endpoint::Completions, tokens, None, params);
     execute(&state, &http, auth, served, &body.sampling, job).await
 }

@@ -6,6 +6,7 @@
 pub mod chat;
 pub mod completions;
 mod stream;
+pub(crate) mod tools;
 pub mod types;
 
 use crate::auth::TenantAuth;
@@ -71,15 +72,34 @@ pub(crate) fn model<'a>(state: &'a AppState, model: &str) -> Result<&'a Served, 
 }
 
 /// Checks the sampling fields (OpenAI's ranges) and builds the engine's.
-pub(crate) fn params(s: &Sampling, prompt_tokens: usize, max_context: usize) -> Result<GenerateParams, ApiError> {
+pub(crate) fn params(
+    s: &Sampling,
+    prompt_tokens: usize,
+    engine: &cachet_engine::runtime::EngineHandle,
+) -> Result<GenerateParams, ApiError> {
+    let max_context = engine.max_context();
     if s.n.is_some_and(|n| n != 1) {
         return Err(ApiError::bad_param("n", "only n = 1 is supported"));
     }
     if s.logprobs.as_ref().is_some_and(|v| !v.is_null() && *v != serde_json::Value::Bool(false)) {
         return Err(ApiError::bad_param("logprobs", "logprobs are not supported"));
     }
-    let check =
-        |ok: bool, param: &'static str, msg: &str| if ok { Ok(()) } else { Err(ApiError::bad_param(param, msg)) };
+    if s.top_logprobs.as_ref().is_some_and(|v| !v.is_null()) {
+        return Err(ApiError::bad_param("top_logprobs", "top_logprobs needs logprobs, which are not supported"));
+    }
+    if s.store == Some(true) {
+        return Err(ApiError::bad_param("store", "cachet does not store completions (store must be false)"));
+    }
+    if let Some(tier) = s.service_tier.as_deref().filter(|t| !matches!(*t, "auto" | "default")) {
+        return Err(ApiError::bad_param("service_tier", format!("unknown service tier {tier:?} (auto, default)")));
+    }
+    let check = |ok: bool, param: &'static str, msg: &str| {
+        if ok {
+            Ok(())
+        } else {
+            Err(ApiError::bad_param(param, msg.to_string()))
+        }
+    };
     if let Some(t) = s.temperature {
         check(t.is_finite() && (0.0..=2.0).contains(&t), "temperature", "temperature must be between 0 and 2")?;
     }
@@ -93,6 +113,7 @@ pub(crate) fn params(s: &Sampling, prompt_tokens: usize, max_context: usize) -> 
     }
     let stop = s.stop.clone().map(types::Stop::into_vec).unwrap_or_default();
     check(stop.len() <= 4, "stop", "at most 4 stop sequences")?;
+    let logit_bias = logit_bias(s.logit_bias.as_ref(), engine.vocab_size())?;
     if prompt_tokens >= max_context {
         return Err(ApiError::ContextTooLong { tokens: prompt_tokens, limit: max_context });
     }
@@ -110,6 +131,7 @@ pub(crate) fn params(s: &Sampling, prompt_tokens: usize, max_context: usize) -> 
         presence_penalty: s.presence_penalty.unwrap_or(0.0),
         frequency_penalty: s.frequency_penalty.unwrap_or(0.0),
         seed: s.seed.map(|v| v as u64),
+        logit_bias,
     };
     sampling.validate().map_err(ApiError::bad)?;
     Ok(GenerateParams {
@@ -120,6 +142,28 @@ pub(crate) fn params(s: &Sampling, prompt_tokens: usize, max_context: usize) -> 
         stop_token_ids: Vec::new(),
         ignore_eos: s.ignore_eos.unwrap_or(false),
     })
+}
+
+/// OpenAI's `logit_bias`: token ids (as strings) to biases in [-100, 100].
+fn logit_bias(
+    map: Option<&serde_json::Map<String, serde_json::Value>>,
+    vocab: usize,
+) -> Result<Vec<(u32, f32)>, ApiError> {
+    let Some(map) = map else { return Ok(Vec::new()) };
+    if map.len() > 1024 {
+        return Err(ApiError::bad_param("logit_bias", "at most 1024 logit_bias entries"));
+    }
+    map.iter()
+        .map(|(id, bias)| {
+            let token = id.parse::<u32>().ok().filter(|&t| (t as usize) < vocab).ok_or_else(|| {
+                ApiError::bad_param("logit_bias", format!("{id:?} is not a token id of this model (0..{vocab})"))
+            })?;
+            let bias = bias.as_f64().filter(|b| (-100.0..=100.0).contains(b)).ok_or_else(|| {
+                ApiError::bad_param("logit_bias", format!("the bias of token {id} must be a number in [-100, 100]"))
+            })?;
+            Ok((token, bias as f32))
+        })
+        .collect()
 }
 
 /// A session or task id from the body, else from its `X-Cachet-*` header.
@@ -156,6 +200,10 @@ pub(crate) struct Job {
     /// chunk of a stream) and as headers.
     pub extra: Option<serde_json::Value>,
     pub headers: Vec<(&'static str, String)>,
+    /// The grammar the output must match (tools, response formats).
+    pub grammar: Option<cachet_engine::constraint::Grammar>,
+    /// Read tool calls out of the answer.
+    pub calls: Option<tools::parse::ToolSet>,
 }
 
 impl Job {
@@ -171,6 +219,8 @@ impl Job {
             answer: None,
             extra: None,
             headers: Vec::new(),
+            grammar: None,
+            calls: None,
         }
     }
 }
@@ -291,6 +341,7 @@ pub(crate) async fn execute(
     request.slo = slo;
     request.retention = retention;
     request.on_complete = Some(hook);
+    request.grammar = job.grammar;
     let mut events = served.engine.submit(request);
     // The first event decides the status: an error before any token is an
     // HTTP error, not a 200 stream.
@@ -305,6 +356,7 @@ pub(crate) async fn execute(
         endpoint: job.endpoint,
         extra: job.extra,
         headers: job.headers,
+        calls: job.calls,
     };
     if sampling.stream.unwrap_or(false) {
         let include_usage = sampling.stream_options.as_ref().is_some_and(|o| o.include_usage);
@@ -355,6 +407,9 @@ pub(crate) fn engine_error(e: RequestError) -> ApiError {
         RequestError::Overloaded { retry_after } => ApiError::Overloaded { retry_after },
         RequestError::Invalid(m) => ApiError::bad(m),
         RequestError::TooLong { tokens, limit } => ApiError::ContextTooLong { tokens, limit },
+        RequestError::Grammar(m) => {
+            ApiError::bad(format!("the output cannot continue under the request's grammar: {m}"))
+        }
         other => ApiError::Internal(other.to_string()),
     }
 }

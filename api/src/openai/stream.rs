@@ -3,11 +3,15 @@
 //! usage chunk, then `data: [DONE]`). When the client goes away, actix drops
 //! the stream, which drops the engine's request stream and so cancels it.
 
-use super::types::{ChatChoice, ChatCompletion, ChatMessageOut, CompletionChoice, TextCompletion, Usage};
+use super::tools::parse::{CallParser, Delta, ToolSet};
+use super::types::{
+    ChatChoice, ChatCompletion, ChatMessageOut, CompletionChoice, FunctionCall, TextCompletion, ToolCall, Usage,
+};
 use super::{finish_reason, Answer, AnswerSink, Endpoint};
 use crate::error::error_body;
 use actix_web::web::Bytes;
 use actix_web::HttpResponse;
+use cachet_engine::generate::FinishReason;
 use cachet_engine::runtime::{Completion, Event, RequestStream};
 use serde_json::json;
 
@@ -19,6 +23,35 @@ pub(crate) struct Context {
     /// cachet's additions (`"cachet"`): in the body, or the first chunk.
     pub extra: Option<serde_json::Value>,
     pub headers: Vec<(&'static str, String)>,
+    /// Read tool calls out of the answer (chat answers of requests with tools).
+    pub calls: Option<ToolSet>,
+}
+
+/// `tool_calls` when the answer made calls and ended by itself.
+fn reason(calls: usize, r: FinishReason) -> &'static str {
+    if calls > 0 && r == FinishReason::Stop {
+        "tool_calls"
+    } else {
+        finish_reason(r)
+    }
+}
+
+/// A whole answer's content and calls.
+fn split(tools: &ToolSet, text: &str) -> (String, Vec<ToolCall>) {
+    let mut parser = CallParser::new(tools.clone());
+    let mut deltas = parser.push(text);
+    deltas.extend(parser.finish());
+    let (mut content, mut calls) = (String::new(), Vec::<ToolCall>::new());
+    for d in deltas {
+        match d {
+            Delta::Content(t) => content.push_str(&t),
+            Delta::Start { id, name, .. } => {
+                calls.push(ToolCall { id, kind: "function", function: FunctionCall { name, arguments: String::new() } })
+            }
+            Delta::Args { index, text } => calls[index].function.arguments.push_str(&text),
+        }
+    }
+    (content, calls)
 }
 
 fn fingerprint() -> String {
@@ -28,8 +61,13 @@ fn fingerprint() -> String {
 /// The non-streaming answer.
 pub(crate) fn whole(ctx: &Context, text: String, c: &Completion) -> HttpResponse {
     let usage = Usage::from(c);
-    let reason = finish_reason(c.finish_reason);
     let mut body = if ctx.endpoint.is_chat() {
+        let (content, tool_calls) = match &ctx.calls {
+            Some(tools) => split(tools, &text),
+            None => (text, Vec::new()),
+        };
+        let finish = reason(tool_calls.len(), c.finish_reason);
+        let content = if content.is_empty() && !tool_calls.is_empty() { None } else { Some(content) };
         serde_json::to_value(ChatCompletion {
             id: ctx.id.clone(),
             object: "chat.completion",
@@ -38,8 +76,8 @@ pub(crate) fn whole(ctx: &Context, text: String, c: &Completion) -> HttpResponse
             system_fingerprint: fingerprint(),
             choices: vec![ChatChoice {
                 index: 0,
-                message: ChatMessageOut { role: "assistant", content: text },
-                finish_reason: reason,
+                message: ChatMessageOut { role: "assistant", content, tool_calls, refusal: None },
+                finish_reason: finish,
                 logprobs: None,
             }],
             usage,
@@ -52,7 +90,12 @@ pub(crate) fn whole(ctx: &Context, text: String, c: &Completion) -> HttpResponse
             created: ctx.created,
             model: ctx.model.clone(),
             system_fingerprint: fingerprint(),
-            choices: vec![CompletionChoice { index: 0, text, finish_reason: reason, logprobs: None }],
+            choices: vec![CompletionChoice {
+                index: 0,
+                text,
+                finish_reason: finish_reason(c.finish_reason),
+                logprobs: None,
+            }],
             usage,
         })
         .unwrap_or_default()
@@ -70,24 +113,50 @@ pub(crate) fn whole(ctx: &Context, text: String, c: &Completion) -> HttpResponse
 impl Context {
     /// One chunk carrying `text` (and, at the end, a finish reason).
     fn chunk(&self, text: Option<&str>, role: bool, reason: Option<&str>) -> serde_json::Value {
+        let mut delta = serde_json::Map::new();
+        if role {
+            delta.insert("role".into(), json!("assistant"));
+        }
+        if let Some(t) = text {
+            delta.insert("content".into(), json!(t));
+        }
+        self.chunk_with(delta, text, reason)
+    }
+
+    /// A chat chunk for one piece of a parsed answer, as OpenAI streams calls:
+    /// index, id, type and name first, then the arguments in pieces.
+    fn delta_chunk(&self, d: &Delta) -> serde_json::Value {
+        let mut delta = serde_json::Map::new();
+        let call = match d {
+            Delta::Content(t) => {
+                delta.insert("content".into(), json!(t));
+                None
+            }
+            Delta::Start { index, id, name } => Some(json!({"index": index, "id": id, "type": "function",
+                "function": {"name": name, "arguments": ""}})),
+            Delta::Args { index, text } => Some(json!({"index": index, "function": {"arguments": text}})),
+        };
+        if let Some(call) = call {
+            delta.insert("tool_calls".into(), json!([call]));
+        }
+        self.chunk_with(delta, None, None)
+    }
+
+    fn chunk_with(
+        &self,
+        delta: serde_json::Map<String, serde_json::Value>,
+        text: Option<&str>,
+        reason: Option<&str>,
+    ) -> serde_json::Value {
         let base = |object: &str, choice: serde_json::Value| {
             json!({"id": self.id, "object": object, "created": self.created, "model": self.model,
                    "system_fingerprint": fingerprint(), "choices": [choice]})
         };
         match self.endpoint {
-            Endpoint::Chat | Endpoint::SessionMessage => {
-                let mut delta = serde_json::Map::new();
-                if role {
-                    delta.insert("role".into(), json!("assistant"));
-                }
-                if let Some(t) = text {
-                    delta.insert("content".into(), json!(t));
-                }
-                base(
-                    "chat.completion.chunk",
-                    json!({"index": 0, "delta": delta, "logprobs": null, "finish_reason": reason}),
-                )
-            }
+            Endpoint::Chat | Endpoint::SessionMessage => base(
+                "chat.completion.chunk",
+                json!({"index": 0, "delta": delta, "logprobs": null, "finish_reason": reason}),
+            ),
             Endpoint::Completions => base(
                 "text_completion",
                 json!({"index": 0, "text": text.unwrap_or(""), "logprobs": null, "finish_reason": reason}),
@@ -151,35 +220,36 @@ pub(crate) fn respond(
 ) -> HttpResponse {
     let headers = ctx.headers.clone();
     let collector = Collector { sink, text: String::new(), tokens: Vec::new() };
-    let state = (ctx, events, collector, Phase::Start(Some(first)));
-    let body = futures_util::stream::unfold(state, move |(ctx, mut events, mut collector, phase)| async move {
-        let (bytes, next) = match phase {
-            Phase::Start(first) => {
-                let mut out = Vec::new();
-                if ctx.endpoint.is_chat() {
-                    let mut role = ctx.chunk(Some(""), true, None);
-                    if let Some(extra) = &ctx.extra {
-                        role["cachet"] = extra.clone();
+    let parser = ctx.calls.clone().map(CallParser::new);
+    let state = (ctx, events, collector, parser, Phase::Start(Some(first)));
+    let body =
+        futures_util::stream::unfold(state, move |(ctx, mut events, mut collector, mut parser, phase)| async move {
+            let (bytes, next) = match phase {
+                Phase::Start(first) => {
+                    let mut out = Vec::new();
+                    if ctx.endpoint.is_chat() {
+                        let mut role = ctx.chunk(Some(""), true, None);
+                        if let Some(extra) = &ctx.extra {
+                            role["cachet"] = extra.clone();
+                        }
+                        out.extend_from_slice(&data(&role));
                     }
-                    out.extend_from_slice(&data(&role));
+                    collector.see(&first).await;
+                    let (more, next) = handle(&ctx, parser.as_mut(), first, include_usage);
+                    out.extend_from_slice(&more);
+                    (Bytes::from(out), next)
                 }
-                collector.see(&first).await;
-                let (more, next) = handle(&ctx, first, include_usage);
-                out.extend_from_slice(&more);
-                (Bytes::from(out), next)
-            }
-            Phase::Events => {
-                let event = events.next().await;
-                collector.see(&event).await;
-                let (bytes, next) = handle(&ctx, event, include_usage);
-                (bytes, next)
-            }
-            Phase::Usage(c) => (data(&ctx.usage_chunk(&c)), Phase::Done),
-            Phase::Done => (Bytes::from_static(b"data: [DONE]\n\n"), Phase::End),
-            Phase::End => return None,
-        };
-        Some((Ok::<Bytes, actix_web::Error>(bytes), (ctx, events, collector, next)))
-    });
+                Phase::Events => {
+                    let event = events.next().await;
+                    collector.see(&event).await;
+                    handle(&ctx, parser.as_mut(), event, include_usage)
+                }
+                Phase::Usage(c) => (data(&ctx.usage_chunk(&c)), Phase::Done),
+                Phase::Done => (Bytes::from_static(b"data: [DONE]\n\n"), Phase::End),
+                Phase::End => return None,
+            };
+            Some((Ok::<Bytes, actix_web::Error>(bytes), (ctx, events, collector, parser, next)))
+        });
     let mut response = HttpResponse::Ok();
     response
         .content_type("text/event-stream")
@@ -191,19 +261,25 @@ pub(crate) fn respond(
     response.streaming(body)
 }
 
-/// The bytes for one engine event and the phase after it.
-fn handle(ctx: &Context, event: Option<Event>, include_usage: bool) -> (Bytes, Phase) {
+/// The bytes for one engine event and the phase after it; with a call parser, the
+/// text goes through it and comes out as content and `tool_calls` deltas.
+fn handle(ctx: &Context, parser: Option<&mut CallParser>, event: Option<Event>, include_usage: bool) -> (Bytes, Phase) {
     match event {
         Some(Event::Token { text, .. }) => {
-            if text.is_empty() {
-                (Bytes::new(), Phase::Events)
-            } else {
-                (data(&ctx.chunk(Some(&text), false, None)), Phase::Events)
-            }
+            let bytes = match parser {
+                Some(p) => deltas(ctx, &p.push(&text)),
+                None if text.is_empty() => Bytes::new(),
+                None => data(&ctx.chunk(Some(&text), false, None)),
+            };
+            (bytes, Phase::Events)
         }
         Some(Event::Done(c)) => {
-            let last = data(&ctx.chunk(None, false, Some(finish_reason(c.finish_reason))));
-            (last, if include_usage { Phase::Usage(Box::new(c)) } else { Phase::Done })
+            let (mut out, calls) = match parser {
+                Some(p) => (deltas(ctx, &p.finish()).to_vec(), p.calls()),
+                None => (Vec::new(), 0),
+            };
+            out.extend_from_slice(&data(&ctx.chunk(None, false, Some(reason(calls, c.finish_reason)))));
+            (Bytes::from(out), if include_usage { Phase::Usage(Box::new(c)) } else { Phase::Done })
         }
         Some(Event::Error(e)) => {
             let err = super::engine_error(e);
@@ -211,4 +287,13 @@ fn handle(ctx: &Context, event: Option<Event>, include_usage: bool) -> (Bytes, P
         }
         None => (data(&error_body("the engine stopped", "server_error", None, "stream_error")), Phase::Done),
     }
+}
+
+/// The chunks of parsed deltas.
+fn deltas(ctx: &Context, deltas: &[Delta]) -> Bytes {
+    let mut out = Vec::new();
+    for d in deltas {
+        out.extend_from_slice(&data(&ctx.delta_chunk(d)));
+    }
+    Bytes::from(out)
 }

@@ -1,6 +1,7 @@
-//! Request and response bodies of the OpenAI-compatible endpoints. Unknown
-//! request fields are ignored (clients send many); fields cachet does not
-//! implement are refused with a 400 naming them, never silently dropped.
+//! Request and response bodies of the OpenAI-compatible endpoints. Every
+//! request field is either honoured or refused with a 400 naming it: fields
+//! nobody defined are collected in `unknown` and refused (OpenAI's own
+//! "Unrecognized request argument supplied"), never silently dropped.
 
 use serde::{Deserialize, Serialize};
 use utoipa::ToSchema;
@@ -112,6 +113,52 @@ pub struct Sampling {
     pub slo: Option<String>,
     #[serde(default)]
     pub logprobs: Option<serde_json::Value>,
+    #[serde(default)]
+    pub top_logprobs: Option<serde_json::Value>,
+    /// Added to the logits of these token ids (`{"id": bias}`, bias in [-100, 100]).
+    #[serde(default)]
+    #[schema(value_type = Option<Object>)]
+    pub logit_bias: Option<serde_json::Map<String, serde_json::Value>>,
+    /// Whether OpenAI should store the completion: cachet stores none, so only
+    /// `false` can be honoured.
+    #[serde(default)]
+    pub store: Option<bool>,
+    /// Tags for stored completions (nothing is stored; accepted, as with `store: false`).
+    #[serde(default)]
+    #[schema(value_type = Option<Object>)]
+    pub metadata: Option<serde_json::Value>,
+    /// `auto` or `default` (cachet has one tier).
+    #[serde(default)]
+    pub service_tier: Option<String>,
+    /// OpenAI's prompt-cache routing hint: cachet's prefix cache needs none
+    /// (accepted, with no effect on which prefixes are reused).
+    #[serde(default)]
+    pub prompt_cache_key: Option<String>,
+}
+
+/// Request fields no endpoint defines, refused by [`reject_unknown`].
+pub type Unknown = serde_json::Map<String, serde_json::Value>;
+
+/// Fields of OpenAI's API that cachet does not implement, with what to do instead.
+const UNSUPPORTED: [(&str, &str); 8] = [
+    ("functions", "use tools"),
+    ("function_call", "use tool_choice"),
+    ("modalities", "only text is supported"),
+    ("audio", "only text is supported"),
+    ("prediction", "predicted outputs are not supported"),
+    ("web_search_options", "web search is not supported"),
+    ("reasoning_effort", "the served model does not reason"),
+    ("verbosity", "not supported"),
+];
+
+/// A 400 naming the first field of `unknown`.
+pub fn reject_unknown(unknown: &Unknown) -> Result<(), crate::error::ApiError> {
+    let Some(field) = unknown.keys().next() else { return Ok(()) };
+    let message = match UNSUPPORTED.iter().find(|(f, _)| f == field) {
+        Some((_, instead)) => format!("{field} is not supported: {instead}"),
+        None => format!("Unrecognized request argument supplied: {field}"),
+    };
+    Err(crate::error::ApiError::bad_param(field.clone(), message))
 }
 
 /// `POST /v1/chat/completions`.
@@ -119,11 +166,26 @@ pub struct Sampling {
 pub struct ChatCompletionRequest {
     pub model: String,
     pub messages: Vec<ChatMessageIn>,
+    /// Functions the model may call (`[{"type": "function", "function": {name, description, parameters}}]`).
     #[serde(default)]
     #[schema(value_type = Option<Vec<Object>>)]
     pub tools: Option<serde_json::Value>,
+    /// `none`, `auto` (default with tools), `required`, or `{"type": "function", "function": {"name": …}}`.
+    #[serde(default)]
+    #[schema(value_type = Option<Object>)]
+    pub tool_choice: Option<serde_json::Value>,
+    /// Whether an answer may make several calls (default true).
+    #[serde(default)]
+    pub parallel_tool_calls: Option<bool>,
+    /// `{"type": "text" | "json_object"}` or `{"type": "json_schema", "json_schema": {name, schema, strict}}`.
+    #[serde(default)]
+    #[schema(value_type = Option<Object>)]
+    pub response_format: Option<serde_json::Value>,
     #[serde(flatten)]
     pub sampling: Sampling,
+    #[serde(flatten)]
+    #[schema(ignore)]
+    pub unknown: Unknown,
 }
 
 /// `prompt` of `/v1/completions`: text or token ids, one of each at most.
@@ -148,6 +210,9 @@ pub struct CompletionRequest {
     pub echo: Option<bool>,
     #[serde(flatten)]
     pub sampling: Sampling,
+    #[serde(flatten)]
+    #[schema(ignore)]
+    pub unknown: Unknown,
 }
 
 #[derive(Clone, Debug, Serialize, ToSchema, PartialEq)]
@@ -177,7 +242,28 @@ impl Usage {
 #[derive(Clone, Debug, Serialize, ToSchema)]
 pub struct ChatMessageOut {
     pub role: &'static str,
-    pub content: String,
+    /// The text (null when the answer is only tool calls).
+    pub content: Option<String>,
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub tool_calls: Vec<ToolCall>,
+    /// Always null: cachet's models do not refuse through a separate channel.
+    pub refusal: Option<String>,
+}
+
+/// A call the model made.
+#[derive(Clone, Debug, PartialEq, Serialize, ToSchema)]
+pub struct ToolCall {
+    pub id: String,
+    #[serde(rename = "type")]
+    pub kind: &'static str,
+    pub function: FunctionCall,
+}
+
+/// The function and its arguments (a JSON text).
+#[derive(Clone, Debug, PartialEq, Serialize, ToSchema)]
+pub struct FunctionCall {
+    pub name: String,
+    pub arguments: String,
 }
 
 #[derive(Clone, Debug, Serialize, ToSchema)]

@@ -1,6 +1,12 @@
 //! A session's prompt from its parts: the repository context at the branch
-//! head, the stored history, and this turn (named files, tool output, the
-//! question). Blocking: call from `spawn_blocking`.
+//! head, the stored history, and this turn (results of the previous answer's
+//! tool calls, named files, tool output, the question). Blocking: call from
+//! `spawn_blocking`.
+//!
+//! The operator's public system prompt and the repository context are one
+//! system message, so that a template that renders tools after the system
+//! message's content (Qwen's) puts them after the repository context: the
+//! context stays first, and what was pre-warmed without tools stays reusable.
 
 use super::prompt::{assemble, block, Assembled, Kind, Message, Piece};
 use crate::context::{tag_source, Repos};
@@ -26,12 +32,26 @@ pub enum ToolOutput {
     Named { name: Option<String>, content: String },
 }
 
+/// The result of a call the previous answer made.
+#[derive(Clone, Debug, Deserialize, utoipa::ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct ToolResult {
+    /// The `id` of the call (from the answer's `tool_calls`).
+    pub tool_call_id: String,
+    /// What the tool returned.
+    pub content: String,
+}
+
 /// This turn's input.
 #[derive(Clone, Debug, Default)]
 pub struct TurnInput {
+    /// Results of the previous answer's calls (`tool` messages, before the user's).
+    pub tool_results: Vec<ToolResult>,
     pub files: Vec<String>,
     pub tool_output: Vec<ToolOutput>,
     pub question: String,
+    /// The tools the template renders this turn.
+    pub tools: Option<serde_json::Value>,
 }
 
 /// A session prompt and what it was built from.
@@ -76,6 +96,7 @@ fn history_messages(served: &Served, history: &[Turn]) -> Vec<Message> {
             let (role, kind) = match turn.role {
                 Role::User => ("user", Kind::HistoryUser),
                 Role::Assistant => ("assistant", Kind::HistoryAssistant),
+                Role::Tool => ("tool", Kind::HistoryTool),
             };
             let mut piece = Piece::text(kind, turn.content.clone());
             piece.turn = Some(turn.seq);
@@ -91,7 +112,7 @@ fn history_messages(served: &Served, history: &[Turn]) -> Vec<Message> {
                     piece.tokens = Some(tokens);
                 }
             }
-            Message { role, pieces: vec![piece] }
+            Message { role, pieces: vec![piece], tool_call_id: turn.tool_call_id.clone() }
         })
         .collect()
 }
@@ -132,10 +153,47 @@ fn turn_pieces(mirror: &Mirror, commit: &CommitId, turn: &TurnInput) -> Result<V
     if !question.is_empty() {
         pieces.push(Piece::text(Kind::Question, question));
     }
-    if pieces.is_empty() {
-        return Err(ApiError::bad_param("content", "the message has no content, files or tool output"));
+    if pieces.is_empty() && turn.tool_results.is_empty() {
+        return Err(ApiError::bad_param("content", "the message has no content, files, tool output or tool results"));
     }
     Ok(pieces)
+}
+
+/// The most tool results one turn may carry, and the largest one.
+pub const MAX_TOOL_RESULTS: usize = 64;
+pub const MAX_TOOL_RESULT_BYTES: usize = 512 * 1024;
+
+/// This turn's `tool` messages.
+fn tool_messages(turn: &TurnInput) -> Result<Vec<Message>, ApiError> {
+    if turn.tool_results.len() > MAX_TOOL_RESULTS {
+        return Err(ApiError::bad_param(
+            "tool_results",
+            format!("at most {MAX_TOOL_RESULTS} tool results per message"),
+        ));
+    }
+    turn.tool_results
+        .iter()
+        .enumerate()
+        .map(|(i, r)| {
+            if r.tool_call_id.is_empty() || r.tool_call_id.len() > 200 {
+                return Err(ApiError::bad_param(
+                    format!("tool_results[{i}].tool_call_id"),
+                    "tool_call_id must be 1 to 200 bytes",
+                ));
+            }
+            if r.content.len() > MAX_TOOL_RESULT_BYTES {
+                return Err(ApiError::bad_param(
+                    format!("tool_results[{i}].content"),
+                    format!("a tool result may be at most {MAX_TOOL_RESULT_BYTES} bytes"),
+                ));
+            }
+            Ok(Message {
+                role: "tool",
+                pieces: vec![Piece::text(Kind::ToolResult, r.content.clone())],
+                tool_call_id: Some(r.tool_call_id.clone()),
+            })
+        })
+        .collect()
 }
 
 /// Builds the prompt of a session turn (`turn = None`: the shared prefix
@@ -152,36 +210,50 @@ pub fn session_prompt(
     let template = served.engine.chat_template().ok_or_else(|| ApiError::bad("the model has no chat template"))?;
     let mirror = repos.mirror(repo)?;
     let context = repos.context(repo, &mirror, commit, served.engine.tokenizer())?;
-    let mut messages = Vec::new();
+    let mut system = Vec::new();
     if let Some((public, _)) = &served.public {
-        messages.push(Message { role: "system", pieces: vec![Piece::text(Kind::System, public.clone())] });
+        // A piece ends with a newline when another follows (see `prompt`).
+        let text = if context.segments.is_empty() { public.clone() } else { format!("{}\n\n", public.trim_end()) };
+        system.push(Piece::text(Kind::System, text));
     }
-    let context_index = (!context.segments.is_empty()).then(|| {
-        messages.push(Message { role: "system", pieces: context_pieces(&context) });
-        messages.len() - 1
-    });
+    system.extend(context_pieces(&context));
+    let mut messages = Vec::new();
+    if !system.is_empty() {
+        messages.push(Message::new("system", system));
+    }
     messages.extend(history_messages(served, history));
-    let pieces = match turn {
-        Some(turn) => turn_pieces(&mirror, commit, turn)?,
+    let (pieces, tool_messages) = match turn {
+        Some(turn) => (turn_pieces(&mirror, commit, turn)?, tool_messages(turn)?),
         // Any user message: only the prefix before it is kept.
-        None => vec![Piece::text(Kind::Question, "?")],
+        None => (vec![Piece::text(Kind::Question, "?")], Vec::new()),
     };
+    messages.extend(tool_messages);
     let user_content: String = pieces.iter().map(|p| p.text.as_str()).collect();
-    messages.push(Message { role: "user", pieces });
-    let assembled = assemble(template, served.engine.tokenizer(), &messages).map_err(|e| match e {
+    if !pieces.is_empty() {
+        messages.push(Message::new("user", pieces));
+    }
+    let tools = turn.and_then(|t| t.tools.as_ref());
+    let assembled = assemble(template, served.engine.tokenizer(), &messages, tools).map_err(|e| match e {
         super::prompt::PromptError::Tokenizer(m) => ApiError::bad(m),
         other => ApiError::Internal(other.to_string()),
     })?;
-    let context_end = match (context_index, messages.len() > 1) {
-        (Some(i), _) => assembled.end_of_frame_after(i),
-        (None, true) => assembled.end_of_frame_after(0),
-        (None, false) => 0,
+    // Pre-warm fills the system message and the framing after it (when there is one).
+    let context_end = if messages.len() > 1 && !messages[0].pieces.is_empty() && messages[0].role == "system" {
+        assembled.end_of_frame_after(0)
+    } else {
+        0
     };
-    let public = served
-        .public
-        .as_ref()
-        .filter(|(_, ids)| assembled.tokens.starts_with(ids))
-        .map(|(_, ids)| PublicPrefix { template: "chat".into(), tokens: ids.len() });
+    // The public prefix: the framing and the operator's prompt, the same for every tenant; only
+    // up to the prompt's start when what follows was tokenized with it (a tools block, which is
+    // the tenant's).
+    let public = served.public.as_ref().and_then(|_| {
+        let at = assembled.segments.iter().position(|s| s.kind == Kind::System)?;
+        let system = &assembled.segments[at];
+        let merged =
+            assembled.segments[at + 1..].iter().take_while(|s| s.tokens.is_empty()).any(|s| !s.text.is_empty());
+        let end = if merged { system.tokens.start } else { system.tokens.end };
+        (end > 0).then(|| PublicPrefix { template: "chat".into(), tokens: end })
+    });
     let spans = spans(repo.id, branch, &assembled);
     Ok(SessionPrompt { commit: commit.clone(), assembled, user_content, spans, public, context_end })
 }

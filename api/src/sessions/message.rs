@@ -1,10 +1,11 @@
 //! `POST /v1/sessions/{id}/messages`: one turn of a session.
 
-use super::assemble::{session_prompt, ToolOutput, TurnInput};
+use super::assemble::{session_prompt, ToolOutput, ToolResult, TurnInput};
 use super::{idle, open_session};
 use crate::auth::TenantAuth;
 use crate::error::ApiError;
-use crate::openai::types::Sampling;
+use crate::openai::tools::{self, ToolFields};
+use crate::openai::types::{reject_unknown, Sampling, Unknown};
 use crate::openai::{execute, model, params, Answer, BoundSession, Endpoint, Job};
 use crate::state::AppState;
 use actix_web::{post, web, HttpRequest, HttpResponse};
@@ -34,6 +35,21 @@ pub struct MessageRequest {
     #[serde(default)]
     #[schema(value_type = Option<Object>)]
     pub tool_output: Option<OneOrMany<ToolOutput>>,
+    /// Results of the calls the previous answer made (`tool` messages): `[{tool_call_id, content}]`.
+    #[serde(default)]
+    pub tool_results: Vec<ToolResult>,
+    /// Functions the model may call, as on `/v1/chat/completions`.
+    #[serde(default)]
+    #[schema(value_type = Option<Vec<Object>>)]
+    pub tools: Option<serde_json::Value>,
+    #[serde(default)]
+    #[schema(value_type = Option<Object>)]
+    pub tool_choice: Option<serde_json::Value>,
+    #[serde(default)]
+    pub parallel_tool_calls: Option<bool>,
+    #[serde(default)]
+    #[schema(value_type = Option<Object>)]
+    pub response_format: Option<serde_json::Value>,
     /// Return the assembled prompt instead of running the model.
     #[serde(default)]
     pub dry_run: bool,
@@ -43,6 +59,9 @@ pub struct MessageRequest {
     #[serde(flatten)]
     #[schema(value_type = Object)]
     pub sampling: Sampling,
+    #[serde(flatten)]
+    #[schema(ignore)]
+    pub unknown: Unknown,
 }
 
 /// Sends a message in a session: the server assembles public system prompt →
@@ -65,7 +84,16 @@ pub async fn post_message(
     body: web::Json<MessageRequest>,
 ) -> Result<HttpResponse, ApiError> {
     let body = body.into_inner();
+    reject_unknown(&body.unknown)?;
     let served = model(&state, body.model.as_deref().unwrap_or("default"))?;
+    let template = served.engine.chat_template().ok_or_else(|| ApiError::bad("the model has no chat template"))?;
+    let fields = ToolFields {
+        tools: body.tools.as_ref(),
+        tool_choice: body.tool_choice.as_ref(),
+        parallel_tool_calls: body.parallel_tool_calls,
+        response_format: body.response_format.as_ref(),
+    };
+    let plan = tools::plan(fields, template.source())?;
     let session = open_session(&state, &auth, id.into_inner()).await?;
     // A dry run changes nothing, so it may look while a turn runs.
     let guard = if body.dry_run {
@@ -83,6 +111,8 @@ pub async fn post_message(
         .ok_or_else(|| ApiError::Conflict("the session's repository was deleted".into()))?;
     let history = state.store.turns(session.id).await?;
     let turn = TurnInput {
+        tool_results: body.tool_results.clone(),
+        tools: plan.template_tools.clone(),
         files: body.files.clone(),
         tool_output: match body.tool_output.clone() {
             None => Vec::new(),
@@ -113,22 +143,25 @@ pub async fn post_message(
             "token_ids": prompt.assembled.tokens,
         })));
     }
-    let params = params(&body.sampling, prompt.assembled.tokens.len(), served.engine.max_context())?;
+    let params = params(&body.sampling, prompt.assembled.tokens.len(), &served.engine)?;
     let mut job = Job::new(Endpoint::SessionMessage, prompt.assembled.tokens, prompt.public, params);
-    let seq = state
-        .store
-        .append_turn(
-            session.id,
-            &NewTurn {
-                role: Role::User,
-                content: &prompt.user_content,
-                tokens: None,
-                model: None,
-                commit: Some(&commit),
-                request_id: Some(job.id),
-            },
-        )
-        .await?;
+    job.grammar = tools::compile(&served.engine, &plan).await?;
+    job.calls = plan.calls;
+    // This turn's tool results, then its user message (if it has one), all or none.
+    let mut turns: Vec<NewTurn<'_>> = body
+        .tool_results
+        .iter()
+        .map(|r| NewTurn { tool_call_id: Some(&r.tool_call_id), ..NewTurn::new(Role::Tool, &r.content) })
+        .collect();
+    if !prompt.user_content.is_empty() {
+        turns.push(NewTurn {
+            commit: Some(&commit),
+            request_id: Some(job.id),
+            ..NewTurn::new(Role::User, &prompt.user_content)
+        });
+    }
+    let seqs = state.store.append_turns(session.id, &turns).await?;
+    let seq = seqs.last().copied().unwrap_or_default();
     state.store.touch_session(session.id).await?;
 
     job.session = Some(BoundSession { id: session.id, retention: idle(&state) });
@@ -139,12 +172,10 @@ pub async fn post_message(
     job.answer = Some(Box::new(move |answer: Answer| {
         Box::pin(async move {
             let turn = NewTurn {
-                role: Role::Assistant,
-                content: &answer.text,
                 tokens: Some(&answer.tokens),
                 model: Some(&model_id),
-                commit: None,
                 request_id: Some(request_id),
+                ..NewTurn::new(Role::Assistant, &answer.text)
             };
             if let Err(e) = store.append_turn(session_id, &turn).await {
                 tracing::error!(session = %session_id, "storing the answer failed: {e}");

@@ -13,7 +13,7 @@ use crate::error::ApiError;
 use crate::openai::retention_key;
 use crate::state::AppState;
 use actix_web::{delete, get, post, web, HttpResponse};
-use cachet_tenants::store::{Role, Session};
+use cachet_tenants::store::Session;
 use serde::{Deserialize, Serialize};
 use serde_json::json;
 use std::time::Duration;
@@ -137,8 +137,12 @@ pub async fn get_session(
         .await?
         .into_iter()
         .map(|t| {
-            json!({"seq": t.seq, "role": if t.role == Role::User { "user" } else { "assistant" },
-                   "content": t.content, "commit": t.commit, "request_id": t.request_id, "created_at": t.created_at})
+            let mut turn = json!({"seq": t.seq, "role": t.role.as_str(), "content": t.content, "commit": t.commit,
+                                  "request_id": t.request_id, "created_at": t.created_at});
+            if let Some(id) = &t.tool_call_id {
+                turn["tool_call_id"] = json!(id);
+            }
+            turn
         })
         .collect();
     let mut out = serde_json::to_value(session_out(&session)).unwrap_or_default();

@@ -2,21 +2,25 @@
 //! → history → this turn, in the model's own chat template, tokenized piece
 //! by piece so that every piece's token span is exact.
 //!
-//! The template's framing (the text around each message's content) is found
-//! by rendering the conversation with sentinel contents; the prompt is then
-//! the frames (tokenized with special tokens) interleaved with the pieces of
-//! each message (tokenized as plain text, or taken as already tokenized: the
-//! repository context, an assistant turn's generated tokens). Pieces start
-//! with a non-whitespace character and end with a newline, and frames begin
-//! or end at special tokens, so byte-level BPE cannot merge across a cut: the
-//! pieces' tokens are the tokens of the whole text (a test checks this with
-//! the real tokenizer). The assembled text is checked against the template's
-//! own rendering, so a template that rewrites content is refused, not
-//! silently mis-cached.
+//! The template's framing (the text around each message's content, the tools
+//! block included) is found by rendering the conversation with sentinel
+//! contents; the prompt is then the frames (special tokens split out)
+//! interleaved with the pieces of each message (tokenized as plain text, or
+//! taken as already tokenized: the repository context, an assistant turn's
+//! generated tokens). Pieces start with a non-whitespace character and end
+//! with a newline, and most frames begin and end at special tokens, so
+//! byte-level BPE cannot merge across a cut; where it could (a frame that
+//! starts with whitespace, such as Qwen's tools block after the system
+//! message; tool results, which are the client's text), the items on both
+//! sides are tokenized together. Either way the prompt's tokens are the tokens
+//! of its whole text (a test checks this with the real tokenizer). The
+//! assembled text is checked against the template's own rendering, so a
+//! template that rewrites content is refused, not silently mis-cached.
 
 use cachet_engine::chat_template::{ChatMessage, ChatTemplate};
 use cachet_engine::tokenizer::Tokenizer;
 use serde::Serialize;
+use serde_json::Value;
 use std::ops::Range;
 
 /// What a piece of the prompt is.
@@ -37,10 +41,14 @@ pub enum Kind {
     HistoryUser,
     /// An assistant turn of the history.
     HistoryAssistant,
+    /// A tool's result in the history.
+    HistoryTool,
     /// This turn: a file the message names, in full.
     TurnFile,
     /// This turn: tool output the message carries.
     ToolOutput,
+    /// This turn: the result of a call the previous answer made (a `tool` message).
+    ToolResult,
     /// This turn: the question.
     Question,
 }
@@ -71,6 +79,15 @@ impl Piece {
 pub struct Message {
     pub role: &'static str,
     pub pieces: Vec<Piece>,
+    /// A `tool` message: the call it answers.
+    pub tool_call_id: Option<String>,
+}
+
+impl Message {
+    /// A message of `role` made of `pieces`.
+    pub fn new(role: &'static str, pieces: Vec<Piece>) -> Message {
+        Message { role, pieces, tool_call_id: None }
+    }
 }
 
 /// A span of the assembled prompt.
@@ -125,13 +142,26 @@ fn sentinel(i: usize) -> String {
     format!("\u{E000}cachet-{i}\u{E001}")
 }
 
-/// The framing of `roles` in `template`: one more frame than messages.
-fn frames(template: &ChatTemplate, roles: &[&'static str]) -> Result<Vec<String>, PromptError> {
-    let probe: Vec<ChatMessage> = roles.iter().enumerate().map(|(i, r)| ChatMessage::new(*r, sentinel(i))).collect();
-    let rendered = template.render(&probe, true, None).map_err(|e| PromptError::Template(e.to_string()))?;
-    let mut frames = Vec::with_capacity(roles.len() + 1);
+/// The conversation as a template sees it: `texts` as the messages' contents.
+fn chat_messages(messages: &[Message], texts: impl Fn(usize) -> String) -> Vec<ChatMessage> {
+    messages
+        .iter()
+        .enumerate()
+        .map(|(i, m)| {
+            let mut msg = ChatMessage::new(m.role, texts(i));
+            msg.tool_call_id = m.tool_call_id.clone();
+            msg
+        })
+        .collect()
+}
+
+/// The framing of `messages` in `template`: one more frame than messages.
+fn frames(template: &ChatTemplate, messages: &[Message], tools: Option<&Value>) -> Result<Vec<String>, PromptError> {
+    let probe = chat_messages(messages, sentinel);
+    let rendered = template.render(&probe, true, tools).map_err(|e| PromptError::Template(e.to_string()))?;
+    let mut frames = Vec::with_capacity(messages.len() + 1);
     let mut rest = rendered.as_str();
-    for i in 0..roles.len() {
+    for i in 0..messages.len() {
         let mark = sentinel(i);
         let at = rest.find(&mark).ok_or(PromptError::Unsupported)?;
         frames.push(rest[..at].to_string());
@@ -144,56 +174,138 @@ fn frames(template: &ChatTemplate, roles: &[&'static str]) -> Result<Vec<String>
     Ok(frames)
 }
 
-/// Assembles `messages` in `template` (with the generation prompt).
+/// One unit of the prompt: a special token of a frame, a frame's other text, or a piece.
+struct Item<'a> {
+    text: &'a str,
+    special: bool,
+    /// The piece it is, if it is not framing.
+    piece: Option<&'a Piece>,
+}
+
+/// Whether BPE cannot merge across the end of `a` and the start of `b`: `a` ends
+/// with a newline and `b` starts with something else than whitespace (or either
+/// is a special token, which the tokenizer splits out first).
+fn clean(a: &Item<'_>, b: &Item<'_>) -> bool {
+    a.special || b.special || (a.text.ends_with('\n') && !b.text.starts_with(char::is_whitespace))
+}
+
+/// Assembles `messages` in `template` (with the generation prompt; `tools` as the
+/// template renders them).
+///
+/// The tokens are those of the whole text: pieces and framing are tokenized on
+/// their own where nothing can merge across their boundary, and together where
+/// something can (Qwen's tools block, which follows the system message's content
+/// with `"\n\n# Tools"`; a tool result's `"\n</tool_response>"`). A piece
+/// tokenized together with its neighbours loses its given tokens; its segment
+/// then holds the whole group's tokens.
 pub fn assemble(
     template: &ChatTemplate,
     tokenizer: &Tokenizer,
     messages: &[Message],
+    tools: Option<&Value>,
 ) -> Result<Assembled, PromptError> {
-    let roles: Vec<&'static str> = messages.iter().map(|m| m.role).collect();
-    let frames = frames(template, &roles)?;
-    let mut out = Assembled { text: String::new(), tokens: Vec::new(), segments: Vec::new(), frame_ends: Vec::new() };
-    let encode =
-        |text: &str, special: bool| tokenizer.encode(text, special).map_err(|e| PromptError::Tokenizer(e.to_string()));
-    let push = |out: &mut Assembled, piece: &Piece, tokens: Vec<u32>| {
-        let text = out.text.len()..out.text.len() + piece.text.len();
-        let range = out.tokens.len()..out.tokens.len() + tokens.len();
-        out.text.push_str(&piece.text);
-        out.tokens.extend_from_slice(&tokens);
-        out.segments.push(Segment {
-            kind: piece.kind,
-            path: piece.path.clone(),
-            blob: piece.blob.clone(),
-            version: piece.version.clone(),
-            turn: piece.turn,
-            text,
-            tokens: range,
-        });
-    };
+    let frames = frames(template, messages, tools)?;
+    let mut items: Vec<Item<'_>> = Vec::new();
+    // The items of each frame.
+    let mut frame_items: Vec<Range<usize>> = Vec::with_capacity(frames.len());
     for (i, frame) in frames.iter().enumerate() {
-        if !frame.is_empty() {
-            push(&mut out, &Piece::text(Kind::Template, frame.clone()), encode(frame, true)?);
-        }
-        out.frame_ends.push(out.tokens.len());
-        let Some(message) = messages.get(i) else { break };
-        for piece in &message.pieces {
-            let tokens = match &piece.tokens {
-                Some(t) => t.clone(),
-                None => encode(&piece.text, false)?,
+        let first = items.len();
+        let mut rest = frame.as_str();
+        while !rest.is_empty() {
+            let (text, special, used) = match tokenizer.find_special(rest) {
+                Some(r) if r.start == 0 => (&rest[..r.end], true, r.end),
+                Some(r) => (&rest[..r.start], false, r.start),
+                None => (rest, false, rest.len()),
             };
-            push(&mut out, piece, tokens);
+            items.push(Item { text, special, piece: None });
+            rest = &rest[used..];
+        }
+        frame_items.push(first..items.len());
+        if let Some(message) = messages.get(i) {
+            for piece in &message.pieces {
+                items.push(Item { text: &piece.text, special: false, piece: Some(piece) });
+            }
         }
     }
+    let encode =
+        |text: &str, special: bool| tokenizer.encode(text, special).map_err(|e| PromptError::Tokenizer(e.to_string()));
+    let mut out = Assembled { text: String::new(), tokens: Vec::new(), segments: Vec::new(), frame_ends: Vec::new() };
+    // The token count at each boundary between items (index k: before item k); inside a
+    // group tokenized as one, the group's start (the last position shared for sure).
+    let mut boundary = vec![0; items.len() + 1];
+    let mut start = 0;
+    while start < items.len() {
+        // A group: items joined by boundaries BPE could merge across.
+        let mut end = start + 1;
+        while end < items.len() && !clean(&items[end - 1], &items[end]) {
+            end += 1;
+        }
+        let group = &items[start..end];
+        let tokens = match group {
+            [one] if one.special => encode(one.text, true)?,
+            [one] => match one.piece.and_then(|p| p.tokens.clone()) {
+                Some(t) => t,
+                None => encode(one.text, false)?,
+            },
+            // Never a special token inside: those are always clean boundaries.
+            many => encode(&many.iter().map(|it| it.text).collect::<String>(), false)?,
+        };
+        // The group's tokens go to its first piece (else its first item).
+        let owner = group.iter().position(|it| it.piece.is_some()).unwrap_or(0);
+        let token_start = out.tokens.len();
+        out.tokens.extend_from_slice(&tokens);
+        let token_end = out.tokens.len();
+        for (k, it) in group.iter().enumerate() {
+            let text = out.text.len()..out.text.len() + it.text.len();
+            out.text.push_str(it.text);
+            let tokens = match k.cmp(&owner) {
+                std::cmp::Ordering::Less => token_start..token_start,
+                std::cmp::Ordering::Equal => token_start..token_end,
+                std::cmp::Ordering::Greater => token_end..token_end,
+            };
+            push_segment(&mut out.segments, it, text, tokens);
+            boundary[start + k + 1] = if start + k + 1 == end { token_end } else { token_start };
+        }
+        start = end;
+    }
+    out.frame_ends = frame_items.iter().map(|r| boundary[r.end]).collect();
     // The template must place each content verbatim.
-    let whole: Vec<ChatMessage> = messages
-        .iter()
-        .map(|m| ChatMessage::new(m.role, m.pieces.iter().map(|p| p.text.as_str()).collect::<String>()))
-        .collect();
-    let rendered = template.render(&whole, true, None).map_err(|e| PromptError::Template(e.to_string()))?;
+    let whole = chat_messages(messages, |i| messages[i].pieces.iter().map(|p| p.text.as_str()).collect());
+    let rendered = template.render(&whole, true, tools).map_err(|e| PromptError::Template(e.to_string()))?;
     if rendered != out.text {
         return Err(PromptError::Unsupported);
     }
     Ok(out)
+}
+
+/// Adds an item's segment, folding framing into the framing segment before it.
+fn push_segment(segments: &mut Vec<Segment>, it: &Item<'_>, text: Range<usize>, tokens: Range<usize>) {
+    let Some(piece) = it.piece else {
+        if let Some(last) = segments.last_mut().filter(|s| s.kind == Kind::Template && s.text.end == text.start) {
+            last.text.end = text.end;
+            last.tokens.end = last.tokens.end.max(tokens.end);
+            return;
+        }
+        segments.push(Segment {
+            kind: Kind::Template,
+            path: None,
+            blob: None,
+            version: None,
+            turn: None,
+            text,
+            tokens,
+        });
+        return;
+    };
+    segments.push(Segment {
+        kind: piece.kind,
+        path: piece.path.clone(),
+        blob: piece.blob.clone(),
+        version: piece.version.clone(),
+        turn: piece.turn,
+        text,
+        tokens,
+    });
 }
 
 /// A fence of backticks longer than any run in `text`.

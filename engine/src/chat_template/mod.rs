@@ -139,6 +139,7 @@ impl ChatMessage {
 #[derive(Debug)]
 pub struct ChatTemplate {
     env: Environment<'static>,
+    source: String,
     bos_token: Option<String>,
     eos_token: Option<String>,
 }
@@ -160,7 +161,17 @@ impl ChatTemplate {
         env.add_function("raise_exception", raise_exception);
         env.add_function("strftime_now", strftime::strftime_now);
         env.add_template_owned(TEMPLATE_NAME, source.to_string()).map_err(ChatTemplateError::Syntax)?;
-        Ok(Self { env, bos_token: bos_token.map(str::to_string), eos_token: eos_token.map(str::to_string) })
+        Ok(Self {
+            env,
+            source: source.to_string(),
+            bos_token: bos_token.map(str::to_string),
+            eos_token: eos_token.map(str::to_string),
+        })
+    }
+
+    /// The template's source text (what tells, for instance, how the model writes tool calls).
+    pub fn source(&self) -> &str {
+        &self.source
     }
 
     /// Renders a conversation. `add_generation_prompt` appends the opening of

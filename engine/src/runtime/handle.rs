@@ -7,6 +7,7 @@ use super::request::{Completion, Event, Request, RequestError};
 use super::stats::Snapshot;
 use super::Command;
 use crate::chat_template::ChatTemplate;
+use crate::constraint::Grammars;
 use crate::radix::{RetentionKey, TenantKey};
 use crate::tokenizer::Tokenizer;
 use std::sync::mpsc::Sender;
@@ -16,7 +17,8 @@ use tokio::sync::{mpsc, oneshot};
 /// What callers may know about the engine's model.
 pub(crate) struct Info {
     pub model_name: String,
-    pub tokenizer: Tokenizer,
+    pub tokenizer: Arc<Tokenizer>,
+    pub grammars: Arc<Grammars>,
     pub chat_template: Option<Arc<ChatTemplate>>,
     /// Longest sequence (prompt + output) the engine can hold.
     pub max_context: usize,
@@ -110,6 +112,12 @@ impl EngineHandle {
     /// The model's tokenizer.
     pub fn tokenizer(&self) -> &Tokenizer {
         &self.info.tokenizer
+    }
+
+    /// The model's grammars: compile a request's grammar here (blocking, cached)
+    /// before submitting it.
+    pub fn grammars(&self) -> &Grammars {
+        &self.info.grammars
     }
 
     /// The model's chat template, if any.

@@ -6,6 +6,7 @@
 
 mod config;
 mod handle;
+mod masks;
 mod pace;
 mod request;
 mod sched;
@@ -125,9 +126,11 @@ impl<B: Backend> Engine<B> {
         let cache = RadixCache::new(pool.capacity(), cfg.default_share);
         let scratch = ForwardScratch::new(&backend);
         let eos_ids = loaded.tokenizer.eos_ids();
+        let tokenizer = std::sync::Arc::new(loaded.tokenizer.clone());
         let info = handle::Info {
             model_name: loaded.name.clone(),
-            tokenizer: loaded.tokenizer.clone(),
+            grammars: std::sync::Arc::new(crate::constraint::Grammars::new(tokenizer.clone(), config.vocab_size)),
+            tokenizer,
             chat_template: loaded.chat_template.map(std::sync::Arc::new),
             max_context: config.max_context.min(pool.capacity()),
             vocab_size: config.vocab_size,
@@ -305,6 +308,9 @@ impl<B: Backend> Engine<B> {
             return Err(RequestError::TooLong { tokens: req.tokens.len(), limit });
         }
         req.params.sampling.validate().map_err(RequestError::Invalid)?;
+        if req.grammar.is_some() && req.params.ignore_eos {
+            return Err(RequestError::Invalid("ignore_eos cannot be combined with a grammar".into()));
+        }
         if req.public.as_ref().is_some_and(|p| p.tokens > req.tokens.len()) {
             return Err(RequestError::Invalid("the public prefix is longer than the prompt".into()));
         }

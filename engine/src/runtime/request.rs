@@ -1,6 +1,7 @@
 //! What callers send the engine and what they get back.
 
 use super::config::SloClass;
+use crate::constraint::Grammar;
 use crate::generate::{FinishReason, GenerateParams};
 use crate::radix::{RetentionKey, Tag, TenantKey};
 use std::ops::Range;
@@ -57,6 +58,9 @@ pub struct Request {
     pub retention: Option<(RetentionKey, Duration)>,
     /// Only fill the cache: no output, lowest priority.
     pub prewarm: bool,
+    /// A grammar the output must match (compiled beforehand with
+    /// [`crate::constraint::Grammars::compile`]).
+    pub grammar: Option<Grammar>,
     /// Accounting hook (see [`OnComplete`]).
     pub on_complete: Option<OnComplete>,
 }
@@ -68,6 +72,7 @@ impl std::fmt::Debug for Request {
             .field("tokens", &self.tokens.len())
             .field("slo", &self.slo)
             .field("prewarm", &self.prewarm)
+            .field("grammar", &self.grammar.is_some())
             .finish_non_exhaustive()
     }
 }
@@ -86,6 +91,7 @@ impl Request {
             priority: 0,
             retention: None,
             prewarm: false,
+            grammar: None,
             on_complete: None,
         }
     }
@@ -127,6 +133,10 @@ pub enum RequestError {
     /// The prompt does not fit the context window or the KV pool.
     #[error("{tokens} tokens do not fit (limit {limit})")]
     TooLong { tokens: usize, limit: usize },
+    /// The output could not go on under the request's grammar (it allows no
+    /// token here, or the grammar engine failed); the message says which.
+    #[error("grammar: {0}")]
+    Grammar(String),
     /// The engine failed or shut down.
     #[error("engine error: {0}")]
     Engine(String),

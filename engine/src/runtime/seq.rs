@@ -2,6 +2,7 @@
 //! their K/V lives, its sampler and text state, and its accounting.
 
 use super::request::{Event, Request};
+use crate::constraint::Constraint;
 use crate::kv_pool::SlotId;
 use crate::output::Output;
 use crate::radix::{KeyElem, NodeId, RadixCache, Scope, Span};
@@ -18,6 +19,9 @@ pub(super) struct Seq {
     pub tx: UnboundedSender<Event>,
     pub sampler: Sampler,
     pub output: Output,
+    /// The grammar's state: the generated tokens so far have been fed to it (it
+    /// survives retraction with them).
+    pub constraint: Option<Constraint>,
     /// The cache node this sequence's reused prefix ends at (locked).
     pub node: Option<NodeId>,
     /// K/V slots of positions `0..computed`: `slots[..owned_from]` belong to
@@ -41,6 +45,7 @@ impl Seq {
     pub fn new(id: u64, req: Request, tx: UnboundedSender<Event>, output: Output, now: Instant, ttft: Duration) -> Seq {
         let sampler = Sampler::new(req.params.sampling.clone(), &req.tokens);
         let tokens = req.tokens.clone();
+        let constraint = req.grammar.as_ref().map(|g| g.start());
         Seq {
             id,
             prompt_len: tokens.len(),
@@ -49,6 +54,7 @@ impl Seq {
             tx,
             sampler,
             output,
+            constraint,
             node: None,
             slots: Vec::new(),
             owned_from: 0,

@@ -14,6 +14,10 @@ pub(super) struct Stats {
     pub refused: u64,
     pub cancelled: u64,
     pub finished: u64,
+    pub grammar_steps: u64,
+    pub grammar_masks: u64,
+    pub grammar_mask_seconds: f64,
+    pub grammar_wait_seconds: f64,
 }
 
 /// A point-in-time view of the engine.
@@ -36,6 +40,12 @@ pub struct Snapshot {
     pub finished: u64,
     /// Forward-pass throughput estimate (tokens/s) used for admission.
     pub throughput: f64,
+    /// Steps with grammars, masks computed, the time computing them (beside the forward
+    /// passes), and the time steps waited for them after their forward pass had finished.
+    pub grammar_steps: u64,
+    pub grammar_masks: u64,
+    pub grammar_mask_seconds: f64,
+    pub grammar_wait_seconds: f64,
 }
 
 impl<B: Backend> Engine<B> {
@@ -55,6 +65,10 @@ impl<B: Backend> Engine<B> {
             cancelled: self.stats.cancelled,
             finished: self.stats.finished,
             throughput: self.rate,
+            grammar_steps: self.stats.grammar_steps,
+            grammar_masks: self.stats.grammar_masks,
+            grammar_mask_seconds: self.stats.grammar_mask_seconds,
+            grammar_wait_seconds: self.stats.grammar_wait_seconds,
         }
     }
 

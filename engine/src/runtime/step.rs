@@ -3,6 +3,7 @@
 //! find memory for it (evict unlocked cache, else retract the running request
 //! with the least progress), run one forward pass, hand out the tokens.
 
+use super::masks;
 use super::request::{Completion, Event, RequestError};
 use super::seq::Seq;
 use super::Engine;
@@ -14,10 +15,10 @@ use cachet_kernels::backend::Backend;
 use std::time::Instant;
 
 /// One planned chunk: `len` tokens of running sequence `seq` (by id).
-struct Planned {
-    seq: u64,
-    len: usize,
-    logits: bool,
+pub(super) struct Planned {
+    pub seq: u64,
+    pub len: usize,
+    pub logits: bool,
 }
 
 impl<B: Backend> Engine<B> {
@@ -254,6 +255,9 @@ impl<B: Backend> Engine<B> {
         let total: usize = plan.iter().map(|p| p.len).sum();
         let index: Vec<usize> =
             plan.iter().map(|p| self.running.iter().position(|s| s.id == p.seq).expect("planned")).collect();
+        // Grammars: the masks of the sequences that sample this step are computed on another
+        // thread while the forward pass runs; the step waits only for what is not ready.
+        let mut constrained = self.take_constraints(plan, &index);
         let chunks: Vec<SeqChunk<'_>> = plan
             .iter()
             .zip(&index)
@@ -268,10 +272,20 @@ impl<B: Backend> Engine<B> {
             })
             .collect();
         let start = Instant::now();
-        let result =
-            self.model.forward(&self.backend, self.pool.storage_mut(), &chunks, &mut self.scratch, &mut self.logits);
+        let (result, computed) = std::thread::scope(|scope| {
+            let job = (!constrained.is_empty()).then(|| scope.spawn(|| masks::compute(&mut constrained)));
+            let result = self.model.forward(
+                &self.backend,
+                self.pool.storage_mut(),
+                &chunks,
+                &mut self.scratch,
+                &mut self.logits,
+            );
+            (result, masks::join(job, Instant::now()))
+        });
         let secs = start.elapsed().as_secs_f64();
         drop(chunks);
+        let mut masks = self.give_back(constrained, computed);
         if let Err(e) = result {
             tracing::error!("forward pass failed: {e}");
             let mut failed: Vec<usize> = index.clone();
@@ -295,6 +309,7 @@ impl<B: Backend> Engine<B> {
         let max_context = self.model.config().max_context.min(self.pool.capacity());
         let mut row = 0;
         let mut finished = Vec::new();
+        let mut failed = Vec::new();
         for (p, &i) in plan.iter().zip(&index) {
             let seq = &mut self.running[i];
             let prefill = seq.computed < seq.prompt_len;
@@ -313,13 +328,18 @@ impl<B: Backend> Engine<B> {
                 finished.push((seq.id, FinishReason::Length));
                 continue;
             }
-            let token = seq.sampler.sample(logits);
+            let token = match masks::sample(seq, logits, masks.remove(&seq.id)) {
+                Ok(token) => token,
+                Err(e) => {
+                    failed.push((seq.id, e));
+                    continue;
+                }
+            };
             seq.tokens.push(token);
             let out = match seq.output.push(&self.tokenizer, token) {
                 Ok(out) => out,
                 Err(e) => {
-                    seq.send(Event::Error(RequestError::Engine(e.to_string())));
-                    finished.push((seq.id, FinishReason::Stop));
+                    failed.push((seq.id, RequestError::Engine(e.to_string())));
                     continue;
                 }
             };
@@ -347,6 +367,11 @@ impl<B: Backend> Engine<B> {
                     text.push_str(&seq.output.flush(&self.tokenizer).unwrap_or_default());
                     Some(FinishReason::Length)
                 }
+                // The grammar is complete and allows nothing more (not even text before an EOS).
+                None if seq.constraint.as_ref().is_some_and(|c| c.finished()) => {
+                    text.push_str(&seq.output.flush(&self.tokenizer).unwrap_or_default());
+                    Some(FinishReason::Stop)
+                }
                 None => None,
             };
             seq.send(Event::Token { id: token, text });
@@ -358,6 +383,14 @@ impl<B: Backend> Engine<B> {
             let i = self.running.iter().position(|s| s.id == id).expect("finished sequences are running");
             let mut seq = self.running.swap_remove(i);
             self.finish(&mut seq, reason, now);
+        }
+        for (id, error) in failed {
+            let i = self.running.iter().position(|s| s.id == id).expect("failed sequences are running");
+            let mut seq = self.running.swap_remove(i);
+            tracing::debug!(seq = id, "request failed: {error}");
+            seq.send(Event::Error(error));
+            self.release_kv(&mut seq, true);
+            self.report(&seq, super::request::Outcome::Failed, FinishReason::Stop);
         }
     }
 

@@ -285,6 +285,17 @@ impl Tokenizer {
         self.special_ids.binary_search(&id).is_ok()
     }
 
+    /// The first special token spelled in `text`: its byte range. (Text the server
+    /// renders, such as a chat template's framing, is split there.)
+    pub fn find_special(&self, text: &str) -> Option<std::ops::Range<usize>> {
+        self.special_ids
+            .iter()
+            .filter_map(|&id| self.inner.id_to_token(id))
+            .filter(|t| !t.is_empty())
+            .filter_map(|t| text.find(&t).map(|at| at..at + t.len()))
+            .min_by_key(|r| (r.start, std::cmp::Reverse(r.end)))
+    }
+
     /// The underlying `tokenizers` tokenizer (parses special tokens).
     pub fn inner(&self) -> &tokenizers::Tokenizer {
         &self.inner

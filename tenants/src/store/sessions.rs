@@ -24,13 +24,25 @@ pub struct Session {
 pub enum Role {
     User,
     Assistant,
+    /// A tool's result, answering one of the previous assistant turn's calls.
+    Tool,
 }
 
 impl Role {
-    fn as_str(self) -> &'static str {
+    /// The role's name (as chat templates and the API spell it).
+    pub fn as_str(self) -> &'static str {
         match self {
             Role::User => "user",
             Role::Assistant => "assistant",
+            Role::Tool => "tool",
+        }
+    }
+
+    fn parse(s: &str) -> Role {
+        match s {
+            "assistant" => Role::Assistant,
+            "tool" => Role::Tool,
+            _ => Role::User,
         }
     }
 }
@@ -48,6 +60,8 @@ pub struct Turn {
     /// User turns: the commit of the repository context.
     pub commit: Option<String>,
     pub request_id: Option<Uuid>,
+    /// Tool turns: the id of the call this result answers.
+    pub tool_call_id: Option<String>,
     pub created_at: DateTime<Utc>,
 }
 
@@ -60,6 +74,14 @@ pub struct NewTurn<'a> {
     pub model: Option<&'a str>,
     pub commit: Option<&'a str>,
     pub request_id: Option<Uuid>,
+    pub tool_call_id: Option<&'a str>,
+}
+
+impl<'a> NewTurn<'a> {
+    /// A turn of `role` with `content` and nothing else.
+    pub fn new(role: Role, content: &'a str) -> NewTurn<'a> {
+        NewTurn { role, content, tokens: None, model: None, commit: None, request_id: None, tool_call_id: None }
+    }
 }
 
 #[derive(sqlx::FromRow)]
@@ -96,6 +118,7 @@ struct TurnRow {
     model: Option<String>,
     commit: Option<String>,
     request_id: Option<Uuid>,
+    tool_call_id: Option<String>,
     created_at: DateTime<Utc>,
 }
 
@@ -184,22 +207,35 @@ impl Store {
     /// appends racing for one number cannot both succeed (primary key): the loser gets
     /// [`StoreError::Conflict`].
     pub async fn append_turn(&self, session: Uuid, turn: &NewTurn<'_>) -> Result<i32, StoreError> {
-        let tokens: Option<Vec<i32>> = turn.tokens.map(|t| t.iter().map(|&id| id as i32).collect());
-        let (seq,): (i32,) = sqlx::query_as(
-            "INSERT INTO turns (session_id, seq, role, content, tokens, model, commit, request_id) \
-             SELECT $1, COALESCE(MAX(seq) + 1, 0), $2, $3, $4, $5, $6, $7 FROM turns WHERE session_id = $1 \
-             RETURNING seq",
-        )
-        .bind(session)
-        .bind(turn.role.as_str())
-        .bind(turn.content)
-        .bind(tokens)
-        .bind(turn.model)
-        .bind(turn.commit)
-        .bind(turn.request_id)
-        .fetch_one(self.pool())
-        .await?;
-        Ok(seq)
+        let seqs = self.append_turns(session, std::slice::from_ref(turn)).await?;
+        Ok(seqs[0])
+    }
+
+    /// Appends turns in order, all or none (one transaction); returns their sequence numbers.
+    pub async fn append_turns(&self, session: Uuid, turns: &[NewTurn<'_>]) -> Result<Vec<i32>, StoreError> {
+        let mut tx = self.pool().begin().await?;
+        let mut seqs = Vec::with_capacity(turns.len());
+        for turn in turns {
+            let tokens: Option<Vec<i32>> = turn.tokens.map(|t| t.iter().map(|&id| id as i32).collect());
+            let (seq,): (i32,) = sqlx::query_as(
+                "INSERT INTO turns (session_id, seq, role, content, tokens, model, commit, request_id, tool_call_id) \
+                 SELECT $1, COALESCE(MAX(seq) + 1, 0), $2, $3, $4, $5, $6, $7, $8 FROM turns WHERE session_id = $1 \
+                 RETURNING seq",
+            )
+            .bind(session)
+            .bind(turn.role.as_str())
+            .bind(turn.content)
+            .bind(tokens)
+            .bind(turn.model)
+            .bind(turn.commit)
+            .bind(turn.request_id)
+            .bind(turn.tool_call_id)
+            .fetch_one(&mut *tx)
+            .await?;
+            seqs.push(seq);
+        }
+        tx.commit().await?;
+        Ok(seqs)
     }
 
     /// Takes the session's turn lease for `holder` until `lease` from now, if no unexpired lease
@@ -245,7 +281,7 @@ impl Store {
     /// A session's history in order.
     pub async fn turns(&self, session: Uuid) -> Result<Vec<Turn>, StoreError> {
         let rows: Vec<TurnRow> = sqlx::query_as(
-            "SELECT seq, role, content, tokens, model, commit, request_id, created_at FROM turns \
+            "SELECT seq, role, content, tokens, model, commit, request_id, tool_call_id, created_at FROM turns \
              WHERE session_id = $1 ORDER BY seq",
         )
         .bind(session)
@@ -255,12 +291,13 @@ impl Store {
             .into_iter()
             .map(|r| Turn {
                 seq: r.seq,
-                role: if r.role == "assistant" { Role::Assistant } else { Role::User },
+                role: Role::parse(&r.role),
                 content: r.content,
                 tokens: r.tokens.map(|t| t.into_iter().map(|id| id as u32).collect()),
                 model: r.model,
                 commit: r.commit,
                 request_id: r.request_id,
+                tool_call_id: r.tool_call_id,
                 created_at: r.created_at,
             })
             .collect())

@@ -10,3 +10,4 @@ mod helpers;
 mod ledger;
 mod reports;
 mod sessions;
+mod tools;

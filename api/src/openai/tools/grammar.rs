@@ -1,0 +1,198 @@
+//! The grammars that enforce tool calls and structured answers, in the
+//! model's own call format, as llguidance Lark grammars (with `%json {…}`
+//! for every JSON part).
+//!
+//! - `auto`: free text, until the model writes the call trigger (`<tool_call>`);
+//!   from there the call must be well formed: a known name and arguments that
+//!   validate against that tool's `parameters`. After a call, only more calls
+//!   (with `parallel_tool_calls`) or the end. In the Hermes format, an answer
+//!   that starts with a bare or fenced (```` ```json ````) JSON object is a
+//!   call too, as small models often write one (so a prose answer may not
+//!   start with `{`).
+//! - `required` and a named function: the answer is calls only (one with a named
+//!   function or without `parallel_tool_calls`).
+//! - `response_format`: the answer (when it is not a call) is one JSON document
+//!   of the schema.
+//! - A tool's `parameters` that list `properties` without saying anything of
+//!   `additionalProperties` are taken as closed (no other arguments).
+//!
+//! JSON is written compactly, with `", "` and `": "` as separators (what the
+//! templates show the model, and never an endless run of whitespace).
+
+use serde_json::{json, Value};
+
+/// How the model writes a call, as its chat template shows it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum CallFormat {
+    /// `<tool_call>\n{"name": …, "arguments": {…}}\n</tool_call>` (Qwen2.5, Qwen3, Hermes).
+    Hermes,
+    /// `<tool_call>\n<function=NAME>\n<parameter=P>\nvalue\n</parameter>\n</function>\n</tool_call>` (Qwen3-Coder).
+    Xml,
+    /// A bare `{"name": …, "parameters": {…}}` (Llama 3.1+).
+    LlamaJson,
+}
+
+impl CallFormat {
+    /// The format a chat template's source describes, if it renders tools at all.
+    pub(crate) fn detect(template: &str) -> Option<CallFormat> {
+        if !template.contains("tools") {
+            return None;
+        }
+        if template.contains("<function=") && template.contains("<parameter=") {
+            Some(CallFormat::Xml)
+        } else if template.contains("<tool_call>") {
+            Some(CallFormat::Hermes)
+        } else if template.contains("parameters") && template.contains("<|eot_id|>") {
+            Some(CallFormat::LlamaJson)
+        } else {
+            None
+        }
+    }
+}
+
+/// Which calls the answer may or must make.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Calls {
+    /// Text, or calls once the model starts one.
+    Auto,
+    /// Only calls, to any tool.
+    Required,
+    /// Exactly one call, to this tool (an index into the tools).
+    Named(usize),
+}
+
+/// llguidance's JSON options for every schema cachet compiles: compact, with
+/// the separators Python's `json.dumps` writes.
+pub(crate) fn styled(mut schema: Value) -> Value {
+    if let Value::Object(map) = &mut schema {
+        map.entry("x-guidance")
+            .or_insert_with(|| json!({"whitespace_flexible": false, "item_separator": ", ", "key_separator": ": "}));
+    }
+    schema
+}
+
+/// A Lark string literal.
+fn lit(s: &str) -> String {
+    serde_json::to_string(s).unwrap_or_default()
+}
+
+/// A tool's parameters as the grammar enforces them: an object that declares its
+/// properties and says nothing of others takes no others (as OpenAI's strict
+/// mode demands), so a small model cannot invent arguments the tool does not have.
+fn closed(params: &Value) -> Value {
+    let mut params = params.clone();
+    if let Value::Object(map) = &mut params {
+        if map.contains_key("properties") && !map.contains_key("additionalProperties") {
+            map.insert("additionalProperties".into(), Value::Bool(false));
+        }
+    }
+    params
+}
+
+/// The JSON Schema of one call of `name` in a JSON call format.
+fn call_schema(name: &str, params: &Value, args_key: &str) -> Value {
+    json!({
+        "type": "object",
+        "properties": {"name": {"const": name}, args_key: closed(params)},
+        "required": ["name", args_key],
+        "additionalProperties": false,
+    })
+}
+
+/// The grammar of an answer: calls of `tools` (name, parameters' schema) as `calls`
+/// says, in `format`; `answer` is the schema of a non-call answer, if the request
+/// has a `response_format`.
+pub(crate) fn grammar(
+    format: CallFormat,
+    tools: &[(String, Value)],
+    calls: Calls,
+    parallel: bool,
+    answer: Option<&Value>,
+) -> String {
+    let chosen: Vec<&(String, Value)> = match calls {
+        Calls::Named(i) => tools.get(i).into_iter().collect(),
+        _ => tools.iter().collect(),
+    };
+    let parallel = parallel && !matches!(calls, Calls::Named(_));
+    let mut g = String::from("%llguidance {}\n");
+    let auto = calls == Calls::Auto;
+    let free = if answer.is_some() { "answer" } else { "TEXT" };
+    match format {
+        CallFormat::Hermes | CallFormat::Xml => {
+            let more = if parallel { " (WS \"<tool_call>\" call)*" } else { "" };
+            let hermes = format == CallFormat::Hermes;
+            let start = match (auto, answer) {
+                // Small models often write the call as a bare or fenced JSON object instead of in
+                // its tags: those starts are calls too (and free text may not begin like one).
+                (true, None) if hermes => {
+                    format!("TEXT | call_hd call{more} WS | FENCE jcall FENCE_END WS | LEAD? jcall WS")
+                }
+                (true, None) => format!("TEXT | call_hd call{more} WS"),
+                (true, Some(_)) => format!("answer | \"<tool_call>\" call{more} WS"),
+                (false, _) => format!("\"<tool_call>\" call{more} WS"),
+            };
+            g.push_str(&format!("start: {start}\n"));
+            if hermes {
+                // Free text may not start with `{` (alone or in a JSON fence): that starts a call.
+                // (Each way out of TEXT ends one byte before TEXT dies, as llguidance's lexer needs.)
+                g.push_str(concat!(
+                    "TEXT: /(.|\\n)*/ & ~/[ \\t\\r\\n]*(```(json)?[ \\t]*\\n[ \\t\\r\\n]*)?\\{(.|\\n)*/\n",
+                    "FENCE: /[ \\t\\r\\n]*```(json)?[ \\t]*\\n[ \\t\\r\\n]*/\n",
+                    "FENCE_END: /[ \\t\\r\\n]*```/\n",
+                    "LEAD: /[ \\t\\r\\n]+/\n",
+                ));
+            } else {
+                g.push_str("TEXT: /(.|\\n)*/\n");
+            }
+            g.push_str("WS: /[ \\t\\r\\n]*/\ncall_hd[lazy]: TEXT \"<tool_call>\"\n");
+            if hermes {
+                let any: Vec<Value> = chosen.iter().map(|(n, p)| call_schema(n, p, "arguments")).collect();
+                let body = if any.len() == 1 { any[0].clone() } else { json!({"anyOf": any}) };
+                g.push_str(&format!("jcall: %json {}\ncall: \"\\n\" jcall \"\\n</tool_call>\"\n", styled(body)));
+            } else {
+                xml_calls(&mut g, &chosen);
+            }
+        }
+        CallFormat::LlamaJson => {
+            let any: Vec<Value> = chosen.iter().map(|(n, p)| call_schema(n, p, "parameters")).collect();
+            let body = if any.len() == 1 { any[0].clone() } else { json!({"anyOf": any}) };
+            // Prose may not start with `{`: a `{` starts a call.
+            let start = if auto { format!("{free} | call") } else { "call".to_string() };
+            g.push_str(&format!("start: {start}\nTEXT: /([^{{ \\t\\r\\n](.|\\n)*)?/\n"));
+            g.push_str(&format!("call: %json {}\n", styled(body)));
+        }
+    }
+    if let (true, Some(schema)) = (auto, answer) {
+        g.push_str(&format!("answer: %json {}\n", styled(schema.clone())));
+    }
+    g
+}
+
+/// Qwen3-Coder's calls: `<function=NAME>` then the parameters in their declared
+/// order (required ones always), string values verbatim, others as JSON.
+fn xml_calls(g: &mut String, tools: &[&(String, Value)]) {
+    let fns: Vec<String> = (0..tools.len()).map(|i| format!("fn_{i}")).collect();
+    g.push_str(&format!("call: \"\\n\" ({}) \"\\n</tool_call>\"\n", fns.join(" | ")));
+    g.push_str("strval[lazy]: /(.|\\n)*\\n<\\/parameter>\\n/\n");
+    for (i, (name, params)) in tools.iter().enumerate() {
+        let props = params.get("properties").and_then(Value::as_object).cloned().unwrap_or_default();
+        let required: Vec<&str> = params
+            .get("required")
+            .and_then(Value::as_array)
+            .map_or(Vec::new(), |r| r.iter().filter_map(Value::as_str).collect());
+        let mut parts = Vec::new();
+        for (j, (param, schema)) in props.iter().enumerate() {
+            let rule = format!("p_{i}_{j}");
+            let open = lit(&format!("<parameter={param}>\n"));
+            let is_string = schema.get("type").and_then(Value::as_str) == Some("string");
+            if is_string {
+                g.push_str(&format!("{rule}: {open} strval\n"));
+            } else {
+                g.push_str(&format!("{rule}: {open} %json {} \"\\n</parameter>\\n\"\n", styled(schema.clone())));
+            }
+            parts.push(if required.contains(&param.as_str()) { rule } else { format!("{rule}?") });
+        }
+        let open = lit(&format!("<function={name}>\n"));
+        g.push_str(&format!("fn_{i}: {open} {} \"</function>\"\n", parts.join(" ")));
+    }
+}

@@ -1,0 +1,238 @@
+//! Tool calls and structured output on the chat endpoints: the request's
+//! `tools`, `tool_choice`, `parallel_tool_calls` and `response_format` become
+//! (1) the tools the chat template renders, (2) a grammar the engine enforces
+//! while it generates, and (3) how the answer is read back into
+//! `message.tool_calls` ([`parse`]). Every field is checked here, and what is
+//! wrong is a 400 naming the field.
+
+pub(crate) mod grammar;
+pub(crate) mod parse;
+
+use crate::error::ApiError;
+use cachet_engine::constraint::{Grammar, GrammarError, GrammarSource};
+use grammar::{CallFormat, Calls};
+use parse::ToolSet;
+use serde_json::{json, Value};
+
+/// The request fields this module reads.
+#[derive(Clone, Copy, Debug, Default)]
+pub(crate) struct ToolFields<'a> {
+    pub tools: Option<&'a Value>,
+    pub tool_choice: Option<&'a Value>,
+    pub parallel_tool_calls: Option<bool>,
+    pub response_format: Option<&'a Value>,
+}
+
+/// What a request's tools and response format mean for its prompt, its
+/// generation and its answer.
+#[derive(Clone, Debug, Default)]
+pub(crate) struct Plan {
+    /// The tools the chat template renders (none with `tool_choice: "none"`).
+    pub template_tools: Option<Value>,
+    /// The grammar the output must match.
+    pub grammar: Option<GrammarSource>,
+    /// Read calls out of the answer (when the model may call tools).
+    pub calls: Option<ToolSet>,
+    /// The schema of the answer (`response_format`), if any.
+    pub answer: Option<Value>,
+}
+
+/// A function name as OpenAI allows it.
+fn valid_name(name: &str) -> bool {
+    !name.is_empty() && name.len() <= 64 && name.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-')
+}
+
+/// The tools of a request: (name, parameters' schema) each.
+fn tools(value: &Value) -> Result<Vec<(String, Value)>, ApiError> {
+    let list = value.as_array().ok_or_else(|| ApiError::bad_param("tools", "tools must be an array"))?;
+    let mut out: Vec<(String, Value)> = Vec::with_capacity(list.len());
+    for (i, tool) in list.iter().enumerate() {
+        let at = |field: &str| format!("tools[{i}]{field}");
+        let kind = tool.get("type").and_then(Value::as_str);
+        if kind != Some("function") {
+            return Err(ApiError::bad_param(
+                at(".type"),
+                format!("tools[{i}].type must be \"function\" (the only tool type supported), not {}", show(kind)),
+            ));
+        }
+        let f = tool
+            .get("function")
+            .and_then(Value::as_object)
+            .ok_or_else(|| ApiError::bad_param(at(".function"), format!("tools[{i}].function must be an object")))?;
+        let name = f.get("name").and_then(Value::as_str).unwrap_or_default();
+        if !valid_name(name) {
+            return Err(ApiError::bad_param(
+                at(".function.name"),
+                format!("tools[{i}].function.name must be 1 to 64 letters, digits, '_' or '-', not {name:?}"),
+            ));
+        }
+        if out.iter().any(|(n, _)| n == name) {
+            return Err(ApiError::bad_param(at(".function.name"), format!("two tools are named {name:?}")));
+        }
+        let params = match f.get("parameters") {
+            None | Some(Value::Null) => json!({"type": "object", "properties": {}}),
+            Some(p @ Value::Object(_)) => p.clone(),
+            Some(_) => {
+                return Err(ApiError::bad_param(
+                    at(".function.parameters"),
+                    format!("tools[{i}].function.parameters must be a JSON Schema object"),
+                ))
+            }
+        };
+        out.push((name.to_string(), params));
+    }
+    Ok(out)
+}
+
+fn show(v: Option<&str>) -> String {
+    v.map_or_else(|| "missing".to_string(), |s| format!("{s:?}"))
+}
+
+enum Choice {
+    None,
+    Calls(Calls),
+}
+
+fn choice(value: Option<&Value>, tools: &[(String, Value)]) -> Result<Choice, ApiError> {
+    let bad = |m: String| ApiError::bad_param("tool_choice", m);
+    let choice = match value {
+        None | Some(Value::Null) => {
+            return Ok(if tools.is_empty() { Choice::None } else { Choice::Calls(Calls::Auto) });
+        }
+        Some(Value::String(s)) => match s.as_str() {
+            "none" => Choice::None,
+            "auto" => Choice::Calls(Calls::Auto),
+            "required" => Choice::Calls(Calls::Required),
+            other => return Err(bad(format!("unknown tool_choice {other:?} (none, auto, required, or a function)"))),
+        },
+        Some(v @ Value::Object(_)) => {
+            if v.get("type").and_then(Value::as_str) != Some("function") {
+                return Err(bad(
+                    "tool_choice objects must be {\"type\": \"function\", \"function\": {\"name\": …}}".into()
+                ));
+            }
+            let name = v.get("function").and_then(|f| f.get("name")).and_then(Value::as_str).unwrap_or_default();
+            let i = tools
+                .iter()
+                .position(|(n, _)| n == name)
+                .ok_or_else(|| bad(format!("tool_choice names {name:?}, which is not one of the tools")))?;
+            Choice::Calls(Calls::Named(i))
+        }
+        Some(_) => return Err(bad("tool_choice must be a string or an object".into())),
+    };
+    if tools.is_empty() && !matches!(choice, Choice::None) {
+        return Err(bad("tool_choice needs tools".into()));
+    }
+    Ok(choice)
+}
+
+/// The schema of a `response_format`, if it asks for JSON.
+fn response_schema(value: Option<&Value>) -> Result<Option<Value>, ApiError> {
+    let Some(v) = value.filter(|v| !v.is_null()) else { return Ok(None) };
+    let bad = |p: &'static str, m: &str| ApiError::bad_param(p, m.to_string());
+    match v.get("type").and_then(Value::as_str) {
+        Some("text") => Ok(None),
+        Some("json_object") => Ok(Some(json!({"type": "object"}))),
+        Some("json_schema") => {
+            let spec = v
+                .get("json_schema")
+                .and_then(Value::as_object)
+                .ok_or_else(|| bad("response_format.json_schema", "response_format.json_schema must be an object"))?;
+            let name = spec.get("name").and_then(Value::as_str).unwrap_or_default();
+            if !valid_name(name) {
+                return Err(bad(
+                    "response_format.json_schema.name",
+                    "response_format.json_schema.name must be 1 to 64 letters, digits, '_' or '-'",
+                ));
+            }
+            match spec.get("schema") {
+                Some(s @ Value::Object(_)) => Ok(Some(s.clone())),
+                None => Ok(Some(json!({"type": "object"}))),
+                Some(_) => Err(bad("response_format.json_schema.schema", "the schema must be a JSON object")),
+            }
+        }
+        other => Err(bad(
+            "response_format.type",
+            &format!("response_format.type must be text, json_object or json_schema, not {}", show(other)),
+        )),
+    }
+}
+
+/// Checks the fields and plans the request. `template` is the chat template's source.
+pub(crate) fn plan(fields: ToolFields<'_>, template: &str) -> Result<Plan, ApiError> {
+    let tools = match fields.tools {
+        None | Some(Value::Null) => Vec::new(),
+        Some(v) => tools(v)?,
+    };
+    let choice = choice(fields.tool_choice, &tools)?;
+    let answer = response_schema(fields.response_format)?;
+    let parallel = fields.parallel_tool_calls.unwrap_or(true);
+    let calls = match choice {
+        Choice::None => None,
+        Choice::Calls(c) => Some(c),
+    };
+    let Some(calls) = calls else {
+        // No calls: the tools stay out of the prompt, as the template renders a conversation without them.
+        let grammar = answer.clone().map(|s| GrammarSource::JsonSchema(grammar::styled(s).to_string()));
+        return Ok(Plan { template_tools: None, grammar, calls: None, answer });
+    };
+    let format = CallFormat::detect(template)
+        .ok_or_else(|| ApiError::bad_param("tools", "the served model's chat template does not describe tool calls"))?;
+    let text = grammar::grammar(format, &tools, calls, parallel, answer.as_ref());
+    Ok(Plan {
+        template_tools: fields.tools.cloned(),
+        grammar: Some(GrammarSource::Lark(text)),
+        calls: Some(ToolSet { tools }),
+        answer,
+    })
+}
+
+/// Compiles a plan's grammar on a blocking thread (cached by its text). A grammar
+/// llguidance refuses is a 400 naming the schema at fault: each tool's parameters
+/// and the response format are compiled alone to find it.
+pub(crate) async fn compile(
+    engine: &cachet_engine::runtime::EngineHandle,
+    plan: &Plan,
+) -> Result<Option<Grammar>, ApiError> {
+    let Some(source) = plan.grammar.clone() else { return Ok(None) };
+    let (handle, plan) = (engine.clone(), plan.clone());
+    actix_web::web::block(move || {
+        let grammars = handle.grammars();
+        let err = match grammars.compile(&source) {
+            Ok(g) => return Ok(Some(g)),
+            Err(GrammarError::Invalid(m)) => m,
+            Err(other) => return Err(ApiError::bad_param(param_of(&plan), other.to_string())),
+        };
+        let alone = |schema: &Value| match grammars
+            .compile(&GrammarSource::JsonSchema(grammar::styled(schema.clone()).to_string()))
+        {
+            Err(GrammarError::Invalid(m)) => Some(m),
+            _ => None,
+        };
+        for (i, (name, params)) in plan.calls.iter().flat_map(|c| c.tools.iter()).enumerate() {
+            if let Some(m) = alone(params) {
+                return Err(ApiError::bad_param(
+                    format!("tools[{i}].function.parameters"),
+                    format!("the parameters of {name:?} are not a schema cachet can enforce: {m}"),
+                ));
+            }
+        }
+        if let Some(m) = plan.answer.as_ref().and_then(alone) {
+            return Err(ApiError::bad_param("response_format", format!("response_format: {m}")));
+        }
+        Err(ApiError::bad_param(param_of(&plan), format!("{}: {err}", param_of(&plan))))
+    })
+    .await
+    .map_err(|e| ApiError::Internal(e.to_string()))?
+}
+
+fn param_of(plan: &Plan) -> &'static str {
+    if plan.calls.is_some() {
+        "tools"
+    } else {
+        "response_format"
+    }
+}
+
+#[cfg(test)]
+mod tests;

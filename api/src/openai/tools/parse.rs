@@ -1,0 +1,690 @@
+//! Turning a model's text into OpenAI tool calls, as the text streams in.
+//!
+//! [`CallParser`] takes the generated text piece by piece and gives back
+//! [`Delta`]s in the order OpenAI streams them: content, then for each call
+//! its start (index, id, name) followed by pieces of its arguments. The whole
+//! (non-streaming) answer is the same deltas folded together ([`parse_all`]),
+//! so streamed and non-streamed answers always agree.
+//!
+//! Recognised (see `docs/agents.md`):
+//! - `<tool_call>{"name": …, "arguments": {…}}</tool_call>` (Hermes; Qwen2.5, Qwen3),
+//!   also with `"parameters"` for `"arguments"`, arguments sent as a JSON string,
+//!   the closing tag missing at the end of the output, and several calls;
+//! - `<tool_call><function=NAME><parameter=P>value</parameter>…</function></tool_call>`
+//!   (Qwen3-Coder's XML form; values are JSON when the parameter's schema is not a string);
+//! - an output that starts with a bare `{"name": …, "arguments"|"parameters": …}`
+//!   object (Llama 3's format, and what small models often write), or with
+//!   such an object (or a list of them) in a ```` ```json ```` fence — only
+//!   when the name is one of the request's tools, otherwise it stays content.
+//!
+//! Text the parser is not sure about yet (a possible start of `<tool_call>`, the
+//! first key of a leading `{`, the first line of a leading fence) is held back,
+//! never sent as content and then taken back.
+
+use serde_json::Value;
+
+/// One piece of an answer, in stream order.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) enum Delta {
+    Content(String),
+    /// A call begins: its index among the answer's calls, its id and the function's name.
+    Start {
+        index: usize,
+        id: String,
+        name: String,
+    },
+    /// The next piece of the arguments (a JSON text) of call `index`.
+    Args {
+        index: usize,
+        text: String,
+    },
+}
+
+/// What the parser needs to know of the request's tools.
+#[derive(Clone, Debug, Default)]
+pub(crate) struct ToolSet {
+    /// Each tool's name and its parameters' JSON Schema.
+    pub tools: Vec<(String, Value)>,
+}
+
+impl ToolSet {
+    fn knows(&self, name: &str) -> bool {
+        self.tools.iter().any(|(n, _)| n == name)
+    }
+
+    /// Whether parameter `param` of `tool` is declared a string (XML values are then taken verbatim).
+    fn is_string_param(&self, tool: &str, param: &str) -> bool {
+        let schema = self.tools.iter().find(|(n, _)| n == tool).map(|(_, s)| s);
+        let ty = schema.and_then(|s| s.get("properties")).and_then(|p| p.get(param)).and_then(|p| p.get("type"));
+        match ty {
+            Some(Value::String(t)) => t == "string",
+            Some(Value::Array(ts)) => ts.iter().any(|t| t == "string"),
+            _ => false,
+        }
+    }
+}
+
+const OPEN: &str = "<tool_call>";
+const CLOSE: &str = "</tool_call>";
+
+enum State {
+    /// Plain content; `fresh` until something other than whitespace was seen.
+    Text { fresh: bool },
+    /// The output began with `{` or `[`: buffering until the first key (and name) tell.
+    BareProbe,
+    /// The output began with a fence: buffering its first line (and the rest, if JSON).
+    FenceProbe,
+    /// Inside a JSON call; `tagged` when it opened with `<tool_call>`.
+    Json { call: JsonCall, tagged: bool },
+    /// Inside `<tool_call>`, before its body shows whether it is JSON or XML.
+    TagBody,
+    /// Inside `<tool_call><function=…>`.
+    Xml(XmlCall),
+    /// A call's body is complete: skipping to `</tool_call>`.
+    AfterCall,
+    /// After a call: whitespace is held (and dropped if only calls follow).
+    Between,
+}
+
+/// Turns generated text into content and tool calls, incrementally.
+pub(crate) struct CallParser {
+    tools: ToolSet,
+    state: State,
+    /// Text received but not yet consumed by the state machine.
+    buf: String,
+    calls: usize,
+    out: Vec<Delta>,
+}
+
+impl CallParser {
+    pub(crate) fn new(tools: ToolSet) -> CallParser {
+        CallParser { tools, state: State::Text { fresh: true }, buf: String::new(), calls: 0, out: Vec::new() }
+    }
+
+    /// Number of calls started so far.
+    pub(crate) fn calls(&self) -> usize {
+        self.calls
+    }
+
+    /// Takes the next piece of text.
+    pub(crate) fn push(&mut self, text: &str) -> Vec<Delta> {
+        self.buf.push_str(text);
+        self.advance(false);
+        std::mem::take(&mut self.out)
+    }
+
+    /// The output is complete: whatever was held back.
+    pub(crate) fn finish(&mut self) -> Vec<Delta> {
+        self.advance(true);
+        std::mem::take(&mut self.out)
+    }
+
+    fn content(&mut self, text: &str) {
+        if text.is_empty() {
+            return;
+        }
+        if let Some(Delta::Content(last)) = self.out.last_mut() {
+            last.push_str(text);
+        } else {
+            self.out.push(Delta::Content(text.to_string()));
+        }
+    }
+
+    fn start_call(&mut self, name: String) -> usize {
+        let index = self.calls;
+        self.calls += 1;
+        let id = format!("call_{}", &uuid::Uuid::new_v4().simple().to_string()[..24]);
+        self.out.push(Delta::Start { index, id, name });
+        index
+    }
+
+    fn args(&mut self, index: usize, text: &str) {
+        if text.is_empty() {
+            return;
+        }
+        if let Some(Delta::Args { index: i, text: last }) = self.out.last_mut() {
+            if *i == index {
+                last.push_str(text);
+                return;
+            }
+        }
+        self.out.push(Delta::Args { index, text: text.to_string() });
+    }
+
+    /// Runs the state machine over `buf` as far as it can go.
+    fn advance(&mut self, end: bool) {
+        loop {
+            let state = std::mem::replace(&mut self.state, State::AfterCall);
+            let (next, progressed) = self.step(state, end);
+            self.state = next;
+            if !progressed {
+                break;
+            }
+        }
+    }
+
+    /// One transition; false when it needs more text.
+    fn step(&mut self, state: State, end: bool) -> (State, bool) {
+        match state {
+            State::Text { fresh } => self.text(fresh, end),
+            State::BareProbe => self.bare_probe(end),
+            State::FenceProbe => self.fence_probe(end),
+            State::Json { call, tagged } => self.json(call, tagged, end),
+            State::TagBody => self.tag_body(end),
+            State::Xml(call) => self.xml(call, end),
+            State::AfterCall => self.after_call(end),
+            State::Between => self.between(end),
+        }
+    }
+
+    fn text(&mut self, fresh: bool, end: bool) -> (State, bool) {
+        if fresh {
+            let trimmed = self.buf.trim_start();
+            if trimmed.starts_with('{') || trimmed.starts_with('[') {
+                return (State::BareProbe, true);
+            }
+            if trimmed.starts_with("```") {
+                return (State::FenceProbe, true);
+            }
+            if trimmed.is_empty() || (trimmed.starts_with('`') && "```".starts_with(trimmed)) {
+                if end {
+                    let rest = std::mem::take(&mut self.buf);
+                    self.content(&rest);
+                }
+                return (State::Text { fresh: true }, false);
+            }
+        }
+        if let Some(at) = self.buf.find(OPEN) {
+            let before = self.buf[..at].to_string();
+            self.content(&before);
+            self.buf.drain(..at + OPEN.len());
+            return (State::TagBody, true);
+        }
+        let keep = if end { 0 } else { held_back(&self.buf, OPEN) };
+        let emit: String = self.buf.drain(..self.buf.len() - keep).collect();
+        self.content(&emit);
+        (State::Text { fresh: false }, false)
+    }
+
+    /// A leading `{`/`[`: a call when its first key is `"name"` naming a known tool.
+    fn bare_probe(&mut self, end: bool) -> (State, bool) {
+        let trimmed = self.buf.trim_start();
+        let lead = self.buf.len() - trimmed.len();
+        let list = trimmed.starts_with('[');
+        let object = if list { trimmed[1..].trim_start() } else { trimmed };
+        match probe_name(object) {
+            Probe::NeedMore if !end => (State::BareProbe, false),
+            Probe::Name(name) if self.tools.knows(&name) => {
+                let skip = lead + (trimmed.len() - object.len());
+                self.buf.drain(..skip);
+                (State::Json { call: JsonCall::new(list), tagged: false }, true)
+            }
+            _ => (State::Text { fresh: false }, true),
+        }
+    }
+
+    /// A leading fence: a call only when it is a JSON fence holding calls of known tools.
+    fn fence_probe(&mut self, end: bool) -> (State, bool) {
+        let trimmed = self.buf.trim_start();
+        let Some(nl) = trimmed.find('\n') else {
+            return if end { (State::Text { fresh: false }, true) } else { (State::FenceProbe, false) };
+        };
+        let lang = trimmed[3..nl].trim();
+        let body = trimmed[nl + 1..].trim_start();
+        let json_like = matches!(lang, "" | "json" | "tool_call" | "tool_calls");
+        if !json_like || (!body.is_empty() && !body.starts_with('{') && !body.starts_with('[')) {
+            return (State::Text { fresh: false }, true);
+        }
+        // Wait for the closing fence (or the end), then decide on the whole block.
+        let Some(close) = trimmed[nl + 1..].find("```") else {
+            return if end { (State::Text { fresh: false }, true) } else { (State::FenceProbe, false) };
+        };
+        let inner = trimmed[nl + 1..nl + 1 + close].to_string();
+        let after = nl + 1 + close + 3;
+        match whole_calls(&inner, &self.tools) {
+            Some(calls) => {
+                let consumed = self.buf.len() - trimmed.len() + after;
+                self.buf.drain(..consumed);
+                for (name, args) in calls {
+                    let i = self.start_call(name);
+                    self.args(i, &args);
+                }
+                (State::Between, true)
+            }
+            None => (State::Text { fresh: false }, true),
+        }
+    }
+
+    fn tag_body(&mut self, end: bool) -> (State, bool) {
+        let trimmed = self.buf.trim_start();
+        if trimmed.starts_with('{') || trimmed.starts_with('[') {
+            let lead = self.buf.len() - trimmed.len();
+            let list = trimmed.starts_with('[');
+            self.buf.drain(..lead + usize::from(list));
+            return (State::Json { call: JsonCall::new(list), tagged: true }, true);
+        }
+        if trimmed.starts_with("<function=") {
+            let lead = self.buf.len() - trimmed.len();
+            self.buf.drain(..lead);
+            return (State::Xml(XmlCall::default()), true);
+        }
+        let undecided = trimmed.is_empty() || "<function=".starts_with(trimmed);
+        if undecided && !end {
+            return (State::TagBody, false);
+        }
+        // Not a call we understand: the tag and what follows are content.
+        let rest = std::mem::take(&mut self.buf);
+        self.content(OPEN);
+        self.buf = rest;
+        (State::Text { fresh: false }, true)
+    }
+
+    fn json(&mut self, mut call: JsonCall, tagged: bool, end: bool) -> (State, bool) {
+        let consumed = call.feed(&self.buf);
+        self.buf.drain(..consumed);
+        // Start the call once its name is known; stream the arguments as they come.
+        if call.index.is_none() {
+            if let Some(name) = call.name.clone() {
+                call.index = Some(self.start_call(name));
+            }
+        }
+        if let (Some(index), Some((start, stop))) = (call.index, call.args) {
+            if !call.args_is_string {
+                let upto = stop.unwrap_or(call.raw.len());
+                let from = call.emitted.max(start);
+                if upto > from {
+                    let piece = call.raw[from..upto].to_string();
+                    self.args(index, &piece);
+                    call.emitted = upto;
+                }
+            }
+        }
+        if !call.done && !end {
+            return (State::Json { call, tagged }, false);
+        }
+        let element = !call.raw.is_empty();
+        self.end_json_call(&call, tagged);
+        if call.list && element && !call.list_done && !end {
+            // Another object of the list may follow.
+            return (State::Json { call: JsonCall::new(true), tagged }, true);
+        }
+        match (tagged, call.index.is_some()) {
+            (true, _) => (State::AfterCall, true),
+            (false, true) => (State::Between, true),
+            (false, false) => (State::Text { fresh: false }, true),
+        }
+    }
+
+    fn end_json_call(&mut self, call: &JsonCall, tagged: bool) {
+        let Some(index) = call.index else {
+            if !call.raw.is_empty() {
+                // Never became a call: what was held back is content.
+                let text = if tagged { format!("{OPEN}{}", call.raw) } else { call.raw.clone() };
+                self.content(&text);
+            }
+            return;
+        };
+        match call.args {
+            None => self.args(index, "{}"),
+            Some((start, stop)) if call.args_is_string => {
+                let raw = &call.raw[start..stop.unwrap_or(call.raw.len())];
+                let text = serde_json::from_str::<String>(raw).unwrap_or_else(|_| raw.to_string());
+                self.args(index, &text);
+            }
+            Some(_) => {}
+        }
+    }
+
+    fn xml(&mut self, mut call: XmlCall, end: bool) -> (State, bool) {
+        loop {
+            if call.name.is_none() {
+                let Some(gt) = self.buf.find('>') else { break };
+                let name = self.buf["<function=".len()..gt].trim().to_string();
+                self.buf.drain(..gt + 1);
+                call.index = Some(self.start_call(name.clone()));
+                call.name = Some(name);
+                continue;
+            }
+            let trimmed = self.buf.trim_start();
+            let lead = self.buf.len() - trimmed.len();
+            if trimmed.starts_with("</function>") {
+                self.buf.drain(..lead + "</function>".len());
+                self.finish_xml(&call);
+                return (State::AfterCall, true);
+            }
+            if trimmed.starts_with("<parameter=") {
+                let Some(gt) = trimmed.find('>') else { break };
+                let Some(close) = trimmed[gt..].find("</parameter>") else { break };
+                let param = trimmed["<parameter=".len()..gt].trim().to_string();
+                let value = trimmed[gt + 1..gt + close].to_string();
+                let value = value.strip_prefix('\n').unwrap_or(&value);
+                let value = value.strip_suffix('\n').unwrap_or(value).to_string();
+                let used = lead + gt + close + "</parameter>".len();
+                self.buf.drain(..used);
+                call.params.push((param, value));
+                continue;
+            }
+            if trimmed.is_empty() || "</function>".starts_with(trimmed) || "<parameter=".starts_with(trimmed) {
+                break;
+            }
+            // Anything else inside a function: skip one character (tolerance).
+            let skip = lead + trimmed.chars().next().map_or(0, char::len_utf8);
+            self.buf.drain(..skip);
+        }
+        if end {
+            if call.index.is_some() {
+                self.finish_xml(&call);
+            } else {
+                let rest = std::mem::take(&mut self.buf);
+                self.content(&format!("{OPEN}{rest}"));
+            }
+            return (State::Text { fresh: false }, false);
+        }
+        (State::Xml(call), false)
+    }
+
+    fn finish_xml(&mut self, call: &XmlCall) {
+        let (Some(index), Some(name)) = (call.index, &call.name) else { return };
+        let mut args = serde_json::Map::new();
+        for (param, value) in &call.params {
+            let v = if self.tools.is_string_param(name, param) {
+                Value::String(value.clone())
+            } else {
+                serde_json::from_str(value.trim()).unwrap_or_else(|_| Value::String(value.clone()))
+            };
+            args.insert(param.clone(), v);
+        }
+        self.args(index, &Value::Object(args).to_string());
+    }
+
+    fn between(&mut self, end: bool) -> (State, bool) {
+        let trimmed = self.buf.trim_start();
+        let lead = self.buf.len() - trimmed.len();
+        if trimmed.starts_with(OPEN) {
+            self.buf.drain(..lead + OPEN.len());
+            return (State::TagBody, true);
+        }
+        if trimmed.starts_with('{') || trimmed.starts_with('[') || trimmed.starts_with("```") {
+            // Perhaps another bare call.
+            self.buf.drain(..lead);
+            return (State::Text { fresh: true }, true);
+        }
+        if trimmed.is_empty() {
+            if end {
+                self.buf.clear();
+            }
+            return (State::Between, false);
+        }
+        if OPEN.starts_with(trimmed) && !end {
+            return (State::Between, false);
+        }
+        // Prose after the calls is content.
+        (State::Text { fresh: false }, true)
+    }
+
+    fn after_call(&mut self, end: bool) -> (State, bool) {
+        let close = self.buf.find(CLOSE);
+        let open = self.buf.find(OPEN);
+        match (close, open) {
+            // A new call without the previous one's closing tag.
+            (c, Some(o)) if c.is_none_or(|c| o < c) => {
+                self.buf.drain(..o + OPEN.len());
+                return (State::TagBody, true);
+            }
+            (Some(c), _) => {
+                self.buf.drain(..c + CLOSE.len());
+                return (State::Between, true);
+            }
+            _ => {}
+        }
+        if end {
+            self.buf.clear();
+            return (State::AfterCall, false);
+        }
+        // Keep only what could still become a tag.
+        let keep = held_back(&self.buf, CLOSE).max(held_back(&self.buf, OPEN));
+        self.buf.drain(..self.buf.len() - keep);
+        (State::AfterCall, false)
+    }
+}
+
+/// The length of the longest suffix of `text` that is a proper prefix of `tag`.
+fn held_back(text: &str, tag: &str) -> usize {
+    (1..tag.len().min(text.len() + 1))
+        .rev()
+        .find(|&n| text.is_char_boundary(text.len() - n) && text.ends_with(&tag[..n]))
+        .unwrap_or(0)
+}
+
+enum Probe {
+    NeedMore,
+    Name(String),
+    NotACall,
+}
+
+/// Whether `text` (starting with `{`) opens an object whose first key is `"name"`, and its value.
+fn probe_name(text: &str) -> Probe {
+    let Some(rest) = text.strip_prefix('{') else {
+        return if text.is_empty() { Probe::NeedMore } else { Probe::NotACall };
+    };
+    let rest = rest.trim_start();
+    if rest.is_empty() || "\"name\"".starts_with(rest) {
+        return Probe::NeedMore;
+    }
+    let Some(rest) = rest.strip_prefix("\"name\"") else { return Probe::NotACall };
+    let rest = rest.trim_start();
+    let Some(rest) = rest.strip_prefix(':') else {
+        return if rest.is_empty() { Probe::NeedMore } else { Probe::NotACall };
+    };
+    let rest = rest.trim_start();
+    if rest.is_empty() {
+        return Probe::NeedMore;
+    }
+    if !rest.starts_with('"') {
+        return Probe::NotACall;
+    }
+    match string_end(rest) {
+        Some(n) => serde_json::from_str::<String>(&rest[..n]).map_or(Probe::NotACall, Probe::Name),
+        None => Probe::NeedMore,
+    }
+}
+
+/// The byte length of the JSON string at the start of `s` (which starts with `"`), if complete.
+fn string_end(s: &str) -> Option<usize> {
+    let mut escaped = false;
+    for (i, c) in s.char_indices().skip(1) {
+        match c {
+            _ if escaped => escaped = false,
+            '\\' => escaped = true,
+            '"' => return Some(i + 1),
+            _ => {}
+        }
+    }
+    None
+}
+
+/// Calls in a complete JSON text: one call object or a list of them, each naming a known tool.
+fn whole_calls(text: &str, tools: &ToolSet) -> Option<Vec<(String, String)>> {
+    let value: Value = serde_json::from_str(text.trim()).ok()?;
+    let items = match value {
+        Value::Array(items) => items,
+        other => vec![other],
+    };
+    items
+        .into_iter()
+        .map(|item| {
+            let name = item.get("name")?.as_str()?.to_string();
+            if !tools.knows(&name) {
+                return None;
+            }
+            let args = item.get("arguments").or_else(|| item.get("parameters")).cloned().unwrap_or(Value::Null);
+            let args = match args {
+                Value::Null => "{}".to_string(),
+                Value::String(s) => s,
+                other => other.to_string(),
+            };
+            Some((name, args))
+        })
+        .collect()
+}
+
+/// A call in Qwen3-Coder's XML form, as its parameters arrive.
+#[derive(Default)]
+struct XmlCall {
+    name: Option<String>,
+    index: Option<usize>,
+    params: Vec<(String, String)>,
+}
+
+/// A scanner over one JSON call object `{"name": …, "arguments": …}` (or one element
+/// of a list of them), fed text as it arrives; it records the name and where the
+/// arguments' value lies in its text.
+#[derive(Default)]
+struct JsonCall {
+    /// The object's text so far (from its `{`).
+    raw: String,
+    depth: usize,
+    in_string: bool,
+    escaped: bool,
+    /// An element of a list of calls (`[{…}, {…}]`).
+    list: bool,
+    /// The list's `]` was seen.
+    list_done: bool,
+    /// Before the object's `{` (a list's next element).
+    before_object: bool,
+    /// A top-level key string being read, and the current member's key.
+    key_start: Option<usize>,
+    key: Option<String>,
+    /// After the member's `:`, and where its value's first character is.
+    after_colon: bool,
+    value_begun: Option<usize>,
+    name: Option<String>,
+    /// Where the arguments' value starts in `raw`, and ends once known.
+    args: Option<(usize, Option<usize>)>,
+    args_is_string: bool,
+    /// Bytes of `raw` already sent as argument pieces.
+    emitted: usize,
+    index: Option<usize>,
+    done: bool,
+}
+
+impl JsonCall {
+    fn new(list: bool) -> JsonCall {
+        JsonCall { list, before_object: true, ..JsonCall::default() }
+    }
+
+    fn is_args_key(key: Option<&str>) -> bool {
+        matches!(key, Some("arguments" | "parameters"))
+    }
+
+    /// Scans `text`; returns how many of its bytes belong to this call.
+    fn feed(&mut self, text: &str) -> usize {
+        for (i, c) in text.char_indices() {
+            if self.done {
+                return i;
+            }
+            if self.before_object {
+                match c {
+                    '{' => {
+                        self.before_object = false;
+                        self.depth = 1;
+                        self.raw.push(c);
+                    }
+                    ']' if self.list => {
+                        self.list_done = true;
+                        self.done = true;
+                        return i + 1;
+                    }
+                    _ if c.is_whitespace() || (self.list && c == ',') => {}
+                    _ => {
+                        // Not a call after all: what is left is not this scanner's.
+                        self.done = true;
+                        return i;
+                    }
+                }
+                continue;
+            }
+            let pos = self.raw.len();
+            self.raw.push(c);
+            if self.in_string {
+                match c {
+                    _ if self.escaped => self.escaped = false,
+                    '\\' => self.escaped = true,
+                    '"' => {
+                        self.in_string = false;
+                        if let Some(start) = self.key_start.take() {
+                            self.key = serde_json::from_str(&self.raw[start..]).ok();
+                        } else if self.depth == 1 {
+                            self.end_value(pos + 1);
+                        }
+                    }
+                    _ => {}
+                }
+                continue;
+            }
+            match c {
+                '"' => {
+                    self.in_string = true;
+                    if self.depth == 1 && !self.after_colon {
+                        self.key_start = Some(pos);
+                    } else if self.depth == 1 {
+                        self.begin_value(pos);
+                    }
+                }
+                '{' | '[' => {
+                    if self.depth == 1 && self.after_colon {
+                        self.begin_value(pos);
+                    }
+                    self.depth += 1;
+                }
+                '}' | ']' => {
+                    self.depth = self.depth.saturating_sub(1);
+                    if self.depth == 1 {
+                        self.end_value(pos + 1);
+                    } else if self.depth == 0 {
+                        self.end_value(pos);
+                        self.done = true;
+                        return i + c.len_utf8();
+                    }
+                }
+                ':' if self.depth == 1 => self.after_colon = true,
+                ',' if self.depth == 1 => {
+                    self.end_value(pos);
+                    self.after_colon = false;
+                    self.key = None;
+                }
+                _ if self.depth == 1 && self.after_colon && !c.is_whitespace() => self.begin_value(pos),
+                _ => {}
+            }
+        }
+        text.len()
+    }
+
+    fn begin_value(&mut self, pos: usize) {
+        if self.value_begun.is_some() {
+            return;
+        }
+        self.value_begun = Some(pos);
+        if Self::is_args_key(self.key.as_deref()) && self.args.is_none() {
+            self.args = Some((pos, None));
+            self.args_is_string = self.raw[pos..].starts_with('"');
+        }
+    }
+
+    fn end_value(&mut self, end: usize) {
+        let Some(start) = self.value_begun.take() else { return };
+        let value = self.raw[start..end].trim_end();
+        match self.key.as_deref() {
+            Some("name") => self.name = serde_json::from_str(value).ok(),
+            key if Self::is_args_key(key) => {
+                if let Some((s, None)) = self.args {
+                    self.args = Some((s, Some(start + value.len())));
+                }
+            }
+            _ => {}
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests;

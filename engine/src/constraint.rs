@@ -1,0 +1,362 @@
+//! Constrained decoding: a request may carry a grammar its output must match
+//! (a JSON Schema, a regular expression or an llguidance Lark grammar, which
+//! may start lazily at a trigger such as `<tool_call>`). The grammar engine is
+//! [llguidance](https://github.com/guidance-ai/llguidance); this module only
+//! adapts it to cachet:
+//!
+//! - [`Grammars`] belongs to a model: its tokenizer's byte view for llguidance
+//!   (built on first use) and a cache of compiled grammars keyed by their text,
+//!   since agents send the same tools on every turn. [`Grammars::compile`] is
+//!   blocking CPU work: callers run it off the engine thread (and off async
+//!   executors), before they submit the request.
+//! - A compiled [`Grammar`] is data of the request; the engine gives each
+//!   sequence its own matcher state ([`Constraint`]), asks it for the allowed
+//!   tokens while the forward pass runs, masks the logits with them before
+//!   penalties and temperature, and feeds it every sampled token.
+//!
+//! The tokenizer's byte view comes from llguidance's own reader of a Hugging
+//! Face `tokenizer.json` (applied to the JSON our tokenizer serialises to),
+//! rather than from `toktrie_hf_tokenizers`: that adapter is pinned to an
+//! older `tokenizers` (0.21) than the engine's (0.23), and would put a second
+//! tokenizer library and a second copy of the vocabulary in the process.
+
+use crate::tokenizer::Tokenizer;
+use llguidance::api::TopLevelGrammar;
+use llguidance::toktrie::{self, SimpleVob, TokEnv, TokRxInfo, TokTrie, TokenizerEnv};
+use llguidance::{Matcher, ParserFactory};
+use std::panic::AssertUnwindSafe;
+use std::sync::{Arc, OnceLock};
+use std::time::{Duration, Instant};
+
+/// What a request's output must match.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum GrammarSource {
+    /// A JSON Schema, as JSON text. Options for llguidance's JSON compiler
+    /// (separators, whitespace) may be given under the schema's `"x-guidance"`.
+    JsonSchema(String),
+    /// A regular expression (Rust `regex` syntax) the whole output must match.
+    Regex(String),
+    /// An llguidance grammar in its Lark-like syntax (may embed `%json {…}`
+    /// schemas and lazy rules that start at a trigger).
+    Lark(String),
+}
+
+impl GrammarSource {
+    fn tag_and_text(&self) -> (&'static str, &str) {
+        match self {
+            GrammarSource::JsonSchema(s) => ("json_schema", s),
+            GrammarSource::Regex(s) => ("regex", s),
+            GrammarSource::Lark(s) => ("lark", s),
+        }
+    }
+
+    /// Bytes of grammar text (what the cache weighs).
+    pub fn len(&self) -> usize {
+        self.tag_and_text().1.len()
+    }
+
+    /// Whether the grammar text is empty.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+}
+
+/// Why a grammar could not be used.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum GrammarError {
+    /// The grammar or schema is malformed or uses what llguidance does not support.
+    #[error("{0}")]
+    Invalid(String),
+    /// This model's tokenizer cannot be used for constrained decoding.
+    #[error("constrained decoding is not available for this model: {0}")]
+    Unsupported(String),
+    /// The grammar is larger than the server accepts.
+    #[error("the grammar is {len} bytes; at most {limit} are accepted")]
+    TooLarge { len: usize, limit: usize },
+}
+
+/// The largest grammar text accepted (JSON Schemas of large tool sets included).
+pub const MAX_GRAMMAR_BYTES: usize = 1 << 20;
+
+/// A compiled grammar: cheap to clone, shared by every request that uses it.
+#[derive(Clone)]
+pub struct Grammar {
+    /// The matcher at the start of the output; each request takes a copy.
+    start: Arc<Matcher>,
+    /// Tokens the model has that the tokenizer does not (always masked).
+    vocab: usize,
+    eos: Arc<[u32]>,
+}
+
+impl std::fmt::Debug for Grammar {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Grammar").finish_non_exhaustive()
+    }
+}
+
+impl Grammar {
+    /// Whether `tokens` may be the output (or its start) under this grammar: `Ok(true)`
+    /// when the output may end after them, `Ok(false)` when it must go on, `Err` naming
+    /// the first token the grammar does not allow.
+    pub fn check(&self, tokens: &[u32]) -> Result<bool, String> {
+        let mut c = self.start();
+        for (i, &t) in tokens.iter().enumerate() {
+            let mask = c.mask()?;
+            if t as usize >= mask.len() || !mask.is_allowed(t) {
+                return Err(format!("token {i} (id {t}) is not allowed there"));
+            }
+            c.commit(t)?;
+        }
+        if c.finished() {
+            return Ok(true);
+        }
+        let mask = c.mask()?;
+        Ok(c.eos.first().is_some_and(|&e| (e as usize) < mask.len() && mask.is_allowed(e)))
+    }
+
+    /// A fresh matcher state for one sequence. Copies share the grammar's lazily
+    /// built lexer, so requests with the same grammar warm it up for each other.
+    pub(crate) fn start(&self) -> Constraint {
+        Constraint { matcher: (*self.start).clone(), vocab: self.vocab, eos: self.eos.clone() }
+    }
+}
+
+/// The grammar state of one sequence.
+pub(crate) struct Constraint {
+    matcher: Matcher,
+    vocab: usize,
+    eos: Arc<[u32]>,
+}
+
+impl std::fmt::Debug for Constraint {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Constraint").field("stopped", &self.matcher.is_stopped()).finish_non_exhaustive()
+    }
+}
+
+impl Constraint {
+    /// The tokens the grammar allows next (llguidance's own error text on failure).
+    pub(crate) fn mask(&mut self) -> Result<SimpleVob, String> {
+        let m = &mut self.matcher;
+        match std::panic::catch_unwind(AssertUnwindSafe(|| m.compute_mask())) {
+            Ok(Ok(mask)) => Ok(mask),
+            // llguidance's stop reason when no token can extend the output.
+            Ok(Err(e)) if e.to_string().starts_with("NoExtensionBias") => {
+                Err("the grammar allows no token here".into())
+            }
+            Ok(Err(e)) => Err(first_line(&e.to_string())),
+            Err(_) => Err("the grammar engine failed".into()),
+        }
+    }
+
+    /// Sets every logit the mask does not allow to −∞ (with every end-of-sequence
+    /// id of the model allowed wherever the grammar allows its EOS). False when
+    /// nothing is allowed.
+    pub(crate) fn apply(&self, mask: &SimpleVob, logits: &mut [f32]) -> bool {
+        let eos_allowed = self.eos.first().is_some_and(|&e| (e as usize) < mask.len() && mask.is_allowed(e));
+        let mut any = false;
+        let known = mask.len().min(logits.len()).min(self.vocab);
+        for (i, l) in logits.iter_mut().enumerate() {
+            let ok = (i < known && mask.is_allowed(i as u32)) || (eos_allowed && self.eos.contains(&(i as u32)));
+            if ok {
+                any |= !l.is_nan();
+            } else {
+                *l = f32::NEG_INFINITY;
+            }
+        }
+        any
+    }
+
+    /// Feeds the sampled token. An end-of-sequence id ends the request, so it
+    /// is not fed (the grammar allowed it only where the output may end).
+    pub(crate) fn commit(&mut self, token: u32) -> Result<(), String> {
+        if self.eos.contains(&token) {
+            return Ok(());
+        }
+        let m = &mut self.matcher;
+        match std::panic::catch_unwind(AssertUnwindSafe(|| m.consume_token(token))) {
+            Ok(Ok(())) => Ok(()),
+            Ok(Err(e)) => Err(e.to_string()),
+            Err(_) => Err("the grammar engine failed".into()),
+        }
+    }
+
+    /// Whether the grammar is complete and allows nothing more.
+    pub(crate) fn finished(&self) -> bool {
+        self.matcher.is_stopped() && !self.matcher.is_error()
+    }
+}
+
+/// Counters of a model's grammar cache.
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct GrammarStats {
+    pub compiled: u64,
+    pub cache_hits: u64,
+}
+
+/// The grammars of one model: llguidance's view of its tokenizer (built on
+/// first use) and a cache of compiled grammars.
+pub struct Grammars {
+    tokenizer: Arc<Tokenizer>,
+    /// The model's vocabulary (the logits' length), which may exceed the tokenizer's.
+    vocab: usize,
+    eos: Arc<[u32]>,
+    factory: OnceLock<Result<ParserFactory, GrammarError>>,
+    cache: moka::sync::Cache<GrammarSource, Grammar>,
+    compiled: std::sync::atomic::AtomicU64,
+    hits: std::sync::atomic::AtomicU64,
+}
+
+impl std::fmt::Debug for Grammars {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Grammars").field("vocab", &self.vocab).field("cached", &self.cache.entry_count()).finish()
+    }
+}
+
+/// Compiled grammars kept, weighed by their text (the compiled form is a
+/// small multiple of it).
+const CACHE_BYTES: u64 = 64 << 20;
+
+impl Grammars {
+    /// The grammars of a model with `tokenizer` and `vocab` logits per token.
+    pub fn new(tokenizer: Arc<Tokenizer>, vocab: usize) -> Grammars {
+        let eos: Arc<[u32]> = tokenizer.eos_ids().into();
+        Grammars {
+            tokenizer,
+            vocab,
+            eos,
+            factory: OnceLock::new(),
+            cache: moka::sync::Cache::builder()
+                .max_capacity(CACHE_BYTES)
+                .weigher(|k: &GrammarSource, _| (k.len() as u32).saturating_add(1024))
+                .build(),
+            compiled: Default::default(),
+            hits: Default::default(),
+        }
+    }
+
+    fn factory(&self) -> Result<&ParserFactory, GrammarError> {
+        self.factory.get_or_init(|| build_factory(&self.tokenizer, &self.eos)).as_ref().map_err(Clone::clone)
+    }
+
+    /// Compiles `source` (blocking; cached by its text). Errors name the problem
+    /// as llguidance reports it.
+    pub fn compile(&self, source: &GrammarSource) -> Result<Grammar, GrammarError> {
+        use std::sync::atomic::Ordering::Relaxed;
+        if source.len() > MAX_GRAMMAR_BYTES {
+            return Err(GrammarError::TooLarge { len: source.len(), limit: MAX_GRAMMAR_BYTES });
+        }
+        if let Some(g) = self.cache.get(source) {
+            self.hits.fetch_add(1, Relaxed);
+            metrics::counter!("cachet:grammar_cache_hits_total").increment(1);
+            return Ok(g);
+        }
+        let start = Instant::now();
+        let factory = self.factory()?;
+        let (tag, text) = source.tag_and_text();
+        let built = std::panic::catch_unwind(AssertUnwindSafe(|| {
+            let grammar = TopLevelGrammar::from_tagged_str(tag, text)?;
+            factory.create_parser(grammar)
+        }));
+        let parser = match built {
+            Ok(Ok(parser)) => parser,
+            Ok(Err(e)) => return Err(GrammarError::Invalid(first_line(&e.to_string()))),
+            Err(_) => return Err(GrammarError::Invalid("the grammar engine failed on this grammar".into())),
+        };
+        let matcher = Matcher::new(Ok(parser));
+        if let Some(e) = matcher.get_error() {
+            return Err(GrammarError::Invalid(first_line(&e)));
+        }
+        let grammar = Grammar { start: Arc::new(matcher), vocab: self.vocab, eos: self.eos.clone() };
+        self.compiled.fetch_add(1, Relaxed);
+        metrics::histogram!("cachet:grammar_compile_seconds").record(start.elapsed().as_secs_f64());
+        self.cache.insert(source.clone(), grammar.clone());
+        Ok(grammar)
+    }
+
+    /// Whether `source` is compiled and cached.
+    pub fn is_cached(&self, source: &GrammarSource) -> bool {
+        self.cache.contains_key(source)
+    }
+
+    /// Drops every compiled grammar (for measuring cold compiles).
+    pub fn clear_cache(&self) {
+        self.cache.invalidate_all();
+        self.cache.run_pending_tasks();
+    }
+
+    /// Compiles and cache hits so far.
+    pub fn stats(&self) -> GrammarStats {
+        use std::sync::atomic::Ordering::Relaxed;
+        GrammarStats { compiled: self.compiled.load(Relaxed), cache_hits: self.hits.load(Relaxed) }
+    }
+
+    /// Time to build the tokenizer view (the first compile pays it once).
+    pub fn warm_up(&self) -> Result<Duration, GrammarError> {
+        let start = Instant::now();
+        self.factory()?;
+        Ok(start.elapsed())
+    }
+}
+
+/// llguidance's errors run over several lines; the first says what is wrong.
+fn first_line(s: &str) -> String {
+    let s = s.trim();
+    let line = s.lines().next().unwrap_or(s);
+    if line.len() > 500 {
+        let mut end = 500;
+        while !line.is_char_boundary(end) {
+            end -= 1;
+        }
+        format!("{}…", &line[..end])
+    } else {
+        line.to_string()
+    }
+}
+
+/// The tokenizer as llguidance sees it: every token's bytes (special tokens
+/// behind toktrie's marker byte), tokenizing with our own tokenizer.
+struct TokenizerView {
+    trie: TokTrie,
+    tokenizer: Arc<Tokenizer>,
+}
+
+impl TokenizerEnv for TokenizerView {
+    fn tok_trie(&self) -> &TokTrie {
+        &self.trie
+    }
+
+    fn tokenize_bytes(&self, s: &[u8]) -> Vec<toktrie::TokenId> {
+        match std::str::from_utf8(s) {
+            Ok(text) => self.tokenizer.encode(text, false).unwrap_or_else(|_| self.trie.greedy_tokenize(s)),
+            Err(_) => self.trie.greedy_tokenize(s),
+        }
+    }
+}
+
+fn build_factory(tokenizer: &Arc<Tokenizer>, eos: &[u32]) -> Result<ParserFactory, GrammarError> {
+    let unsupported = |m: String| GrammarError::Unsupported(m);
+    let json = tokenizer.inner().to_string(false).map_err(|e| unsupported(e.to_string()))?;
+    let json: serde_json::Value = serde_json::from_str(&json).map_err(|e| unsupported(e.to_string()))?;
+    // llguidance's reader asserts on vocabularies it does not expect: a panic is an `Err` here.
+    let mut words = std::panic::catch_unwind(|| llguidance::token_bytes_from_tokenizer_json(&json))
+        .map_err(|_| unsupported("the tokenizer's vocabulary could not be read".into()))?
+        .map_err(|e| unsupported(e.to_string()))?;
+    let size = tokenizer.vocab_size().max(words.len());
+    words.resize(size, Vec::new());
+    let first_eos =
+        *eos.first().ok_or_else(|| unsupported("the tokenizer declares no end-of-sequence token".into()))?;
+    let mut info = TokRxInfo::new(size as u32, first_eos);
+    info.tok_bos = tokenizer.bos_id();
+    let trie = std::panic::catch_unwind(|| TokTrie::from(&info, &words).with_eos_tokens(eos))
+        .map_err(|_| unsupported("the tokenizer's vocabulary could not be indexed".into()))?;
+    let env: TokEnv = Arc::new(TokenizerView { trie, tokenizer: tokenizer.clone() });
+    let mut factory = ParserFactory::new_simple(&env).map_err(|e| unsupported(e.to_string()))?;
+    factory.quiet();
+    Ok(factory)
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,97 @@
+//! Grammars within a step: the constraints of the sequences that sample are
+//! taken out of them, their masks computed on another thread while the forward
+//! pass runs, and given back with the masks; sampling then masks the logits
+//! first and feeds the grammar the token it picked.
+
+use super::request::RequestError;
+use super::seq::Seq;
+use super::step::Planned;
+use super::Engine;
+use crate::constraint::Constraint;
+use cachet_kernels::backend::Backend;
+use llguidance::toktrie::SimpleVob;
+use std::collections::HashMap;
+use std::time::Instant;
+
+/// A sequence's mask, or why the grammar could not give one.
+pub(super) type Mask = Result<SimpleVob, String>;
+
+/// The masks of a step, computed beside its forward pass.
+pub(super) struct Computed {
+    masks: Vec<Mask>,
+    /// Time computing them, and time the step waited for them after its forward pass.
+    secs: f64,
+    wait: f64,
+}
+
+/// Computes the masks of `constrained` in order (run beside the forward pass).
+pub(super) fn compute(constrained: &mut [(u64, Constraint)]) -> (Vec<Mask>, f64) {
+    let t = Instant::now();
+    let masks = constrained.iter_mut().map(|(_, c)| c.mask()).collect();
+    (masks, t.elapsed().as_secs_f64())
+}
+
+/// Waits for the mask thread; `forward_done` is when the forward pass ended.
+pub(super) fn join(
+    job: Option<std::thread::ScopedJoinHandle<'_, (Vec<Mask>, f64)>>,
+    forward_done: Instant,
+) -> Option<Computed> {
+    let (masks, secs) = job?.join().unwrap_or_else(|_| (Vec::new(), 0.0));
+    Some(Computed { masks, secs, wait: forward_done.elapsed().as_secs_f64() })
+}
+
+impl<B: Backend> Engine<B> {
+    /// Takes the constraints of the planned sequences that sample this step.
+    pub(super) fn take_constraints(&mut self, plan: &[Planned], index: &[usize]) -> Vec<(u64, Constraint)> {
+        plan.iter()
+            .zip(index)
+            .filter(|(p, _)| p.logits)
+            .filter_map(|(p, &i)| self.running[i].constraint.take().map(|c| (p.seq, c)))
+            .collect()
+    }
+
+    /// Gives the constraints back to their sequences; returns their masks by sequence id.
+    pub(super) fn give_back(
+        &mut self,
+        constrained: Vec<(u64, Constraint)>,
+        computed: Option<Computed>,
+    ) -> HashMap<u64, Mask> {
+        let mut computed_masks = Vec::new().into_iter();
+        if let Some(c) = computed {
+            metrics::histogram!("cachet:grammar_mask_seconds").record(c.secs);
+            metrics::histogram!("cachet:grammar_mask_wait_seconds").record(c.wait);
+            self.stats.grammar_steps += 1;
+            self.stats.grammar_masks += c.masks.len() as u64;
+            self.stats.grammar_mask_seconds += c.secs;
+            self.stats.grammar_wait_seconds += c.wait;
+            computed_masks = c.masks.into_iter();
+        }
+        let mut masks = HashMap::with_capacity(constrained.len());
+        for (id, c) in constrained {
+            let i = self.running.iter().position(|s| s.id == id).expect("planned sequences are running");
+            self.running[i].constraint = Some(c);
+            masks.insert(id, computed_masks.next().unwrap_or_else(|| Err("the grammar engine failed".into())));
+        }
+        masks
+    }
+}
+
+/// Picks `seq`'s next token from `logits`: the grammar's mask first (so penalties and
+/// temperature only see allowed tokens), then the sampler; the grammar takes the token.
+pub(super) fn sample(seq: &mut Seq, logits: &mut [f32], mask: Option<Mask>) -> Result<u32, RequestError> {
+    if let Some(mask) = mask {
+        let allowed = match (&mask, &seq.constraint) {
+            (Ok(m), Some(c)) => c.apply(m, logits),
+            _ => false,
+        };
+        if !allowed {
+            let why = mask.err().unwrap_or_else(|| "the grammar allows no token here".into());
+            return Err(RequestError::Grammar(why));
+        }
+    }
+    let token = seq.sampler.sample(logits);
+    if let Some(c) = &mut seq.constraint {
+        c.commit(token).map_err(RequestError::Grammar)?;
+    }
+    Ok(token)
+}
