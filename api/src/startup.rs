@@ -349,6 +349,14 @@ fn load(settings: &Settings) -> anyhow::Result<Served> {
             start_engine(crate::device::cuda_backend(&info, settings.model.cublas_prefill)?, &path, config)?
         }
     };
+    // llguidance's view of the tokenizer takes a second or so to build for a 150k vocabulary:
+    // build it now, beside serving, rather than in the first request with tools.
+    let grammars = engine.clone();
+    let _ =
+        std::thread::Builder::new().name("cachet-grammars".into()).spawn(move || match grammars.grammars().warm_up() {
+            Ok(took) => tracing::debug!(?took, "constrained decoding ready"),
+            Err(e) => tracing::info!("{e}"),
+        });
     let public = match (settings.model.public_system_prompt.as_str(), engine.chat_template()) {
         ("", _) | (_, None) => None,
         (prompt, Some(template)) => {

@@ -3,39 +3,13 @@
 //! batch, survives retraction unchanged, and a grammar that allows nothing ends
 //! the request with a clear error.
 
+mod common;
+use common::{pool, tiny_engine, tokens};
+
 use cachet_engine::constraint::{Grammar, GrammarSource};
 use cachet_engine::generate::{FinishReason, GenerateParams};
-use cachet_engine::kv_pool::PoolSize;
 use cachet_engine::radix::TenantKey;
-use cachet_engine::runtime::{self, EngineConfig, EngineHandle, Request, RequestError};
-use cachet_engine::testing::{Tiny, TinyArch};
-use cachet_kernels::cpu::CpuBackend;
-use cachet_kernels::quant::DType;
-
-fn engine(cfg: EngineConfig) -> EngineHandle {
-    let dir = tempfile::tempdir().unwrap();
-    let path = dir.path().join("tiny.gguf");
-    Tiny::random(TinyArch::Qwen2, 77, false).write_gguf(DType::Q8_0, &path).unwrap();
-    let backend = CpuBackend::new(2).unwrap();
-    let loaded = cachet_engine::loader::load(&path, &backend).unwrap();
-    runtime::start(backend, loaded, cfg).unwrap()
-}
-
-fn cfg(pool: usize) -> EngineConfig {
-    EngineConfig { pool: PoolSize::Tokens(pool), overload_factor: 0.0, ..Default::default() }
-}
-
-fn tokens(seed: u64, n: usize) -> Vec<u32> {
-    let mut s = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
-    (0..n)
-        .map(|_| {
-            s ^= s << 13;
-            s ^= s >> 7;
-            s ^= s << 17;
-            (s % 255) as u32
-        })
-        .collect()
-}
+use cachet_engine::runtime::{EngineConfig, EngineHandle, Request, RequestError};
 
 /// A bounded JSON document: every output under it ends by itself.
 const SCHEMA: &str = r#"{"type": "object", "properties": {
@@ -68,7 +42,7 @@ fn request(i: u64, g: Option<&Grammar>) -> Request {
 
 #[test]
 fn constrained_outputs_follow_the_grammar_and_do_not_depend_on_the_batch() {
-    let h = engine(cfg(8192));
+    let h = tiny_engine(pool(8192));
     let schema = grammar(&h, GrammarSource::JsonSchema(SCHEMA.into()));
     let regex = grammar(&h, GrammarSource::Regex("(yes|no): [0-9]{1,4}".into()));
     let pick = |i: u64| match i % 3 {
@@ -91,7 +65,7 @@ fn constrained_outputs_follow_the_grammar_and_do_not_depend_on_the_batch() {
         }
     }
     // The same nine at once, with a small token budget so that prefill chunks and decode mix.
-    let h = engine(EngineConfig { token_budget: 48, ..cfg(8192) });
+    let h = tiny_engine(EngineConfig { token_budget: 48, ..pool(8192) });
     let (schema, regex) = (
         grammar(&h, GrammarSource::JsonSchema(SCHEMA.into())),
         grammar(&h, GrammarSource::Regex("(yes|no): [0-9]{1,4}".into())),
@@ -111,11 +85,11 @@ fn constrained_outputs_follow_the_grammar_and_do_not_depend_on_the_batch() {
 
 #[test]
 fn a_constrained_request_survives_retraction_unchanged() {
-    let big = engine(cfg(8192));
+    let big = tiny_engine(pool(8192));
     let g = grammar(&big, GrammarSource::JsonSchema(SCHEMA.into()));
     let expected: Vec<_> = (0..6).map(|i| big.submit(request(i * 3, Some(&g))).collect_blocking().tokens).collect();
 
-    let h = engine(EngineConfig { token_budget: 64, ..cfg(300) });
+    let h = tiny_engine(EngineConfig { token_budget: 64, ..pool(300) });
     let g = grammar(&h, GrammarSource::JsonSchema(SCHEMA.into()));
     let streams: Vec<_> = (0..6).map(|i| h.submit(request(i * 3, Some(&g)))).collect();
     for (i, s) in streams.into_iter().enumerate() {
@@ -130,7 +104,7 @@ fn a_constrained_request_survives_retraction_unchanged() {
 
 #[test]
 fn a_grammar_that_allows_nothing_ends_the_request_with_a_clear_error() {
-    let h = engine(cfg(4096));
+    let h = tiny_engine(pool(4096));
     // After "x", a word that is all letters and all digits: no token can follow.
     let g = grammar(&h, GrammarSource::Lark("start: \"x\" A\nA: /[a-z]+/ & /[0-9]+/".into()));
     let out = h.submit(request(1, Some(&g))).collect_blocking();

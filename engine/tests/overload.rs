@@ -3,6 +3,9 @@
 //! its time-to-first-token target. Its own test binary, so no other test in
 //! the process competes for the CPU while it measures.
 
+mod common;
+use common::tokens;
+
 use cachet_engine::generate::GenerateParams;
 use cachet_engine::kv_pool::PoolSize;
 use cachet_engine::radix::TenantKey;
@@ -11,18 +14,6 @@ use cachet_engine::testing::{Tiny, TinyArch};
 use cachet_kernels::cpu::CpuBackend;
 use cachet_kernels::quant::DType;
 use std::time::{Duration, Instant};
-
-fn tokens(seed: u64, n: usize) -> Vec<u32> {
-    let mut s = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
-    (0..n)
-        .map(|_| {
-            s ^= s << 13;
-            s ^= s >> 7;
-            s ^= s << 17;
-            (s % 300) as u32
-        })
-        .collect()
-}
 
 fn request(tenant: &str, prompt: Vec<u32>, max_tokens: usize) -> Request {
     Request::new(TenantKey::new(tenant), prompt, GenerateParams { max_tokens, ignore_eos: true, ..Default::default() })

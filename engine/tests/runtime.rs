@@ -2,6 +2,9 @@
 //! invariance, prefix reuse, tenant isolation, shares, invalidation,
 //! retention, retraction, cancellation and overload.
 
+mod common;
+use common::{pool, tiny_engine, tokens};
+
 use cachet_engine::generate::GenerateParams;
 use cachet_engine::kv_pool::PoolSize;
 use cachet_engine::radix::{RetentionKey, Tag, TenantKey};
@@ -12,32 +15,6 @@ use cachet_engine::testing::{Tiny, TinyArch};
 use cachet_kernels::cpu::CpuBackend;
 use cachet_kernels::quant::DType;
 use std::time::Duration;
-
-fn engine(cfg: EngineConfig) -> EngineHandle {
-    let dir = tempfile::tempdir().unwrap();
-    let path = dir.path().join("tiny.gguf");
-    Tiny::random(TinyArch::Qwen2, 77, false).write_gguf(DType::Q8_0, &path).unwrap();
-    let backend = CpuBackend::new(2).unwrap();
-    let loaded = cachet_engine::loader::load(&path, &backend).unwrap();
-    runtime::start(backend, loaded, cfg).unwrap()
-}
-
-fn cfg(pool: usize) -> EngineConfig {
-    EngineConfig { pool: PoolSize::Tokens(pool), overload_factor: 0.0, ..Default::default() }
-}
-
-/// Deterministic pseudo-random prompt tokens (the tiny vocabulary has 320).
-fn tokens(seed: u64, n: usize) -> Vec<u32> {
-    let mut s = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
-    (0..n)
-        .map(|_| {
-            s ^= s << 13;
-            s ^= s >> 7;
-            s ^= s << 17;
-            (s % 300) as u32
-        })
-        .collect()
-}
 
 fn greedy(max_tokens: usize) -> GenerateParams {
     GenerateParams { max_tokens, ignore_eos: true, ..Default::default() }
@@ -65,11 +42,11 @@ fn concurrent_requests_match_running_alone() {
     let alone: Vec<Vec<u32>> = prompts
         .iter()
         .map(|p| {
-            let h = engine(cfg(4096));
+            let h = tiny_engine(pool(4096));
             run(&h, request("t", p.clone(), 16)).0
         })
         .collect();
-    let h = engine(EngineConfig { token_budget: 96, ..cfg(4096) });
+    let h = tiny_engine(EngineConfig { token_budget: 96, ..pool(4096) });
     let streams: Vec<_> = prompts.iter().map(|p| h.submit(request("t", p.clone(), 16))).collect();
     for (i, s) in streams.into_iter().enumerate() {
         let out = s.collect_blocking();
@@ -84,9 +61,9 @@ fn a_shared_prefix_is_computed_once() {
     let prefix = tokens(1, 1000);
     let with = |suffix: &[u32]| [prefix.clone(), suffix.to_vec()].concat();
     let (first, second) = (with(&tokens(2, 20)), with(&tokens(3, 30)));
-    let cold = run(&engine(cfg(4096)), request("t", second.clone(), 12)).0;
+    let cold = run(&tiny_engine(pool(4096)), request("t", second.clone(), 12)).0;
 
-    let h = engine(cfg(4096));
+    let h = tiny_engine(pool(4096));
     let (_, a) = run(&h, request("t", first, 12));
     assert_eq!(a.cached_tokens, 0);
     assert_eq!(a.computed_prefill_tokens, 1020);
@@ -99,7 +76,7 @@ fn a_shared_prefix_is_computed_once() {
 
 #[test]
 fn tenants_share_only_the_public_system_prompt() {
-    let h = engine(cfg(4096));
+    let h = tiny_engine(pool(4096));
     let system = tokens(10, 50);
     let prompt = [system.clone(), tokens(11, 200)].concat();
     let with_public = |tenant: &str, salt: Option<&str>| {
@@ -127,7 +104,7 @@ fn tenants_share_only_the_public_system_prompt() {
 
 #[test]
 fn a_flooding_tenant_cannot_evict_another_within_its_share() {
-    let h = engine(cfg(1200));
+    let h = tiny_engine(pool(1200));
     h.set_share(TenantKey::new("a"), 0.5);
     h.set_share(TenantKey::new("b"), 0.5);
     let a_prompt = tokens(20, 300);
@@ -144,7 +121,7 @@ fn a_flooding_tenant_cannot_evict_another_within_its_share() {
 
 #[test]
 fn invalidation_stops_reuse_at_the_span_start() {
-    let h = engine(cfg(4096));
+    let h = tiny_engine(pool(4096));
     let prompt = tokens(30, 400);
     let span = |version: &str| TokenSpan {
         range: 150..250,
@@ -177,7 +154,7 @@ fn invalidation_stops_reuse_at_the_span_start() {
 
 #[test]
 fn retained_sessions_survive_pressure_until_released() {
-    let h = engine(cfg(700));
+    let h = tiny_engine(pool(700));
     let session = RetentionKey("session-1".into());
     let retained = tokens(40, 200);
     let mut r = request("a", retained.clone(), 4);
@@ -201,11 +178,11 @@ fn retained_sessions_survive_pressure_until_released() {
 #[test]
 fn retraction_keeps_outputs_identical_and_leaks_nothing() {
     let prompts: Vec<Vec<u32>> = (0..6).map(|i| tokens(50 + i, 40 + 7 * i as usize)).collect();
-    let big = engine(cfg(4096));
+    let big = tiny_engine(pool(4096));
     let expected: Vec<Vec<u32>> = prompts.iter().map(|p| run(&big, request("t", p.clone(), 60)).0).collect();
 
     // Six requests needing ~100 slots each in a pool of 260.
-    let h = engine(EngineConfig { token_budget: 64, ..cfg(260) });
+    let h = tiny_engine(EngineConfig { token_budget: 64, ..pool(260) });
     let streams: Vec<_> = prompts.iter().map(|p| h.submit(request("t", p.clone(), 60))).collect();
     for (i, s) in streams.into_iter().enumerate() {
         let out = s.collect_blocking();
@@ -229,7 +206,7 @@ fn retraction_keeps_outputs_identical_and_leaks_nothing() {
 
 #[test]
 fn bad_requests_are_refused_with_reasons() {
-    let h = engine(cfg(512));
+    let h = tiny_engine(pool(512));
     let err = |r: Request| h.submit(r).collect_blocking().result.unwrap_err();
     assert!(matches!(err(request("t", vec![], 4)), RequestError::Invalid(_)));
     assert!(matches!(err(request("t", vec![1, 999], 4)), RequestError::Invalid(m) if m.contains("999")));
@@ -254,7 +231,7 @@ fn a_pool_that_does_not_fit_is_a_clear_error() {
 
 #[test]
 fn prewarm_fills_the_cache_without_output() {
-    let h = engine(cfg(4096));
+    let h = tiny_engine(pool(4096));
     let context = tokens(60, 300);
     let mut warm = request("t", context.clone(), 50);
     warm.prewarm = true;

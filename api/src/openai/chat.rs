@@ -113,12 +113,7 @@ pub async fn chat_completions(
     reject_unknown(&body.unknown)?;
     let served = model(&state, &body.model)?;
     let template = served.engine.chat_template().ok_or_else(|| ApiError::bad("the model has no chat template"))?;
-    let fields = ToolFields {
-        tools: body.tools.as_ref(),
-        tool_choice: body.tool_choice.as_ref(),
-        parallel_tool_calls: body.parallel_tool_calls,
-        response_format: body.response_format.as_ref(),
-    };
+    let fields = ToolFields::of(&body.tooling, &body.sampling);
     let plan = tools::plan(fields, template.source())?;
     let mut conversation = Vec::new();
     if let Some((public, _)) = &served.public {

@@ -2,7 +2,7 @@
 //! `suffix`, a fill-in-the-middle prompt in the model's FIM tokens.
 
 use super::types::{reject_unknown, CompletionRequest, Prompt, TextCompletion};
-use super::{execute, model, params, Endpoint, Job};
+use super::{execute, model, params, tools, Endpoint, Job};
 use crate::auth::TenantAuth;
 use crate::error::ApiError;
 use crate::state::AppState;
@@ -59,6 +59,8 @@ pub async fn completions(
         return Err(ApiError::bad_param("prompt", format!("token id {bad} is outside the vocabulary")));
     }
     let params = params(&body.sampling, tokens.len(), &served.engine)?;
-    let job = Job::new(Endpoint::Completions, tokens, None, params);
+    let mut job = Job::new(Endpoint::Completions, tokens, None, params);
+    let plan = tools::Plan { grammar: tools::custom_grammar(body.sampling.grammar.as_ref())?, ..Default::default() };
+    job.grammar = tools::compile(&served.engine, &plan).await?;
     execute(&state, &http, auth, served, &body.sampling, job).await
 }

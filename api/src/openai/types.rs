@@ -134,6 +134,11 @@ pub struct Sampling {
     /// (accepted, with no effect on which prefixes are reused).
     #[serde(default)]
     pub prompt_cache_key: Option<String>,
+    /// cachet extension: a grammar the output must match, `{"regex": …}` or `{"lark": …}`
+    /// (llguidance's Lark syntax); not with `tools` or `response_format`.
+    #[serde(default)]
+    #[schema(value_type = Option<Object>)]
+    pub grammar: Option<serde_json::Value>,
 }
 
 /// Request fields no endpoint defines, refused by [`reject_unknown`].
@@ -161,11 +166,9 @@ pub fn reject_unknown(unknown: &Unknown) -> Result<(), crate::error::ApiError> {
     Err(crate::error::ApiError::bad_param(field.clone(), message))
 }
 
-/// `POST /v1/chat/completions`.
-#[derive(Clone, Debug, Deserialize, ToSchema)]
-pub struct ChatCompletionRequest {
-    pub model: String,
-    pub messages: Vec<ChatMessageIn>,
+/// Tools and structured output (chat completions and session turns; see `docs/agents.md`).
+#[derive(Clone, Debug, Default, Deserialize, ToSchema)]
+pub struct ToolRequest {
     /// Functions the model may call (`[{"type": "function", "function": {name, description, parameters}}]`).
     #[serde(default)]
     #[schema(value_type = Option<Vec<Object>>)]
@@ -181,6 +184,15 @@ pub struct ChatCompletionRequest {
     #[serde(default)]
     #[schema(value_type = Option<Object>)]
     pub response_format: Option<serde_json::Value>,
+}
+
+/// `POST /v1/chat/completions`.
+#[derive(Clone, Debug, Deserialize, ToSchema)]
+pub struct ChatCompletionRequest {
+    pub model: String,
+    pub messages: Vec<ChatMessageIn>,
+    #[serde(flatten)]
+    pub tooling: ToolRequest,
     #[serde(flatten)]
     pub sampling: Sampling,
     #[serde(flatten)]

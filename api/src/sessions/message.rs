@@ -5,7 +5,7 @@ use super::{idle, open_session};
 use crate::auth::TenantAuth;
 use crate::error::ApiError;
 use crate::openai::tools::{self, ToolFields};
-use crate::openai::types::{reject_unknown, Sampling, Unknown};
+use crate::openai::types::{reject_unknown, Sampling, ToolRequest, Unknown};
 use crate::openai::{execute, model, params, Answer, BoundSession, Endpoint, Job};
 use crate::state::AppState;
 use actix_web::{post, web, HttpRequest, HttpResponse};
@@ -38,24 +38,15 @@ pub struct MessageRequest {
     /// Results of the calls the previous answer made (`tool` messages): `[{tool_call_id, content}]`.
     #[serde(default)]
     pub tool_results: Vec<ToolResult>,
-    /// Functions the model may call, as on `/v1/chat/completions`.
-    #[serde(default)]
-    #[schema(value_type = Option<Vec<Object>>)]
-    pub tools: Option<serde_json::Value>,
-    #[serde(default)]
-    #[schema(value_type = Option<Object>)]
-    pub tool_choice: Option<serde_json::Value>,
-    #[serde(default)]
-    pub parallel_tool_calls: Option<bool>,
-    #[serde(default)]
-    #[schema(value_type = Option<Object>)]
-    pub response_format: Option<serde_json::Value>,
     /// Return the assembled prompt instead of running the model.
     #[serde(default)]
     pub dry_run: bool,
     /// The model (default: the served one).
     #[serde(default)]
     pub model: Option<String>,
+    /// Tools and structured output, as on `/v1/chat/completions`.
+    #[serde(flatten)]
+    pub tooling: ToolRequest,
     #[serde(flatten)]
     #[schema(value_type = Object)]
     pub sampling: Sampling,
@@ -87,12 +78,7 @@ pub async fn post_message(
     reject_unknown(&body.unknown)?;
     let served = model(&state, body.model.as_deref().unwrap_or("default"))?;
     let template = served.engine.chat_template().ok_or_else(|| ApiError::bad("the model has no chat template"))?;
-    let fields = ToolFields {
-        tools: body.tools.as_ref(),
-        tool_choice: body.tool_choice.as_ref(),
-        parallel_tool_calls: body.parallel_tool_calls,
-        response_format: body.response_format.as_ref(),
-    };
+    let fields = ToolFields::of(&body.tooling, &body.sampling);
     let plan = tools::plan(fields, template.source())?;
     let session = open_session(&state, &auth, id.into_inner()).await?;
     // A dry run changes nothing, so it may look while a turn runs.

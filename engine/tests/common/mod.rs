@@ -1,5 +1,5 @@
 //! The f64 reference forward pass, written independently of the engine's,
-//! and helpers to compare against it.
+//! and helpers to compare against it; the tiny engine the loop tests run.
 
 #![allow(dead_code)]
 
@@ -219,4 +219,32 @@ pub const PROMPT: [u32; 12] = [3, 200, 17, 45, 45, 99, 260, 1, 0, 318, 77, 150];
 /// Worst relative error over all positions.
 pub fn worst(ours: &[Vec<f32>], reference: &[Vec<f32>]) -> f32 {
     ours.iter().zip(reference).map(|(a, b)| rel_err(a, b)).fold(0.0, f32::max)
+}
+
+/// A running engine loop (2 threads) serving `Tiny::random(Qwen2, 77)` in Q8_0.
+pub fn tiny_engine(cfg: cachet_engine::runtime::EngineConfig) -> cachet_engine::runtime::EngineHandle {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("tiny.gguf");
+    Tiny::random(TinyArch::Qwen2, 77, false).write_gguf(cachet_kernels::quant::DType::Q8_0, &path).unwrap();
+    let backend = cachet_kernels::cpu::CpuBackend::new(2).unwrap();
+    let loaded = cachet_engine::loader::load(&path, &backend).unwrap();
+    cachet_engine::runtime::start(backend, loaded, cfg).unwrap()
+}
+
+/// An engine config with a pool of `tokens` and no admission control.
+pub fn pool(tokens: usize) -> cachet_engine::runtime::EngineConfig {
+    cachet_engine::runtime::EngineConfig { pool: PoolSize::Tokens(tokens), overload_factor: 0.0, ..Default::default() }
+}
+
+/// Deterministic pseudo-random prompt tokens (the tiny vocabulary has 320).
+pub fn tokens(seed: u64, n: usize) -> Vec<u32> {
+    let mut s = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
+    (0..n)
+        .map(|_| {
+            s ^= s << 13;
+            s ^= s >> 7;
+            s ^= s << 17;
+            (s % 300) as u32
+        })
+        .collect()
 }

@@ -306,3 +306,35 @@ async fn a_session_turn_calls_tools_and_the_next_takes_their_results() {
     let e = error(app.message(&token, &session, json!({"content": "x", "frobnicate": 1})).await, 400).await;
     assert_eq!(e["param"], "frobnicate");
 }
+
+#[tokio::test]
+async fn regex_and_lark_grammars_as_a_cachet_extension() {
+    let app = spawn_app().await;
+    let (_, token) = app.tenant("acme").await;
+    let url = format!("{}/v1/completions", app.address);
+    for seed in 1..=3 {
+        let b = json!({"model": app.model(), "prompt": "version:", "max_tokens": 30, "temperature": 1.0, "seed": seed,
+                       "grammar": {"regex": "v[0-9]\\.[0-9]{1,2}\\.[0-9]"}});
+        let v: Value = app.client.post(&url).bearer_auth(&token).json(&b).send().await.unwrap().json().await.unwrap();
+        let text = v["choices"][0]["text"].as_str().unwrap();
+        let ok = text.len() >= 6
+            && text.starts_with('v')
+            && text[1..].split('.').all(|p| !p.is_empty() && p.bytes().all(|c| c.is_ascii_digit()));
+        assert!(ok && v["choices"][0]["finish_reason"] == "stop", "{v}");
+    }
+    let b = json!({"model": app.model(), "messages": [{"role": "user", "content": "yes or no?"}], "max_tokens": 10,
+                   "temperature": 1.0, "grammar": {"lark": "start: ANSWER \"!\"\nANSWER: \"yes\" | \"no\""}});
+    let v: Value = app.chat(&token, b).await.json().await.unwrap();
+    assert!(["yes!", "no!"].contains(&v["choices"][0]["message"]["content"].as_str().unwrap()), "{v}");
+    for (grammar, extra) in [
+        (json!({"lark": "start: nope"}), json!({})),
+        (json!({"pcre": "x"}), json!({})),
+        (json!({"regex": "a"}), json!({"response_format": {"type": "json_object"}})),
+    ] {
+        let mut b = json!({"model": app.model(), "messages": [{"role": "user", "content": "x"}], "grammar": grammar});
+        for (k, v) in extra.as_object().unwrap() {
+            b[k] = v.clone();
+        }
+        assert_eq!(error(app.chat(&token, b).await, 400).await["param"], "grammar");
+    }
+}

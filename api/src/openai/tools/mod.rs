@@ -21,6 +21,33 @@ pub(crate) struct ToolFields<'a> {
     pub tool_choice: Option<&'a Value>,
     pub parallel_tool_calls: Option<bool>,
     pub response_format: Option<&'a Value>,
+    /// cachet's `grammar` extension.
+    pub grammar: Option<&'a Value>,
+}
+
+impl<'a> ToolFields<'a> {
+    /// The fields of a request.
+    pub(crate) fn of(t: &'a super::types::ToolRequest, s: &'a super::types::Sampling) -> ToolFields<'a> {
+        ToolFields {
+            tools: t.tools.as_ref(),
+            tool_choice: t.tool_choice.as_ref(),
+            parallel_tool_calls: t.parallel_tool_calls,
+            response_format: t.response_format.as_ref(),
+            grammar: s.grammar.as_ref(),
+        }
+    }
+}
+
+/// cachet's `grammar` extension: `{"regex": "…"}` or `{"lark": "…"}`.
+pub(crate) fn custom_grammar(value: Option<&Value>) -> Result<Option<GrammarSource>, ApiError> {
+    let Some(v) = value.filter(|v| !v.is_null()) else { return Ok(None) };
+    let bad = || ApiError::bad_param("grammar", "grammar must be {\"regex\": \"…\"} or {\"lark\": \"…\"}");
+    let map = v.as_object().filter(|m| m.len() == 1).ok_or_else(bad)?;
+    match map.iter().next() {
+        Some((k, Value::String(text))) if k == "regex" => Ok(Some(GrammarSource::Regex(text.clone()))),
+        Some((k, Value::String(text))) if k == "lark" => Ok(Some(GrammarSource::Lark(text.clone()))),
+        _ => Err(bad()),
+    }
 }
 
 /// What a request's tools and response format mean for its prompt, its
@@ -160,6 +187,17 @@ fn response_schema(value: Option<&Value>) -> Result<Option<Value>, ApiError> {
 
 /// Checks the fields and plans the request. `template` is the chat template's source.
 pub(crate) fn plan(fields: ToolFields<'_>, template: &str) -> Result<Plan, ApiError> {
+    let plan = tool_plan(fields, template)?;
+    match custom_grammar(fields.grammar)? {
+        None => Ok(plan),
+        Some(_) if plan.grammar.is_some() => {
+            Err(ApiError::bad_param("grammar", "grammar cannot be combined with tools or response_format"))
+        }
+        Some(g) => Ok(Plan { grammar: Some(g), ..plan }),
+    }
+}
+
+fn tool_plan(fields: ToolFields<'_>, template: &str) -> Result<Plan, ApiError> {
     let tools = match fields.tools {
         None | Some(Value::Null) => Vec::new(),
         Some(v) => tools(v)?,
@@ -229,8 +267,10 @@ pub(crate) async fn compile(
 fn param_of(plan: &Plan) -> &'static str {
     if plan.calls.is_some() {
         "tools"
-    } else {
+    } else if plan.answer.is_some() {
         "response_format"
+    } else {
+        "grammar"
     }
 }
 
