@@ -215,9 +215,11 @@ impl std::fmt::Debug for Grammars {
     }
 }
 
-/// Compiled grammars kept, weighed by their text (the compiled form is a
-/// small multiple of it).
-const CACHE_BYTES: u64 = 64 << 20;
+/// Compiled grammars kept: weighed by their text plus a flat 128 KiB for what
+/// compiling and using them builds (lexer states grow as requests use them), so
+/// at most 512 grammars, fewer when they are large.
+const CACHE_WEIGHT: u64 = 64 << 20;
+const ENTRY_WEIGHT: u32 = 128 << 10;
 
 impl Grammars {
     /// The grammars of a model with `tokenizer` and `vocab` logits per token.
@@ -229,8 +231,8 @@ impl Grammars {
             eos,
             factory: OnceLock::new(),
             cache: moka::sync::Cache::builder()
-                .max_capacity(CACHE_BYTES)
-                .weigher(|k: &GrammarSource, _| (k.len() as u32).saturating_add(1024))
+                .max_capacity(CACHE_WEIGHT)
+                .weigher(|k: &GrammarSource, _| (k.len() as u32).saturating_add(ENTRY_WEIGHT))
                 .build(),
             compiled: Default::default(),
             hits: Default::default(),

@@ -3,7 +3,7 @@
 //! usage chunk, then `data: [DONE]`). When the client goes away, actix drops
 //! the stream, which drops the engine's request stream and so cancels it.
 
-use super::tools::parse::{CallParser, Delta, ToolSet};
+use super::tools::parse::{parse_all, CallParser, Delta, ToolSet};
 use super::types::{
     ChatChoice, ChatCompletion, ChatMessageOut, CompletionChoice, FunctionCall, TextCompletion, ToolCall, Usage,
 };
@@ -38,19 +38,15 @@ fn reason(calls: usize, r: FinishReason) -> &'static str {
 
 /// A whole answer's content and calls.
 fn split(tools: &ToolSet, text: &str) -> (String, Vec<ToolCall>) {
-    let mut parser = CallParser::new(tools.clone());
-    let mut deltas = parser.push(text);
-    deltas.extend(parser.finish());
-    let (mut content, mut calls) = (String::new(), Vec::<ToolCall>::new());
-    for d in deltas {
-        match d {
-            Delta::Content(t) => content.push_str(&t),
-            Delta::Start { id, name, .. } => {
-                calls.push(ToolCall { id, kind: "function", function: FunctionCall { name, arguments: String::new() } })
-            }
-            Delta::Args { index, text } => calls[index].function.arguments.push_str(&text),
-        }
-    }
+    let (content, calls) = parse_all(tools, text);
+    let calls = calls
+        .into_iter()
+        .map(|c| ToolCall {
+            id: c.id,
+            kind: "function",
+            function: FunctionCall { name: c.name, arguments: c.arguments },
+        })
+        .collect();
     (content, calls)
 }
 

@@ -233,6 +233,12 @@ pub(crate) async fn compile(
     plan: &Plan,
 ) -> Result<Option<Grammar>, ApiError> {
     let Some(source) = plan.grammar.clone() else { return Ok(None) };
+    // Agents send the same tools every turn: a cached grammar needs no blocking thread.
+    if engine.grammars().is_cached(&source) {
+        if let Ok(g) = engine.grammars().compile(&source) {
+            return Ok(Some(g));
+        }
+    }
     let (handle, plan) = (engine.clone(), plan.clone());
     actix_web::web::block(move || {
         let grammars = handle.grammars();

@@ -40,6 +40,30 @@ pub(crate) enum Delta {
     },
 }
 
+/// A whole answer's calls: id, name, arguments.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) struct Call {
+    pub id: String,
+    pub name: String,
+    pub arguments: String,
+}
+
+/// A whole answer: its content and its calls (the deltas of [`CallParser`] folded together).
+pub(crate) fn parse_all(tools: &ToolSet, text: &str) -> (String, Vec<Call>) {
+    let mut parser = CallParser::new(tools.clone());
+    let mut deltas = parser.push(text);
+    deltas.extend(parser.finish());
+    let (mut content, mut calls) = (String::new(), Vec::<Call>::new());
+    for d in deltas {
+        match d {
+            Delta::Content(t) => content.push_str(&t),
+            Delta::Start { id, name, .. } => calls.push(Call { id, name, arguments: String::new() }),
+            Delta::Args { index, text } => calls[index].arguments.push_str(&text),
+        }
+    }
+    (content, calls)
+}
+
 /// What the parser needs to know of the request's tools.
 #[derive(Clone, Debug, Default)]
 pub(crate) struct ToolSet {

@@ -35,10 +35,11 @@ fn fold(deltas: &[Delta]) -> (String, Vec<(String, String)>) {
 /// Parses `text` whole, then in pieces of every size from 1 to 7 bytes (on char
 /// boundaries): the streamed result must always equal the whole one.
 fn parse(text: &str) -> (String, Vec<(String, String)>) {
-    let mut p = CallParser::new(tools());
-    let mut deltas = p.push(text);
-    deltas.extend(p.finish());
-    let whole = fold(&deltas);
+    let (content, calls) = parse_all(&tools(), text);
+    for c in &calls {
+        assert!(c.id.starts_with("call_") && c.id.len() == 29, "{}", c.id);
+    }
+    let whole = (content, calls.into_iter().map(|c| (c.name, c.arguments)).collect());
     for size in 1..=7 {
         let mut p = CallParser::new(tools());
         let mut deltas = Vec::new();
