@@ -43,6 +43,25 @@ fn generate_streams_and_reports_speed() {
 }
 
 #[test]
+fn special_tokens_in_the_prompt_are_parsed_unless_plain() {
+    let dir = tempfile::tempdir().unwrap();
+    let model = tiny_model(dir.path());
+    let m = model.to_str().unwrap();
+    let prompt = "<|im_start|>user\nhi<|im_end|>";
+    let tokens = |extra: &[&str]| {
+        let out =
+            cachet(&[&["generate", "--model", m, "--prompt", prompt, "--max-tokens", "1", "--json"], extra].concat());
+        assert!(out.status.success(), "{}", stderr(&out));
+        let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+        v["prompt_tokens"].as_u64().unwrap()
+    };
+    // Each special token is one token parsed (as /v1/completions encodes it), and one token per
+    // character as plain text in the tiny byte-level vocabulary: 12 + 10 characters.
+    let (parsed, plain) = (tokens(&[]), tokens(&["--plain"]));
+    assert_eq!(plain - parsed, 11 + 9, "parsed {parsed}, plain {plain}");
+}
+
+#[test]
 fn bad_input_gives_clear_errors() {
     let dir = tempfile::tempdir().unwrap();
     let model = tiny_model(dir.path());

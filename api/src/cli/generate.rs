@@ -23,6 +23,10 @@ pub struct GenerateArgs {
     /// Wrap the prompt as a user message in the model's chat template.
     #[arg(long)]
     pub chat: bool,
+    /// Take special tokens written in the prompt (`<|im_start|>`) as plain text; by default
+    /// they are the tokens they name, as on `/v1/completions`.
+    #[arg(long, conflicts_with = "chat")]
+    pub plain: bool,
     /// System message (with --chat).
     #[arg(long, requires = "chat")]
     pub system: Option<String>,
@@ -129,7 +133,7 @@ fn generate_on<B: Backend>(
         messages.push(ChatMessage::user(prompt_text));
         gen.chat_prompt(&messages)?
     } else {
-        gen.model().tokenizer.encode(&prompt_text, false)?
+        gen.model().tokenizer.encode(&prompt_text, !args.plain)?
     };
     let params = GenerateParams {
         sampling: SamplingParams {

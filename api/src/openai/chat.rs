@@ -20,21 +20,18 @@ fn text_of(content: &Option<Content>, at: usize) -> Result<String, ApiError> {
     Ok(match content {
         None => String::new(),
         Some(Content::Text(t)) => t.clone(),
-        Some(Content::Parts(parts)) => {
-            let mut text = String::new();
-            for p in parts {
-                match (p.kind.as_str(), &p.text) {
-                    ("text", Some(t)) => text.push_str(t),
-                    (kind, _) => {
-                        return Err(ApiError::bad_param(
-                            format!("messages[{at}].content"),
-                            format!("content parts of type {kind:?} are not supported (text only)"),
-                        ))
-                    }
-                }
-            }
-            text
-        }
+        // Text parts are joined with newlines, as vLLM joins them.
+        Some(Content::Parts(parts)) => parts
+            .iter()
+            .map(|p| match (p.kind.as_str(), &p.text) {
+                ("text", Some(t)) => Ok(t.as_str()),
+                (kind, _) => Err(ApiError::bad_param(
+                    format!("messages[{at}].content"),
+                    format!("content parts of type {kind:?} are not supported (text only)"),
+                )),
+            })
+            .collect::<Result<Vec<_>, _>>()?
+            .join("\n"),
     })
 }
 
@@ -113,7 +110,7 @@ pub async fn chat_completions(
     reject_unknown(&body.unknown)?;
     let served = model(&state, &body.model)?;
     let template = served.engine.chat_template().ok_or_else(|| ApiError::bad("the model has no chat template"))?;
-    let fields = ToolFields::of(&body.tooling, &body.sampling);
+    let fields = ToolFields::of(&body.tooling, body.sampling.grammar.as_ref());
     let plan = tools::plan(fields, template.source())?;
     let mut conversation = Vec::new();
     if let Some((public, _)) = &served.public {

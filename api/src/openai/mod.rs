@@ -6,6 +6,7 @@
 pub mod chat;
 pub mod completions;
 mod stream;
+pub mod tokenize;
 pub(crate) mod tools;
 pub mod types;
 
@@ -71,6 +72,9 @@ pub(crate) fn model<'a>(state: &'a AppState, model: &str) -> Result<&'a Served, 
     }
 }
 
+/// The most stop sequences a request may give (Continue's autocomplete sends 16).
+const MAX_STOPS: usize = 32;
+
 /// Checks the sampling fields (OpenAI's ranges) and builds the engine's.
 pub(crate) fn params(
     s: &Sampling,
@@ -112,7 +116,12 @@ pub(crate) fn params(
         }
     }
     let stop = s.stop.clone().map(types::Stop::into_vec).unwrap_or_default();
-    check(stop.len() <= 4, "stop", "at most 4 stop sequences")?;
+    check(stop.len() <= MAX_STOPS, "stop", "at most 32 stop sequences")?;
+    // A stop spelled as a special token is that token (specials never reach the text).
+    let tokenizer = engine.tokenizer();
+    let (stop_token_ids, stop): (Vec<_>, Vec<_>) =
+        stop.into_iter().partition(|s| tokenizer.token_id(s).is_some_and(|id| tokenizer.is_special(id)));
+    let stop_token_ids = stop_token_ids.iter().filter_map(|s| tokenizer.token_id(s)).collect();
     let logit_bias = logit_bias(s.logit_bias.as_ref(), engine.vocab_size())?;
     if prompt_tokens >= max_context {
         return Err(ApiError::ContextTooLong { tokens: prompt_tokens, limit: max_context });
@@ -139,7 +148,7 @@ pub(crate) fn params(
         // Longer requests end at the context window with "length".
         max_tokens: requested.unwrap_or(room).min(room),
         stop,
-        stop_token_ids: Vec::new(),
+        stop_token_ids,
         ignore_eos: s.ignore_eos.unwrap_or(false),
     })
 }

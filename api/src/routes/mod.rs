@@ -19,6 +19,7 @@ use utoipa::{Modify, OpenApi};
     info(title = "cachet", description = "An LLM backend for coding agents: OpenAI-compatible, multi-tenant, prefix-cached."),
     paths(
         openai::list_models, openai::chat::chat_completions, openai::completions::completions, usage::usage,
+        openai::tokenize::tokenize, openai::tokenize::detokenize,
         admin::create_tenant, admin::list_tenants, admin::delete_tenant, admin::issue_token,
         ops::healthz, ops::readyz, ops::metrics,
         repos::create_repo, repos::list_repos, repos::get_repo, repos::delete_repo, webhooks::git_webhook,
@@ -52,6 +53,8 @@ pub fn configure(cfg: &mut web::ServiceConfig) {
     cfg.service(openai::list_models)
         .service(openai::chat::chat_completions)
         .service(openai::completions::completions)
+        .service(openai::tokenize::tokenize)
+        .service(openai::tokenize::detokenize)
         .service(usage::usage)
         .service(repos::create_repo)
         .service(repos::list_repos)

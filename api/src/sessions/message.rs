@@ -78,7 +78,7 @@ pub async fn post_message(
     reject_unknown(&body.unknown)?;
     let served = model(&state, body.model.as_deref().unwrap_or("default"))?;
     let template = served.engine.chat_template().ok_or_else(|| ApiError::bad("the model has no chat template"))?;
-    let fields = ToolFields::of(&body.tooling, &body.sampling);
+    let fields = ToolFields::of(&body.tooling, body.sampling.grammar.as_ref());
     let plan = tools::plan(fields, template.source())?;
     let session = open_session(&state, &auth, id.into_inner()).await?;
     // A dry run changes nothing, so it may look while a turn runs.

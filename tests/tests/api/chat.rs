@@ -119,3 +119,90 @@ async fn a_client_disconnect_cancels_the_request() {
     let snap = app.state.served.get().unwrap().engine.snapshot().await.unwrap();
     assert_eq!((snap.running, snap.waiting), (0, 0));
 }
+
+#[tokio::test]
+async fn stops_special_token_stops_and_text_parts() {
+    let app = spawn_app().await;
+    let (_, token) = app.tenant("acme").await;
+    let url = format!("{}/v1/completions", app.address);
+    let post = |body: Value| app.client.post(&url).bearer_auth(&token).json(&body).send();
+    // Up to 32 stop strings (Continue's autocomplete sends 16); more is a 400 naming `stop`.
+    let stops: Vec<String> = (0..32).map(|i| format!("stop{i}")).collect();
+    let r = post(json!({"model": app.model(), "prompt": "a", "max_tokens": 2, "stop": stops})).await.unwrap();
+    assert_eq!(r.status(), 200);
+    let too_many: Vec<String> = (0..33).map(|i| format!("stop{i}")).collect();
+    let r = post(json!({"model": app.model(), "prompt": "a", "max_tokens": 2, "stop": too_many})).await.unwrap();
+    assert_eq!(error(r, 400).await["param"], "stop");
+    // A stop spelled as a special token stops at that token (forced here with logit_bias), though
+    // special tokens never reach the text.
+    let tok = app.state.served.get().unwrap().engine.tokenizer().clone();
+    let start = tok.token_id("<|im_start|>").unwrap();
+    let forced = |stop: Value| {
+        json!({"model": app.model(), "prompt": "a", "max_tokens": 4, "temperature": 0, "stop": stop,
+               "logit_bias": {start.to_string(): 100}})
+    };
+    let v: Value = post(forced(json!(["<|im_start|>"]))).await.unwrap().json().await.unwrap();
+    assert_eq!(
+        (v["choices"][0]["finish_reason"].as_str(), v["usage"]["completion_tokens"].as_u64()),
+        (Some("stop"), Some(1)),
+        "{v}"
+    );
+    let v: Value = post(forced(json!(["nothing"]))).await.unwrap().json().await.unwrap();
+    assert_eq!(v["choices"][0]["finish_reason"], "length", "{v}");
+    // Text content parts are joined with newlines.
+    let (app, token) = (&app, &token);
+    let usage = |content: Value| async move {
+        let b = json!({"model": app.model(), "messages": [{"role": "user", "content": content}], "max_tokens": 1});
+        let v: Value = app.chat(token, b).await.json().await.unwrap();
+        v["usage"]["prompt_tokens"].as_u64().unwrap()
+    };
+    let parts = usage(json!([{"type": "text", "text": "first part"}, {"type": "text", "text": "second"}])).await;
+    assert_eq!(parts, usage(json!("first part\nsecond")).await);
+}
+
+#[tokio::test]
+async fn tokenize_and_detokenize_match_what_the_endpoints_compute() {
+    let app = spawn_app().await;
+    let (_, token) = app.tenant("acme").await;
+    let post = |path: &str, body: Value| {
+        app.client.post(format!("{}{path}", app.address)).bearer_auth(&token).json(&body).send()
+    };
+    let v: Value = post("/tokenize", json!({"prompt": "<|im_start|>user\nhi", "return_token_strs": true}))
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    let tok = app.state.served.get().unwrap().engine.tokenizer().clone();
+    let ids: Vec<u32> = serde_json::from_value(v["tokens"].clone()).unwrap();
+    assert_eq!(ids, tok.encode("<|im_start|>user\nhi", true).unwrap());
+    assert_eq!(v["count"].as_u64().unwrap() as usize, ids.len());
+    assert_eq!(v["token_strs"][0], "<|im_start|>");
+    assert!(v["max_model_len"].as_u64().unwrap() > 0);
+    let back: Value = post("/detokenize", json!({"tokens": ids})).await.unwrap().json().await.unwrap();
+    assert_eq!(back["prompt"], "<|im_start|>user\nhi");
+    // A conversation (with tools) counts what chat completions count.
+    let messages = json!([{"role": "user", "content": "list the files"}]);
+    let tools = json!([{"type": "function", "function": {"name": "ls", "parameters": {"type": "object"}}}]);
+    let counted: Value =
+        post("/tokenize", json!({"messages": messages, "tools": tools})).await.unwrap().json().await.unwrap();
+    let chat: Value = app
+        .chat(&token, json!({"model": app.model(), "messages": messages, "tools": tools, "max_tokens": 1}))
+        .await
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(counted["count"], chat["usage"]["prompt_tokens"]);
+    // Bad input: a 400 naming the field.
+    for (path, body, param) in [
+        ("/tokenize", json!({"prompt": "a", "messages": messages}), "prompt"),
+        ("/tokenize", json!({}), "prompt"),
+        ("/tokenize", json!({"prompt": "a", "frob": 1}), "frob"),
+        ("/tokenize", json!({"messages": messages, "add_special_tokens": true}), "add_special_tokens"),
+        ("/detokenize", json!({"tokens": [999999]}), "tokens"),
+    ] {
+        assert_eq!(error(post(path, body).await.unwrap(), 400).await["param"], param, "{path}");
+    }
+    let anonymous = app.client.post(format!("{}/tokenize", app.address)).json(&json!({"prompt": "a"})).send();
+    assert_eq!(anonymous.await.unwrap().status(), 401);
+}

@@ -27,13 +27,13 @@ pub(crate) struct ToolFields<'a> {
 
 impl<'a> ToolFields<'a> {
     /// The fields of a request.
-    pub(crate) fn of(t: &'a super::types::ToolRequest, s: &'a super::types::Sampling) -> ToolFields<'a> {
+    pub(crate) fn of(t: &'a super::types::ToolRequest, grammar: Option<&'a Value>) -> ToolFields<'a> {
         ToolFields {
             tools: t.tools.as_ref(),
             tool_choice: t.tool_choice.as_ref(),
             parallel_tool_calls: t.parallel_tool_calls,
             response_format: t.response_format.as_ref(),
-            grammar: s.grammar.as_ref(),
+            grammar,
         }
     }
 }
