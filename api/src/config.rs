@@ -124,7 +124,8 @@ pub struct ModelSettings {
 #[derive(Clone, Debug, Deserialize)]
 #[serde(default)]
 pub struct EngineSettings {
-    /// KV pool size in tokens.
+    /// KV pool size in tokens; 0: the model's whole context twice over, within half the
+    /// free memory (logged at start).
     pub pool_tokens: usize,
     /// Most tokens per forward pass.
     pub token_budget: usize,
@@ -183,7 +184,7 @@ impl Default for EngineSettings {
     fn default() -> Self {
         let d = cachet_engine::runtime::EngineConfig::default();
         EngineSettings {
-            pool_tokens: 16_384,
+            pool_tokens: 0,
             token_budget: d.token_budget,
             pace_prefill: d.pace_prefill,
             min_prefill_chunk: d.min_prefill_chunk,
@@ -262,7 +263,10 @@ impl Settings {
         use std::time::Duration;
         let e = &self.engine;
         let cfg = EngineConfig {
-            pool: cachet_engine::kv_pool::PoolSize::Tokens(e.pool_tokens),
+            pool: match e.pool_tokens {
+                0 => cachet_engine::kv_pool::PoolSize::Contexts(2),
+                n => cachet_engine::kv_pool::PoolSize::Tokens(n),
+            },
             token_budget: e.token_budget,
             pace_prefill: e.pace_prefill,
             min_prefill_chunk: e.min_prefill_chunk,

@@ -26,6 +26,9 @@ pub enum PoolSize {
     Tokens(usize),
     /// As many slots as fit in this many bytes.
     Bytes(usize),
+    /// The model's whole context this many times over (requests at full context, or many
+    /// shorter ones), within half the memory available (see [`PoolSize::fit`]).
+    Contexts(usize),
 }
 
 impl PoolSize {
@@ -34,7 +37,19 @@ impl PoolSize {
         match self {
             PoolSize::Tokens(n) => n,
             PoolSize::Bytes(b) => b / layout(config, 1).bytes_per_slot(),
+            PoolSize::Contexts(n) => n.saturating_mul(config.max_context),
         }
+    }
+
+    /// The size to allocate when `available` bytes of memory are free: `Contexts` shrinks to
+    /// what half of them hold (a whole number of 256-token blocks, at least 256); the others
+    /// are taken as asked.
+    pub fn fit(self, config: &ModelConfig, available: Option<u64>) -> PoolSize {
+        let PoolSize::Contexts(_) = self else { return self };
+        let wanted = self.slots(config);
+        let per_slot = layout(config, 1).bytes_per_slot() as u64;
+        let fits = available.map_or(usize::MAX, |a| (a / 2 / per_slot.max(1)) as usize);
+        PoolSize::Tokens(if wanted <= fits { wanted } else { (fits / 256 * 256).max(256) })
     }
 }
 
@@ -192,6 +207,22 @@ mod tests {
             qkv_bias: false,
             qk_norm: false,
         }
+    }
+
+    #[test]
+    fn a_pool_of_contexts_fits_half_the_free_memory() {
+        let c = ModelConfig { max_context: 4096, ..config() };
+        // 2 layers × K and V × 1 head × 4 dims × 2 bytes = 32 bytes a slot.
+        let per_slot = 32;
+        assert_eq!(PoolSize::Contexts(2).fit(&c, None), PoolSize::Tokens(8192));
+        assert_eq!(PoolSize::Contexts(2).fit(&c, Some(2 * 8192 * per_slot)), PoolSize::Tokens(8192));
+        assert_eq!(
+            PoolSize::Contexts(2).fit(&c, Some(2 * 5000 * per_slot)),
+            PoolSize::Tokens(4864),
+            "256-token blocks"
+        );
+        assert_eq!(PoolSize::Contexts(2).fit(&c, Some(10)), PoolSize::Tokens(256), "never empty");
+        assert_eq!(PoolSize::Tokens(77).fit(&c, Some(10)), PoolSize::Tokens(77), "an explicit size is kept");
     }
 
     #[test]

@@ -21,7 +21,7 @@ pub use handle::{EngineHandle, RequestStream};
 pub use request::{Completion, Event, OnComplete, Outcome, PublicPrefix, Request, RequestError, TokenSpan};
 pub use stats::Snapshot;
 
-use crate::kv_pool::KvPool;
+use crate::kv_pool::{KvPool, PoolSize};
 use crate::loader::LoadedModel;
 use crate::model::{ForwardScratch, LogitsFor, Model, SeqChunk};
 use crate::output::Output;
@@ -103,6 +103,21 @@ impl<B: Backend> Engine<B> {
     fn build(backend: B, loaded: LoadedModel<B>, cfg: EngineConfig) -> Result<(Engine<B>, handle::Info), StartError> {
         cfg.validate().map_err(StartError::Config)?;
         let config = loaded.model.config().clone();
+        let mut cfg = cfg;
+        if let PoolSize::Contexts(n) = cfg.pool {
+            cfg.pool = cfg.pool.fit(&config, backend.memory_available());
+            let slots = cfg.pool.slots(&config);
+            let what = if slots >= n * config.max_context {
+                format!("the model's whole {}-token context {n} times over", config.max_context)
+            } else {
+                format!(
+                    "{:.2}× the model's {}-token context: half the free memory holds no more",
+                    slots as f64 / config.max_context as f64,
+                    config.max_context
+                )
+            };
+            tracing::info!("KV pool: {slots} tokens, {what}");
+        }
         let pool_bytes = cachet_kernels::backend::KvLayout {
             layers: config.n_layers,
             slots: cfg.pool.slots(&config),
