@@ -145,14 +145,16 @@ pub fn operator_token(settings: &Settings) -> anyhow::Result<Secret> {
     secret_file(&settings.server.data_dir.join("secrets/operator-token"))
 }
 
-/// The process-wide Prometheus recorder (installed once).
+/// The process-wide Prometheus recorder (installed once, even when several
+/// applications start at the same time, as the tests start them).
 fn metrics_handle() -> anyhow::Result<PrometheusHandle> {
-    static HANDLE: OnceLock<PrometheusHandle> = OnceLock::new();
-    if let Some(h) = HANDLE.get() {
+    static HANDLE: std::sync::Mutex<Option<PrometheusHandle>> = std::sync::Mutex::new(None);
+    let mut handle = HANDLE.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+    if let Some(h) = handle.as_ref() {
         return Ok(h.clone());
     }
     let h = PrometheusBuilder::new().install_recorder().context("installing the metrics recorder")?;
-    Ok(HANDLE.get_or_init(|| h).clone())
+    Ok(handle.insert(h).clone())
 }
 
 /// A running service.

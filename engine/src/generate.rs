@@ -25,6 +25,9 @@ pub struct GenerateParams {
     pub stop_token_ids: Vec<u32>,
     /// Keep going past the model's end-of-sequence tokens.
     pub ignore_eos: bool,
+    /// Report each generated token's log-probability and this many most likely
+    /// alternatives (`None`: no log-probabilities). See [`crate::sampler::TokenLogprobs`].
+    pub logprobs: Option<usize>,
 }
 
 impl Default for GenerateParams {
@@ -35,6 +38,7 @@ impl Default for GenerateParams {
             stop: Vec::new(),
             stop_token_ids: Vec::new(),
             ignore_eos: false,
+            logprobs: None,
         }
     }
 }

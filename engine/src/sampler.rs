@@ -145,12 +145,23 @@ impl Sampler {
 
     /// Picks the next token from `logits` (which it modifies) and records it.
     pub fn sample(&mut self, logits: &mut [f32]) -> u32 {
+        self.adjust(logits);
+        self.pick(logits)
+    }
+
+    /// The first half of [`Sampler::sample`]: `logit_bias`, then the penalties.
+    pub fn adjust(&self, logits: &mut [f32]) {
         for &(t, bias) in &self.params.logit_bias {
             if let Some(l) = logits.get_mut(t as usize) {
                 *l += bias;
             }
         }
         self.apply_penalties(logits);
+    }
+
+    /// The second half of [`Sampler::sample`]: temperature, top-k, top-p and
+    /// min-p over adjusted `logits`, then the draw; records the token.
+    pub fn pick(&mut self, logits: &[f32]) -> u32 {
         let token = if self.params.temperature == 0.0 { argmax(logits) } else { self.sample_random(logits) };
         self.accept(token);
         token
@@ -238,6 +249,40 @@ impl Sampler {
 }
 
 /// Index of the largest logit (the lowest index among ties).
+/// Log-probabilities of one generated token: its own and its step's most
+/// likely tokens', under the distribution the sampler drew from before
+/// temperature, truncation (top-k/top-p/min-p) and any grammar mask, that is
+/// the model's logits after `logit_bias` and the penalties.
+#[derive(Clone, Debug, PartialEq)]
+pub struct TokenLogprobs {
+    pub logprob: f32,
+    /// The most likely tokens, most likely first (ties: lower id first).
+    pub top: Vec<(u32, f32)>,
+}
+
+/// The log of the sum of `exp(logits)`, and the `n` most likely tokens with their
+/// log-probabilities. Non-finite logits have probability zero.
+pub fn log_softmax_top(logits: &[f32], n: usize) -> (f32, Vec<(u32, f32)>) {
+    let max = logits.iter().copied().filter(|l| l.is_finite()).fold(f32::NEG_INFINITY, f32::max);
+    if !max.is_finite() {
+        return (f32::NEG_INFINITY, Vec::new());
+    }
+    let sum: f64 = logits.iter().filter(|l| l.is_finite()).map(|&l| f64::from(l - max).exp()).sum();
+    let lse = max + sum.ln() as f32;
+    let mut top: Vec<(u32, f32)> = Vec::with_capacity(n + 1);
+    if n > 0 {
+        for (i, &l) in logits.iter().enumerate() {
+            if !l.is_finite() || (top.len() == n && l <= top[n - 1].1) {
+                continue;
+            }
+            let at = top.partition_point(|&(_, v)| v >= l);
+            top.insert(at, (i as u32, l));
+            top.truncate(n);
+        }
+    }
+    (lse, top.into_iter().map(|(i, l)| (i, l - lse)).collect())
+}
+
 pub fn argmax(logits: &[f32]) -> u32 {
     let mut best = 0;
     for (i, &v) in logits.iter().enumerate() {
@@ -339,6 +384,19 @@ mod tests {
         assert_eq!(s.sample(&mut [3.0, 1.0, 0.0]), 2, "0 + 5 beats 3 - 100 and 1");
         let bad = SamplingParams { logit_bias: vec![(1, 101.0)], ..Default::default() };
         assert!(bad.validate().unwrap_err().contains("logit_bias"));
+    }
+
+    #[test]
+    fn log_softmax_top_matches_the_definition() {
+        let logits = [1.0f32, 3.0, f32::NEG_INFINITY, 3.0, -2.0];
+        let (lse, top) = log_softmax_top(&logits, 3);
+        let sum: f32 = [1.0f32, 3.0, 3.0, -2.0].iter().map(|l| l.exp()).sum();
+        assert!((lse - sum.ln()).abs() < 1e-5);
+        assert_eq!(top.iter().map(|t| t.0).collect::<Vec<_>>(), [1, 3, 0], "ties: lower id first");
+        let p: f32 = top.iter().map(|t| t.1.exp()).sum::<f32>() + (-2.0f32 - lse).exp();
+        assert!((p - 1.0).abs() < 1e-5, "probabilities sum to one: {p}");
+        assert!(log_softmax_top(&logits, 0).1.is_empty());
+        assert_eq!(log_softmax_top(&[f32::NEG_INFINITY; 3], 2), (f32::NEG_INFINITY, vec![]));
     }
 
     #[test]

@@ -151,6 +151,7 @@ fn generate_on<B: Backend>(
         stop: args.stop.clone(),
         stop_token_ids: Vec::new(),
         ignore_eos: args.ignore_eos,
+        logprobs: None,
     };
     let stdout = std::io::stdout();
     let json = args.json;

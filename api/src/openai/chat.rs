@@ -5,11 +5,11 @@
 //! (see [`super::tools`]).
 
 use super::tools::{self, ToolFields};
-use super::types::{reject_unknown, ChatCompletion, ChatCompletionRequest, ChatMessageIn, Content};
+use super::types::{reject_unknown, ChatCompletion, ChatCompletionRequest, ChatMessageIn, Content, Sampling};
 use super::{execute, model, params, Endpoint, Job};
 use crate::auth::TenantAuth;
 use crate::error::ApiError;
-use crate::state::AppState;
+use crate::state::{AppState, Served};
 use actix_web::{post, web, HttpRequest, HttpResponse};
 use cachet_engine::chat_template::ChatMessage;
 use cachet_engine::runtime::PublicPrefix;
@@ -109,14 +109,28 @@ pub async fn chat_completions(
 ) -> Result<HttpResponse, ApiError> {
     reject_unknown(&body.unknown)?;
     let served = model(&state, &body.model)?;
-    let template = served.engine.chat_template().ok_or_else(|| ApiError::bad("the model has no chat template"))?;
     let fields = ToolFields::of(&body.tooling, body.sampling.grammar.as_ref());
+    let job = job(served, messages(&body)?, fields, &body.sampling, Endpoint::Chat).await?;
+    execute(&state, &http, auth, served, &body.sampling, job).await
+}
+
+/// Renders a conversation behind the public system prompt, plans its tools and
+/// grammar, and builds the request (chat completions and the Responses API).
+pub(crate) async fn job(
+    served: &Served,
+    messages: Vec<ChatMessage>,
+    fields: ToolFields<'_>,
+    sampling: &Sampling,
+    endpoint: Endpoint,
+) -> Result<Job, ApiError> {
+    let template = served.engine.chat_template().ok_or_else(|| ApiError::bad("the model has no chat template"))?;
     let plan = tools::plan(fields, template.source())?;
+    super::count_results(endpoint, messages.iter().rev().take_while(|m| m.role == "tool").count());
     let mut conversation = Vec::new();
     if let Some((public, _)) = &served.public {
         conversation.push(ChatMessage::system(public.clone()));
     }
-    conversation.extend(messages(&body)?);
+    conversation.extend(messages);
     let text = template
         .render(&conversation, true, plan.template_tools.as_ref())
         .map_err(|e| ApiError::bad_param("messages", e.to_string()))?;
@@ -126,11 +140,11 @@ pub async fn chat_completions(
         .as_ref()
         .filter(|(_, ids)| tokens.starts_with(ids))
         .map(|(_, ids)| PublicPrefix { template: "chat".into(), tokens: ids.len() });
-    let params = params(&body.sampling, tokens.len(), &served.engine)?;
-    let mut job = Job::new(Endpoint::Chat, tokens, public, params);
+    let params = params(sampling, tokens.len(), &served.engine)?;
+    let mut job = Job::new(endpoint, tokens, public, params);
     job.grammar = tools::compile(&served.engine, &plan).await?;
     job.calls = plan.calls;
-    execute(&state, &http, auth, served, &body.sampling, job).await
+    Ok(job)
 }
 
 #[cfg(test)]

@@ -5,6 +5,8 @@
 
 pub mod chat;
 pub mod completions;
+pub(crate) mod logprobs;
+pub mod responses;
 mod stream;
 pub mod tokenize;
 pub(crate) mod tools;
@@ -17,7 +19,7 @@ use actix_web::{get, web, HttpRequest, HttpResponse};
 use cachet_engine::generate::{FinishReason, GenerateParams};
 use cachet_engine::radix::{RetentionKey, TenantKey};
 use cachet_engine::runtime::{
-    Completion, Event, OnComplete, Outcome, PublicPrefix, Request, RequestError, SloClass, TokenSpan,
+    Completion, Event, OnComplete, Outcome, PublicPrefix, Request, RequestError, RequestStream, SloClass, TokenSpan,
 };
 use cachet_engine::sampler::SamplingParams;
 use cachet_tenants::UsageRecord;
@@ -33,6 +35,8 @@ pub(crate) enum Endpoint {
     Completions,
     /// `POST /v1/sessions/{id}/messages` (answers like chat completions).
     SessionMessage,
+    /// `POST /v1/responses` (answers as the Responses API).
+    Responses,
 }
 
 impl Endpoint {
@@ -41,12 +45,13 @@ impl Endpoint {
             Endpoint::Chat => "chat.completions",
             Endpoint::Completions => "completions",
             Endpoint::SessionMessage => "sessions.messages",
+            Endpoint::Responses => "responses",
         }
     }
 
     /// Whether answers take the chat completion shape.
     fn is_chat(self) -> bool {
-        self != Endpoint::Completions
+        matches!(self, Endpoint::Chat | Endpoint::SessionMessage)
     }
 }
 
@@ -85,12 +90,7 @@ pub(crate) fn params(
     if s.n.is_some_and(|n| n != 1) {
         return Err(ApiError::bad_param("n", "only n = 1 is supported"));
     }
-    if s.logprobs.as_ref().is_some_and(|v| !v.is_null() && *v != serde_json::Value::Bool(false)) {
-        return Err(ApiError::bad_param("logprobs", "logprobs are not supported"));
-    }
-    if s.top_logprobs.as_ref().is_some_and(|v| !v.is_null()) {
-        return Err(ApiError::bad_param("top_logprobs", "top_logprobs needs logprobs, which are not supported"));
-    }
+    let logprobs = logprobs::requested(s.logprobs.as_ref(), s.top_logprobs.as_ref())?;
     if s.store == Some(true) {
         return Err(ApiError::bad_param("store", "cachet does not store completions (store must be false)"));
     }
@@ -150,6 +150,7 @@ pub(crate) fn params(
         stop,
         stop_token_ids,
         ignore_eos: s.ignore_eos.unwrap_or(false),
+        logprobs,
     })
 }
 
@@ -213,6 +214,8 @@ pub(crate) struct Job {
     pub grammar: Option<cachet_engine::constraint::Grammar>,
     /// Read tool calls out of the answer.
     pub calls: Option<tools::parse::ToolSet>,
+    /// A Responses API request's settings, repeated in its response object.
+    pub echo: Option<Box<serde_json::Map<String, serde_json::Value>>>,
 }
 
 impl Job {
@@ -230,6 +233,7 @@ impl Job {
             headers: Vec::new(),
             grammar: None,
             calls: None,
+            echo: None,
         }
     }
 }
@@ -253,6 +257,21 @@ pub(crate) type AnswerSink = Box<dyn FnOnce(Answer) -> futures_util::future::Box
 /// The retention key of a tenant's session.
 pub(crate) fn retention_key(tenant: cachet_tenants::TenantId, session: Uuid) -> RetentionKey {
     RetentionKey(format!("{tenant}:{session}").into())
+}
+
+/// Counts the tool calls answers returned (`cachet:tool_calls_total`).
+pub(crate) fn count_calls(endpoint: Endpoint, n: usize) {
+    if n > 0 {
+        metrics::counter!("cachet:tool_calls_total", "endpoint" => endpoint.name()).increment(n as u64);
+    }
+}
+
+/// Counts the tool results requests brought back (`cachet:tool_results_total`): the
+/// results after the last assistant turn, not those of the history before it.
+pub(crate) fn count_results(endpoint: Endpoint, n: usize) {
+    if n > 0 {
+        metrics::counter!("cachet:tool_results_total", "endpoint" => endpoint.name()).increment(n as u64);
+    }
 }
 
 fn finish_reason(r: FinishReason) -> &'static str {
@@ -343,6 +362,7 @@ pub(crate) async fn execute(
             slo_met: slo_verdict(outcome, c, &targets),
         });
     });
+    let lp_engine = job.params.logprobs.map(|_| served.engine.clone());
     let mut request = Request::new(engine_tenant, job.tokens, job.params);
     request.salt = sampling.user.as_deref().filter(|u| !u.is_empty()).map(Into::into);
     request.public = job.public;
@@ -358,6 +378,20 @@ pub(crate) async fn execute(
     if let Event::Error(e) = first {
         return Err(engine_error(e));
     }
+    let stream = sampling.stream.unwrap_or(false);
+    if let Some(echo) = job.echo {
+        let builder = responses::answer::Builder::new(
+            format!("resp_{}", id.simple()),
+            chrono::Utc::now().timestamp(),
+            served.id.clone(),
+            *echo,
+        );
+        if stream {
+            return Ok(responses::answer::respond(builder, job.calls, first, events, lp_engine));
+        }
+        let ((text, _, entries), completion) = collect(first, &mut events, &served.engine).await?;
+        return Ok(responses::answer::whole(builder, job.calls, &text, &entries, &completion));
+    }
     let ctx = stream::Context {
         id: format!("{}-{}", if job.endpoint.is_chat() { "chatcmpl" } else { "cmpl" }, id.simple()),
         created: chrono::Utc::now().timestamp(),
@@ -366,26 +400,41 @@ pub(crate) async fn execute(
         extra: job.extra,
         headers: job.headers,
         calls: job.calls,
+        logprobs: lp_engine,
     };
-    if sampling.stream.unwrap_or(false) {
+    if stream {
         let include_usage = sampling.stream_options.as_ref().is_some_and(|o| o.include_usage);
         return Ok(stream::respond(ctx, first, events, include_usage, job.answer));
     }
-    let (mut text, mut tokens) = (String::new(), Vec::new());
+    let ((text, tokens, entries), completion) = collect(first, &mut events, &served.engine).await?;
+    let response = stream::whole(&ctx, text.clone(), &entries, &completion);
+    if let Some(sink) = job.answer {
+        sink(Answer { text, tokens }).await;
+    }
+    Ok(response)
+}
+
+/// What an answer collected: its text, its tokens, and their log-probabilities (if asked).
+type Collected = (String, Vec<u32>, Vec<logprobs::Entry>);
+
+/// The rest of a request's answer, and how it ended.
+async fn collect(
+    first: Event,
+    events: &mut RequestStream,
+    engine: &cachet_engine::runtime::EngineHandle,
+) -> Result<(Collected, Completion), ApiError> {
+    let (mut text, mut tokens, mut entries) = (String::new(), Vec::new(), Vec::new());
     let mut event = Some(first);
     loop {
         match event {
-            Some(Event::Token { id, text: piece }) => {
+            Some(Event::Token { id, text: piece, logprobs: lp }) => {
                 text.push_str(&piece);
                 tokens.push(id);
-            }
-            Some(Event::Done(completion)) => {
-                let response = stream::whole(&ctx, text.clone(), &completion);
-                if let Some(sink) = job.answer {
-                    sink(Answer { text, tokens }).await;
+                if let Some(lp) = lp {
+                    entries.extend(logprobs::entry(engine.tokenizer(), id, &lp));
                 }
-                return Ok(response);
             }
+            Some(Event::Done(completion)) => return Ok(((text, tokens, entries), completion)),
             Some(Event::Error(e)) => return Err(engine_error(e)),
             None => return Err(ApiError::Internal("the engine stopped".into())),
         }

@@ -3,6 +3,7 @@
 //! usage chunk, then `data: [DONE]`). When the client goes away, actix drops
 //! the stream, which drops the engine's request stream and so cancels it.
 
+use super::logprobs::{self, Entry};
 use super::tools::parse::{parse_all, CallParser, Delta, ToolSet};
 use super::types::{
     ChatChoice, ChatCompletion, ChatMessageOut, CompletionChoice, FunctionCall, TextCompletion, ToolCall, Usage,
@@ -25,6 +26,8 @@ pub(crate) struct Context {
     pub headers: Vec<(&'static str, String)>,
     /// Read tool calls out of the answer (chat answers of requests with tools).
     pub calls: Option<ToolSet>,
+    /// The engine, when the request asked for log-probabilities (its tokenizer spells them).
+    pub logprobs: Option<cachet_engine::runtime::EngineHandle>,
 }
 
 /// `tool_calls` when the answer made calls and ended by itself.
@@ -55,13 +58,15 @@ fn fingerprint() -> String {
 }
 
 /// The non-streaming answer.
-pub(crate) fn whole(ctx: &Context, text: String, c: &Completion) -> HttpResponse {
+pub(crate) fn whole(ctx: &Context, text: String, entries: &[Entry], c: &Completion) -> HttpResponse {
+    let lp = ctx.logprobs.as_ref().map(|_| entries);
     let usage = Usage::from(c);
     let mut body = if ctx.endpoint.is_chat() {
         let (content, tool_calls) = match &ctx.calls {
             Some(tools) => split(tools, &text),
             None => (text, Vec::new()),
         };
+        super::count_calls(ctx.endpoint, tool_calls.len());
         let finish = reason(tool_calls.len(), c.finish_reason);
         let content = if content.is_empty() && !tool_calls.is_empty() { None } else { Some(content) };
         serde_json::to_value(ChatCompletion {
@@ -74,7 +79,7 @@ pub(crate) fn whole(ctx: &Context, text: String, c: &Completion) -> HttpResponse
                 index: 0,
                 message: ChatMessageOut { role: "assistant", content, tool_calls, refusal: None },
                 finish_reason: finish,
-                logprobs: None,
+                logprobs: lp.map(logprobs::chat),
             }],
             usage,
         })
@@ -90,7 +95,7 @@ pub(crate) fn whole(ctx: &Context, text: String, c: &Completion) -> HttpResponse
                 index: 0,
                 text,
                 finish_reason: finish_reason(c.finish_reason),
-                logprobs: None,
+                logprobs: lp.map(|e| logprobs::completion(e, 0)),
             }],
             usage,
         })
@@ -153,7 +158,7 @@ impl Context {
                 "chat.completion.chunk",
                 json!({"index": 0, "delta": delta, "logprobs": null, "finish_reason": reason}),
             ),
-            Endpoint::Completions => base(
+            Endpoint::Completions | Endpoint::Responses => base(
                 "text_completion",
                 json!({"index": 0, "text": text.unwrap_or(""), "logprobs": null, "finish_reason": reason}),
             ),
@@ -191,7 +196,7 @@ impl Collector {
     /// Notes an event; hands the answer to the sink when it is complete.
     async fn see(&mut self, event: &Option<Event>) {
         match event {
-            Some(Event::Token { id, text }) => {
+            Some(Event::Token { id, text, .. }) => {
                 self.text.push_str(text);
                 self.tokens.push(*id);
             }
@@ -217,9 +222,10 @@ pub(crate) fn respond(
     let headers = ctx.headers.clone();
     let collector = Collector { sink, text: String::new(), tokens: Vec::new() };
     let parser = ctx.calls.clone().map(CallParser::new);
-    let state = (ctx, events, collector, parser, Phase::Start(Some(first)));
-    let body =
-        futures_util::stream::unfold(state, move |(ctx, mut events, mut collector, mut parser, phase)| async move {
+    let state = (ctx, events, collector, parser, Pending::default(), Phase::Start(Some(first)));
+    let body = futures_util::stream::unfold(
+        state,
+        move |(ctx, mut events, mut collector, mut parser, mut pending, phase)| async move {
             let (bytes, next) = match phase {
                 Phase::Start(first) => {
                     let mut out = Vec::new();
@@ -231,21 +237,22 @@ pub(crate) fn respond(
                         out.extend_from_slice(&data(&role));
                     }
                     collector.see(&first).await;
-                    let (more, next) = handle(&ctx, parser.as_mut(), first, include_usage);
+                    let (more, next) = handle(&ctx, parser.as_mut(), &mut pending, first, include_usage);
                     out.extend_from_slice(&more);
                     (Bytes::from(out), next)
                 }
                 Phase::Events => {
                     let event = events.next().await;
                     collector.see(&event).await;
-                    handle(&ctx, parser.as_mut(), event, include_usage)
+                    handle(&ctx, parser.as_mut(), &mut pending, event, include_usage)
                 }
                 Phase::Usage(c) => (data(&ctx.usage_chunk(&c)), Phase::Done),
                 Phase::Done => (Bytes::from_static(b"data: [DONE]\n\n"), Phase::End),
                 Phase::End => return None,
             };
-            Some((Ok::<Bytes, actix_web::Error>(bytes), (ctx, events, collector, parser, next)))
-        });
+            Some((Ok::<Bytes, actix_web::Error>(bytes), (ctx, events, collector, parser, pending, next)))
+        },
+    );
     let mut response = HttpResponse::Ok();
     response
         .content_type("text/event-stream")
@@ -257,25 +264,64 @@ pub(crate) fn respond(
     response.streaming(body)
 }
 
+/// Log-probabilities not yet sent: they ride on the next chunk.
+#[derive(Default)]
+pub(crate) struct Pending {
+    entries: Vec<Entry>,
+    /// Where the next token's text starts (completions' `text_offset`).
+    offset: usize,
+}
+
+impl Pending {
+    /// Puts the pending entries on `chunk` (the first of an event's chunks).
+    fn attach(&mut self, ctx: &Context, chunk: &mut serde_json::Value) {
+        if ctx.logprobs.is_none() || self.entries.is_empty() {
+            return;
+        }
+        let entries = std::mem::take(&mut self.entries);
+        chunk["choices"][0]["logprobs"] = match ctx.endpoint {
+            Endpoint::Completions => logprobs::completion(&entries, self.offset),
+            _ => json!({"content": entries.iter().map(logprobs::chat_token).collect::<Vec<_>>()}),
+        };
+        self.offset += entries.iter().map(|e| e.token.chars().count()).sum::<usize>();
+    }
+}
+
 /// The bytes for one engine event and the phase after it; with a call parser, the
 /// text goes through it and comes out as content and `tool_calls` deltas.
-fn handle(ctx: &Context, parser: Option<&mut CallParser>, event: Option<Event>, include_usage: bool) -> (Bytes, Phase) {
+fn handle(
+    ctx: &Context,
+    parser: Option<&mut CallParser>,
+    pending: &mut Pending,
+    event: Option<Event>,
+    include_usage: bool,
+) -> (Bytes, Phase) {
     match event {
-        Some(Event::Token { text, .. }) => {
-            let bytes = match parser {
-                Some(p) => deltas(ctx, &p.push(&text)),
-                None if text.is_empty() => Bytes::new(),
-                None => data(&ctx.chunk(Some(&text), false, None)),
+        Some(Event::Token { id, text, logprobs: lp }) => {
+            if let (Some(engine), Some(lp)) = (&ctx.logprobs, lp) {
+                pending.entries.extend(logprobs::entry(engine.tokenizer(), id, &lp));
+            }
+            let mut chunks = match parser {
+                Some(p) => p.push(&text).iter().map(|d| ctx.delta_chunk(d)).collect(),
+                None if text.is_empty() => Vec::new(),
+                None => vec![ctx.chunk(Some(&text), false, None)],
             };
-            (bytes, Phase::Events)
+            if let Some(first) = chunks.first_mut() {
+                pending.attach(ctx, first);
+            }
+            (join(&chunks), Phase::Events)
         }
         Some(Event::Done(c)) => {
-            let (mut out, calls) = match parser {
-                Some(p) => (deltas(ctx, &p.finish()).to_vec(), p.calls()),
+            let (mut chunks, calls): (Vec<_>, _) = match parser {
+                Some(p) => (p.finish().iter().map(|d| ctx.delta_chunk(d)).collect(), p.calls()),
                 None => (Vec::new(), 0),
             };
-            out.extend_from_slice(&data(&ctx.chunk(None, false, Some(reason(calls, c.finish_reason)))));
-            (Bytes::from(out), if include_usage { Phase::Usage(Box::new(c)) } else { Phase::Done })
+            super::count_calls(ctx.endpoint, calls);
+            chunks.push(ctx.chunk(None, false, Some(reason(calls, c.finish_reason))));
+            if let Some(first) = chunks.first_mut() {
+                pending.attach(ctx, first);
+            }
+            (join(&chunks), if include_usage { Phase::Usage(Box::new(c)) } else { Phase::Done })
         }
         Some(Event::Error(e)) => {
             let err = super::engine_error(e);
@@ -285,11 +331,11 @@ fn handle(ctx: &Context, parser: Option<&mut CallParser>, event: Option<Event>, 
     }
 }
 
-/// The chunks of parsed deltas.
-fn deltas(ctx: &Context, deltas: &[Delta]) -> Bytes {
+/// Chunks as server-sent events.
+fn join(chunks: &[serde_json::Value]) -> Bytes {
     let mut out = Vec::new();
-    for d in deltas {
-        out.extend_from_slice(&data(&ctx.delta_chunk(d)));
+    for c in chunks {
+        out.extend_from_slice(&data(c));
     }
     Bytes::from(out)
 }

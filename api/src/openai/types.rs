@@ -284,7 +284,7 @@ pub struct ChatChoice {
     pub message: ChatMessageOut,
     pub finish_reason: &'static str,
     #[schema(value_type = Option<Object>)]
-    pub logprobs: Option<()>,
+    pub logprobs: Option<serde_json::Value>,
 }
 
 /// The answer of `POST /v1/chat/completions` (not streaming).
@@ -305,7 +305,7 @@ pub struct CompletionChoice {
     pub text: String,
     pub finish_reason: &'static str,
     #[schema(value_type = Option<Object>)]
-    pub logprobs: Option<()>,
+    pub logprobs: Option<serde_json::Value>,
 }
 
 /// The answer of `POST /v1/completions` (not streaming).

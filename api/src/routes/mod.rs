@@ -18,7 +18,7 @@ use utoipa::{Modify, OpenApi};
 #[openapi(
     info(title = "cachet", description = "An LLM backend for coding agents: OpenAI-compatible, multi-tenant, prefix-cached."),
     paths(
-        openai::list_models, openai::chat::chat_completions, openai::completions::completions, usage::usage,
+        openai::list_models, openai::chat::chat_completions, openai::completions::completions, openai::responses::create_response, usage::usage,
         openai::tokenize::tokenize, openai::tokenize::detokenize,
         admin::create_tenant, admin::list_tenants, admin::delete_tenant, admin::issue_token,
         ops::healthz, ops::readyz, ops::metrics,
@@ -29,7 +29,8 @@ use utoipa::{Modify, OpenApi};
     ),
     components(schemas(
         openai::types::ChatCompletionRequest, openai::types::CompletionRequest, openai::types::ChatCompletion,
-        openai::types::TextCompletion, openai::types::ModelList, openai::types::Usage, admin::NewTenant, admin::NewToken,
+        openai::types::TextCompletion, openai::types::ModelList, openai::types::Usage, openai::responses::ResponseRequest,
+        admin::NewTenant, admin::NewToken,
         repos::NewRepo, sessions::NewSession, sessions::message::MessageRequest, tasks::NewTask, tasks::Outcome,
     )),
     modifiers(&Bearer),
@@ -53,6 +54,7 @@ pub fn configure(cfg: &mut web::ServiceConfig) {
     cfg.service(openai::list_models)
         .service(openai::chat::chat_completions)
         .service(openai::completions::completions)
+        .service(openai::responses::create_response)
         .service(openai::tokenize::tokenize)
         .service(openai::tokenize::detokenize)
         .service(usage::usage)

@@ -130,6 +130,7 @@ pub async fn post_message(
         })));
     }
     let params = params(&body.sampling, prompt.assembled.tokens.len(), &served.engine)?;
+    crate::openai::count_results(Endpoint::SessionMessage, body.tool_results.len());
     let mut job = Job::new(Endpoint::SessionMessage, prompt.assembled.tokens, prompt.public, params);
     job.grammar = tools::compile(&served.engine, &plan).await?;
     job.calls = plan.calls;

@@ -69,7 +69,7 @@ impl RequestStream {
         let mut out = Collected { tokens: Vec::new(), text: String::new(), result: Err(engine_gone()) };
         while let Some(event) = self.blocking_next() {
             match event {
-                Event::Token { id, text } => {
+                Event::Token { id, text, .. } => {
                     out.tokens.push(id);
                     out.text.push_str(&text);
                 }

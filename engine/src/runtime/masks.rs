@@ -8,6 +8,7 @@ use super::seq::Seq;
 use super::step::Planned;
 use super::Engine;
 use crate::constraint::Constraint;
+use crate::sampler::{log_softmax_top, TokenLogprobs};
 use cachet_kernels::backend::Backend;
 use llguidance::toktrie::SimpleVob;
 use std::collections::HashMap;
@@ -78,7 +79,16 @@ impl<B: Backend> Engine<B> {
 
 /// Picks `seq`'s next token from `logits`: the grammar's mask first (so penalties and
 /// temperature only see allowed tokens), then the sampler; the grammar takes the token.
-pub(super) fn sample(seq: &mut Seq, logits: &mut [f32], mask: Option<Mask>) -> Result<u32, RequestError> {
+pub(super) fn sample(
+    seq: &mut Seq,
+    logits: &mut [f32],
+    mask: Option<Mask>,
+) -> Result<(u32, Option<Box<TokenLogprobs>>), RequestError> {
+    // Bias and penalties, then the log-probabilities (if asked), then the mask: the
+    // mask leaves the allowed tokens' logits as they were, so the order does not
+    // change which token is drawn.
+    seq.sampler.adjust(logits);
+    let top = seq.req.params.logprobs.map(|n| log_softmax_top(logits, n));
     if let Some(mask) = mask {
         let allowed = match (&mask, &seq.constraint) {
             (Ok(m), Some(c)) => c.apply(m, logits),
@@ -89,9 +99,13 @@ pub(super) fn sample(seq: &mut Seq, logits: &mut [f32], mask: Option<Mask>) -> R
             return Err(RequestError::Grammar(why));
         }
     }
-    let token = seq.sampler.sample(logits);
+    let token = seq.sampler.pick(logits);
     if let Some(c) = &mut seq.constraint {
         c.commit(token).map_err(RequestError::Grammar)?;
     }
-    Ok(token)
+    let logprobs = top.map(|(lse, top)| {
+        let logprob = logits.get(token as usize).map_or(f32::NEG_INFINITY, |&l| l - lse);
+        Box::new(TokenLogprobs { logprob, top })
+    });
+    Ok((token, logprobs))
 }

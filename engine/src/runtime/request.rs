@@ -146,8 +146,9 @@ pub enum RequestError {
 #[derive(Clone, Debug, PartialEq)]
 pub enum Event {
     /// A generated token (exactly one event per token, stop tokens
-    /// included) and the text that became final with it.
-    Token { id: u32, text: String },
+    /// included), the text that became final with it, and its log-probabilities
+    /// when the request asked for them ([`crate::generate::GenerateParams::logprobs`]).
+    Token { id: u32, text: String, logprobs: Option<Box<crate::sampler::TokenLogprobs>> },
     /// The request is complete.
     Done(Completion),
     /// The request failed; nothing follows.

@@ -328,8 +328,8 @@ impl<B: Backend> Engine<B> {
                 finished.push((seq.id, FinishReason::Length));
                 continue;
             }
-            let token = match masks::sample(seq, logits, masks.remove(&seq.id)) {
-                Ok(token) => token,
+            let (token, logprobs) = match masks::sample(seq, logits, masks.remove(&seq.id)) {
+                Ok(sampled) => sampled,
                 Err(e) => {
                     failed.push((seq.id, e));
                     continue;
@@ -374,7 +374,7 @@ impl<B: Backend> Engine<B> {
                 }
                 None => None,
             };
-            seq.send(Event::Token { id: token, text });
+            seq.send(Event::Token { id: token, text, logprobs });
             if let Some(reason) = reason {
                 finished.push((seq.id, reason));
             }

@@ -8,6 +8,8 @@ mod chat;
 mod errors;
 mod helpers;
 mod ledger;
+mod logprobs;
 mod reports;
+mod responses;
 mod sessions;
 mod tools;

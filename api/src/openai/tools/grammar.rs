@@ -144,7 +144,9 @@ pub(crate) fn grammar(
             } else {
                 g.push_str("TEXT: /(.|\\n)*/\n");
             }
-            g.push_str("WS: /[ \\t\\r\\n]*/\ncall_hd[lazy]: TEXT \"<tool_call>\"\n");
+            // Whitespace between and after calls is bounded: a model that would rather write
+            // another call than end (with parallel_tool_calls false) must end, not pad to max_tokens.
+            g.push_str("WS: /[ \\t\\r\\n]{0,4}/\ncall_hd[lazy]: TEXT \"<tool_call>\"\n");
             if hermes {
                 let any: Vec<Value> = chosen.iter().map(|(n, p)| call_schema(n, p, "arguments")).collect();
                 let body = if any.len() == 1 { any[0].clone() } else { json!({"anyOf": any}) };

@@ -92,6 +92,9 @@ fn required_and_named_choices_force_calls() {
     let read = "<tool_call>\n{\"name\": \"read_file\", \"arguments\": {\"path\": \"a\"}}\n</tool_call>";
     assert_eq!(check(&plan, read), Ok(true));
     assert!(check(&plan, &format!("{read}\n{read}")).is_err(), "one call");
+    // After its last call an answer may not pad itself with whitespace to max_tokens.
+    assert_eq!(check(&plan, &format!("{read}\n")), Ok(true));
+    assert!(check(&plan, &format!("{read}{}", "\n".repeat(12))).is_err(), "bounded whitespace");
     let none = json!("none");
     let plan = super::plan(fields(&t, Some(&none)), HERMES).unwrap();
     assert!(plan.template_tools.is_none() && plan.grammar.is_none() && plan.calls.is_none());

@@ -1,0 +1,231 @@
+#!/usr/bin/env bash
+# Real agent clients against `cachet serve` with the real default model. Each
+# client is installed from its package registry (pinned below), pointed at
+# cachet through its documented configuration for a custom OpenAI-compatible
+# endpoint, and run headless in a throwaway git repository with a task that
+# needs a tool ("read notes.txt and tell me the secret number").
+#
+#   scripts/agents-check.sh            Qwen Code and Codex CLI (what scripts/test.sh runs)
+#   scripts/agents-check.sh --all      also opencode, aider and the Continue autocomplete replay
+#   scripts/agents-check.sh qwen aider  the clients named (qwen, codex, opencode, aider, continue)
+#
+# A client passes when it exits 0, cachet's log shows no 4xx/5xx answer during
+# its run, it made at least one request, and (for clients that call tools) at
+# least one tool call went out to it and a tool result came back in a later
+# request (cachet:tool_calls_total and cachet:tool_results_total on /metrics).
+# Whether the 0.5B model then solves the task is reported, not required.
+# The table goes to stdout and to target/agents-check.md.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+ROOT=$PWD
+. scripts/lib.sh
+
+QWEN_CODE=@qwen-code/qwen-code@0.15.10
+CODEX=@openai/codex@0.171.0
+OPENCODE=opencode-ai@1.18.33
+AIDER=aider-chat==0.86.2
+TIMEOUT=${AGENTS_TIMEOUT:-900}
+
+CLIENTS=(qwen codex)
+if [ "${1:-}" = "--all" ]; then
+  CLIENTS=(qwen codex opencode aider continue)
+elif [ $# -gt 0 ]; then
+  CLIENTS=("$@")
+fi
+
+BIN=${CACHET_BIN:-target/debug/cachet}
+[ -x "$BIN" ] || cargo build -q -p cachet-api
+TOOLS=$ROOT/target/agents
+mkdir -p "$TOOLS"
+need_npm() {
+  command -v npm >/dev/null 2>&1 && return 0
+  echo "installing nodejs and npm" >&2
+  apt-get update -qq && apt-get install -y -qq nodejs npm >/dev/null
+}
+npm_install() { # package@version: installs into target/agents once
+  local name=${1%@*}
+  if [ ! -f "$TOOLS/node_modules/$name/package.json" ] ||
+    ! grep -q "\"version\": \"${1##*@}\"" "$TOOLS/node_modules/$name/package.json"; then
+    need_npm
+    echo "installing $1" >&2
+    npm install -q --no-audit --no-fund --prefix "$TOOLS" "$1" >/dev/null
+  fi
+}
+
+DATA=$(mktemp -d /tmp/cachet-agents-check.XXXXXX)
+chmod 755 "$DATA"
+PORT=$(python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
+BASE="http://127.0.0.1:$PORT"
+LOG=$DATA/serve.log
+cleanup() {
+  if [ -n "${PID:-}" ] && kill -0 "$PID" 2>/dev/null; then kill -INT "$PID"; wait "$PID" || true; fi
+  [ -n "${KEEP:-}" ] || rm -rf "$DATA"
+}
+trap cleanup EXIT
+# info: actix's access log (one line per request, with its status).
+RUST_LOG=info,cachet_engine=warn "$BIN" serve --bind "127.0.0.1:$PORT" --data-dir "$DATA/server" > "$LOG" 2>&1 &
+PID=$!
+wait_http "$BASE/readyz" "cachet serve" "$PID" "$LOG"
+TENANT=$("$BIN" tenants create agents-check --data-dir "$DATA/server" 2>/dev/null)
+TOKEN=$("$BIN" token issue --tenant "$TENANT" --ttl 4h --data-dir "$DATA/server" 2>/dev/null)
+MODEL=$(curl -fs -H "Authorization: Bearer $TOKEN" "$BASE/v1/models" | python3 -c 'import json, sys; print(json.load(sys.stdin)["data"][0]["id"])')
+export CACHET_TOKEN=$TOKEN
+
+# Sum of a counter over its labels on /metrics.
+metric() {
+  curl -fs "$BASE/metrics" | awk -v m="$1" '$1 == m || index($1, m "{") == 1 { s += $2 } END { printf "%d\n", s }'
+}
+
+# A throwaway repository with the note the task asks about.
+repo() {
+  local dir=$DATA/work-$1
+  mkdir -p "$dir"
+  git -C "$dir" init -q
+  echo "The secret number is 4217." > "$dir/notes.txt"
+  git -C "$dir" add notes.txt
+  git -C "$dir" -c user.name=check -c user.email=check@localhost commit -qm "a note"
+  echo "$dir"
+}
+
+TASK="Read the file notes.txt and tell me the secret number in it."
+
+run_qwen() {
+  npm_install "$QWEN_CODE"
+  VERSION=$("$TOOLS/node_modules/.bin/qwen" --version)
+  local home=$DATA/home-qwen
+  mkdir -p "$home"
+  # Qwen Code's OpenAI-compatible provider: OPENAI_BASE_URL, OPENAI_API_KEY, OPENAI_MODEL.
+  (cd "$1" && HOME=$home OPENAI_BASE_URL="$BASE/v1" OPENAI_API_KEY="$TOKEN" OPENAI_MODEL="$MODEL" \
+    timeout "$TIMEOUT" "$TOOLS/node_modules/.bin/qwen" --auth-type openai --approval-mode yolo -p "$TASK")
+}
+
+run_codex() {
+  npm_install "$CODEX"
+  VERSION=$("$TOOLS/node_modules/.bin/codex" --version)
+  local home=$DATA/home-codex
+  mkdir -p "$home"
+  # A model provider for cachet (Responses wire API); hosted tools cachet cannot run are
+  # turned off (the config docs/agents.md shows).
+  cat > "$home/config.toml" <<EOF
+model = "$MODEL"
+model_provider = "cachet"
+web_search = "disabled"
+
+[model_providers.cachet]
+name = "cachet"
+base_url = "$BASE/v1"
+env_key = "CACHET_TOKEN"
+wire_api = "responses"
+
+[features]
+multi_agent = false
+goals = false
+EOF
+  (cd "$1" && CODEX_HOME=$home timeout "$TIMEOUT" "$TOOLS/node_modules/.bin/codex" exec --skip-git-repo-check \
+    "Run the shell command \`cat notes.txt\` with exec_command, then tell me the secret number." </dev/null)
+}
+
+run_opencode() {
+  npm_install "$OPENCODE"
+  VERSION=$("$TOOLS/node_modules/.bin/opencode" --version)
+  local home=$DATA/home-opencode
+  mkdir -p "$home"
+  cat > "$1/opencode.json" <<EOF
+{
+  "provider": {
+    "cachet": {
+      "npm": "@ai-sdk/openai-compatible",
+      "name": "cachet",
+      "options": { "baseURL": "$BASE/v1", "apiKey": "{env:CACHET_TOKEN}" },
+      "models": { "$MODEL": { "name": "cachet default model" } }
+    }
+  },
+  "model": "cachet/$MODEL"
+}
+EOF
+  (cd "$1" && HOME=$home XDG_CONFIG_HOME=$home/.config XDG_DATA_HOME=$home/.local/share \
+    timeout "$TIMEOUT" "$TOOLS/node_modules/.bin/opencode" run "$TASK" </dev/null)
+}
+
+run_aider() {
+  local venv=$TOOLS/aider-venv
+  if [ ! -x "$venv/bin/aider" ]; then
+    echo "installing $AIDER" >&2
+    python3 -m venv "$venv"
+    "$venv/bin/python" -m pip install -q --disable-pip-version-check "$AIDER"
+  fi
+  VERSION=$("$venv/bin/aider" --version)
+  # aider does not call tools: it reads the files given to it and answers in chat.
+  (cd "$1" && HOME=$DATA/home-aider timeout "$TIMEOUT" "$venv/bin/aider" --model "openai/$MODEL" \
+    --openai-api-base "$BASE/v1" --openai-api-key "$TOKEN" --chat-mode ask --edit-format whole \
+    --no-gitignore --no-auto-commits --no-check-update --no-show-model-warnings --no-analytics --yes-always \
+    --no-stream --map-tokens 0 --message "$TASK" notes.txt </dev/null)
+}
+
+run_continue() {
+  VERSION="replay"
+  "$ROOT/target/pyenv/bin/python" "$ROOT/scripts/continue_replay.py" "$BASE" "$TOKEN" "$MODEL"
+}
+
+ensure_pyenv() {
+  local venv=$ROOT/target/pyenv
+  if [ ! -x "$venv/bin/python" ] || ! "$venv/bin/python" -c "import openai" 2>/dev/null; then
+    python3 -m venv "$venv"
+    "$venv/bin/python" -m pip install -q --disable-pip-version-check openai jsonschema
+  fi
+}
+ensure_pyenv
+
+TABLE=$ROOT/target/agents-check.md
+{
+  echo "| client | version | requests | tool calls out / results back | task solved | seconds | result |"
+  echo "|---|---|---:|---:|---|---:|---|"
+} > "$TABLE"
+FAILED=0
+for client in "${CLIENTS[@]}"; do
+  dir=$(repo "$client")
+  calls0=$(metric cachet:tool_calls_total)
+  results0=$(metric cachet:tool_results_total)
+  lines0=$(wc -l < "$LOG")
+  VERSION=?
+  echo "== $client" >&2
+  start=$(date +%s)
+  set +e
+  "run_$client" "$dir" > "$DATA/$client.out" 2>&1
+  rc=$?
+  set -e
+  secs=$(( $(date +%s) - start ))
+  calls=$(( $(metric cachet:tool_calls_total) - calls0 ))
+  results=$(( $(metric cachet:tool_results_total) - results0 ))
+  access=$(tail -n +"$((lines0 + 1))" "$LOG" | grep -E '"(GET|POST) /v1/' || true)
+  requests=$(printf '%s' "$access" | grep -c . || true)
+  errors=$(printf '%s' "$access" | grep -E '" [45][0-9][0-9] ' || true)
+  solved=no
+  grep -q 4217 "$DATA/$client.out" && solved=yes
+  verdict=pass
+  why=""
+  if [ "$rc" != 0 ]; then verdict=FAIL; why="exit $rc"; fi
+  if [ -n "$errors" ]; then verdict=FAIL; why="$why; 4xx/5xx answers"; fi
+  if [ "$requests" = 0 ]; then verdict=FAIL; why="$why; no requests"; fi
+  case $client in
+    aider | continue) tools="n/a (no tools)" ;;
+    *)
+      tools="$calls / $results"
+      if [ "$calls" = 0 ] || [ "$results" = 0 ]; then verdict=FAIL; why="$why; no tool call round trip"; fi
+      ;;
+  esac
+  echo "| $client | $(echo "$VERSION" | head -1 | tr -d '|') | $requests | $tools | $solved | $secs | $verdict${why:+ ($why)} |" >> "$TABLE"
+  if [ "$verdict" != pass ]; then
+    FAILED=1
+    echo "--- $client output (last 40 lines)" >&2
+    tail -40 "$DATA/$client.out" >&2
+    [ -z "$errors" ] || { echo "--- cachet's 4xx/5xx answers" >&2; echo "$errors" >&2; }
+  fi
+done
+cat "$TABLE"
+if [ "$FAILED" != 0 ]; then
+  KEEP=1
+  echo "agents check FAILED (cachet's log and the clients' output: $DATA)" >&2
+  exit 1
+fi
+echo "agents check passed"
