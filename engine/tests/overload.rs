@@ -58,10 +58,10 @@ fn overload_is_refused_early_and_admitted_requests_meet_their_target() {
     h.check_integrity_blocking().unwrap();
 }
 
-/// A target no request can meet: an idle engine still serves the first request (refusing it
-/// would not make anything faster), and refuses those that would queue behind it.
+/// A target no request can meet, even alone: refusing would not make any of them faster, so
+/// an idle engine serves the first and a busy one admits (and serves) those behind it.
 #[test]
-fn an_idle_engine_admits_what_it_cannot_serve_in_time() {
+fn requests_that_cannot_make_their_target_even_alone_are_served() {
     let mut config = EngineConfig { pool: PoolSize::Tokens(4096), ..Default::default() };
     config.interactive.ttft = Duration::from_micros(1);
     config.overload_factor = 1.0;
@@ -75,12 +75,10 @@ fn an_idle_engine_admits_what_it_cannot_serve_in_time() {
     assert!(alone.result.is_ok(), "an idle engine refused: {:?}", alone.result.err());
     let first = h.submit(request("a", tokens(2, 200), 64));
     let behind: Vec<_> = (0..2).map(|i| h.submit(request("b", tokens(3 + i, 200), 4))).collect();
-    let refused = behind
-        .into_iter()
-        .map(|s| s.collect_blocking().result)
-        .filter(|r| matches!(r, Err(RequestError::Overloaded { .. })))
-        .count();
+    for s in behind {
+        let r = s.collect_blocking().result;
+        assert!(r.is_ok(), "a request beyond reach was refused: {:?}", r.err());
+    }
     assert!(first.collect_blocking().result.is_ok());
-    assert!(refused >= 1, "requests queued behind a running one were all admitted");
     h.check_integrity_blocking().unwrap();
 }

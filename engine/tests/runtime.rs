@@ -244,3 +244,37 @@ fn prewarm_fills_the_cache_without_output() {
     assert_eq!(next.cached_tokens, 300);
     no_leaks(&h);
 }
+
+#[test]
+fn requests_arriving_together_on_one_long_prefix_compute_it_once() {
+    // An agent's main request and its side request: the same 600-token history, then each its
+    // own tail, sent at the same moment. The second waits for the first's prompt (published to
+    // the cache as it completes, while the first still decodes) instead of computing it again.
+    let history = tokens(21, 600);
+    let with = |tail: u64| {
+        let mut p = history.clone();
+        p.extend(tokens(tail, 20));
+        p
+    };
+    let alone: Vec<Vec<u32>> =
+        [31, 32].iter().map(|&t| run(&tiny_engine(pool(4096)), request("t", with(t), 40)).0).collect();
+    let h = tiny_engine(EngineConfig { token_budget: 128, ..pool(4096) });
+    let first = h.submit(request("t", with(31), 40));
+    let second = h.submit(request("t", with(32), 40));
+    let (a, b) = (first.collect_blocking(), second.collect_blocking());
+    let (ca, cb) = (a.result.unwrap(), b.result.unwrap());
+    assert_eq!(a.tokens, alone[0], "the first answer is unchanged");
+    assert_eq!(b.tokens, alone[1], "the second answer, on the first's K/V, is unchanged");
+    assert_eq!(ca.cached_tokens, 0);
+    assert!(cb.cached_tokens >= 600, "the second reused the shared history: {cb:?}");
+    assert!(ca.output_tokens == 40 && cb.output_tokens == 40);
+    no_leaks(&h);
+    // Another tenant's request on the same tokens does not wait for (nor reuse) it.
+    let h = tiny_engine(EngineConfig { token_budget: 128, ..pool(4096) });
+    let first = h.submit(request("t", with(31), 8));
+    let other = h.submit(request("u", with(31), 8));
+    let (a, b) = (first.collect_blocking(), other.collect_blocking());
+    assert_eq!(a.tokens, b.tokens);
+    assert_eq!(b.result.unwrap().cached_tokens, 0);
+    no_leaks(&h);
+}

@@ -295,7 +295,9 @@ impl<B: Backend> Engine<B> {
         let idle = self.running.is_empty() && self.waiting.iter().all(|w| w.req.prewarm);
         if !seq.req.prewarm && !idle && self.cfg.overload_factor > 0.0 {
             let predicted = self.predict_ttft(&seq, now);
-            if predicted > targets.ttft.mul_f64(self.cfg.overload_factor) {
+            // Refused only if waiting would fix it: a request too long for its target even
+            // served alone is admitted (and served behind those that can still make theirs).
+            if predicted > targets.ttft.mul_f64(self.cfg.overload_factor) && !self.beyond_reach(&seq, now) {
                 self.refuse(seq, predicted);
                 return;
             }

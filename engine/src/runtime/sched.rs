@@ -14,6 +14,14 @@
 //!   the same order.
 //!
 //! Pre-warm requests always go last.
+//!
+//! Admission control refuses (429 with Retry-After) only what waiting would fix: a request
+//! predicted to miss its TTFT target by more than `overload_factor` because of the queue
+//! ahead of it. A request that would miss it even served alone on this machine (its
+//! uncached prompt is too long for the hardware) is admitted and served as well as
+//! possible: behind the requests that can still make their targets, but never starved —
+//! once it has waited as long as a refusal would have allowed, it takes its deadline's
+//! place like any other (and counts as an SLO miss).
 
 use super::config::Policy;
 use super::seq::Seq;
@@ -22,6 +30,10 @@ use crate::radix::TenantKey;
 use cachet_kernels::backend::Backend;
 use std::cmp::Reverse;
 use std::time::{Duration, Instant};
+
+/// Uncached prompt tokens a waiting request must share with a running prompt still being
+/// computed to wait for it rather than compute them again.
+const SHARED_PREFILL: usize = 256;
 
 /// A running prompt: its sequence id and tenant.
 pub(super) type Prompt = (u64, TenantKey);
@@ -37,11 +49,55 @@ fn hopeless(seq: &Seq, work: usize, now: Instant, rate: f64) -> bool {
 }
 
 impl<B: Backend> Engine<B> {
-    /// Index in `waiting` of the request to admit next.
-    pub(super) fn pick(&mut self, now: Instant) -> usize {
+    /// How long a request may wait before the queue, not its own size, is what makes it late:
+    /// its TTFT target times `overload_factor` (at least the target).
+    pub(super) fn patience(&self, seq: &Seq) -> Duration {
+        self.cfg.targets(seq.req.slo).ttft.mul_f64(self.cfg.overload_factor.max(1.0))
+    }
+
+    /// Whether a hopeless request (see [`hopeless`]) still yields to hopeful ones: until it
+    /// has waited its [`Engine::patience`]; after that it is not starved any longer.
+    fn yields(&self, seq: &Seq, work: usize, now: Instant, rate: f64) -> bool {
+        hopeless(seq, work, now, rate) && now.saturating_duration_since(seq.arrival) < self.patience(seq)
+    }
+
+    /// Whether a request would be refused even served alone from `now` (no queue ahead): its
+    /// wait so far plus its own uncached prompt at the current rate already pass the refusal
+    /// limit (TTFT target × `overload_factor`). Refusing it would not help it, so it is admitted.
+    pub(super) fn beyond_reach(&mut self, seq: &Seq, now: Instant) -> bool {
+        let key = seq.key(&mut self.cache, seq.tokens.len());
+        let own = seq.tokens.len() - self.cache.peek_prefix(&key).min(seq.tokens.len() - 1);
+        let alone = Duration::from_secs_f64(own as f64 / self.prefill_rate());
+        let limit = self.cfg.targets(seq.req.slo).ttft.mul_f64(self.cfg.overload_factor);
+        now.saturating_duration_since(seq.arrival) + alone > limit
+    }
+
+    /// Whether waiting request `i` shares at least [`SHARED_PREFILL`] uncached prompt tokens with
+    /// a running prompt of the same cache scope that is still being computed: admitted now, it
+    /// would compute them a second time; a step after that prompt completes, it finds them in
+    /// the cache (running prompts are published as they complete). Agents send such pairs: a
+    /// side request on the same long history as the main one, at the same moment.
+    fn shares_running_prefill(&mut self, i: usize) -> bool {
+        let cached = self.cached_prefix(i);
+        let w = &self.waiting[i];
+        self.running.iter().any(|s| {
+            s.computed < s.prompt_len
+                && s.req.tenant == w.req.tenant
+                && s.req.salt == w.req.salt
+                && s.tokens[..s.prompt_len].iter().zip(&w.tokens).take_while(|(a, b)| a == b).count()
+                    >= cached + SHARED_PREFILL
+        })
+    }
+
+    /// Index in `waiting` of the request to admit next, if any may be admitted now.
+    pub(super) fn pick(&mut self, now: Instant) -> Option<usize> {
         let prewarm_only = self.waiting.iter().all(|s| s.req.prewarm);
         let mut candidates: Vec<usize> =
             (0..self.waiting.len()).filter(|&i| self.waiting[i].req.prewarm == prewarm_only).collect();
+        candidates.retain(|&i| !self.shares_running_prefill(i));
+        if candidates.is_empty() {
+            return None;
+        }
         if self.cfg.policy == Policy::Slo {
             // What can still meet its TTFT target goes first. Under overload, earliest deadline
             // first would spend the engine on requests that are late anyway, and so make every
@@ -53,14 +109,14 @@ impl<B: Backend> Engine<B> {
                 .copied()
                 .filter(|&i| {
                     let work = self.uncached(i);
-                    !hopeless(&self.waiting[i], work, now, rate)
+                    !self.yields(&self.waiting[i], work, now, rate)
                 })
                 .collect();
             if !hopeful.is_empty() {
                 candidates = hopeful;
             }
         }
-        match self.cfg.policy {
+        Some(match self.cfg.policy {
             Policy::Fcfs => {
                 *candidates.iter().min_by_key(|&&i| (self.waiting[i].arrival, self.waiting[i].id)).expect("non-empty")
             }
@@ -90,7 +146,7 @@ impl<B: Backend> Engine<B> {
                     .expect("non-empty");
                 mine[best]
             }
-        }
+        })
     }
 
     fn cached_prefix(&mut self, i: usize) -> usize {
@@ -127,7 +183,7 @@ impl<B: Backend> Engine<B> {
             let rate = self.prefill_rate();
             prefilling.sort_by_key(|s| (s.deadline, s.id));
             let (ok, hopeless_ones): (Vec<&Seq>, Vec<&Seq>) =
-                prefilling.into_iter().partition(|s| !hopeless(s, s.remaining(), now, rate));
+                prefilling.into_iter().partition(|s| !self.yields(s, s.remaining(), now, rate));
             prefilling = ok;
             late = hopeless_ones;
         }
@@ -135,10 +191,11 @@ impl<B: Backend> Engine<B> {
         (ids(prefilling), ids(late))
     }
 
-    /// Whether waiting request `i` can no longer meet its TTFT target (see [`hopeless`]).
+    /// Whether waiting request `i` can no longer meet its TTFT target and still yields to
+    /// those that can (see [`hopeless`], [`Engine::patience`]).
     pub(super) fn hopeless_waiting(&mut self, i: usize, now: Instant) -> bool {
         let (work, rate) = (self.uncached(i), self.prefill_rate());
-        hopeless(&self.waiting[i], work, now, rate)
+        self.yields(&self.waiting[i], work, now, rate)
     }
 
     /// A tenant coming back from idle starts level with the least served
@@ -240,7 +297,7 @@ impl<B: Backend> Engine<B> {
             let waited = now.saturating_duration_since(seq.arrival);
             let seq = self.waiting.swap_remove(i);
             let predicted = waited + self.predict_ttft(&seq, now);
-            if predicted > limit {
+            if predicted > limit && !self.beyond_reach(&seq, now) {
                 self.refuse(seq, predicted);
             } else {
                 self.waiting.push(seq);

@@ -93,7 +93,7 @@ impl<B: Backend> Engine<B> {
     /// when memory ran out (admitting more this step is pointless).
     fn admit_waiting(&mut self, plan: &mut Vec<Planned>, budget: &mut usize, now: Instant, hopeful_only: bool) -> bool {
         while *budget > 0 && self.running.len() < self.cfg.max_running && !self.waiting.is_empty() {
-            let idx = self.pick(now);
+            let Some(idx) = self.pick(now) else { return false };
             if hopeful_only && self.hopeless_waiting(idx, now) {
                 return false;
             }
@@ -225,6 +225,39 @@ impl<B: Backend> Engine<B> {
         seq.computed = 0;
     }
 
+    /// Puts the computed prompt of running sequence `i` in the cache (as [`Engine::release_kv`]
+    /// puts a finished one) and moves its lock there; the sequence keeps running on the same
+    /// K/V (where the cache already held a position under other slots, on the cache's).
+    fn publish_prompt(&mut self, i: usize) {
+        let seq = &self.running[i];
+        let Some(old) = seq.node else { return };
+        let n = seq.prompt_len.min(seq.computed);
+        if n <= seq.owned_from || self.cache.is_doomed(old) {
+            return;
+        }
+        let mut seq = self.running.swap_remove(i);
+        let key = seq.key(&mut self.cache, n);
+        let spans = seq.spans(n);
+        let retention = seq.req.retention.as_ref().map(|(k, _)| k.clone());
+        let opts = InsertOpts { spans: &spans, retention: retention.as_ref() };
+        let inserted = self.cache.insert(&key, &seq.slots[..n], &opts);
+        self.cache.lock(inserted.node);
+        if !inserted.duplicates.is_empty() {
+            // Another request cached some of these positions first: the same K/V under its
+            // slots, which this sequence now reads instead of its own.
+            let m = self.cache.match_prefix(&key, n);
+            seq.slots[..m.slots.len()].copy_from_slice(&m.slots);
+            self.free_slots(&inserted.duplicates);
+        }
+        let freed = self.cache.unlock(old);
+        self.free_slots(&freed);
+        seq.node = Some(inserted.node);
+        seq.owned_from = n;
+        self.running.push(seq);
+        let last = self.running.len() - 1;
+        self.running.swap(i, last);
+    }
+
     /// Cancels requests whose caller dropped the stream.
     fn drop_cancelled(&mut self) {
         let mut i = 0;
@@ -310,10 +343,14 @@ impl<B: Backend> Engine<B> {
         let mut row = 0;
         let mut finished = Vec::new();
         let mut failed = Vec::new();
+        let mut prompted = Vec::new();
         for (p, &i) in plan.iter().zip(&index) {
             let seq = &mut self.running[i];
             let prefill = seq.computed < seq.prompt_len;
             seq.computed += p.len;
+            if prefill && seq.computed >= seq.prompt_len && !seq.req.prewarm {
+                prompted.push(i);
+            }
             seq.compute_seconds += secs * p.len as f64 / total as f64;
             if prefill {
                 seq.computed_prefill += p.len;
@@ -378,6 +415,11 @@ impl<B: Backend> Engine<B> {
             if let Some(reason) = reason {
                 finished.push((seq.id, reason));
             }
+        }
+        // Prompts computed in full go into the cache now, not when their answers end: a request
+        // with the same prefix that waited for this one (see `pick`) reuses it at once.
+        for i in prompted {
+            self.publish_prompt(i);
         }
         for (id, reason) in finished {
             let i = self.running.iter().position(|s| s.id == id).expect("finished sequences are running");

@@ -156,6 +156,28 @@ fn a_hopeless_running_prompt_yields_its_chunk_to_a_new_one_that_can_make_it() {
 }
 
 #[test]
+fn only_what_waiting_would_fix_is_refused() {
+    // Limit 2 × 3 s = 6 s at 100 prompt tokens/s. The first (590 tokens, 5.9 s) is queued; a
+    // second like it would wait 5.9 s behind it (11.8 s): the queue makes it late, so it is
+    // refused. One of 1000 tokens needs 10 s even alone: refusing it helps nobody, so it is
+    // admitted (served behind what can still make its target).
+    let mut e = engine(EngineConfig { policy: Policy::Slo, overload_factor: 2.0, pace_prefill: false, ..cfg() });
+    e.pace = slow();
+    submit(&mut e, 590, 4);
+    submit(&mut e, 590, 4);
+    assert_eq!((e.waiting.len(), e.stats.refused), (1, 1), "the queue made it late");
+    submit(&mut e, 1000, 4);
+    assert_eq!((e.waiting.len(), e.stats.refused), (2, 1), "too long even alone: admitted");
+    // Re-checked every step, it is still not refused; and it is served.
+    let mut steps = 0;
+    while !(e.running.is_empty() && e.waiting.is_empty()) && steps < 10_000 {
+        e.step();
+        steps += 1;
+    }
+    assert_eq!((e.stats.finished, e.stats.refused), (2, 1));
+}
+
+#[test]
 fn admission_control_does_not_count_hopeless_requests_ahead_of_one_that_can_make_it() {
     // Refuse what is predicted past 2 × 3 s. `late` (590 tokens, 5.9 s alone) is queued; `fine`
     // (50 tokens, 0.5 s) would be predicted at 6.4 s behind it under earliest deadline first,
