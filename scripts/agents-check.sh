@@ -8,6 +8,7 @@
 #   scripts/agents-check.sh            Qwen Code and Codex CLI (what scripts/test.sh runs)
 #   scripts/agents-check.sh --all      also opencode, aider and the Continue autocomplete replay
 #   scripts/agents-check.sh qwen aider  the clients named (qwen, codex, opencode, aider, continue)
+#   AGENTS_RECORD=trace.jsonl ...      also record every request the clients send (scripts/record_proxy.py)
 #
 # A client passes when it exits 0, cachet's log shows no 4xx/5xx answer during
 # its run, it made at least one request, and (for clients that call tools) at
@@ -100,7 +101,7 @@ run_qwen() {
   # (~17,600 tokens of system prompt and tools) takes minutes to compute.
   echo '{"model": {"generationConfig": {"timeout": 1800000}}}' > "$home/.qwen/settings.json"
   # Qwen Code's OpenAI-compatible provider: OPENAI_BASE_URL, OPENAI_API_KEY, OPENAI_MODEL.
-  (cd "$1" && HOME=$home OPENAI_BASE_URL="$BASE/v1" OPENAI_API_KEY="$TOKEN" OPENAI_MODEL="$MODEL" \
+  (cd "$1" && HOME=$home OPENAI_BASE_URL="$CLIENT_BASE/v1" OPENAI_API_KEY="$TOKEN" OPENAI_MODEL="$MODEL" \
     timeout "$TIMEOUT" "$TOOLS/node_modules/.bin/qwen" --auth-type openai --approval-mode yolo -p "$TASK")
 }
 
@@ -118,7 +119,7 @@ web_search = "disabled"
 
 [model_providers.cachet]
 name = "cachet"
-base_url = "$BASE/v1"
+base_url = "$CLIENT_BASE/v1"
 env_key = "CACHET_TOKEN"
 wire_api = "responses"
 
@@ -141,7 +142,7 @@ run_opencode() {
     "cachet": {
       "npm": "@ai-sdk/openai-compatible",
       "name": "cachet",
-      "options": { "baseURL": "$BASE/v1", "apiKey": "{env:CACHET_TOKEN}" },
+      "options": { "baseURL": "$CLIENT_BASE/v1", "apiKey": "{env:CACHET_TOKEN}" },
       "models": { "$MODEL": { "name": "cachet default model" } }
     }
   },
@@ -160,16 +161,19 @@ run_aider() {
     "$venv/bin/python" -m pip install -q --disable-pip-version-check "$AIDER"
   fi
   VERSION=$("$venv/bin/aider" --version)
+  # aider sends no max_tokens (a small model may then loop until the context is full): its
+  # model settings file gives one.
+  printf -- '- name: openai/%s\n  extra_params:\n    max_tokens: 512\n' "$MODEL" > "$1/.aider.model.settings.yml"
   # aider does not call tools: it reads the files given to it and answers in chat.
   (cd "$1" && HOME=$DATA/home-aider timeout "$TIMEOUT" "$venv/bin/aider" --model "openai/$MODEL" \
-    --openai-api-base "$BASE/v1" --openai-api-key "$TOKEN" --chat-mode ask --edit-format whole \
+    --openai-api-base "$CLIENT_BASE/v1" --openai-api-key "$TOKEN" --chat-mode ask --edit-format whole \
     --no-gitignore --no-auto-commits --no-check-update --no-show-model-warnings --no-analytics --yes-always \
     --no-stream --map-tokens 0 --message "$TASK" notes.txt </dev/null)
 }
 
 run_continue() {
   VERSION="replay"
-  "$ROOT/target/pyenv/bin/python" "$ROOT/scripts/continue_replay.py" "$BASE" "$TOKEN" "$MODEL"
+  "$ROOT/target/pyenv/bin/python" "$ROOT/scripts/continue_replay.py" "$CLIENT_BASE" "$TOKEN" "$MODEL"
 }
 
 ensure_pyenv() {
@@ -193,11 +197,23 @@ attempt() {
   calls0=$(metric cachet:tool_calls_total)
   results0=$(metric cachet:tool_results_total)
   lines0=$(wc -l < "$LOG")
+  CLIENT_BASE=$BASE
+  local proxy=
+  if [ -n "${AGENTS_RECORD:-}" ]; then
+    # Record what the client sends (scripts/record_proxy.py) on its way to cachet.
+    local pport
+    pport=$(python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
+    python3 "$ROOT/scripts/record_proxy.py" "$pport" "$BASE" "$AGENTS_RECORD" "$client" 2>> "$DATA/proxy.log" &
+    proxy=$!
+    wait_http "http://127.0.0.1:$pport/healthz" "the recording proxy" "$proxy" "$LOG"
+    CLIENT_BASE=http://127.0.0.1:$pport
+  fi
   start=$(date +%s)
   set +e
   "run_$client" "$dir" > "$DATA/$client.out" 2>&1
   RC=$?
   set -e
+  [ -z "$proxy" ] || { kill "$proxy"; wait "$proxy" 2>/dev/null || true; }
   SECS=$(( $(date +%s) - start ))
   CALLS=$(( $(metric cachet:tool_calls_total) - calls0 ))
   RESULTS=$(( $(metric cachet:tool_results_total) - results0 ))
