@@ -78,6 +78,9 @@ impl<B: Backend> Engine<B> {
     /// the cache (running prompts are published as they complete). Agents send such pairs: a
     /// side request on the same long history as the main one, at the same moment.
     fn shares_running_prefill(&mut self, i: usize) -> bool {
+        if self.running.iter().all(|s| s.computed >= s.prompt_len) {
+            return false;
+        }
         let cached = self.cached_prefix(i);
         let w = &self.waiting[i];
         self.running.iter().any(|s| {

@@ -14,7 +14,7 @@ pub(crate) mod answer;
 mod tests;
 
 use super::chat::{self, history_calls};
-use super::tools::ToolFields;
+use super::tools::{valid_name, ToolFields};
 use super::types::{reject_unknown, Sampling, ToolRequest, Unknown};
 use super::{execute, model, Endpoint};
 use crate::auth::TenantAuth;
@@ -320,8 +320,7 @@ pub(crate) fn chat_tools(tools: Option<&Value>) -> Result<Option<Value>, ApiErro
             ));
         }
         let name = tool.get("name").and_then(Value::as_str).unwrap_or_default();
-        if name.is_empty() || name.len() > 64 || !name.bytes().all(|b| b.is_ascii_alphanumeric() || b"_-".contains(&b))
-        {
+        if !valid_name(name) {
             return Err(ApiError::bad_param(
                 format!("tools[{i}].name"),
                 format!("tools[{i}].name must be 1 to 64 letters, digits, '_' or '-', not {name:?}"),
@@ -384,10 +383,7 @@ pub(crate) fn response_format(text: Option<&Value>) -> Result<Option<Value>, Api
         "json_object" => Ok(Some(json!({"type": "json_object"}))),
         "json_schema" => {
             let name = format.get("name").and_then(Value::as_str).unwrap_or_default();
-            if name.is_empty()
-                || name.len() > 64
-                || !name.bytes().all(|b| b.is_ascii_alphanumeric() || b"_-".contains(&b))
-            {
+            if !valid_name(name) {
                 return Err(ApiError::bad_param(
                     "text.format.name",
                     "text.format.name must be 1 to 64 letters, digits, '_' or '-'",

@@ -65,7 +65,7 @@ pub(crate) struct Plan {
 }
 
 /// A function name as OpenAI allows it.
-fn valid_name(name: &str) -> bool {
+pub(crate) fn valid_name(name: &str) -> bool {
     !name.is_empty() && name.len() <= 64 && name.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-')
 }
 
