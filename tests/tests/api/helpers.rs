@@ -41,9 +41,14 @@ pub fn fresh_database() -> String {
 pub fn tiny_model() -> PathBuf {
     static PATH: OnceLock<PathBuf> = OnceLock::new();
     PATH.get_or_init(|| {
-        let dir = tempfile::Builder::new().prefix("cachet-test-model").tempdir().unwrap().keep();
-        let path = dir.join("tiny.gguf");
-        Tiny::random(TinyArch::Qwen2, 5, false).write_gguf(DType::Q8_0, &path).unwrap();
+        // The weights are the same in every run (seed 5): one file in the target
+        // folder, written under a unique name and renamed into place, so runs in
+        // parallel never see half a file and nothing is left in /tmp.
+        let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR"));
+        let path = dir.join("api-tiny-qwen2-seed5-q8_0.gguf");
+        let part = tempfile::Builder::new().prefix("api-tiny").suffix(".part").tempfile_in(&dir).unwrap();
+        Tiny::random(TinyArch::Qwen2, 5, false).write_gguf(DType::Q8_0, part.path()).unwrap();
+        part.persist(&path).unwrap();
         path
     })
     .clone()
