@@ -7,7 +7,7 @@ pub mod dot;
 mod matmul;
 pub mod ops;
 
-pub use attention::{Attend, AttendFn, LayerKv};
+pub use attention::{Attend, AttendFn, LayerKv, Tile, TileFn, TileScratch, KEY_BLOCK};
 pub use dot::{Kernels, SimdLevel};
 pub use matmul::{matmul_many, CpuMatrix, MatmulScratch};
 

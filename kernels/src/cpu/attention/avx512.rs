@@ -1,11 +1,15 @@
-//! AVX-512 attention kernel for head sizes 64 and 128 (other sizes use the
-//! scalar kernel): f16 K/V rows converted with `vcvtph2ps` once per task,
-//! dot products of up to four heads reduced together, a vectorised `exp`,
-//! and V accumulated for several heads per converted row.
+//! AVX-512 attention: the flash-style tile kernel (see the module above) for
+//! head sizes 64 and 128 (other sizes go row by row through the scalar
+//! kernel). Per block of [`KEY_BLOCK`] keys: K and V converted from f16 once,
+//! scores as a register-tiled product of the transposed, pre-scaled queries
+//! (16 query heads per vector) with broadcast key values, the online softmax
+//! vectorised over queries, and V accumulated for several queries per
+//! converted row. Every value goes through the same operations whatever the
+//! tile's size.
 //!
 //! Safety: requires the features of `SimdLevel::Avx512`.
 
-use super::Attend;
+use super::{tile_by_rows, Attend, Tile, TileScratch, KEY_BLOCK};
 use std::arch::x86_64::*;
 
 const LOG2E: f32 = std::f32::consts::LOG2_E;
@@ -30,112 +34,245 @@ pub(crate) unsafe fn exp512(x: __m512) -> __m512 {
     _mm512_scalef_ps(p, n)
 }
 
+/// One query row through the tile kernel (the per-row interface).
 #[target_feature(enable = "avx512f,avx512bw,avx512dq,avx512vl,avx2,fma,f16c")]
-pub unsafe fn attend(a: &Attend<'_>, scores: &mut [f32], out: &mut [f32]) {
-    match a.hd {
-        64 if a.rep <= 64 => attend_hd::<4, 4>(a, scores, out),
-        128 if a.rep <= 64 => attend_hd::<8, 2>(a, scores, out),
-        _ => super::attend_scalar(a, scores, out),
+pub unsafe fn attend(a: &Attend<'_>, _scores: &mut [f32], out: &mut [f32]) {
+    if a.keys.is_empty() {
+        out.fill(0.0);
+        return;
+    }
+    let t = Tile {
+        q: a.q,
+        q_cols: a.rep * a.hd,
+        rows: 1,
+        pos0: a.keys.len() - 1,
+        head0: 0,
+        rep: a.rep,
+        hd: a.hd,
+        k: a.k,
+        v: a.v,
+        kv_cols: a.kv_cols,
+        offset: a.offset,
+        keys: a.keys,
+        scale: a.scale,
+    };
+    tile(&t, &mut TileScratch::default(), out.as_mut_ptr());
+}
+
+/// The tile kernel (a [`super::TileFn`]).
+#[target_feature(enable = "avx512f,avx512bw,avx512dq,avx512vl,avx2,fma,f16c")]
+pub unsafe fn tile(t: &Tile<'_>, sc: &mut TileScratch, out: *mut f32) {
+    match t.hd {
+        64 => tile_hd::<4, 64, 6>(t, sc, out),
+        128 => tile_hd::<8, 128, 2>(t, sc, out),
+        _ => tile_by_rows(t, sc, out, super::attend_scalar),
     }
 }
 
-/// `HD` vectors of 16 per head; `G` heads share each converted V row.
+/// Head size `HD` = `HV` vectors of 16; `NQ` queries per pass over V.
 #[inline(always)]
-unsafe fn attend_hd<const HD: usize, const G: usize>(a: &Attend<'_>, scores: &mut [f32], out: &mut [f32]) {
-    let (n, rep, hd) = (a.keys.len(), a.rep, HD * 16);
-    let row = |slot: u32| slot as usize * a.kv_cols + a.offset;
-    let scale = _mm_set1_ps(a.scale);
+unsafe fn tile_hd<const HV: usize, const HD: usize, const NQ: usize>(
+    t: &Tile<'_>,
+    sc: &mut TileScratch,
+    out: *mut f32,
+) {
+    const KB: usize = KEY_BLOCK;
+    let (rows, rep) = (t.rows, t.rep);
+    let m = rows * rep;
+    if m == 0 {
+        return;
+    }
+    let mv = m.div_ceil(16);
+    let mp = mv * 16;
+    let nk = t.keys.len();
+    // Scratch: qt (HD × mp) | s (KB × mp) | kf, vf (KB × HD) | o (m × HD) | max, sum, alpha (mp).
+    let total = HD * mp + KB * mp + 2 * KB * HD + m * HD + 3 * mp;
+    if sc.f.len() < total {
+        sc.f.resize(total, 0.0);
+    }
+    if sc.i.len() < mp {
+        sc.i.resize(mp, 0);
+    }
+    let qt = sc.f.as_mut_ptr();
+    let s = qt.add(HD * mp);
+    let kf = s.add(KB * mp);
+    let vf = kf.add(KB * HD);
+    let o = vf.add(KB * HD);
+    let mx = o.add(m * HD);
+    let sum = mx.add(mp);
+    let alpha = sum.add(mp);
+    let qpos = sc.i.as_mut_ptr();
 
-    // Scores: q_h · k_j for every key, four heads reduced at once.
-    for (j, &slot) in a.keys.iter().enumerate() {
-        let kp = a.k.as_ptr().add(row(slot));
-        let mut kf = [_mm512_setzero_ps(); HD];
-        for (i, k) in kf.iter_mut().enumerate() {
-            *k = _mm512_cvtph_ps(_mm256_loadu_si256(kp.add(16 * i).cast()));
-        }
-        let mut h = 0;
-        while h < rep {
-            let mut parts = [_mm_setzero_ps(); 4];
-            for (t, part) in parts.iter_mut().enumerate() {
-                if h + t < rep {
-                    let qp = a.q.as_ptr().add((h + t) * hd);
-                    let mut acc = _mm512_mul_ps(_mm512_loadu_ps(qp), kf[0]);
-                    for (i, k) in kf.iter().enumerate().skip(1) {
-                        acc = _mm512_fmadd_ps(_mm512_loadu_ps(qp.add(16 * i)), *k, acc);
-                    }
-                    let s = _mm256_add_ps(_mm512_castps512_ps256(acc), _mm512_extractf32x8_ps::<1>(acc));
-                    *part = _mm_add_ps(_mm256_castps256_ps128(s), _mm256_extractf128_ps::<1>(s));
-                }
+    // Queries transposed (lane = query) and pre-scaled; padding lanes are zero
+    // queries at the last row's position.
+    for r in 0..rows {
+        for h in 0..rep {
+            let i = r * rep + h;
+            let qp = t.q.as_ptr().add(r * t.q_cols + (t.head0 + h) * HD);
+            for d in 0..HD {
+                *qt.add(d * mp + i) = *qp.add(d) * t.scale;
             }
-            let sums = _mm_mul_ps(_mm_hadd_ps(_mm_hadd_ps(parts[0], parts[1]), _mm_hadd_ps(parts[2], parts[3])), scale);
-            let mut lanes = [0f32; 4];
-            _mm_storeu_ps(lanes.as_mut_ptr(), sums);
-            for (t, &v) in lanes.iter().enumerate().take(rep - h) {
-                scores[(h + t) * n + j] = v;
-            }
-            h += 4;
         }
     }
+    for d in 0..HD {
+        for i in m..mp {
+            *qt.add(d * mp + i) = 0.0;
+        }
+    }
+    for i in 0..mp {
+        *qpos.add(i) = (t.pos0 + i.min(m - 1) / rep) as i32;
+        *mx.add(i) = f32::NEG_INFINITY;
+        *sum.add(i) = 0.0;
+    }
+    std::ptr::write_bytes(o, 0, m * HD);
 
-    // Softmax numerators exp(s - max); the 1/sum is applied to the output.
-    let mut inv = [0f32; 64];
-    let tail = (n % 16) as u32;
-    let tail_mask: __mmask16 = ((1u32 << tail) - 1) as __mmask16;
-    for (h, inv_h) in inv.iter_mut().enumerate().take(rep) {
-        let sc = scores[h * n..(h + 1) * n].as_mut_ptr();
-        let full = n - tail as usize;
-        let mut maxv = _mm512_set1_ps(f32::NEG_INFINITY);
-        for i in (0..full).step_by(16) {
-            maxv = _mm512_max_ps(maxv, _mm512_loadu_ps(sc.add(i)));
+    let mut kb = 0;
+    while kb < nk {
+        let nj = KB.min(nk - kb);
+        let nj4 = nj.next_multiple_of(4);
+        for j in 0..nj {
+            let off = *t.keys.get_unchecked(kb + j) as usize * t.kv_cols + t.offset;
+            let (kp, vp) = (t.k.as_ptr().add(off), t.v.as_ptr().add(off));
+            for c in 0..HV {
+                _mm512_storeu_ps(kf.add(j * HD + 16 * c), _mm512_cvtph_ps(_mm256_loadu_si256(kp.add(16 * c).cast())));
+                _mm512_storeu_ps(vf.add(j * HD + 16 * c), _mm512_cvtph_ps(_mm256_loadu_si256(vp.add(16 * c).cast())));
+            }
         }
-        let mut max = _mm512_reduce_max_ps(maxv);
-        if tail > 0 {
-            max = max.max(_mm512_mask_reduce_max_ps(tail_mask, _mm512_maskz_loadu_ps(tail_mask, sc.add(full))));
+        // Rows past the keys are zero (their scores are masked anyway).
+        std::ptr::write_bytes(kf.add(nj * HD), 0, (nj4 - nj) * HD);
+        std::ptr::write_bytes(vf.add(nj * HD), 0, (nj4 - nj) * HD);
+
+        let mut iv = 0;
+        while iv < mv {
+            let ni = (mv - iv).min(4);
+            match ni {
+                4 => scores::<HD, 4>(qt, kf, s, mp, iv, nj4),
+                3 => scores::<HD, 3>(qt, kf, s, mp, iv, nj4),
+                2 => scores::<HD, 2>(qt, kf, s, mp, iv, nj4),
+                _ => scores::<HD, 1>(qt, kf, s, mp, iv, nj4),
+            }
+            iv += ni;
         }
-        let maxv = _mm512_set1_ps(max);
-        let mut sumv = _mm512_setzero_ps();
-        for i in (0..full).step_by(16) {
-            let e = exp512(_mm512_sub_ps(_mm512_loadu_ps(sc.add(i)), maxv));
-            _mm512_storeu_ps(sc.add(i), e);
-            sumv = _mm512_add_ps(sumv, e);
+
+        // Online softmax: a key is visible to a query at or after its position;
+        // invisible ones weigh exactly zero and leave the running max alone.
+        for iv in 0..mv {
+            let pos = _mm512_loadu_si512(qpos.add(16 * iv).cast());
+            let m_old = _mm512_loadu_ps(mx.add(16 * iv));
+            let mut m_new = m_old;
+            for j in 0..nj4 {
+                let seen = _mm512_cmple_epi32_mask(_mm512_set1_epi32((kb + j) as i32), pos);
+                m_new = _mm512_mask_max_ps(m_new, seen, m_new, _mm512_loadu_ps(s.add(j * mp + 16 * iv)));
+            }
+            let a = exp512(_mm512_sub_ps(m_old, m_new));
+            let mut l = _mm512_mul_ps(_mm512_loadu_ps(sum.add(16 * iv)), a);
+            for j in 0..nj4 {
+                let seen = _mm512_cmple_epi32_mask(_mm512_set1_epi32((kb + j) as i32), pos);
+                let sp = s.add(j * mp + 16 * iv);
+                let p = _mm512_maskz_mov_ps(seen, exp512(_mm512_sub_ps(_mm512_loadu_ps(sp), m_new)));
+                _mm512_storeu_ps(sp, p);
+                l = _mm512_add_ps(l, p);
+            }
+            _mm512_storeu_ps(mx.add(16 * iv), m_new);
+            _mm512_storeu_ps(sum.add(16 * iv), l);
+            _mm512_storeu_ps(alpha.add(16 * iv), a);
         }
-        if tail > 0 {
-            let e = exp512(_mm512_sub_ps(_mm512_maskz_loadu_ps(tail_mask, sc.add(full)), maxv));
-            _mm512_mask_storeu_ps(sc.add(full), tail_mask, e);
-            sumv = _mm512_mask_add_ps(sumv, tail_mask, sumv, e);
+
+        let mut i = 0;
+        while i < m {
+            let nq = (m - i).min(NQ);
+            match nq {
+                6 => values::<HV, HD, 6>(s, vf, o, alpha, mp, i, nj4),
+                5 => values::<HV, HD, 5>(s, vf, o, alpha, mp, i, nj4),
+                4 => values::<HV, HD, 4>(s, vf, o, alpha, mp, i, nj4),
+                3 => values::<HV, HD, 3>(s, vf, o, alpha, mp, i, nj4),
+                2 => values::<HV, HD, 2>(s, vf, o, alpha, mp, i, nj4),
+                _ => values::<HV, HD, 1>(s, vf, o, alpha, mp, i, nj4),
+            }
+            i += nq;
         }
-        *inv_h = 1.0 / _mm512_reduce_add_ps(sumv);
+        kb += KB;
     }
 
-    // Output: Σ_j p_hj v_j for G heads per pass over V.
-    let mut h0 = 0;
-    while h0 < rep {
-        let mut acc = [[_mm512_setzero_ps(); HD]; G];
-        for (j, &slot) in a.keys.iter().enumerate() {
-            let vp = a.v.as_ptr().add(row(slot));
-            let mut vf = [_mm512_setzero_ps(); HD];
-            for (i, v) in vf.iter_mut().enumerate() {
-                *v = _mm512_cvtph_ps(_mm256_loadu_si256(vp.add(16 * i).cast()));
+    for i in 0..m {
+        let (r, h) = (i / rep, i % rep);
+        let inv = _mm512_set1_ps(1.0 / *sum.add(i));
+        let op = out.add(r * t.q_cols + (t.head0 + h) * HD);
+        for c in 0..HV {
+            _mm512_storeu_ps(op.add(16 * c), _mm512_mul_ps(_mm512_loadu_ps(o.add(i * HD + 16 * c)), inv));
+        }
+    }
+}
+
+/// Scores of the query vectors `iv0..iv0 + NI` against keys `0..nj4` (4 at a
+/// time): `s[j][i] = Σ_d qt[d][i] · kf[j][d]`, summed in `d` order from zero.
+#[inline(always)]
+unsafe fn scores<const HD: usize, const NI: usize>(
+    qt: *const f32,
+    kf: *const f32,
+    s: *mut f32,
+    mp: usize,
+    iv0: usize,
+    nj4: usize,
+) {
+    let mut j = 0;
+    while j < nj4 {
+        let mut acc = [[_mm512_setzero_ps(); NI]; 4];
+        for d in 0..HD {
+            let mut qv = [_mm512_setzero_ps(); NI];
+            for (c, q) in qv.iter_mut().enumerate() {
+                *q = _mm512_loadu_ps(qt.add(d * mp + 16 * (iv0 + c)));
             }
-            for (t, acc_t) in acc.iter_mut().enumerate() {
-                if h0 + t < rep {
-                    let p = _mm512_set1_ps(*scores.get_unchecked((h0 + t) * n + j));
-                    for (o, v) in acc_t.iter_mut().zip(&vf) {
-                        *o = _mm512_fmadd_ps(p, *v, *o);
-                    }
+            for (jj, acc_j) in acc.iter_mut().enumerate() {
+                let k = _mm512_set1_ps(*kf.add((j + jj) * HD + d));
+                for (a, q) in acc_j.iter_mut().zip(&qv) {
+                    *a = _mm512_fmadd_ps(*q, k, *a);
                 }
             }
         }
-        for (t, acc_t) in acc.iter().enumerate() {
-            if h0 + t < rep {
-                let s = _mm512_set1_ps(inv[h0 + t]);
-                let op = out.as_mut_ptr().add((h0 + t) * hd);
-                for (i, o) in acc_t.iter().enumerate() {
-                    _mm512_storeu_ps(op.add(16 * i), _mm512_mul_ps(*o, s));
-                }
+        for (jj, acc_j) in acc.iter().enumerate() {
+            for (c, a) in acc_j.iter().enumerate() {
+                _mm512_storeu_ps(s.add((j + jj) * mp + 16 * (iv0 + c)), *a);
             }
         }
-        h0 += G;
+        j += 4;
+    }
+}
+
+/// `o[i] = o[i] · alpha[i] + Σ_j s[j][i] · vf[j]` for queries `i0..i0 + NQ`.
+#[inline(always)]
+unsafe fn values<const HV: usize, const HD: usize, const NQ: usize>(
+    s: *const f32,
+    vf: *const f32,
+    o: *mut f32,
+    alpha: *const f32,
+    mp: usize,
+    i0: usize,
+    nj4: usize,
+) {
+    let mut acc = [[_mm512_setzero_ps(); HV]; NQ];
+    for (q, acc_q) in acc.iter_mut().enumerate() {
+        let a = _mm512_set1_ps(*alpha.add(i0 + q));
+        for (c, x) in acc_q.iter_mut().enumerate() {
+            *x = _mm512_mul_ps(_mm512_loadu_ps(o.add((i0 + q) * HD + 16 * c)), a);
+        }
+    }
+    for j in 0..nj4 {
+        let mut v = [_mm512_setzero_ps(); HV];
+        for (c, x) in v.iter_mut().enumerate() {
+            *x = _mm512_loadu_ps(vf.add(j * HD + 16 * c));
+        }
+        for (q, acc_q) in acc.iter_mut().enumerate() {
+            let p = _mm512_set1_ps(*s.add(j * mp + i0 + q));
+            for (x, vc) in acc_q.iter_mut().zip(&v) {
+                *x = _mm512_fmadd_ps(p, *vc, *x);
+            }
+        }
+    }
+    for (q, acc_q) in acc.iter().enumerate() {
+        for (c, x) in acc_q.iter().enumerate() {
+            _mm512_storeu_ps(o.add((i0 + q) * HD + 16 * c), *x);
+        }
     }
 }
 

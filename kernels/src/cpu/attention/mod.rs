@@ -2,10 +2,15 @@
 //! `p` reads the slots of positions `0..=p` in order, so its result is the
 //! same whether it is part of a prefill chunk or a single decode step.
 //!
-//! Work is split into (query row, KV head) tasks: the query heads that share
-//! a KV head (grouped-query attention) are computed together, so each K and V
-//! row is read and converted from f16 once per task. The per-task kernel is
-//! chosen per SIMD level (`Kernels::attend`).
+//! Levels with a tile kernel (`Kernels::tile`, AVX-512) split the work into
+//! (block of query rows, KV head) tasks computed flash-attention style: the
+//! keys in fixed blocks of [`KEY_BLOCK`] positions, each block's K and V read
+//! and converted from f16 once for all the tile's query heads, an online
+//! softmax across blocks. Every query's arithmetic is the same whatever tile
+//! it is in (blocks start at fixed positions, and keys a query may not see
+//! add exact zeros), so results stay independent of batching and chunking.
+//! Other levels use one task per (query row, KV head) with the level's
+//! `Kernels::attend`.
 
 #[cfg(target_arch = "x86_64")]
 #[allow(unsafe_op_in_unsafe_fn)]
@@ -48,8 +53,54 @@ pub struct Attend<'a> {
 /// `scores` (at least `rep × keys.len()` long) as scratch.
 pub type AttendFn = fn(&Attend<'_>, &mut [f32], &mut [f32]);
 
+/// Keys per block of the tile kernels; blocks start at multiples of it.
+pub const KEY_BLOCK: usize = 64;
+
+/// One tile task: query rows `0..rows` of `q` (row `r` at position
+/// `pos0 + r`, rows `q_cols` wide) and their query heads `head0..head0 + rep`,
+/// which share the KV head read at `offset` of each slot row (`kv_cols`
+/// wide). `keys` are the slots of positions `0..pos0 + rows`.
+#[derive(Debug)]
+pub struct Tile<'a> {
+    pub q: &'a [f32],
+    pub q_cols: usize,
+    pub rows: usize,
+    pub pos0: usize,
+    pub head0: usize,
+    pub rep: usize,
+    pub hd: usize,
+    pub k: &'a [f16],
+    pub v: &'a [f16],
+    pub kv_cols: usize,
+    pub offset: usize,
+    pub keys: &'a [u32],
+    pub scale: f32,
+}
+
+/// Buffers of a tile kernel, kept per worker thread.
+#[derive(Debug, Default)]
+pub struct TileScratch {
+    pub f: Vec<f32>,
+    pub i: Vec<i32>,
+}
+
+/// A tile kernel: writes the tile's heads of its rows to `out` (laid out as
+/// `q`).
+///
+/// # Safety
+/// `out` must be valid for writes at `r * q_cols + head0 * hd ..+ rep * hd`
+/// for every row `r < rows`, and nobody else may touch those values
+/// meanwhile; the CPU must support the kernel's level.
+pub type TileFn = unsafe fn(&Tile<'_>, &mut TileScratch, *mut f32);
+
+/// Query rows per tile: about 128 query heads per task.
+fn tile_rows(rep: usize) -> usize {
+    (128 / rep.max(1)).max(1)
+}
+
 thread_local! {
     static SCORES: RefCell<Vec<f32>> = const { RefCell::new(Vec::new()) };
+    static TILE: RefCell<TileScratch> = RefCell::new(TileScratch::default());
 }
 
 /// Sizes this thread's score buffer (called on every worker at start-up, so
@@ -86,6 +137,44 @@ pub fn attention(
     let q_cols = s.n_heads * hd;
     let rows = seqs.last().map_or(0, |q| q.rows.end);
     let ptr = OutPtr(out.as_mut_ptr());
+    if let Some(tile) = kernels.tile {
+        // (sequence, first row) of every tile; each runs once per KV head.
+        let per = tile_rows(rep);
+        let tiles: Vec<(usize, usize)> =
+            seqs.iter().enumerate().flat_map(|(i, seq)| seq.rows.clone().step_by(per).map(move |r| (i, r))).collect();
+        let task = |idx: usize| {
+            let ((si, row0), g) = (tiles[idx / nkv], idx % nkv);
+            let seq = &seqs[si];
+            let rows = per.min(seq.rows.end - row0);
+            let pos0 = seq.first_pos + (row0 - seq.rows.start);
+            let t = Tile {
+                q: &q[row0 * q_cols..(row0 + rows) * q_cols],
+                q_cols,
+                rows,
+                pos0,
+                head0: g * rep,
+                rep,
+                hd,
+                k: &kv.k,
+                v: &kv.v,
+                kv_cols: nkv * hd,
+                offset: g * hd,
+                keys: &slots[seq.slots.start..seq.slots.start + pos0 + rows],
+                scale: s.scale,
+            };
+            // SAFETY: the tile's rows lie inside `out` (same shape as `q`), only
+            // this task writes their heads `g*rep..(g+1)*rep`, and the kernel
+            // came from `Kernels`, which checked the CPU.
+            TILE.with(|cell| unsafe { tile(&t, &mut cell.borrow_mut(), ptr.get().add(row0 * q_cols)) });
+        };
+        let tasks = tiles.len() * nkv;
+        if tasks > 1 {
+            (0..tasks).into_par_iter().for_each(task);
+        } else {
+            (0..tasks).for_each(task);
+        }
+        return;
+    }
     let task = |idx: usize| {
         let (row, g) = (idx / nkv, idx % nkv);
         // Sequences cover consecutive rows: find the one holding `row`.
@@ -124,6 +213,36 @@ pub fn attention(
         (0..tasks).into_par_iter().for_each(task);
     } else {
         (0..tasks).for_each(task);
+    }
+}
+
+/// A tile row by row through a per-row kernel (head sizes a tile kernel does
+/// not cover).
+///
+/// # Safety
+/// As for [`TileFn`].
+pub(super) unsafe fn tile_by_rows(t: &Tile<'_>, sc: &mut TileScratch, out: *mut f32, attend: AttendFn) {
+    let n = t.rep * t.hd;
+    for r in 0..t.rows {
+        let keys = &t.keys[..t.pos0 + r + 1];
+        let start = r * t.q_cols + t.head0 * t.hd;
+        let a = Attend {
+            q: &t.q[start..start + n],
+            k: t.k,
+            v: t.v,
+            kv_cols: t.kv_cols,
+            offset: t.offset,
+            hd: t.hd,
+            rep: t.rep,
+            keys,
+            scale: t.scale,
+        };
+        if sc.f.len() < t.rep * keys.len() {
+            sc.f.resize(t.rep * keys.len(), 0.0);
+        }
+        // SAFETY: the caller guarantees these `n` values of `out`.
+        let dst = unsafe { std::slice::from_raw_parts_mut(out.add(start), n) };
+        attend(&a, &mut sc.f, dst);
     }
 }
 

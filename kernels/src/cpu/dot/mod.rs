@@ -9,7 +9,7 @@ mod avx2;
 mod avx512;
 pub mod scalar;
 
-use super::attention::{attend_scalar, Attend, AttendFn};
+use super::attention::{attend_scalar, Attend, AttendFn, Tile, TileFn, TileScratch};
 use crate::quant::*;
 use half::{bf16, f16};
 
@@ -124,6 +124,9 @@ pub struct Kernels {
     pub bf16: fn(&[bf16], &[f32]) -> f32,
     /// Attention of one (query row, KV head) task.
     pub attend: AttendFn,
+    /// Attention of a tile of query rows (levels that have one; see
+    /// `attention`), used instead of `attend` for the whole batch.
+    pub tile: Option<TileFn>,
     /// `gate = silu(gate) * up` over one row.
     pub silu_mul: fn(&mut [f32], &[f32]),
     /// Register-tiled GEMMs where the level has them (else `gemm_by_dot`).
@@ -191,6 +194,7 @@ macro_rules! safe_table {
             f16: safe::f16,
             bf16: safe::bf16,
             attend: attend_scalar,
+            tile: None,
             silu_mul: super::ops::silu_mul_scalar,
             gemm_q4_0: None,
             gemm_q5_0: None,
@@ -212,6 +216,15 @@ fn attend_avx2(a: &Attend<'_>, scores: &mut [f32], out: &mut [f32]) {
 fn attend_avx512(a: &Attend<'_>, scores: &mut [f32], out: &mut [f32]) {
     // SAFETY: reachable only through `Kernels::for_level`, which checked the features.
     unsafe { super::attention::avx512::attend(a, scores, out) }
+}
+
+/// # Safety
+/// As for [`TileFn`]; reachable only through `Kernels::for_level`, which
+/// checked the features.
+#[cfg(target_arch = "x86_64")]
+unsafe fn tile_avx512(t: &Tile<'_>, sc: &mut TileScratch, out: *mut f32) {
+    // SAFETY: the caller's contract, and the CPU was checked.
+    unsafe { super::attention::avx512::tile(t, sc, out) }
 }
 
 #[cfg(target_arch = "x86_64")]
@@ -241,6 +254,7 @@ impl Kernels {
             f16: scalar::f16,
             bf16: scalar::bf16,
             attend: attend_scalar,
+            tile: None,
             silu_mul: super::ops::silu_mul_scalar,
             gemm_q4_0: None,
             gemm_q5_0: None,
@@ -265,6 +279,7 @@ impl Kernels {
             #[cfg(target_arch = "x86_64")]
             SimdLevel::Avx512 => Some(Kernels {
                 attend: attend_avx512,
+                tile: Some(tile_avx512),
                 silu_mul: silu_mul_avx512,
                 gemm_q4_0: Some(avx512::gemm_q4_0),
                 gemm_q5_0: Some(avx512::gemm_q5_0),

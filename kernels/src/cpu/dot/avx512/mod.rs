@@ -169,7 +169,7 @@ pub unsafe fn q4_0(w: &[BlockQ4_0], x: &[BlockQ8A]) -> f32 {
 
 #[target_feature(enable = "avx512f,avx512bw,avx512dq,avx512vl,avx512vnni,avx2,fma,f16c")]
 pub unsafe fn gemm_q4_0(job: &GemmJob<'_, BlockQ4_0, BlockQ8A>) {
-    unsafe { gemm::<Q32<BlockQ4_0>>(job) }
+    unsafe { q32::gemm32::<BlockQ4_0>(job) }
 }
 
 #[target_feature(enable = "avx512f,avx512bw,avx512dq,avx512vl,avx512vnni,avx2,fma,f16c")]
@@ -180,7 +180,7 @@ pub unsafe fn q5_0(w: &[BlockQ5_0], x: &[BlockQ8A]) -> f32 {
 
 #[target_feature(enable = "avx512f,avx512bw,avx512dq,avx512vl,avx512vnni,avx2,fma,f16c")]
 pub unsafe fn gemm_q5_0(job: &GemmJob<'_, BlockQ5_0, BlockQ8A>) {
-    unsafe { gemm::<Q32<BlockQ5_0>>(job) }
+    unsafe { q32::gemm32::<BlockQ5_0>(job) }
 }
 
 #[target_feature(enable = "avx512f,avx512bw,avx512dq,avx512vl,avx512vnni,avx2,fma,f16c")]
@@ -191,7 +191,7 @@ pub unsafe fn q8_0(w: &[BlockQ8_0], x: &[BlockQ8A]) -> f32 {
 
 #[target_feature(enable = "avx512f,avx512bw,avx512dq,avx512vl,avx512vnni,avx2,fma,f16c")]
 pub unsafe fn gemm_q8_0(job: &GemmJob<'_, BlockQ8_0, BlockQ8A>) {
-    unsafe { gemm::<Q32<BlockQ8_0>>(job) }
+    unsafe { q32::gemm32::<BlockQ8_0>(job) }
 }
 
 #[target_feature(enable = "avx512f,avx512bw,avx512dq,avx512vl,avx512vnni,avx2,fma,f16c")]
@@ -202,7 +202,7 @@ pub unsafe fn q4_k(w: &[BlockQ4K], x: &[BlockQ8K]) -> f32 {
 
 #[target_feature(enable = "avx512f,avx512bw,avx512dq,avx512vl,avx512vnni,avx2,fma,f16c")]
 pub unsafe fn gemm_q4_k(job: &GemmJob<'_, BlockQ4K, BlockQ8K>) {
-    unsafe { gemm::<QK<BlockQ4K>>(job) }
+    unsafe { qk::gemmk::<BlockQ4K>(job) }
 }
 
 #[target_feature(enable = "avx512f,avx512bw,avx512dq,avx512vl,avx512vnni,avx2,fma,f16c")]
@@ -213,7 +213,7 @@ pub unsafe fn q5_k(w: &[BlockQ5K], x: &[BlockQ8K]) -> f32 {
 
 #[target_feature(enable = "avx512f,avx512bw,avx512dq,avx512vl,avx512vnni,avx2,fma,f16c")]
 pub unsafe fn gemm_q5_k(job: &GemmJob<'_, BlockQ5K, BlockQ8K>) {
-    unsafe { gemm::<QK<BlockQ5K>>(job) }
+    unsafe { qk::gemmk::<BlockQ5K>(job) }
 }
 
 #[target_feature(enable = "avx512f,avx512bw,avx512dq,avx512vl,avx512vnni,avx2,fma,f16c")]
@@ -224,5 +224,5 @@ pub unsafe fn q6_k(w: &[BlockQ6K], x: &[BlockQ8K]) -> f32 {
 
 #[target_feature(enable = "avx512f,avx512bw,avx512dq,avx512vl,avx512vnni,avx2,fma,f16c")]
 pub unsafe fn gemm_q6_k(job: &GemmJob<'_, BlockQ6K, BlockQ8K>) {
-    unsafe { gemm::<QK<BlockQ6K>>(job) }
+    unsafe { qk::gemmk::<BlockQ6K>(job) }
 }

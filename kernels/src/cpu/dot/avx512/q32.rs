@@ -120,3 +120,135 @@ impl<B: Block32> TileKernel for Q32<B> {
         unsafe { tile32(w, x) }
     }
 }
+
+thread_local! {
+    /// Decoded weights and laid-out activations of `gemm32` (per thread).
+    static PACKED: std::cell::RefCell<Vec<__m512i>> = const { std::cell::RefCell::new(Vec::new()) };
+}
+
+/// The GEMM over 32-value blocks for jobs of several tokens. `tile32` decodes
+/// a row's weights again for every 4 tokens and lays out a token's
+/// activations again for every 4 rows; here each 4-row group's weights are
+/// decoded once for all the job's tokens and each token's activations once
+/// for all its rows, then the tiles load them. Every element goes through
+/// exactly the operations of `tile32` (same integer sums, same float steps,
+/// same order), so results are bit for bit those of the single dot product.
+#[inline(always)]
+pub(super) unsafe fn gemm32<B: Block32>(job: &GemmJob<'_, B, BlockQ8A>) {
+    let (toks, n) = (job.toks.len(), job.wpr);
+    if toks < 4 || job.rows.len() < 4 || n < 2 {
+        return unsafe { gemm::<Q32<B>>(job) };
+    }
+    let pairs = n / 2;
+    // Per token and pair: activations, their offset correction, their scales;
+    // then per row of a group and pair: weights and weight scales.
+    let (act_len, w_len) = (toks * pairs * 3, 4 * pairs * 2);
+    // Taken out of the thread-local for the duration: code in a closure would
+    // not inherit the caller's target features, and the intrinsics would
+    // become calls.
+    let mut buf = PACKED.with(|cell| std::mem::take(&mut *cell.borrow_mut()));
+    if buf.len() < act_len + w_len {
+        buf.resize(act_len + w_len, unsafe { _mm512_setzero_si512() });
+    }
+    {
+        let (act, wts) = buf.split_at_mut(act_len);
+        unsafe {
+            for t in 0..toks {
+                let x = job.x.get_unchecked((job.toks.start + t) * job.apr..);
+                for p in 0..pairs {
+                    let (a0, a1) = (x.get_unchecked(2 * p), x.get_unchecked(2 * p + 1));
+                    let at = act.as_mut_ptr().add((t * pairs + p) * 3);
+                    *at = join(load256(a0.qs.as_ptr().cast()), load256(a1.qs.as_ptr().cast()));
+                    #[rustfmt::skip]
+                    let init = _mm512_setr_epi32(
+                        -B::OFFSET * a0.sum, 0, 0, 0, 0, 0, 0, 0,
+                        -B::OFFSET * a1.sum, 0, 0, 0, 0, 0, 0, 0,
+                    );
+                    *at.add(1) = init;
+                    *at.add(2) = _mm512_castps_si512(pair(a0.d, a1.d));
+                }
+            }
+            let mut r = job.rows.start;
+            while r + 4 <= job.rows.end {
+                for i in 0..4 {
+                    let w = job.w.get_unchecked((r + i) * n..);
+                    for p in 0..pairs {
+                        let (b0, b1) = (w.get_unchecked(2 * p), w.get_unchecked(2 * p + 1));
+                        let wt = wts.as_mut_ptr().add((i * pairs + p) * 2);
+                        *wt = join(b0.weights(), b1.weights());
+                        *wt.add(1) = _mm512_castps_si512(pair(f16_to_f32(b0.d()), f16_to_f32(b1.d())));
+                    }
+                }
+                let mut t = 0;
+                while t < toks {
+                    let tt = (toks - t).min(4);
+                    match tt {
+                        4 => packed_tile::<B, 4>(job, act, wts, pairs, r, t),
+                        3 => packed_tile::<B, 3>(job, act, wts, pairs, r, t),
+                        2 => packed_tile::<B, 2>(job, act, wts, pairs, r, t),
+                        _ => packed_tile::<B, 1>(job, act, wts, pairs, r, t),
+                    }
+                    t += tt;
+                }
+                r += 4;
+            }
+            // The last rows (fewer than 4) through the plain tiles.
+            if r < job.rows.end {
+                let rest = GemmJob { rows: r..job.rows.end, toks: job.toks.clone(), ..*job };
+                gemm::<Q32<B>>(&rest);
+            }
+        }
+    }
+    PACKED.with(|cell| *cell.borrow_mut() = buf);
+}
+
+/// Rows `r..r + 4` × job tokens `t..t + C` from the packed buffers.
+#[inline(always)]
+#[allow(clippy::needless_range_loop)] // `i` and `c` index several arrays in step
+unsafe fn packed_tile<B: Block32, const C: usize>(
+    job: &GemmJob<'_, B, BlockQ8A>,
+    act: &[__m512i],
+    wts: &[__m512i],
+    pairs: usize,
+    r: usize,
+    t: usize,
+) {
+    const R: usize = 4;
+    let n = job.wpr;
+    let mut acc = [[_mm512_setzero_ps(); C]; R];
+    unsafe {
+        for p in 0..pairs {
+            let mut wv = [_mm512_setzero_si512(); R];
+            let mut sw = [_mm512_setzero_ps(); R];
+            for i in 0..R {
+                let wt = wts.as_ptr().add((i * pairs + p) * 2);
+                wv[i] = *wt;
+                sw[i] = _mm512_castsi512_ps(*wt.add(1));
+            }
+            for c in 0..C {
+                let at = act.as_ptr().add(((t + c) * pairs + p) * 3);
+                let (xv, init, sx) = (*at, *at.add(1), _mm512_castsi512_ps(*at.add(2)));
+                for i in 0..R {
+                    let d = _mm512_dpbusd_epi32(init, wv[i], xv);
+                    acc[i][c] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(d), _mm512_mul_ps(sw[i], sx), acc[i][c]);
+                }
+            }
+        }
+        for i in 0..R {
+            let w = job.w.get_unchecked((r + i) * n..(r + i + 1) * n);
+            for c in 0..C {
+                let tok = job.toks.start + t + c;
+                let mut v = _mm512_reduce_add_ps(acc[i][c]);
+                if n % 2 == 1 {
+                    // The odd last block, as `tile32` does it.
+                    let (b, a) = (w.get_unchecked(n - 1), job.x.get_unchecked(tok * job.apr + n - 1));
+                    let init = _mm256_setr_epi32(-B::OFFSET * a.sum, 0, 0, 0, 0, 0, 0, 0);
+                    let d = _mm256_dpbusd_epi32(init, b.weights(), load256(a.qs.as_ptr().cast()));
+                    let s = _mm256_set1_ps(f16_to_f32(b.d()) * a.d);
+                    v += hsum256(_mm256_mul_ps(_mm256_cvtepi32_ps(d), s));
+                }
+                *job.out.add(tok * job.ldo + r + i) = v;
+            }
+        }
+    }
+}

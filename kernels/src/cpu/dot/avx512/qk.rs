@@ -8,6 +8,7 @@
 use super::*;
 
 /// One block's weights, ready for the tile.
+#[derive(Clone, Copy)]
 pub(super) struct Prep {
     /// Chunk `j`: the 64 unsigned values at positions `64j..64j + 64`.
     wv: [__m512i; 4],
@@ -186,14 +187,29 @@ pub(super) unsafe fn tilek<B: KBlock, const R: usize, const C: usize>(
     w: [&[B]; R],
     x: [&[BlockQ8K]; C],
 ) -> [[f32; C]; R] {
+    tilek_core::<B, R, C, false>(w, &[], x)
+}
+
+/// The tile, with the blocks' `Prep`s made here or (`PACKED`) read from
+/// `preps` (row `r`, block `s` at `r * n + s`): the same operations after.
+#[inline(always)]
+unsafe fn tilek_core<B: KBlock, const R: usize, const C: usize, const PACKED: bool>(
+    w: [&[B]; R],
+    preps: &[Prep],
+    x: [&[BlockQ8K]; C],
+) -> [[f32; C]; R] {
     let n = w[0].len();
     let mut acc = [[_mm512_setzero_ps(); C]; R];
     for s in 0..n {
         for r in 0..R {
-            if R > 1 {
-                _mm_prefetch::<_MM_HINT_T0>(w[r].as_ptr().wrapping_add(s + 2).cast());
-            }
-            let p = w[r].get_unchecked(s).prep();
+            let p = if PACKED {
+                *preps.get_unchecked(r * n + s)
+            } else {
+                if R > 1 {
+                    _mm_prefetch::<_MM_HINT_T0>(w[r].as_ptr().wrapping_add(s + 2).cast());
+                }
+                w[r].get_unchecked(s).prep()
+            };
             for c in 0..C {
                 let a = x[c].get_unchecked(s);
                 let mut lanes = _mm512_setzero_si512();
@@ -233,4 +249,64 @@ impl<B: KBlock> TileKernel for QK<B> {
     unsafe fn tile<const R: usize, const C: usize>(w: [&[B]; R], x: [&[BlockQ8K]; C]) -> [[f32; C]; R] {
         unsafe { tilek(w, x) }
     }
+}
+
+thread_local! {
+    /// The prepared blocks of `gemmk`'s current row group (per thread).
+    static PREPS: std::cell::RefCell<Vec<Prep>> = const { std::cell::RefCell::new(Vec::new()) };
+}
+
+/// The GEMM over K-format blocks for jobs of several tokens: each 4-row
+/// group's blocks are prepared (unpacked weights and scales) once for all the
+/// job's tokens instead of once per 4 tokens. Every element goes through the
+/// operations of `tilek`, so results are bit for bit the single dot product's.
+#[inline(always)]
+pub(super) unsafe fn gemmk<B: KBlock>(job: &GemmJob<'_, B, BlockQ8K>) {
+    let (toks, n) = (job.toks.len(), job.wpr);
+    if toks < 4 || job.rows.len() < 4 || n == 0 {
+        return unsafe { gemm::<QK<B>>(job) };
+    }
+    // Out of the thread-local while in use (see `q32::gemm32`).
+    let mut preps = PREPS.with(|cell| std::mem::take(&mut *cell.borrow_mut()));
+    preps.clear();
+    unsafe {
+        let xrow = |t: usize| job.x.get_unchecked(t * job.apr..(t + 1) * job.apr);
+        let mut r = job.rows.start;
+        while r + 4 <= job.rows.end {
+            let w: [&[B]; 4] = std::array::from_fn(|i| job.w.get_unchecked((r + i) * n..(r + i + 1) * n));
+            preps.clear();
+            for row in &w {
+                for b in row.iter() {
+                    preps.push(b.prep());
+                }
+            }
+            let mut t = job.toks.start;
+            while t < job.toks.end {
+                let tt = (job.toks.end - t).min(4);
+                macro_rules! tile {
+                    ($c:literal) => {{
+                        let out = tilek_core::<B, 4, $c, true>(w, &preps, std::array::from_fn(|j| xrow(t + j)));
+                        for (i, row) in out.iter().enumerate() {
+                            for (j, v) in row.iter().enumerate() {
+                                *job.out.add((t + j) * job.ldo + r + i) = *v;
+                            }
+                        }
+                    }};
+                }
+                match tt {
+                    4 => tile!(4),
+                    3 => tile!(3),
+                    2 => tile!(2),
+                    _ => tile!(1),
+                }
+                t += tt;
+            }
+            r += 4;
+        }
+        if r < job.rows.end {
+            let rest = GemmJob { rows: r..job.rows.end, toks: job.toks.clone(), ..*job };
+            gemm::<QK<B>>(&rest);
+        }
+    }
+    PREPS.with(|cell| *cell.borrow_mut() = preps);
 }
