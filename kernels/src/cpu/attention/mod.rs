@@ -107,6 +107,15 @@ thread_local! {
 /// the first attention call does not allocate).
 pub(crate) fn warm_thread() {
     SCORES.with(|cell| cell.borrow_mut().resize(1 << 16, 0.0));
+    // A tile kernel's buffers for head sizes up to 128 and tiles of up to
+    // 128 queries (see `tile_rows`): whatever thread picks up its first tile
+    // during decode, it does not allocate.
+    let (hd, m) = (128, 128);
+    TILE.with(|cell| {
+        let mut sc = cell.borrow_mut();
+        sc.f.resize(hd * m + KEY_BLOCK * m + 2 * KEY_BLOCK * hd + m * hd + 3 * m, 0.0);
+        sc.i.resize(m, 0);
+    });
 }
 
 #[derive(Clone, Copy)]
@@ -138,13 +147,22 @@ pub fn attention(
     let rows = seqs.last().map_or(0, |q| q.rows.end);
     let ptr = OutPtr(out.as_mut_ptr());
     if let Some(tile) = kernels.tile {
-        // (sequence, first row) of every tile; each runs once per KV head.
+        // Tiles of `per` rows within each sequence, each run once per KV head,
+        // found by walking the sequences (no allocation: decode steps make none).
         let per = tile_rows(rep);
-        let tiles: Vec<(usize, usize)> =
-            seqs.iter().enumerate().flat_map(|(i, seq)| seq.rows.clone().step_by(per).map(move |r| (i, r))).collect();
+        let tile_of = |mut n: usize| {
+            for seq in seqs {
+                let count = seq.rows.len().div_ceil(per);
+                if n < count {
+                    return (seq, seq.rows.start + n * per);
+                }
+                n -= count;
+            }
+            unreachable!("tile index past the last sequence")
+        };
+        let n_tiles: usize = seqs.iter().map(|q| q.rows.len().div_ceil(per)).sum();
         let task = |idx: usize| {
-            let ((si, row0), g) = (tiles[idx / nkv], idx % nkv);
-            let seq = &seqs[si];
+            let ((seq, row0), g) = (tile_of(idx / nkv), idx % nkv);
             let rows = per.min(seq.rows.end - row0);
             let pos0 = seq.first_pos + (row0 - seq.rows.start);
             let t = Tile {
@@ -167,7 +185,7 @@ pub fn attention(
             // came from `Kernels`, which checked the CPU.
             TILE.with(|cell| unsafe { tile(&t, &mut cell.borrow_mut(), ptr.get().add(row0 * q_cols)) });
         };
-        let tasks = tiles.len() * nkv;
+        let tasks = n_tiles * nkv;
         if tasks > 1 {
             (0..tasks).into_par_iter().for_each(task);
         } else {
