@@ -6,7 +6,7 @@
 #   scripts/bench-cpu.sh [THREADS=2] [REPS=5] [BATCH=1,4,16]   (environment variables)
 #
 # Needs llama-bench: $LLAMA_BIN, else ~/.cache/cachet-peer/llama.cpp/build/bin,
-# else it is built with ../shared/peer/build-llama-server.sh when that exists.
+# else it is built from the llama.cpp checkout at $LLAMA_SRC (scripts/llama-peer.sh).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 THREADS=${THREADS:-2}
@@ -17,11 +17,7 @@ GEN=${GEN:-128}
 OUT=${OUT:-target/bench-cpu}
 mkdir -p "$OUT"
 
-BIN=${LLAMA_BIN:-$HOME/.cache/cachet-peer/llama.cpp/build/bin}
-if [ ! -x "$BIN/llama-bench" ]; then
-  [ -x ../shared/peer/build-llama-server.sh ] || { echo "llama-bench not found; set LLAMA_BIN" >&2; exit 1; }
-  BIN=$(../shared/peer/build-llama-server.sh | tail -n 1)
-fi
+BIN=$(scripts/llama-peer.sh)
 cargo build -q --release -p cachet-api
 CACHET=target/release/cachet
 MODEL=$($CACHET models pull 2>/dev/null | tail -n 1)

@@ -11,7 +11,7 @@
 #
 # Writes $OUT/side-by-side/ and $OUT/experiment/ (results.json, results.md, ttft.svg,
 # configs.svg) and $OUT/summary.md. Needs llama-server: $LLAMA_BIN, else
-# ~/.cache/cachet-peer/llama.cpp/build/bin, else ../shared/peer/build-llama-server.sh builds it.
+# ~/.cache/cachet-peer/llama.cpp/build/bin, else built from $LLAMA_SRC (scripts/llama-peer.sh).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 THREADS=${THREADS:-2}
@@ -28,11 +28,7 @@ LLAMA_PORT=${LLAMA_PORT:-18081}
 mkdir -p "$OUT"
 OUT=$(cd "$OUT" && pwd)
 
-BIN=${LLAMA_BIN:-$HOME/.cache/cachet-peer/llama.cpp/build/bin}
-if [ ! -x "$BIN/llama-server" ]; then
-  [ -x ../shared/peer/build-llama-server.sh ] || { echo "llama-server not found; set LLAMA_BIN" >&2; exit 1; }
-  BIN=$(../shared/peer/build-llama-server.sh | tail -n 1)
-fi
+BIN=$(scripts/llama-peer.sh)
 cargo build -q --release -p cachet-api -p cachet-bench
 CACHET=$PWD/target/release/cachet
 BENCH=$PWD/target/release/cachet-bench

@@ -268,7 +268,6 @@ pub(super) unsafe fn gemmk<B: KBlock>(job: &GemmJob<'_, B, BlockQ8K>) {
     }
     // Out of the thread-local while in use (see `q32::gemm32`).
     let mut preps = PREPS.with(|cell| std::mem::take(&mut *cell.borrow_mut()));
-    preps.clear();
     unsafe {
         let xrow = |t: usize| job.x.get_unchecked(t * job.apr..(t + 1) * job.apr);
         let mut r = job.rows.start;
