@@ -100,9 +100,23 @@ run_qwen() {
   # Its request timeout (2 minutes by default) is raised: on a 2-core CPU the first prompt
   # (~17,600 tokens of system prompt and tools) takes minutes to compute.
   echo '{"model": {"generationConfig": {"timeout": 1800000}}}' > "$home/.qwen/settings.json"
+  # Its default system prompt is ~40,000 characters (with the tools, ~17,600 tokens): the 0.5B
+  # default model never calls a tool under it (docs/agents.md), so the check gives it a short one
+  # through Qwen Code's own setting for that (QWEN_SYSTEM_MD: a file that replaces its base prompt).
+  cat > "$home/.qwen/system.md" <<'EOF'
+You are Qwen Code, a coding agent working in the user's git repository. To look at a file, call
+the read_file tool with its absolute path (the working directory is given in the first message);
+to run a command, call run_shell_command. Call a tool first when the answer depends on a file,
+then answer briefly from what the tool returned.
+EOF
   # Qwen Code's OpenAI-compatible provider: OPENAI_BASE_URL, OPENAI_API_KEY, OPENAI_MODEL.
+  # For any model named qwen*-coder it teaches Qwen3-Coder's XML call format in its system prompt;
+  # Qwen2.5-Coder models call tools in JSON inside <tool_call> (what their chat template, which
+  # cachet renders, shows them), which is its "qwen-vl" style.
   (cd "$1" && HOME=$home OPENAI_BASE_URL="$CLIENT_BASE/v1" OPENAI_API_KEY="$TOKEN" OPENAI_MODEL="$MODEL" \
-    timeout "$TIMEOUT" "$TOOLS/node_modules/.bin/qwen" --auth-type openai --approval-mode yolo -p "$TASK")
+    QWEN_CODE_TOOL_CALL_STYLE=qwen-vl QWEN_SYSTEM_MD="$home/.qwen/system.md" \
+    timeout "$TIMEOUT" "$TOOLS/node_modules/.bin/qwen" --auth-type openai --approval-mode yolo --bare \
+    -p "Use the read_file tool to read notes.txt, then tell me the secret number in it.")
 }
 
 run_codex() {
@@ -203,7 +217,7 @@ attempt() {
     # Record what the client sends (scripts/record_proxy.py) on its way to cachet.
     local pport
     pport=$(python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
-    python3 "$ROOT/scripts/record_proxy.py" "$pport" "$BASE" "$AGENTS_RECORD" "$client" 2>> "$DATA/proxy.log" &
+    python3 "$ROOT/scripts/record_proxy.py" "$pport" "$BASE" "$AGENTS_RECORD" "$client" "$client/${DATA##*.}/$2" 2>> "$DATA/proxy.log" &
     proxy=$!
     wait_http "http://127.0.0.1:$pport/healthz" "the recording proxy" "$proxy" "$LOG"
     CLIENT_BASE=http://127.0.0.1:$pport
@@ -222,6 +236,7 @@ attempt() {
   ERRORS=$(printf '%s' "$access" | grep -E '" [45][0-9][0-9] ' || true)
   SOLVED=no
   if grep -q 4217 "$DATA/$client.out"; then SOLVED=yes; fi
+  if [ "$client" = continue ]; then SOLVED="—"; fi # a replay of autocomplete requests: no task
 }
 
 # Whether the 0.5B model calls a tool is a draw (the clients sample at their own

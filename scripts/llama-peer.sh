@@ -14,7 +14,13 @@ if [ -z "${LLAMA_SRC:-}" ] || [ ! -f "$LLAMA_SRC/CMakeLists.txt" ]; then
   exit 1
 fi
 BUILD=$HOME/.cache/cachet-peer/llama.cpp/build
-cmake -S "$LLAMA_SRC" -B "$BUILD" -DCMAKE_BUILD_TYPE=Release -DGGML_CUDA=OFF \
-  -DGGML_AMX_TILE=OFF -DGGML_AMX_INT8=OFF -DGGML_AMX_BF16=OFF -DLLAMA_CURL=OFF >&2
+# Not -march=native: where the CPU lists AMX (which faults on these virtual machines) native
+# builds use it whatever GGML_AMX_* say. Every SIMD level this CPU has, AMX excepted.
+has() { grep -m1 '^flags' /proc/cpuinfo | grep -qw "$1" && echo ON || echo OFF; }
+cmake -S "$LLAMA_SRC" -B "$BUILD" -DCMAKE_BUILD_TYPE=Release -DGGML_CUDA=OFF -DLLAMA_CURL=OFF \
+  -DGGML_NATIVE=OFF -DGGML_AMX_TILE=OFF -DGGML_AMX_INT8=OFF -DGGML_AMX_BF16=OFF \
+  -DGGML_AVX="$(has avx)" -DGGML_AVX2="$(has avx2)" -DGGML_FMA="$(has fma)" -DGGML_F16C="$(has f16c)" \
+  -DGGML_AVX_VNNI="$(has avx_vnni)" -DGGML_AVX512="$(has avx512f)" -DGGML_AVX512_VBMI="$(has avx512vbmi)" \
+  -DGGML_AVX512_VNNI="$(has avx512_vnni)" -DGGML_AVX512_BF16="$(has avx512_bf16)" >&2
 cmake --build "$BUILD" -j "$(nproc)" --target llama-server llama-bench >&2
 echo "$BUILD/bin"

@@ -1,11 +1,11 @@
 """A recording proxy for agent traffic: forwards every request to cachet
 unchanged (streamed answers stream through) and appends each request to a JSON
 Lines trace: when it was sent (seconds since the proxy started), by which
-client, the path, and the body. Used by `scripts/agents-check.sh` with
+client and in which of its runs (the session), the path, and the body. Used by `scripts/agents-check.sh` with
 AGENTS_RECORD=FILE to record what real agent clients send (system prompts,
 tool lists, turn structure) for the benchmark's agent-trace workload.
 
-    python scripts/record_proxy.py LISTEN_PORT UPSTREAM_BASE TRACE.jsonl CLIENT
+    python scripts/record_proxy.py LISTEN_PORT UPSTREAM_BASE TRACE.jsonl CLIENT [SESSION]
 """
 import http.client
 import http.server
@@ -16,6 +16,7 @@ import time
 import urllib.parse
 
 port, upstream, trace, client = int(sys.argv[1]), sys.argv[2], sys.argv[3], sys.argv[4]
+session = sys.argv[5] if len(sys.argv) > 5 else client
 target = urllib.parse.urlsplit(upstream)
 started = time.monotonic()
 lock = threading.Lock()
@@ -37,7 +38,7 @@ class Proxy(http.server.BaseHTTPRequestHandler):
                 parsed = None
             with lock, open(trace, "a") as f:
                 f.write(json.dumps({"t": round(time.monotonic() - started, 3), "client": client,
-                                    "path": self.path, "body": parsed}) + "\n")
+                                    "session": session, "path": self.path, "body": parsed}) + "\n")
         conn = http.client.HTTPConnection(target.hostname, target.port, timeout=3600)
         headers = {k: v for k, v in self.headers.items() if k.lower() not in HOP}
         conn.request(method, self.path, body=body or None, headers=headers)

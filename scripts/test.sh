@@ -39,8 +39,8 @@ REQUIRE_MODEL=1 REQUIRE_CHROMIUM=1 REQUIRE_NVRTC=1 cargo test --workspace
 echo "== the openai Python package against cachet serve (real model)"
 ./scripts/openai-check.sh
 
-echo "== a real agent client against cachet serve (real model): Codex CLI (scripts/agents-check.sh)"
-./scripts/agents-check.sh codex
+echo "== real agent clients against cachet serve (real model): Qwen Code and Codex CLI (scripts/agents-check.sh)"
+./scripts/agents-check.sh
 
 echo "== cargo clippy"
 cargo clippy --workspace --all-targets -- -D warnings

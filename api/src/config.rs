@@ -119,6 +119,51 @@ pub struct ModelSettings {
     /// The operator's system prompt, placed before every conversation and
     /// cached once for all tenants; empty: none.
     pub public_system_prompt: String,
+    /// Sampling for the fields a request leaves out (`[model.sampling]`).
+    pub sampling: SamplingDefaults,
+}
+
+/// The sampling a request gets for each field it does not set (its own values always win).
+///
+/// OpenAI's API defaults to temperature 1 with no truncation, which makes small models ramble
+/// and miss their tool-call format; like vLLM (which takes a model's `generation_config.json`),
+/// cachet defaults to what Qwen recommends for its instruct and coder models: temperature 0.7,
+/// top-p 0.8, top-k 20, repetition penalty 1.05 (no min-p).
+#[derive(Clone, Debug, Deserialize, PartialEq)]
+#[serde(default, deny_unknown_fields)]
+pub struct SamplingDefaults {
+    pub temperature: f32,
+    pub top_p: f32,
+    /// 0: no top-k.
+    pub top_k: u32,
+    pub min_p: f32,
+    pub repetition_penalty: f32,
+}
+
+impl Default for SamplingDefaults {
+    fn default() -> Self {
+        SamplingDefaults { temperature: 0.7, top_p: 0.8, top_k: 20, min_p: 0.0, repetition_penalty: 1.05 }
+    }
+}
+
+impl SamplingDefaults {
+    /// Checks the ranges a request's own values must be in; the error names the key.
+    pub fn check(&self) -> Result<(), String> {
+        let bad = |key: &str, range: &str| Err(format!("configuration: model.sampling.{key} must be {range}"));
+        if !(self.temperature.is_finite() && (0.0..=2.0).contains(&self.temperature)) {
+            return bad("temperature", "in [0, 2]");
+        }
+        if !(self.top_p.is_finite() && self.top_p > 0.0 && self.top_p <= 1.0) {
+            return bad("top_p", "in (0, 1]");
+        }
+        if !(self.min_p.is_finite() && (0.0..=1.0).contains(&self.min_p)) {
+            return bad("min_p", "in [0, 1]");
+        }
+        if !(self.repetition_penalty.is_finite() && self.repetition_penalty > 0.0) {
+            return bad("repetition_penalty", "positive");
+        }
+        Ok(())
+    }
 }
 
 #[derive(Clone, Debug, Deserialize)]
@@ -254,6 +299,7 @@ impl Settings {
             s.model.device = d.clone();
         }
         s.server.data_dir = expand_home(&s.server.data_dir);
+        s.model.sampling.check()?;
         Ok(s)
     }
 
@@ -325,5 +371,30 @@ fn expand_home(p: &Path) -> PathBuf {
     match (p.strip_prefix("~"), std::env::var_os("HOME")) {
         (Ok(rest), Some(home)) => PathBuf::from(home).join(rest),
         _ => p.to_path_buf(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn load(toml: &str) -> Result<Settings, String> {
+        let dir = tempfile::tempdir().expect("a temp dir");
+        let file = dir.path().join("cachet.toml");
+        std::fs::write(&file, toml).expect("written");
+        Settings::load(&Overrides { config: Some(file), data_dir: Some(dir.path().into()), ..Overrides::default() })
+    }
+
+    #[test]
+    fn sampling_defaults_load_and_are_checked() {
+        let s = load("[model.sampling]\ntop_k = 0\n").expect("valid");
+        assert_eq!(s.model.sampling, SamplingDefaults { top_k: 0, ..SamplingDefaults::default() });
+        assert_eq!(load("").expect("valid").model.sampling.temperature, 0.7);
+        let e = load("[model.sampling]\ntemperature = 5.0\n").unwrap_err();
+        assert!(e.contains("model.sampling.temperature"), "{e}");
+        let e = load("[model.sampling]\ntop_p = 0.0\n").unwrap_err();
+        assert!(e.contains("model.sampling.top_p"), "{e}");
+        let e = load("[model.sampling]\ntemprature = 0.5\n").unwrap_err();
+        assert!(e.contains("temprature"), "{e}");
     }
 }

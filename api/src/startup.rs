@@ -367,5 +367,11 @@ fn load(settings: &Settings) -> anyhow::Result<Served> {
             Some((prompt.to_string(), ids))
         }
     };
-    Ok(Served { engine, id, public, created: chrono::Utc::now().timestamp() })
+    Ok(Served {
+        engine,
+        id,
+        public,
+        created: chrono::Utc::now().timestamp(),
+        sampling: settings.model.sampling.clone(),
+    })
 }

@@ -23,6 +23,8 @@ pub struct Served {
     pub public: Option<(String, Vec<u32>)>,
     /// Unix time the model was loaded (for `/v1/models`).
     pub created: i64,
+    /// Sampling for the fields a request leaves out.
+    pub sampling: crate::config::SamplingDefaults,
 }
 
 /// Shared application state.

@@ -7,12 +7,13 @@ use crate::record::Slo;
 use crate::report::ResultsFile;
 use crate::run::{http_client, run_workload, warmup, RunOptions};
 use crate::workload::source::SourceCorpus;
+use crate::workload::trace::Trace;
 use crate::workload::{Scenario, ScenarioSpec, Workload};
 use clap::{Args, Parser, Subcommand};
 use std::path::PathBuf;
 use std::time::Duration;
 
-/// Load generator for OpenAI-compatible servers: six coding-agent workloads,
+/// Load generator for OpenAI-compatible servers: seven coding-agent workloads,
 /// TTFT / ITL / e2e percentiles, throughput, SLO attainment and goodput.
 #[derive(Debug, Parser)]
 #[command(name = "cachet-bench", version)]
@@ -47,7 +48,8 @@ pub struct RunArgs {
     /// Bearer token of one target. Repeatable.
     #[arg(long = "target-api-key", value_name = "NAME=KEY")]
     pub target_api_keys: Vec<String>,
-    /// Comma-separated scenarios, or `all`: repeated-context, unrelated, long-input, long-output, peak, agent.
+    /// Comma-separated scenarios, or `all`: repeated-context, unrelated, long-input, long-output, peak, agent,
+    /// agent-trace.
     #[arg(long, default_value = "all")]
     pub scenario: String,
     /// Seed of prompts and arrival schedules.
@@ -84,6 +86,10 @@ pub struct RunArgs {
     /// The git repository prompts are cut from (default: the one containing the current directory).
     #[arg(long, default_value = ".")]
     pub source_repo: PathBuf,
+    /// The agent trace `agent-trace` replays (JSON Lines, as scripts/agents-check.sh records with
+    /// AGENTS_RECORD); default: the trace committed with the benchmark.
+    #[arg(long, value_name = "FILE")]
+    pub trace: Option<PathBuf>,
     /// Output directory.
     #[arg(long)]
     pub out: PathBuf,
@@ -214,7 +220,13 @@ async fn run(args: RunArgs) -> Result<(), BenchError> {
         eprintln!("prompts from {} ({} files at HEAD)", corpus.root().display(), corpus.files().len());
         let mut w = Vec::new();
         for &s in &scenarios {
-            w.push(Workload::build(&args.spec(s)?, &corpus, args.seed)?);
+            w.push(match (&args.trace, s) {
+                (Some(path), Scenario::AgentTrace) => {
+                    let text = std::fs::read_to_string(path).map_err(|e| BenchError::io("reading", path, e))?;
+                    Workload::from_trace(&args.spec(s)?, &Trace::parse(&text)?, args.seed)?
+                }
+                _ => Workload::build(&args.spec(s)?, &corpus, args.seed)?,
+            });
         }
         w
     };

@@ -36,8 +36,28 @@ impl fmt::Debug for Target {
 impl Target {
     /// The chat completions endpoint.
     pub fn chat_url(&self) -> String {
-        format!("{}/v1/chat/completions", self.base_url.trim_end_matches('/'))
+        self.url(CHAT_PATH)
     }
+
+    /// The URL of `path` (`/v1/...`) on this target.
+    pub fn url(&self, path: &str) -> String {
+        format!("{}{path}", self.base_url.trim_end_matches('/'))
+    }
+}
+
+/// The chat completions path.
+pub const CHAT_PATH: &str = "/v1/chat/completions";
+
+/// One HTTP request of a workload: where it goes and its JSON body. The body's `model` is
+/// set to the target's when it is sent; the body must ask for a stream.
+#[derive(Clone, Debug, PartialEq)]
+pub struct HttpRequest {
+    /// The path (`/v1/chat/completions`, `/v1/completions`, `/v1/responses`).
+    pub path: String,
+    /// The JSON body (its `model` is replaced).
+    pub body: serde_json::Value,
+    /// The client's estimate of the prompt's size in tokens.
+    pub approx_prompt_tokens: u64,
 }
 
 /// One chat message.
@@ -88,6 +108,15 @@ impl ChatRequest {
     pub fn approx_prompt_tokens(&self) -> u64 {
         self.messages.iter().map(|m| crate::workload::approx_tokens(&m.content) as u64).sum()
     }
+
+    /// The HTTP request to `/v1/chat/completions`.
+    pub fn http(&self) -> HttpRequest {
+        HttpRequest {
+            path: CHAT_PATH.to_string(),
+            body: self.body(""),
+            approx_prompt_tokens: self.approx_prompt_tokens(),
+        }
+    }
 }
 
 /// The outcome of one request: its record and the generated text (for the
@@ -117,7 +146,7 @@ pub(crate) fn ms_since(origin: Instant, t: Instant) -> f64 {
 pub async fn send(
     client: &reqwest::Client,
     target: &Target,
-    req: &ChatRequest,
+    req: &HttpRequest,
     origin: Instant,
     scheduled: Instant,
     timeout: Duration,
@@ -125,7 +154,7 @@ pub async fn send(
 ) -> Outcome {
     let sent = Instant::now();
     let deadline = sent + timeout;
-    let mut record = RequestRecord::new(0, 0, ms_since(origin, scheduled), req.approx_prompt_tokens());
+    let mut record = RequestRecord::new(0, 0, ms_since(origin, scheduled), req.approx_prompt_tokens);
     record.sent_ms = Some(ms_since(origin, sent));
     let (acc, error) = loop {
         let left = deadline.saturating_duration_since(Instant::now());
@@ -172,12 +201,14 @@ pub fn retry_after(status: u16, header: Option<&str>) -> Option<Duration> {
 async fn stream(
     client: &reqwest::Client,
     target: &Target,
-    req: &ChatRequest,
+    req: &HttpRequest,
     scheduled: Instant,
     record: &mut RequestRecord,
 ) -> (StreamAccumulator, Option<String>, Option<Duration>) {
     let mut acc = StreamAccumulator::default();
-    let mut http = client.post(target.chat_url()).json(&req.body(&target.model));
+    let mut body = req.body.clone();
+    body["model"] = json!(target.model);
+    let mut http = client.post(target.url(&req.path)).json(&body);
     if let Some(key) = &target.api_key {
         http = http.bearer_auth(key);
     }
@@ -324,7 +355,7 @@ mod tests {
 
     #[tokio::test]
     async fn a_refused_request_is_retried_and_timed_from_its_first_schedule() {
-        let req = ChatRequest { messages: vec![Message::new("user", "hi")], max_tokens: 1, ignore_eos: false };
+        let req = ChatRequest { messages: vec![Message::new("user", "hi")], max_tokens: 1, ignore_eos: false }.http();
         let client = reqwest::Client::new();
         let origin = Instant::now();
         let t = |base_url: String| Target { name: "s".into(), base_url, model: "m".into(), api_key: None };

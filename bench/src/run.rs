@@ -127,7 +127,8 @@ pub async fn run_scenario(
 /// # Errors
 /// [`BenchError::Warmup`] when it does not complete.
 pub async fn warmup(client: &reqwest::Client, target: &Target, timeout: Duration) -> Result<(), BenchError> {
-    let req = ChatRequest { messages: vec![Message::new("user", "Say hello.")], max_tokens: 4, ignore_eos: true };
+    let req =
+        ChatRequest { messages: vec![Message::new("user", "Say hello.")], max_tokens: 4, ignore_eos: true }.http();
     let now = Instant::now();
     let out = send(client, target, &req, now, now, timeout, 3).await;
     match out.record.error {
@@ -219,18 +220,26 @@ impl Runner<'_> {
     /// fails the rest are recorded as not sent.
     async fn conversation(&self, i: usize, first: Option<Instant>) -> Vec<RequestRecord> {
         let conv = &self.workload.conversations[i];
+        let turns = conv.turns.len() + conv.replay.len();
         let mut messages = conv.preamble.clone();
-        let mut out = Vec::with_capacity(conv.turns.len());
-        for (k, user) in conv.turns.iter().enumerate() {
-            messages.push(Message::new("user", user.clone()));
+        let mut out = Vec::with_capacity(turns);
+        for k in 0..turns {
+            // A recorded request goes as it was recorded; a chat turn follows the answers so far.
+            let req = match conv.replay.get(k) {
+                Some(r) => r.clone(),
+                None => {
+                    messages.push(Message::new("user", conv.turns[k - conv.replay.len()].clone()));
+                    ChatRequest {
+                        messages: messages.clone(),
+                        max_tokens: self.workload.spec.max_tokens,
+                        ignore_eos: self.workload.spec.ignore_eos,
+                    }
+                    .http()
+                }
+            };
             let scheduled = match (k, first) {
                 (0, Some(at)) => at,
                 _ => Instant::now(),
-            };
-            let req = ChatRequest {
-                messages: messages.clone(),
-                max_tokens: self.workload.spec.max_tokens,
-                ignore_eos: self.workload.spec.ignore_eos,
             };
             let permit = match &self.in_flight {
                 Some(s) => s.acquire().await.ok(),
@@ -246,7 +255,7 @@ impl Runner<'_> {
             out.push(record);
             if failed {
                 let now = ms_since(self.origin, Instant::now());
-                for skipped in k + 1..conv.turns.len() {
+                for skipped in k + 1..turns {
                     out.push(not_sent(i, skipped, now, k));
                 }
                 break;

@@ -1,12 +1,18 @@
-//! Server-sent events of OpenAI-style streaming chat completions.
+//! Server-sent events of OpenAI-style streaming chat completions,
+//! completions and Responses.
 //!
 //! [`SseDecoder`] splits the byte stream into `data:` payloads;
 //! [`parse_event`] reads one payload; [`StreamAccumulator`] folds the
 //! timestamped events of one request into what the benchmark records.
 //!
-//! What counts as a token: every chunk whose `choices[0].delta.content` is a
+//! What counts as a token: every chunk whose `choices[0].delta.content` (or
+//! `choices[0].text`, or the arguments of `choices[0].delta.tool_calls`) is a
 //! non-empty string is one *token event* (a server that packs several tokens
-//! into one chunk is seen as one event: the client cannot know). Output
+//! into one chunk is seen as one event: the client cannot know); in a
+//! Responses stream, every non-empty `response.output_text.delta` or
+//! `response.function_call_arguments.delta`, and `response.completed` (or
+//! `response.incomplete`) ends the stream as `[DONE]` does, its
+//! `response.usage` read like a chat usage. Output
 //! tokens are `usage.completion_tokens` when the server reports it, else the
 //! number of token events. Cached prompt tokens are
 //! `usage.prompt_tokens_details.cached_tokens` when present, else
@@ -111,6 +117,8 @@ pub struct Chunk {
     pub prompt_n: Option<u64>,
     /// The message of an in-stream `error` object.
     pub error: Option<String>,
+    /// A Responses stream's last event (`response.completed` or `response.incomplete`).
+    pub completes: bool,
 }
 
 /// Parses one `data` payload.
@@ -126,12 +134,20 @@ pub fn parse_event(data: &str) -> Result<SseEvent, String> {
     if !v.is_object() {
         return Err(format!("a stream chunk is not a JSON object: {data:.200}"));
     }
+    if let Some(kind) = v["type"].as_str().filter(|k| k.starts_with("response.") || *k == "error") {
+        return Ok(SseEvent::Chunk(responses_event(&v, kind)));
+    }
     let choice = &v["choices"][0];
+    let arguments: String = choice["delta"]["tool_calls"]
+        .as_array()
+        .map(|calls| calls.iter().filter_map(|c| c["function"]["arguments"].as_str()).collect())
+        .unwrap_or_default();
     let content = choice["delta"]["content"]
         .as_str()
         .or_else(|| choice["text"].as_str())
         .filter(|s| !s.is_empty())
-        .map(str::to_string);
+        .map(str::to_string)
+        .or_else(|| Some(arguments).filter(|a| !a.is_empty()));
     let usage = v.get("usage").filter(|u| u.is_object()).map(|u| UsageReport {
         prompt_tokens: u["prompt_tokens"].as_u64(),
         completion_tokens: u["completion_tokens"].as_u64(),
@@ -147,7 +163,39 @@ pub fn parse_event(data: &str) -> Result<SseEvent, String> {
         cache_n: v["timings"]["cache_n"].as_u64(),
         prompt_n: v["timings"]["prompt_n"].as_u64(),
         error,
+        completes: false,
     }))
+}
+
+/// One event of a Responses stream (`type` is `response.*` or `error`).
+fn responses_event(v: &Value, kind: &str) -> Chunk {
+    let mut chunk = Chunk::default();
+    match kind {
+        "response.output_text.delta" | "response.function_call_arguments.delta" => {
+            chunk.content = v["delta"].as_str().filter(|s| !s.is_empty()).map(str::to_string);
+        }
+        "response.completed" | "response.incomplete" => {
+            chunk.completes = true;
+            let u = &v["response"]["usage"];
+            if u.is_object() {
+                chunk.usage = Some(UsageReport {
+                    prompt_tokens: u["input_tokens"].as_u64(),
+                    completion_tokens: u["output_tokens"].as_u64(),
+                    cached_tokens: u["input_tokens_details"]["cached_tokens"].as_u64(),
+                });
+            }
+        }
+        "response.failed" => {
+            let e = &v["response"]["error"];
+            chunk.error = Some(e["message"].as_str().map_or_else(|| e.to_string(), str::to_string));
+        }
+        "error" => {
+            let m = v["message"].as_str().or_else(|| v["error"]["message"].as_str());
+            chunk.error = Some(m.map_or_else(|| v.to_string(), str::to_string));
+        }
+        _ => {}
+    }
+    chunk
 }
 
 /// The timestamped events of one request, folded.
@@ -163,7 +211,7 @@ pub struct StreamAccumulator {
     pub cache_n: Option<u64>,
     /// The last `timings.prompt_n` seen.
     pub prompt_n: Option<u64>,
-    /// Whether `[DONE]` arrived.
+    /// Whether `[DONE]` (or a Responses stream's last event) arrived.
     pub done: bool,
     /// The first in-stream error or unparseable chunk.
     pub error: Option<String>,
@@ -187,6 +235,7 @@ impl StreamAccumulator {
                 if self.error.is_none() {
                     self.error = c.error;
                 }
+                self.done |= c.completes;
             }
             Err(e) => {
                 if self.error.is_none() {
@@ -299,6 +348,46 @@ mod tests {
         let mut bad = StreamAccumulator::default();
         bad.observe("not json", 1.0);
         assert!(bad.error.is_some());
+    }
+
+    #[test]
+    fn tool_call_arguments_are_token_events() {
+        let stream = concat!(
+            "data: {\"choices\":[{\"delta\":{\"tool_calls\":[{\"index\":0,\"id\":\"call_1\",\"function\":{\"name\":\"read_file\",\"arguments\":\"\"}}]}}]}\n\n",
+            "data: {\"choices\":[{\"delta\":{\"tool_calls\":[{\"index\":0,\"function\":{\"arguments\":\"{\\\"path\\\"\"}}]}}]}\n\n",
+            "data: {\"choices\":[{\"delta\":{\"tool_calls\":[{\"index\":0,\"function\":{\"arguments\":\": 1}\"}}]}}]}\n\n",
+            "data: [DONE]\n\n",
+        );
+        let acc = fold(stream, 3);
+        assert!(acc.done);
+        assert_eq!(acc.token_times_ms.len(), 2, "the call's header with empty arguments is not a token");
+        assert_eq!(acc.text, "{\"path\": 1}");
+    }
+
+    #[test]
+    fn a_responses_stream() {
+        let stream = concat!(
+            "event: response.created\ndata: {\"type\":\"response.created\",\"response\":{\"status\":\"in_progress\"}}\n\n",
+            "event: response.output_text.delta\ndata: {\"type\":\"response.output_text.delta\",\"delta\":\"Hi\"}\n\n",
+            "event: response.function_call_arguments.delta\ndata: {\"type\":\"response.function_call_arguments.delta\",\"delta\":\"{}\"}\n\n",
+            "event: response.output_text.done\ndata: {\"type\":\"response.output_text.done\",\"text\":\"Hi\"}\n\n",
+            "event: response.completed\ndata: {\"type\":\"response.completed\",\"response\":{\"usage\":{\"input_tokens\":900,\"output_tokens\":5,\"input_tokens_details\":{\"cached_tokens\":640}}}}\n\n",
+        );
+        let acc = fold(stream, 5);
+        assert!(acc.done, "response.completed ends the stream");
+        assert_eq!(acc.error, None);
+        assert_eq!(acc.token_times_ms.len(), 2);
+        assert_eq!((acc.prompt_tokens(), acc.output_tokens(), acc.cached_tokens()), (Some(900), 5, Some(640)));
+
+        let mut failed = StreamAccumulator::default();
+        failed.observe(
+            r#"{"type":"response.failed","response":{"error":{"code":"server_error","message":"boom"}}}"#,
+            1.0,
+        );
+        assert_eq!((failed.error.as_deref(), failed.done), (Some("boom"), false));
+        let mut error = StreamAccumulator::default();
+        error.observe(r#"{"type":"error","code":"invalid_request","message":"bad input"}"#, 1.0);
+        assert_eq!(error.error.as_deref(), Some("bad input"));
     }
 
     #[test]

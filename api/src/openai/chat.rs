@@ -140,7 +140,7 @@ pub(crate) async fn job(
         .as_ref()
         .filter(|(_, ids)| tokens.starts_with(ids))
         .map(|(_, ids)| PublicPrefix { template: "chat".into(), tokens: ids.len() });
-    let params = params(sampling, tokens.len(), &served.engine)?;
+    let params = params(sampling, tokens.len(), served)?;
     let mut job = Job::new(endpoint, tokens, public, params);
     job.grammar = tools::compile(&served.engine, &plan).await?;
     job.calls = plan.calls;

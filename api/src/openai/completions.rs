@@ -58,7 +58,7 @@ pub async fn completions(
     if let Some(&bad) = tokens.iter().find(|&&t| t as usize >= served.engine.vocab_size()) {
         return Err(ApiError::bad_param("prompt", format!("token id {bad} is outside the vocabulary")));
     }
-    let params = params(&body.sampling, tokens.len(), &served.engine)?;
+    let params = params(&body.sampling, tokens.len(), served)?;
     let mut job = Job::new(Endpoint::Completions, tokens, None, params);
     let plan = tools::Plan { grammar: tools::custom_grammar(body.sampling.grammar.as_ref())?, ..Default::default() };
     job.grammar = tools::compile(&served.engine, &plan).await?;

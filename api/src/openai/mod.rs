@@ -81,11 +81,9 @@ pub(crate) fn model<'a>(state: &'a AppState, model: &str) -> Result<&'a Served, 
 const MAX_STOPS: usize = 32;
 
 /// Checks the sampling fields (OpenAI's ranges) and builds the engine's.
-pub(crate) fn params(
-    s: &Sampling,
-    prompt_tokens: usize,
-    engine: &cachet_engine::runtime::EngineHandle,
-) -> Result<GenerateParams, ApiError> {
+pub(crate) fn params(s: &Sampling, prompt_tokens: usize, served: &Served) -> Result<GenerateParams, ApiError> {
+    let engine = &served.engine;
+    let defaults = &served.sampling;
     let max_context = engine.max_context();
     if s.n.is_some_and(|n| n != 1) {
         return Err(ApiError::bad_param("n", "only n = 1 is supported"));
@@ -132,11 +130,11 @@ pub(crate) fn params(
         return Err(ApiError::bad_param("max_tokens", "max_tokens must be at least 1"));
     }
     let sampling = SamplingParams {
-        temperature: s.temperature.unwrap_or(1.0),
-        top_k: s.top_k.unwrap_or(0) as usize,
-        top_p: s.top_p.unwrap_or(1.0),
-        min_p: s.min_p.unwrap_or(0.0),
-        repetition_penalty: s.repetition_penalty.unwrap_or(1.0),
+        temperature: s.temperature.unwrap_or(defaults.temperature),
+        top_k: s.top_k.unwrap_or(defaults.top_k) as usize,
+        top_p: s.top_p.unwrap_or(defaults.top_p),
+        min_p: s.min_p.unwrap_or(defaults.min_p),
+        repetition_penalty: s.repetition_penalty.unwrap_or(defaults.repetition_penalty),
         presence_penalty: s.presence_penalty.unwrap_or(0.0),
         frequency_penalty: s.frequency_penalty.unwrap_or(0.0),
         seed: s.seed.map(|v| v as u64),

@@ -129,7 +129,7 @@ pub async fn post_message(
             "token_ids": prompt.assembled.tokens,
         })));
     }
-    let params = params(&body.sampling, prompt.assembled.tokens.len(), &served.engine)?;
+    let params = params(&body.sampling, prompt.assembled.tokens.len(), served)?;
     crate::openai::count_results(Endpoint::SessionMessage, body.tool_results.len());
     let mut job = Job::new(Endpoint::SessionMessage, prompt.assembled.tokens, prompt.public, params);
     job.grammar = tools::compile(&served.engine, &plan).await?;

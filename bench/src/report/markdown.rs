@@ -88,6 +88,7 @@ pub fn render(file: &ResultsFile) -> String {
             prompt,
         );
     }
+    turn_table(&mut md, file);
     let failures: Vec<String> = file
         .results
         .iter()
@@ -109,6 +110,38 @@ pub fn render(file: &ResultsFile) -> String {
         }
     }
     md
+}
+
+/// `agent-trace` per request of a session: TTFT p50 and the cached share of prompt tokens, per
+/// configuration (the first request of a session pays for the client's preamble; the later ones
+/// show how much of it and of the growing conversation the server kept).
+fn turn_table(md: &mut String, file: &ResultsFile) {
+    let runs: Vec<&ScenarioResult> = file.results.iter().filter(|r| r.scenario == Scenario::AgentTrace).collect();
+    let turns = runs.iter().flat_map(|r| r.records.iter().map(|x| x.turn + 1)).max().unwrap_or(0);
+    if turns == 0 {
+        return;
+    }
+    let _ = write!(md, "\n## agent-trace by request of a session\n\nTTFT p50 ms / cached share of prompt tokens, over the agents' completed requests.\n\n| request |");
+    for r in &runs {
+        let _ = write!(md, " {} |", r.configuration());
+    }
+    let _ = writeln!(md, "\n|---|{}", "---|".repeat(runs.len()));
+    for turn in 0..turns {
+        let _ = write!(md, "| {} |", turn + 1);
+        for r in &runs {
+            let done: Vec<_> = r.records.iter().filter(|x| x.turn == turn && x.completed()).collect();
+            let ttft: Vec<f64> = done.iter().filter_map(|x| x.ttft_ms).collect();
+            let prompt: u64 = done.iter().filter_map(|x| x.prompt_tokens).sum();
+            let cached: Option<u64> = done.iter().map(|x| x.cached_tokens).sum();
+            let cell = match (crate::stats::percentile(&ttft, 50.0), cached) {
+                (None, _) => "n/a".to_string(),
+                (Some(t), Some(c)) if prompt > 0 => format!("{t:.0} / {:.0}%", c as f64 * 100.0 / prompt as f64),
+                (Some(t), _) => format!("{t:.0} / n/a"),
+            };
+            let _ = write!(md, " {cell} |");
+        }
+        let _ = writeln!(md);
+    }
 }
 
 /// The configuration, with its SLO when results with different SLOs are merged.
@@ -167,5 +200,20 @@ mod tests {
         assert!(md.contains("| peak | 8 prompts of ~600 tok"));
         assert!(md.contains("HTTP 503"));
         assert!(md.contains("| 50% |"), "cached ratio");
+        assert!(!md.contains("by request of a session"), "no agent-trace results, no table");
+    }
+
+    #[test]
+    fn agent_trace_results_get_a_row_per_request_of_a_session() {
+        let file = ResultsFile::new(
+            None,
+            Vec::new(),
+            vec![sample("cachet", Scenario::AgentTrace, 100.0), sample("llama", Scenario::AgentTrace, 300.0)],
+        );
+        let md = render(&file);
+        assert!(md.contains("| request | cachet | llama |"), "{md}");
+        assert!(md.contains("| 1 | 100 / 50% | 300 / 50% |"), "{md}");
+        assert!(md.contains("| 2 | 200 / 50% | 600 / 50% |"), "{md}");
+        assert!(md.contains("| 3 | n/a | n/a |"), "the failed request: {md}");
     }
 }

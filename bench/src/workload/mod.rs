@@ -1,5 +1,6 @@
-//! Workloads: six named scenarios, each a set of conversations built from
-//! real source text, plus the arrival process that starts them.
+//! Workloads: seven named scenarios, six of them sets of conversations built
+//! from real source text, one a replay of requests recorded from real agent
+//! clients ([`trace`]), plus the arrival process that starts them.
 //!
 //! Sizes are in *approximate tokens*: the client has no tokenizer, so it
 //! counts [`CHARS_PER_TOKEN`] (4) characters per token, about right for code
@@ -11,9 +12,10 @@
 
 mod scenarios;
 pub mod source;
+pub mod trace;
 
 use crate::arrival::{open_schedule, Arrival, Burst};
-use crate::client::Message;
+use crate::client::{HttpRequest, Message};
 use crate::error::BenchError;
 use crate::workload::source::SourceCorpus;
 use serde::{Deserialize, Serialize};
@@ -28,7 +30,7 @@ pub fn approx_tokens(text: &str) -> usize {
     text.chars().count().div_ceil(CHARS_PER_TOKEN)
 }
 
-/// The six workloads.
+/// The seven workloads.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
 #[serde(rename_all = "kebab-case")]
 pub enum Scenario {
@@ -44,17 +46,21 @@ pub enum Scenario {
     Peak,
     /// Agent sessions whose context grows with tool output and diffs.
     Agent,
+    /// Several concurrent agents, each replaying a session recorded from a real agent client
+    /// (system prompt, tool list, tool calls and results as the client sent them).
+    AgentTrace,
 }
 
 impl Scenario {
-    /// All six, in report order.
-    pub const ALL: [Scenario; 6] = [
+    /// All seven, in report order.
+    pub const ALL: [Scenario; 7] = [
         Scenario::RepeatedContext,
         Scenario::Unrelated,
         Scenario::LongInput,
         Scenario::LongOutput,
         Scenario::Peak,
         Scenario::Agent,
+        Scenario::AgentTrace,
     ];
 
     /// The command-line name (`repeated-context`, ...).
@@ -66,6 +72,7 @@ impl Scenario {
             Scenario::LongOutput => "long-output",
             Scenario::Peak => "peak",
             Scenario::Agent => "agent",
+            Scenario::AgentTrace => "agent-trace",
         }
     }
 
@@ -144,6 +151,11 @@ impl ScenarioSpec {
     /// | long-output | 4 | 96 | 256 | closed, 4 users |
     /// | peak | 8 Poisson + 16 burst | 600 | 32 | open, 0.2/s, burst at 10 s |
     /// | agent | 2 sessions x 4 turns | 800 initial + 400 per tool output | 32 | closed, 2 users |
+    /// | agent-trace | 6 agents x up to 8 recorded requests | as recorded | at most 64 | closed, 3 users |
+    ///
+    /// `agent-trace` replays the recorded sessions of its trace in turn (agent `i` replays
+    /// session `i mod sessions`); its `turns` caps the requests replayed per agent and its
+    /// `max_tokens` caps each request's own limit.
     pub fn defaults(scenario: Scenario) -> ScenarioSpec {
         let closed = |users| Arrival::Closed { users };
         let spec = |conversations, turns, shared_tokens, prompt_tokens, max_tokens, arrival| ScenarioSpec {
@@ -170,6 +182,7 @@ impl ScenarioSpec {
                 Arrival::Open { rate_per_s: 0.2, bursts: vec![Burst { at_s: 10.0, count: 16 }], max_in_flight: None },
             ),
             Scenario::Agent => spec(2, 4, 800, 400, 32, closed(2)),
+            Scenario::AgentTrace => ScenarioSpec { ignore_eos: false, ..spec(6, 8, 0, 0, 64, closed(3)) },
         }
     }
 
@@ -186,11 +199,14 @@ impl ScenarioSpec {
         if self.shared_tokens > 0 {
             self.shared_tokens = scale(self.shared_tokens, size);
         }
-        self.prompt_tokens = scale(self.prompt_tokens, size);
+        if self.prompt_tokens > 0 {
+            self.prompt_tokens = scale(self.prompt_tokens, size);
+        }
         self
     }
 
-    /// Total requests the workload sends.
+    /// Total requests the workload sends (for `agent-trace`, at most this many: sessions may
+    /// be shorter).
     pub fn requests(&self) -> usize {
         let burst: usize = match &self.arrival {
             Arrival::Open { bursts, .. } => bursts.iter().map(|b| b.count).sum(),
@@ -210,10 +226,15 @@ impl ScenarioSpec {
                 "{} session(s) x {} turns; initial context ~{} tok, tool output / diff ~{} tok per turn",
                 self.conversations, self.turns, self.shared_tokens, self.prompt_tokens
             ),
+            Scenario::AgentTrace => format!(
+                "{} agent(s), each replaying a recorded agent-client session (up to {} requests, as recorded)",
+                self.conversations, self.turns
+            ),
             _ => format!("{} prompts of ~{} tok", self.conversations, self.prompt_tokens),
         };
         format!(
-            "{shape}; max_tokens {}{}; {}",
+            "{shape}; max_tokens {}{}{}; {}",
+            if self.scenario == Scenario::AgentTrace { "at most " } else { "" },
             self.max_tokens,
             if self.ignore_eos { " (ignore_eos)" } else { "" },
             self.arrival.describe()
@@ -244,13 +265,17 @@ impl ScenarioSpec {
 }
 
 /// One conversation: a preamble, then one user message per turn. Turn `k > 0`
-/// is sent after the assistant's answer to turn `k - 1` is appended.
+/// is sent after the assistant's answer to turn `k - 1` is appended. A
+/// replayed agent session (`agent-trace`) is a list of recorded requests
+/// instead, each sent when the one before it has ended.
 #[derive(Clone, Debug, PartialEq)]
 pub struct Conversation {
     /// Messages before the first user message (system prompt, shared context).
     pub preamble: Vec<Message>,
     /// The user message of each turn.
     pub turns: Vec<String>,
+    /// Recorded requests, sent in order before any `turns`.
+    pub replay: Vec<HttpRequest>,
 }
 
 impl Conversation {
@@ -284,7 +309,13 @@ impl Workload {
     ///
     /// # Errors
     /// [`BenchError::InvalidArgument`] for an invalid spec.
+    ///
+    /// `agent-trace` is built from the trace committed with the benchmark
+    /// ([`trace::Trace::embedded`]); [`Workload::from_trace`] takes another.
     pub fn build(spec: &ScenarioSpec, corpus: &SourceCorpus, seed: u64) -> Result<Workload, BenchError> {
+        if spec.scenario == Scenario::AgentTrace {
+            return Workload::from_trace(spec, &trace::Trace::embedded()?, seed);
+        }
         spec.validate()?;
         let start_times_s = match &spec.arrival {
             Arrival::Closed { .. } => None,
@@ -297,9 +328,38 @@ impl Workload {
         Ok(Workload { spec: spec.clone(), seed, conversations, start_times_s })
     }
 
+    /// The `agent-trace` workload of `trace`: `spec.conversations` agents, agent `i` replaying
+    /// session `i mod sessions` (at most `spec.turns` of its requests, each `max_tokens` at most
+    /// `spec.max_tokens`), marked as its own user ([`trace::prepare`]).
+    ///
+    /// # Errors
+    /// [`BenchError::InvalidArgument`] for an invalid spec or a trace without sessions.
+    pub fn from_trace(spec: &ScenarioSpec, trace: &trace::Trace, seed: u64) -> Result<Workload, BenchError> {
+        spec.validate()?;
+        if trace.sessions.is_empty() {
+            return Err(BenchError::InvalidArgument("the agent trace has no replayable requests".into()));
+        }
+        let start_times_s = match &spec.arrival {
+            Arrival::Closed { .. } => None,
+            Arrival::Open { rate_per_s, bursts, .. } => {
+                Some(open_schedule(*rate_per_s, spec.conversations, bursts, seed))
+            }
+        };
+        let count = start_times_s.as_ref().map_or(spec.conversations, Vec::len);
+        let conversations = (0..count)
+            .map(|i| {
+                let session = &trace.sessions[i % trace.sessions.len()];
+                let replay =
+                    session.requests.iter().take(spec.turns).map(|r| trace::prepare(r, i, spec.max_tokens)).collect();
+                Conversation { preamble: Vec::new(), turns: Vec::new(), replay }
+            })
+            .collect();
+        Ok(Workload { spec: spec.clone(), seed, conversations, start_times_s })
+    }
+
     /// Total requests.
     pub fn requests(&self) -> usize {
-        self.conversations.iter().map(|c| c.turns.len()).sum()
+        self.conversations.iter().map(|c| c.turns.len() + c.replay.len()).sum()
     }
 }
 

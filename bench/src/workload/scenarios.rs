@@ -34,7 +34,11 @@ pub(super) fn conversation(spec: &ScenarioSpec, corpus: &SourceCorpus, seed: u64
                     ask(&mut rng, corpus, lead, chars)
                 })
                 .collect();
-            Conversation { preamble: vec![Message::new("system", format!("{REPO_SYSTEM}{context}"))], turns }
+            Conversation {
+                preamble: vec![Message::new("system", format!("{REPO_SYSTEM}{context}"))],
+                turns,
+                replay: Vec::new(),
+            }
         }
         Scenario::Unrelated | Scenario::Peak => single(code_then_question(&mut rng, corpus, chars, None)),
         Scenario::LongInput => single(code_then_question(
@@ -50,11 +54,13 @@ pub(super) fn conversation(spec: &ScenarioSpec, corpus: &SourceCorpus, seed: u64
             Some("Explain the code above line by line in detail, then propose improvements and rewrite it in full."),
         )),
         Scenario::Agent => agent(spec, corpus, &mut rng),
+        // Built from a trace (`Workload::from_trace`), not from source text.
+        Scenario::AgentTrace => Conversation { preamble: Vec::new(), turns: Vec::new(), replay: Vec::new() },
     }
 }
 
 fn single(user: String) -> Conversation {
-    Conversation { preamble: Vec::new(), turns: vec![user] }
+    Conversation { preamble: Vec::new(), turns: vec![user], replay: Vec::new() }
 }
 
 /// A fenced excerpt of about `chars` characters (question included), then a
@@ -105,7 +111,7 @@ fn agent(spec: &ScenarioSpec, corpus: &SourceCorpus, rng: &mut Rng) -> Conversat
             }
         });
     }
-    Conversation { preamble: vec![Message::new("system", AGENT_SYSTEM)], turns }
+    Conversation { preamble: vec![Message::new("system", AGENT_SYSTEM)], turns, replay: Vec::new() }
 }
 
 /// A question about an item of `text` (a function, type, ...) in `path`, or

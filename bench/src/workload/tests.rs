@@ -50,7 +50,8 @@ fn common_prefix(a: &str, b: &str) -> usize {
 fn every_scenario_is_deterministic_for_a_seed_and_built_of_real_source() {
     let corpus = corpus();
     let history = history(&corpus);
-    for s in Scenario::ALL {
+    // agent-trace replays recorded requests: its own tests are in `trace` and below.
+    for s in Scenario::ALL.into_iter().filter(|s| *s != Scenario::AgentTrace) {
         let spec = ScenarioSpec::defaults(s);
         let a = Workload::build(&spec, &corpus, 7).unwrap();
         let b = Workload::build(&spec, &corpus, 7).unwrap();
@@ -145,8 +146,41 @@ fn scaling_and_parsing() {
     assert_eq!(spec.conversations, 4);
     assert_eq!(spec.requests(), 4 + 8);
     assert_eq!(spec.prompt_tokens, 150);
-    assert_eq!(Scenario::parse_list("all").unwrap().len(), 6);
+    assert_eq!(Scenario::parse_list("all").unwrap().len(), 7);
+    assert_eq!(Scenario::parse_list("agent-trace").unwrap(), vec![Scenario::AgentTrace]);
     assert_eq!(Scenario::parse_list("peak, agent,peak").unwrap(), vec![Scenario::Peak, Scenario::Agent]);
     assert!(Scenario::parse_list("nope").is_err());
     assert!(ScenarioSpec { turns: 0, ..ScenarioSpec::defaults(Scenario::Agent) }.validate().is_err());
+}
+
+#[test]
+fn agent_trace_agents_replay_the_sessions_in_turn_each_as_its_own_user() {
+    let text = concat!(
+        r#"{"t": 0, "client": "a", "session": "a/1", "path": "/v1/chat/completions", "body": {"messages": [{"role": "system", "content": "tools"}, {"role": "user", "content": "t1"}]}}"#,
+        "\n",
+        r#"{"t": 1, "client": "a", "session": "a/1", "path": "/v1/chat/completions", "body": {"messages": [{"role": "system", "content": "tools"}, {"role": "user", "content": "t1"}, {"role": "tool", "content": "r"}]}}"#,
+        "\n",
+        r#"{"t": 0, "client": "b", "session": "b/1", "path": "/v1/completions", "body": {"prompt": "p"}}"#,
+        "\n",
+    );
+    let trace = trace::Trace::parse(text).unwrap();
+    let spec = ScenarioSpec { conversations: 3, ..ScenarioSpec::defaults(Scenario::AgentTrace) };
+    let w = Workload::from_trace(&spec, &trace, 0).unwrap();
+    let lens: Vec<usize> = w.conversations.iter().map(|c| c.replay.len()).collect();
+    assert_eq!(lens, vec![2, 1, 2]);
+    assert_eq!(w.requests(), 5);
+    // Agents 0 and 2 replay the same session as two users: the system prompt is shared, the task is not.
+    let (a, b) = (&w.conversations[0].replay[1].body, &w.conversations[2].replay[1].body);
+    assert_eq!(a["messages"][0], b["messages"][0]);
+    assert_ne!(a["messages"][1], b["messages"][1]);
+    // Within one agent, every request starts with the one before it.
+    assert_eq!(w.conversations[0].replay[0].body["messages"][1], a["messages"][1]);
+    // turns caps the requests of an agent.
+    let short = Workload::from_trace(&ScenarioSpec { turns: 1, ..spec.clone() }, &trace, 0).unwrap();
+    assert_eq!(short.requests(), 3);
+    assert!(Workload::from_trace(&spec, &trace::Trace::parse("").unwrap(), 0).is_err());
+    // The default build uses the committed trace.
+    let corpus = corpus();
+    let w = Workload::build(&ScenarioSpec::defaults(Scenario::AgentTrace), &corpus, 0).unwrap();
+    assert!(w.requests() > 0 && w.requests() <= ScenarioSpec::defaults(Scenario::AgentTrace).requests());
 }

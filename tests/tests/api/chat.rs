@@ -206,3 +206,37 @@ async fn tokenize_and_detokenize_match_what_the_endpoints_compute() {
     let anonymous = app.client.post(format!("{}/tokenize", app.address)).json(&json!({"prompt": "a"})).send();
     assert_eq!(anonymous.await.unwrap().status(), 401);
 }
+
+#[tokio::test]
+async fn sampling_fields_left_out_take_the_configured_defaults() {
+    // Greedy by configuration: a request without sampling fields answers as one asking for
+    // temperature 0, every time; its own temperature still wins.
+    let app = spawn_with(|s| s.model.sampling.temperature = 0.0).await;
+    let (_, token) = app.tenant("acme").await;
+    let url = format!("{}/v1/completions", app.address);
+    let text = |body: Value| {
+        let (app, url, token) = (&app, &url, &token);
+        async move {
+            let v: Value =
+                app.client.post(url).bearer_auth(token).json(&body).send().await.unwrap().json().await.unwrap();
+            v["choices"][0]["text"].as_str().expect("a completion").to_string()
+        }
+    };
+    let plain = json!({"model": app.model(), "prompt": "fn main() {", "max_tokens": 12});
+    let mut greedy = plain.clone();
+    greedy["temperature"] = json!(0);
+    let want = text(greedy).await;
+    for _ in 0..3 {
+        assert_eq!(text(plain.clone()).await, want);
+    }
+    let mut hot = plain.clone();
+    hot["temperature"] = json!(2.0);
+    hot["top_k"] = json!(0);
+    hot["top_p"] = json!(1.0);
+    let mut differ = false;
+    for seed in 0..6 {
+        hot["seed"] = json!(seed);
+        differ |= text(hot.clone()).await != want;
+    }
+    assert!(differ, "the request's own temperature wins over the default");
+}

@@ -8,7 +8,10 @@
 //!   (with `parallel_tool_calls`) or the end. In the Hermes format, an answer
 //!   that starts with a bare or fenced (```` ```json ````) JSON object is a
 //!   call too, as small models often write one (so a prose answer may not
-//!   start with `{`).
+//!   start with `{`); so is such an object on a line of its own after prose,
+//!   once its first key names a known tool and its arguments key follows
+//!   (`\n{"name": "read_file", "arguments": ` — a trigger per tool, as llama.cpp's
+//!   Hermes grammar has): from there the call is held to the schema.
 //! - `required` and a named function: the answer is calls only (one with a named
 //!   function or without `parallel_tool_calls`).
 //! - `response_format`: the answer (when it is not a call) is one JSON document
@@ -71,6 +74,11 @@ pub(crate) fn styled(mut schema: Value) -> Value {
     schema
 }
 
+/// `s` with the characters a regex gives meaning to escaped (tool names are `[A-Za-z0-9_-]`).
+fn regex_escape(s: &str) -> String {
+    s.chars().flat_map(|c| if c.is_ascii_alphanumeric() || c == '_' { vec![c] } else { vec!['\\', c] }).collect()
+}
+
 /// A Lark string literal.
 fn lit(s: &str) -> String {
     serde_json::to_string(s).unwrap_or_default()
@@ -125,7 +133,8 @@ pub(crate) fn grammar(
                 // Small models often write the call as a bare or fenced JSON object instead of in
                 // its tags: those starts are calls too (and free text may not begin like one).
                 (true, None) if hermes => {
-                    format!("TEXT | call_hd call{more} WS | FENCE jcall FENCE_END WS | LEAD? jcall WS")
+                    let lines: String = (0..chosen.len()).map(|i| format!(" | line{i}")).collect();
+                    format!("TEXT | call_hd call{more} WS | FENCE jcall FENCE_END WS | LEAD? jcall WS{lines}")
                 }
                 (true, None) => format!("TEXT | call_hd call{more} WS"),
                 (true, Some(_)) => format!("answer | \"<tool_call>\" call{more} WS"),
@@ -147,6 +156,22 @@ pub(crate) fn grammar(
             // Whitespace between and after calls is bounded: a model that would rather write
             // another call than end (with parallel_tool_calls false) must end, not pad to max_tokens.
             g.push_str("WS: /[ \\t\\r\\n]{0,4}/\ncall_hd[lazy]: TEXT \"<tool_call>\"\n");
+            if hermes && auto && answer.is_none() {
+                // A call on its own line after prose: the trigger runs from the prose to the
+                // arguments' value, whose schema then holds (the name is in the trigger). It ends
+                // on a fixed character (`": "`): a lazy lexeme ends at its shortest match.
+                // Prose: something other than whitespace, not starting like a leading call.
+                g.push_str("PROSE: /(.|\\n)*[^ \\t\\r\\n](.|\\n)*/ & ~/[ \\t\\r\\n]*(```|\\{)(.|\\n)*/\n");
+                for (i, (name, params)) in chosen.iter().enumerate() {
+                    g.push_str(&format!(
+                        "line{i}: line_hd{i} args{i} /[ \\t\\r\\n]*\\}}/ FENCE_END? WS\n\
+                         line_hd{i}[lazy]: PROSE /\\n[ \\t]*(```(json)?[ \\t]*\\n[ \\t]*)?\\{{[ \\t\\r\\n]*\"name\"[ \\t]*:[ \\t]*\"{}\"[ \\t\\r\\n]*,[ \\t\\r\\n]*\"(arguments|parameters)\"[ \\t]*: /\n\
+                         args{i}: %json {}\n",
+                        regex_escape(name),
+                        styled(closed(params))
+                    ));
+                }
+            }
             if hermes {
                 let any: Vec<Value> = chosen.iter().map(|(n, p)| call_schema(n, p, "arguments")).collect();
                 let body = if any.len() == 1 { any[0].clone() } else { json!({"anyOf": any}) };

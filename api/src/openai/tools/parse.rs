@@ -15,7 +15,12 @@
 //! - an output that starts with a bare `{"name": …, "arguments"|"parameters": …}`
 //!   object (Llama 3's format, and what small models often write), or with
 //!   such an object (or a list of them) in a ```` ```json ```` fence — only
-//!   when the name is one of the request's tools, otherwise it stays content.
+//!   when the name is one of the request's tools, otherwise it stays content;
+//! - such an object, bare or fenced, on a line of its own after some prose
+//!   ("Let me read it:\n{\"name\": \"read_file\", …}", as small models write
+//!   under long agent prompts; llama.cpp's Hermes parser takes these too):
+//!   the prose is content, the object a call when it is whole, valid JSON naming
+//!   a known tool (it is held back until then, and stays content otherwise).
 //!
 //! Text the parser is not sure about yet (a possible start of `<tool_call>`, the
 //! first key of a leading `{`, the first line of a leading fence) is held back,
@@ -98,6 +103,8 @@ enum State {
     BareProbe,
     /// The output began with a fence: buffering its first line (and the rest, if JSON).
     FenceProbe,
+    /// After prose, a line starting with `{` or a fence: buffering until it is a whole call or not.
+    LineProbe,
     /// Inside a JSON call; `tagged` when it opened with `<tool_call>`.
     Json { call: JsonCall, tagged: bool },
     /// Inside `<tool_call>`, before its body shows whether it is JSON or XML.
@@ -193,6 +200,7 @@ impl CallParser {
             State::Text { fresh } => self.text(fresh, end),
             State::BareProbe => self.bare_probe(end),
             State::FenceProbe => self.fence_probe(end),
+            State::LineProbe => self.line_probe(end),
             State::Json { call, tagged } => self.json(call, tagged, end),
             State::TagBody => self.tag_body(end),
             State::Xml(call) => self.xml(call, end),
@@ -218,13 +226,19 @@ impl CallParser {
                 return (State::Text { fresh: true }, false);
             }
         }
-        if let Some(at) = self.buf.find(OPEN) {
+        let line = line_start(&self.buf);
+        if let Some(at) = self.buf.find(OPEN).filter(|&at| line.is_none_or(|l| at < l)) {
             let before = self.buf[..at].to_string();
             self.content(&before);
             self.buf.drain(..at + OPEN.len());
             return (State::TagBody, true);
         }
-        let keep = if end { 0 } else { held_back(&self.buf, OPEN) };
+        if let Some(at) = line {
+            let before: String = self.buf.drain(..at).collect();
+            self.content(&before);
+            return (State::LineProbe, true);
+        }
+        let keep = if end { 0 } else { held_back(&self.buf, OPEN).max(open_line(&self.buf)) };
         let emit: String = self.buf.drain(..self.buf.len() - keep).collect();
         self.content(&emit);
         (State::Text { fresh: false }, false)
@@ -277,6 +291,60 @@ impl CallParser {
             }
             None => (State::Text { fresh: false }, true),
         }
+    }
+
+    /// A line after prose that starts with `{` or a fence: a call when it holds one whole JSON
+    /// object (or list) of calls of known tools; otherwise the line is content.
+    fn line_probe(&mut self, end: bool) -> (State, bool) {
+        let plain = (State::Text { fresh: false }, true);
+        let wait = (State::LineProbe, false);
+        let t = self.buf.trim_start_matches([' ', '\t']);
+        let mut at = self.buf.len() - t.len();
+        let fenced = t.starts_with("```");
+        if fenced {
+            let Some(nl) = t.find('\n') else { return if end { plain } else { wait } };
+            if !matches!(t[3..nl].trim(), "" | "json" | "tool_call" | "tool_calls") {
+                return plain;
+            }
+            at += nl + 1;
+        }
+        let body = self.buf[at..].trim_start();
+        at = self.buf.len() - body.len();
+        if body.is_empty() {
+            return if end { plain } else { wait };
+        }
+        let list = body.starts_with('[');
+        let object = if list { body[1..].trim_start() } else { body };
+        if !(object.starts_with('{') || (object.is_empty() && list)) {
+            return plain;
+        }
+        match probe_name(object) {
+            Probe::NeedMore if !end => return wait,
+            Probe::Name(name) if self.tools.knows(&name) => {}
+            _ => return plain,
+        }
+        let mut values = serde_json::Deserializer::from_str(body).into_iter::<Value>();
+        let used = match values.next() {
+            Some(Ok(_)) => values.byte_offset(),
+            Some(Err(e)) if e.is_eof() && !end => return wait,
+            _ => return plain,
+        };
+        let Some(calls) = whole_calls(&body[..used], &self.tools) else { return plain };
+        let mut consumed = at + used;
+        if fenced {
+            let rest = self.buf[consumed..].trim_start();
+            if rest.starts_with("```") {
+                consumed = self.buf.len() - rest.len() + 3;
+            } else if !end && "```".starts_with(rest) {
+                return wait;
+            }
+        }
+        self.buf.drain(..consumed);
+        for (name, args) in calls {
+            let i = self.start_call(name);
+            self.args(i, &args);
+        }
+        (State::Between, true)
     }
 
     fn tag_body(&mut self, end: bool) -> (State, bool) {
@@ -469,6 +537,26 @@ impl CallParser {
         let keep = held_back(&self.buf, CLOSE).max(held_back(&self.buf, OPEN));
         self.buf.drain(..self.buf.len() - keep);
         (State::AfterCall, false)
+    }
+}
+
+/// Where the first line after a newline starts with `{` or a fence (after spaces or tabs).
+fn line_start(text: &str) -> Option<usize> {
+    text.match_indices('\n').map(|(i, _)| i + 1).find(|&i| {
+        let t = text[i..].trim_start_matches([' ', '\t']);
+        t.starts_with('{') || t.starts_with("```")
+    })
+}
+
+/// The length of the last line, with the newline before it, when it may still become one
+/// [`line_start`] finds (blank so far, or a partial fence).
+fn open_line(text: &str) -> usize {
+    let Some(i) = text.rfind('\n') else { return 0 };
+    let t = text[i + 1..].trim_start_matches([' ', '\t']);
+    if t.is_empty() || "```".starts_with(t) {
+        text.len() - i
+    } else {
+        0
     }
 }
 

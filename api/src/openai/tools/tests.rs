@@ -73,6 +73,14 @@ fn auto_leaves_text_free_and_makes_started_calls_valid() {
     assert!(check(&plan, "{\"answer\": 42}").is_err(), "a leading object is a call");
     assert_eq!(check(&plan, "```python\nprint({\"name\": 1})\n```"), Ok(true), "other code is free");
     assert_eq!(check(&plan, "```json\n[1, 2]\n```"), Ok(true), "other JSON is free");
+    // A call on its own line after prose (bare or fenced) is held to the schema once its name
+    // and arguments key are written; other JSON lines stay free.
+    assert_eq!(check(&plan, &format!("Got it. Here it is:\n\n{bare}")), Ok(true));
+    assert_eq!(check(&plan, &format!("Running:\n```json\n{bare}\n```")), Ok(true));
+    assert!(check(&plan, "Got it.\n{\"name\": \"run\", \"arguments\": {\"timeout\": 5}}").is_err(), "cmd required");
+    assert!(check(&plan, "Got it.\n{\"name\": \"run\", \"parameters\": {\"cmd\": 1").is_err());
+    assert!(check(&plan, &format!("Got it.\n{bare} and more prose")).is_err(), "only calls after a call");
+    assert_eq!(check(&plan, "The config:\n{\"name\": \"cachet\", \"port\": 8080}\nThat is all."), Ok(true));
     let single = ToolFields { parallel_tool_calls: Some(false), ..fields(&t, None) };
     let plan = super::plan(single, HERMES).unwrap();
     assert_eq!(check(&plan, CALL), Ok(true));

@@ -126,6 +126,35 @@ fn bare_and_fenced_json_calls_of_known_tools() {
 }
 
 #[test]
+fn a_call_on_its_own_line_after_prose() {
+    // What the 0.5B model writes under Qwen Code's prompt: prose, then the call as bare JSON.
+    let text = "Got it. Here's the response:\n\n{\"name\": \"read_file\", \"arguments\": {\"path\": \"/w/notes.txt\"}}";
+    let (c, calls) = parse(text);
+    assert_eq!(
+        (c.as_str(), calls),
+        ("Got it. Here's the response:\n\n", vec![call("read_file", r#"{"path":"/w/notes.txt"}"#)])
+    );
+    // Fenced and pretty-printed, with prose after it.
+    let text = "I will run it:\n```json\n{\n  \"name\": \"run\",\n  \"parameters\": {\"cmd\": \"make\"}\n}\n```\nDone.";
+    let (c, calls) = parse(text);
+    assert_eq!(calls, vec![call("run", r#"{"cmd":"make"}"#)]);
+    assert_eq!(c, "I will run it:\n\nDone.");
+    // Lines that are not whole calls of known tools stay content, whole.
+    for text in [
+        "The config:\n{\"name\": \"cachet\", \"port\": 8080}\nThat is all.",
+        "Like this:\n{\"name\": \"delete_everything\", \"arguments\": {}}",
+        "Broken:\n{\"name\": \"run\", \"arguments\": {\"cmd\": ",
+        "A fence:\n```rust\nfn main() {}\n```\n",
+        "Data:\n```json\n[1, 2]\n```",
+        "Nested:\n  {\n  {\"a\": 1}\n}",
+        "ends with a newline\n",
+        "ends with a partial fence\n``",
+    ] {
+        assert_eq!(parse(text), (text.to_string(), vec![]), "{text}");
+    }
+}
+
+#[test]
 fn qwen3_coder_xml_calls() {
     let text = "I will run it.\n<tool_call>\n<function=run>\n<parameter=cmd>\ncargo test -- --nocapture\n</parameter>\n\
                 <parameter=timeout>\n30\n</parameter>\n<parameter=env>\n{\"RUST_LOG\": \"debug\"}\n</parameter>\n</function>\n</tool_call>";
