@@ -434,8 +434,9 @@ fn sampling(r: &ResponseRequest) -> Result<Sampling, ApiError> {
     })
 }
 
-/// The request's settings a response object repeats back.
-fn echo(r: &ResponseRequest) -> Map<String, Value> {
+/// The request's settings a response object repeats back (the sampling it left out as the
+/// served defaults it got).
+fn echo(r: &ResponseRequest, defaults: &crate::config::SamplingDefaults) -> Map<String, Value> {
     let text = match r.text.as_ref().and_then(|t| t.get("format")).filter(|f| !f.is_null()) {
         Some(f) => json!({"format": f}),
         None => json!({"format": {"type": "text"}}),
@@ -447,11 +448,11 @@ fn echo(r: &ResponseRequest) -> Map<String, Value> {
         "previous_response_id": null,
         "reasoning": {"effort": null, "summary": null},
         "store": false,
-        "temperature": r.temperature.unwrap_or(1.0),
+        "temperature": r.temperature.unwrap_or(defaults.temperature),
         "text": text,
         "tool_choice": r.tool_choice.clone().unwrap_or_else(|| json!("auto")),
         "tools": r.tools.clone().unwrap_or_else(|| json!([])),
-        "top_p": r.top_p.unwrap_or(1.0),
+        "top_p": r.top_p.unwrap_or(defaults.top_p),
         "top_logprobs": r.top_logprobs.unwrap_or(0),
         "truncation": "disabled",
         "user": r.user,
@@ -492,6 +493,6 @@ pub async fn create_response(
     let sampling = sampling(&body)?;
     let fields = ToolFields::of(&tooling, None);
     let mut job = chat::job(served, messages, fields, &sampling, Endpoint::Responses).await?;
-    job.echo = Some(Box::new(echo(&body)));
+    job.echo = Some(Box::new(echo(&body, &served.sampling)));
     execute(&state, &http, auth, served, &sampling, job).await
 }

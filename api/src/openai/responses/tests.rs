@@ -147,7 +147,12 @@ use cachet_engine::generate::FinishReason;
 
 /// The events of an answer streamed in `pieces`, and the final response.
 fn run(pieces: &[&str], tools: Option<ToolSet>, reason: FinishReason) -> (Vec<Value>, Value) {
-    let mut b = Builder::new("resp_1".into(), 1, "m".into(), echo(&request(json!({}))));
+    let defaults = crate::config::SamplingDefaults::default();
+    let echoed = echo(&request(json!({})), &defaults);
+    assert_eq!((echoed["temperature"].as_f64(), echoed["top_p"].as_f64()), (Some(0.7f32 as f64), Some(0.8f32 as f64)));
+    let own = echo(&request(json!({"temperature": 0.2})), &defaults);
+    assert_eq!(own["temperature"].as_f64(), Some(0.2f32 as f64));
+    let mut b = Builder::new("resp_1".into(), 1, "m".into(), echoed);
     b.start();
     let mut reader = Reader::new(tools);
     for p in pieces {
