@@ -260,7 +260,9 @@ impl Runner<'_> {
                 }
                 break;
             }
-            messages.push(Message::new("assistant", outcome.text));
+            if k >= conv.replay.len() {
+                messages.push(Message::new("assistant", outcome.text));
+            }
         }
         out
     }

@@ -264,6 +264,15 @@ impl ScenarioSpec {
     }
 }
 
+/// Open loop: when each conversation of `spec` starts (seconds from the scenario's start,
+/// ascending). Closed loop: `None`.
+fn start_times(spec: &ScenarioSpec, seed: u64) -> Option<Vec<f64>> {
+    match &spec.arrival {
+        Arrival::Closed { .. } => None,
+        Arrival::Open { rate_per_s, bursts, .. } => Some(open_schedule(*rate_per_s, spec.conversations, bursts, seed)),
+    }
+}
+
 /// One conversation: a preamble, then one user message per turn. Turn `k > 0`
 /// is sent after the assistant's answer to turn `k - 1` is appended. A
 /// replayed agent session (`agent-trace`) is a list of recorded requests
@@ -317,12 +326,7 @@ impl Workload {
             return Workload::from_trace(spec, &trace::Trace::embedded()?, seed);
         }
         spec.validate()?;
-        let start_times_s = match &spec.arrival {
-            Arrival::Closed { .. } => None,
-            Arrival::Open { rate_per_s, bursts, .. } => {
-                Some(open_schedule(*rate_per_s, spec.conversations, bursts, seed))
-            }
-        };
+        let start_times_s = start_times(spec, seed);
         let count = start_times_s.as_ref().map_or(spec.conversations, Vec::len);
         let conversations = (0..count).map(|i| scenarios::conversation(spec, corpus, seed, i)).collect();
         Ok(Workload { spec: spec.clone(), seed, conversations, start_times_s })
@@ -339,12 +343,7 @@ impl Workload {
         if trace.sessions.is_empty() {
             return Err(BenchError::InvalidArgument("the agent trace has no replayable requests".into()));
         }
-        let start_times_s = match &spec.arrival {
-            Arrival::Closed { .. } => None,
-            Arrival::Open { rate_per_s, bursts, .. } => {
-                Some(open_schedule(*rate_per_s, spec.conversations, bursts, seed))
-            }
-        };
+        let start_times_s = start_times(spec, seed);
         let count = start_times_s.as_ref().map_or(spec.conversations, Vec::len);
         let conversations = (0..count)
             .map(|i| {
