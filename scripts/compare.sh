@@ -6,8 +6,16 @@
 # run cachet never refuses (overload_factor 0), as llama-server queues everything; the
 # experiment runs the SLO configuration with its admission control.
 #
+# SLOs calibrated to the machine (CALIBRATE=1, the default): cachet-bench first measures lone
+# requests of the peak scenario on both servers; cachet is then configured with that calibrated
+# SLO as its interactive targets (an operator sets the targets their users need; llama-server
+# has no such setting), and every scenario is reported against both the fixed SLO (TTFT 3 s,
+# ITL 250 ms) and its own calibrated one, with open-loop arrivals scaled to the machine's
+# capacity (bench/src/calibrate.rs, docs/benchmarks.md).
+#
 #   scripts/compare.sh          (environment: THREADS=2 CTX=16384 SLOTS=4 SCENARIOS=all
-#                                SCALE=1 SEED=1 OUT=target/compare EXPERIMENT=1 SIDE_BY_SIDE=1)
+#                                SCALE=1 SEED=1 OUT=target/compare EXPERIMENT=1 SIDE_BY_SIDE=1
+#                                CALIBRATE=1)
 #
 # Writes $OUT/side-by-side/ and $OUT/experiment/ (results.json, results.md, ttft.svg,
 # configs.svg) and $OUT/summary.md. Needs llama-server: $LLAMA_BIN, else
@@ -23,6 +31,7 @@ SEED=${SEED:-1}
 OUT=${OUT:-target/compare}
 EXPERIMENT=${EXPERIMENT:-1}
 SIDE_BY_SIDE=${SIDE_BY_SIDE:-1}
+CALIBRATE=${CALIBRATE:-1}
 CACHET_PORT=${CACHET_PORT:-18080}
 LLAMA_PORT=${LLAMA_PORT:-18081}
 mkdir -p "$OUT"
@@ -71,17 +80,43 @@ machine="$(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | sed 's/^ //'), $(
   echo "unified KV); seed $SEED; scale $SCALE."
 } > "$OUT/summary.md"
 
-if [ "$SIDE_BY_SIDE" = 1 ]; then
-  start_cachet default CACHET_ENGINE__OVERLOAD_FACTOR=0
+start_llama() {
   "$BIN/llama-server" -m "$MODEL" -a "$MODEL_ID" -t "$THREADS" -c "$CTX" -np "$SLOTS" --kv-unified \
     --host 127.0.0.1 --port "$LLAMA_PORT" --no-webui > "$OUT/llama-server.log" 2>&1 &
   LLAMA_PID=$!
   PIDS+=("$LLAMA_PID")
   wait_http "http://127.0.0.1:$LLAMA_PORT/health" llama-server "$LLAMA_PID" "$OUT/llama-server.log"
-  "$BENCH" run --target "cachet=http://127.0.0.1:$CACHET_PORT@$MODEL_ID" \
-    --target "llama-server=http://127.0.0.1:$LLAMA_PORT@$MODEL_ID" --target-api-key "cachet=$TOKEN" \
+}
+stop_llama() { kill "$LLAMA_PID"; wait "$LLAMA_PID" 2>/dev/null || true; }
+TARGETS=(--target "cachet=http://127.0.0.1:$CACHET_PORT@$MODEL_ID" --target "llama-server=http://127.0.0.1:$LLAMA_PORT@$MODEL_ID"
+  --target-api-key "cachet=$TOKEN")
+
+# The calibrated SLO of the peak scenario becomes cachet's interactive targets.
+SLO_ENV=()
+CAL_FLAG=(--no-calibrate)
+if [ "$CALIBRATE" = 1 ]; then
+  start_cachet calibrate
+  start_llama
+  read -r _ CAL_TTFT CAL_ITL CAL_CAPACITY < <("$BENCH" run "${TARGETS[@]}" --scenario peak --seed "$SEED" \
+    --calibrate-only --out "$OUT/calibration" | tail -n 1)
+  stop_llama
+  stop_cachet
+  SLO_ENV=(CACHET_ENGINE__INTERACTIVE_TTFT_MS="${CAL_TTFT%.*}" CACHET_ENGINE__INTERACTIVE_ITL_MS="${CAL_ITL%.*}")
+  CAL_FLAG=()
+  echo "calibrated on peak: TTFT <= $CAL_TTFT ms, ITL <= $CAL_ITL ms, capacity $CAL_CAPACITY req/s" >&2
+  {
+    echo
+    echo "Calibrated SLO of the peak scenario (cachet's interactive targets in every configuration below):"
+    echo "TTFT ≤ $CAL_TTFT ms, mean ITL ≤ $CAL_ITL ms; one-at-a-time capacity $CAL_CAPACITY req/s."
+  } >> "$OUT/summary.md"
+fi
+
+if [ "$SIDE_BY_SIDE" = 1 ]; then
+  start_cachet default CACHET_ENGINE__OVERLOAD_FACTOR=0 "${SLO_ENV[@]}"
+  start_llama
+  "$BENCH" run "${TARGETS[@]}" "${CAL_FLAG[@]}" \
     --scenario "$SCENARIOS" --seed "$SEED" --scale "$SCALE" --out "$OUT/side-by-side"
-  kill "$LLAMA_PID"; wait "$LLAMA_PID" 2>/dev/null || true
+  stop_llama
   stop_cachet
   { echo; echo "## Side by side"; echo; cat "$OUT/side-by-side/results.md"; } >> "$OUT/summary.md"
 fi
@@ -90,9 +125,16 @@ if [ "$EXPERIMENT" = 1 ]; then
   # The same peak workload against four scheduler configurations (the last also with retrying clients), one server at a time.
   run_config() { # label, then CACHET_* settings (RETRIES=n: clients retry refusals n times)
     local label=$1; shift
-    start_cachet "$label" "$@"
-    "$BENCH" run --target "cachet=http://127.0.0.1:$CACHET_PORT@$MODEL_ID" --api-key "$TOKEN" \
-      --scenario peak --seed "$SEED" --scale "$SCALE" --label "$label" --out "$OUT/experiment-$label" \
+    start_cachet "$label" "$@" "${SLO_ENV[@]}"
+    # The peak workload at the rate calibrated above, judged by the SLO calibrated above (the
+    # same in every configuration).
+    local fixed=()
+    if [ "$CALIBRATE" = 1 ]; then
+      fixed=(--rate "$(awk -v c="$CAL_CAPACITY" 'BEGIN { printf "%.6f", 0.8 * c }')" --slo-ttft-ms "$CAL_TTFT"
+        --slo-itl-ms "$CAL_ITL")
+    fi
+    "$BENCH" run --target "cachet=http://127.0.0.1:$CACHET_PORT@$MODEL_ID" --api-key "$TOKEN" --no-calibrate \
+      "${fixed[@]}" --scenario peak --seed "$SEED" --scale "$SCALE" --label "$label" --out "$OUT/experiment-$label" \
       --retries "${RETRIES:-0}"
     stop_cachet
   }

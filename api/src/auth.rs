@@ -41,7 +41,7 @@ impl TenantCache {
         self.entries.lock().unwrap_or_else(|e| e.into_inner()).remove(&id);
     }
 
-    async fn get(&self, state: &AppState, id: TenantId) -> Result<Option<Tenant>, ApiError> {
+    pub(crate) async fn get(&self, state: &AppState, id: TenantId) -> Result<Option<Tenant>, ApiError> {
         let cached = self.entries.lock().unwrap_or_else(|e| e.into_inner()).get(&id).cloned();
         if let Some((t, at)) = &cached {
             if at.elapsed() < FRESH {
@@ -60,6 +60,42 @@ impl TenantCache {
             },
             Err(e) => Err(ApiError::Internal(e.to_string())),
         }
+    }
+}
+
+/// Ids (tasks) this replica has checked against their tenant, so that requests naming them go on
+/// while the database is unreachable; an id it has not checked is refused then (503) rather
+/// than taken on trust, because taking it would let a request claim another tenant's task.
+#[derive(Debug, Default)]
+pub struct KnownIds {
+    entries: Mutex<HashMap<(TenantId, uuid::Uuid), Instant>>,
+}
+
+/// How long a checked id stays known, and how many are kept.
+const KNOWN_FOR: Duration = Duration::from_secs(24 * 3600);
+const KNOWN_MAX: usize = 100_000;
+
+impl KnownIds {
+    /// Remembers that `id` is `tenant`'s.
+    pub fn insert(&self, tenant: TenantId, id: uuid::Uuid) {
+        let mut m = self.entries.lock().unwrap_or_else(|e| e.into_inner());
+        if m.len() >= KNOWN_MAX {
+            m.retain(|_, at| at.elapsed() < KNOWN_FOR);
+            if m.len() >= KNOWN_MAX {
+                // Still full of fresh ids: forget the oldest half.
+                let mut ages: Vec<Instant> = m.values().copied().collect();
+                ages.sort_unstable();
+                let cut = ages[ages.len() / 2];
+                m.retain(|_, at| *at > cut);
+            }
+        }
+        m.insert((tenant, id), Instant::now());
+    }
+
+    /// Whether `id` was checked as `tenant`'s recently.
+    pub fn contains(&self, tenant: TenantId, id: uuid::Uuid) -> bool {
+        let m = self.entries.lock().unwrap_or_else(|e| e.into_inner());
+        m.get(&(tenant, id)).is_some_and(|at| at.elapsed() < KNOWN_FOR)
     }
 }
 
@@ -119,20 +155,52 @@ impl FromRequest for TenantAuth {
 }
 
 /// Who looks at a browser page: a tenant or the operator. The token comes from the
-/// `Authorization` header, else the `cachet_token` cookie, else a `token` query parameter (which
-/// the page then moves into the cookie).
+/// `Authorization` header, else the `cachet_token` cookie (set by signing in: `routes::sign_in`).
+/// Never from the URL: addresses end up in access logs, proxies' logs and browser histories.
 #[derive(Clone, Debug)]
 pub enum Viewer {
     Tenant(Tenant),
     Operator,
 }
 
+impl Viewer {
+    /// The same account (the operator, or the same tenant).
+    pub fn same_as(&self, other: &Viewer) -> bool {
+        match (self, other) {
+            (Viewer::Operator, Viewer::Operator) => true,
+            (Viewer::Tenant(a), Viewer::Tenant(b)) => a.id == b.id,
+            _ => false,
+        }
+    }
+
+    /// "tenant NAME" or "the operator", for pages.
+    pub fn describe(&self) -> String {
+        match self {
+            Viewer::Tenant(t) => format!("tenant {}", t.name),
+            Viewer::Operator => "the operator".into(),
+        }
+    }
+}
+
 /// The name of the browser cookie holding a bearer token.
 pub const TOKEN_COOKIE: &str = "cachet_token";
 
-/// A `token` query parameter, if the request has one.
-pub fn query_token(req: &HttpRequest) -> Option<String> {
-    web::Query::<HashMap<String, String>>::from_query(req.query_string()).ok()?.get("token").cloned()
+/// The bearer token of the `Authorization` header, if there is one.
+pub fn header_token(req: &HttpRequest) -> Option<String> {
+    bearer(req).ok()
+}
+
+/// The session cookie's token, if there is one.
+pub fn cookie_token(req: &HttpRequest) -> Option<String> {
+    req.cookie(TOKEN_COOKIE).map(|c| c.value().to_string())
+}
+
+/// Who `token` is: the operator's credential, or a live tenant's token.
+pub async fn viewer_of(state: &AppState, token: &str) -> Result<Viewer, ApiError> {
+    if is_operator(state, token) {
+        return Ok(Viewer::Operator);
+    }
+    Ok(Viewer::Tenant(tenant_of(state, token).await?))
 }
 
 impl FromRequest for Viewer {
@@ -140,18 +208,13 @@ impl FromRequest for Viewer {
     type Future = Pin<Box<dyn Future<Output = Result<Viewer, ApiError>>>>;
 
     fn from_request(req: &HttpRequest, _: &mut Payload) -> Self::Future {
-        let token = bearer(req)
-            .ok()
-            .or_else(|| req.cookie(TOKEN_COOKIE).map(|c| c.value().to_string()))
-            .or_else(|| query_token(req))
-            .ok_or_else(|| ApiError::Unauthorized("sign in with a token: ?token=… or Authorization: Bearer …".into()));
+        let token = header_token(req)
+            .or_else(|| cookie_token(req))
+            .ok_or_else(|| ApiError::Unauthorized("sign in (GET /reports) or send Authorization: Bearer …".into()));
         let state = state(req);
         Box::pin(async move {
             let (token, state) = (token?, state?);
-            if is_operator(&state, &token) {
-                return Ok(Viewer::Operator);
-            }
-            Ok(Viewer::Tenant(tenant_of(&state, &token).await?))
+            viewer_of(&state, &token).await
         })
     }
 }

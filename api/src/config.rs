@@ -176,7 +176,9 @@ pub struct EngineSettings {
     pub token_budget: usize,
     /// While requests decode, size passes to their inter-token target.
     pub pace_prefill: bool,
-    /// Prefill tokens a paced pass carries at least.
+    /// The share of the tightest inter-token target a paced pass aims at (0 < x ≤ 1).
+    pub pace_margin: f64,
+    /// Prefill tokens a paced pass carries at least (and an overdue prompt's share of a pass).
     pub min_prefill_chunk: usize,
     /// Most requests running at once.
     pub max_running: usize,
@@ -232,6 +234,7 @@ impl Default for EngineSettings {
             pool_tokens: 0,
             token_budget: d.token_budget,
             pace_prefill: d.pace_prefill,
+            pace_margin: d.pace_margin,
             min_prefill_chunk: d.min_prefill_chunk,
             max_running: d.max_running,
             policy: "slo".into(),
@@ -315,6 +318,7 @@ impl Settings {
             },
             token_budget: e.token_budget,
             pace_prefill: e.pace_prefill,
+            pace_margin: e.pace_margin,
             min_prefill_chunk: e.min_prefill_chunk,
             max_running: e.max_running,
             policy: e.policy.parse().map_err(|m| format!("engine.policy: {m}"))?,

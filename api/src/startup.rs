@@ -218,6 +218,7 @@ impl Application {
             replica: uuid::Uuid::new_v4(),
             branches_served: Default::default(),
             changes_applied: Default::default(),
+            known_tasks: Default::default(),
         });
         let sweeper = tokio::spawn(crate::sweeper::run(state.clone()));
         let fanout = tokio::spawn(crate::fanout::run(state.clone()));
@@ -233,7 +234,7 @@ impl Application {
         let server = HttpServer::new(move || {
             App::new()
                 .wrap(actix_web::middleware::DefaultHeaders::new().add(("x-cachet-replica", replica.clone())))
-                .wrap(actix_web::middleware::Logger::new("%a \"%r\" %s %b %Dms"))
+                .wrap(tracing_actix_web::TracingLogger::<crate::telemetry::RequestSpan>::new())
                 .app_data(app_state.clone())
                 .app_data(web::JsonConfig::default().limit(limit).error_handler(json_error))
                 .app_data(web::PayloadConfig::new(limit))

@@ -53,6 +53,8 @@ pub struct AppState {
     pub branches_served: Mutex<std::collections::HashMap<(uuid::Uuid, String), std::time::Instant>>,
     /// Changes made elsewhere (pushes other replicas received, deletions) applied here.
     pub changes_applied: std::sync::atomic::AtomicU64,
+    /// Task ids checked against their tenants (see [`crate::auth::KnownIds`]).
+    pub known_tasks: crate::auth::KnownIds,
 }
 
 /// This replica's turns: the sessions with a turn running, and the leases of ended turns whose

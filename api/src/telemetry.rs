@@ -1,7 +1,59 @@
 //! Logging: `tracing` to stderr, human-readable or JSON, filtered by
-//! `RUST_LOG` (default `info`).
+//! `RUST_LOG` (default `info`), and one span per HTTP request
+//! ([`RequestSpan`], through tracing-actix-web) whose end is the access log line.
 
+use actix_web::body::MessageBody;
+use actix_web::dev::{ServiceRequest, ServiceResponse};
+use actix_web::HttpMessage;
+use std::time::Instant;
+use tracing::Span;
+use tracing_actix_web::{RequestId, RootSpanBuilder};
 use tracing_subscriber::EnvFilter;
+
+/// The root span of every HTTP request: method, route, path, client and request id, then status
+/// and latency in the access log event at its end. Only the path is recorded, never the query
+/// string or a header: a credential someone put in a URL (`?token=…`) must not reach the logs.
+#[derive(Debug)]
+pub struct RequestSpan;
+
+/// When the request started (kept in its extensions for the access log's latency).
+struct Started(Instant);
+
+impl RootSpanBuilder for RequestSpan {
+    fn on_request_start(request: &ServiceRequest) -> Span {
+        request.extensions_mut().insert(Started(Instant::now()));
+        let request_id = request.extensions().get::<RequestId>().map(|id| id.to_string()).unwrap_or_default();
+        let client = request.connection_info().peer_addr().unwrap_or("-").to_string();
+        tracing::info_span!(
+            "http",
+            method = %request.method(),
+            path = %request.path(),
+            route = request.match_pattern().as_deref().unwrap_or("-"),
+            client = %client,
+            request_id = %request_id,
+        )
+    }
+
+    fn on_request_end<B: MessageBody>(span: Span, outcome: &Result<ServiceResponse<B>, actix_web::Error>) {
+        let _enter = span.enter();
+        match outcome {
+            Ok(response) => {
+                let ms = response
+                    .request()
+                    .extensions()
+                    .get::<Started>()
+                    .map_or(0.0, |s| s.0.elapsed().as_secs_f64() * 1000.0);
+                let status = response.status().as_u16();
+                if response.status().is_server_error() {
+                    tracing::warn!(status, ms = format_args!("{ms:.1}"), "request");
+                } else {
+                    tracing::info!(status, ms = format_args!("{ms:.1}"), "request");
+                }
+            }
+            Err(e) => tracing::warn!(error = %e, "request failed"),
+        }
+    }
+}
 
 /// Log line format.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, clap::ValueEnum)]

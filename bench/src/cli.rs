@@ -1,6 +1,7 @@
 //! The command line: `cachet-bench run` and `cachet-bench report`.
 
 use crate::arrival::Arrival;
+use crate::calibrate::calibrate;
 use crate::client::Target;
 use crate::error::BenchError;
 use crate::record::Slo;
@@ -102,6 +103,15 @@ pub struct RunArgs {
     /// Skip the warm-up request before each (system, scenario).
     #[arg(long)]
     pub no_warmup: bool,
+    /// Skip the calibration before each scenario (lone requests on every target, from which
+    /// the calibrated SLO and the open-loop arrival rates follow; see `calibrate`). The fixed
+    /// SLO (--slo-ttft-ms, --slo-itl-ms) is reported either way.
+    #[arg(long, conflicts_with = "calibrate_only")]
+    pub no_calibrate: bool,
+    /// Only calibrate: print `SCENARIO TTFT_MS ITL_MS CAPACITY_PER_S` (the calibrated SLO and
+    /// the one-at-a-time capacity) per scenario, write calibration.json, run nothing.
+    #[arg(long)]
+    pub calibrate_only: bool,
 }
 
 /// `cachet-bench report`.
@@ -215,27 +225,63 @@ async fn run(args: RunArgs) -> Result<(), BenchError> {
         label: args.label.clone(),
         retries: args.retries,
     };
-    let workloads = {
-        let corpus = SourceCorpus::open(&args.source_repo)?;
-        eprintln!("prompts from {} ({} files at HEAD)", corpus.root().display(), corpus.files().len());
-        let mut w = Vec::new();
-        for &s in &scenarios {
-            w.push(match (&args.trace, s) {
-                (Some(path), Scenario::AgentTrace) => {
-                    let text = std::fs::read_to_string(path).map_err(|e| BenchError::io("reading", path, e))?;
-                    Workload::from_trace(&args.spec(s)?, &Trace::parse(&text)?, args.seed)?
-                }
-                _ => Workload::build(&args.spec(s)?, &corpus, args.seed)?,
-            });
+    let corpus = SourceCorpus::open(&args.source_repo)?;
+    eprintln!("prompts from {} ({} files at HEAD)", corpus.root().display(), corpus.files().len());
+    let trace = match &args.trace {
+        Some(path) => {
+            let text = std::fs::read_to_string(path).map_err(|e| BenchError::io("reading", path, e))?;
+            Some(Trace::parse(&text)?)
         }
-        w
+        None => None,
     };
+    let build = |spec: &ScenarioSpec| match (&trace, spec.scenario) {
+        (Some(t), Scenario::AgentTrace) => Workload::from_trace(spec, t, args.seed),
+        _ => Workload::build(spec, &corpus, args.seed),
+    };
+    let mut workloads = Vec::new();
+    for &s in &scenarios {
+        workloads.push(build(&args.spec(s)?)?);
+    }
     let client = http_client()?;
     let mut file = ResultsFile::new(args.label.clone(), targets.clone(), Vec::new());
-    for (i, workload) in workloads.iter().enumerate() {
+    let mut calibrations = Vec::new();
+    for (i, workload) in workloads.iter_mut().enumerate() {
         // Alternate who goes first: A, B then B, A ...
         let mut order = targets.clone();
         order.rotate_left(i % targets.len());
+        let calibration = if args.no_calibrate {
+            None
+        } else {
+            let scenario = workload.spec.scenario;
+            let tokens = workload.first_request_tokens();
+            if opts.warmup {
+                for target in &order {
+                    warmup(&client, target, opts.timeout).await?;
+                }
+            }
+            let c = calibrate(&client, &order, &corpus, args.seed, workload, opts.timeout).await?;
+            if let Some(c) = &c {
+                eprintln!(
+                    "{scenario}: lone ~{tokens} tok prompts: {}; calibrated SLO TTFT ≤ {} ms, ITL ≤ {} ms; capacity {:.3} req/s",
+                    c.lone.iter().map(|l| format!("{} TTFT {:.0} ms ITL {:.1} ms", l.system, l.ttft_ms, l.itl_ms)).collect::<Vec<_>>().join(", "),
+                    c.slo.ttft_ms,
+                    c.slo.itl_ms,
+                    c.capacity_per_s
+                );
+                if args.calibrate_only {
+                    println!("{scenario} {} {} {:.6}", c.slo.ttft_ms, c.slo.itl_ms, c.capacity_per_s);
+                }
+                // Open-loop arrivals follow the machine's capacity unless a rate was given.
+                if args.rate.is_none() && !args.calibrate_only {
+                    *workload = build(&workload.spec.clone().at_capacity(c.capacity_per_s))?;
+                }
+                calibrations.push((scenario, c.clone()));
+            }
+            c
+        };
+        if args.calibrate_only {
+            continue;
+        }
         for target in &order {
             eprintln!(
                 "{} on {}: {} requests; {}",
@@ -247,20 +293,33 @@ async fn run(args: RunArgs) -> Result<(), BenchError> {
             if opts.warmup {
                 warmup(&client, target, opts.timeout).await?;
             }
-            let result = run_workload(&client, target, workload, &opts).await;
+            let mut result = run_workload(&client, target, workload, &opts).await;
+            if let Some(c) = &calibration {
+                result = result.calibrated(c.clone());
+            }
             let s = &result.summary;
             eprintln!(
-                "  done {} / failed {}; TTFT p50 {} ms; goodput {:.3} req/s; {:.1} s",
+                "  done {} / failed {}; TTFT p50 {} ms; goodput {:.3} req/s{}; {:.1} s",
                 s.completed,
                 s.failed,
                 s.ttft_ms.map_or("n/a".into(), |p| format!("{:.0}", p.p50)),
                 s.goodput_per_s,
+                s.calibrated.map_or(String::new(), |c| format!(" ({:.3} calibrated)", c.goodput_per_s)),
                 s.wall_s
             );
             file.results.push(result);
             // Written after every run, so an interrupted benchmark keeps what it measured.
             file.write_all(&args.out, !args.no_records)?;
         }
+    }
+    if args.calibrate_only {
+        std::fs::create_dir_all(&args.out).map_err(|e| BenchError::io("creating", &args.out, e))?;
+        let path = args.out.join("calibration.json");
+        let json: Vec<_> =
+            calibrations.iter().map(|(s, c)| serde_json::json!({"scenario": s, "calibration": c})).collect();
+        let text = serde_json::to_string_pretty(&json).unwrap_or_default();
+        std::fs::write(&path, text).map_err(|e| BenchError::io("writing", &path, e))?;
+        return Ok(());
     }
     let md = file.write_all(&args.out, !args.no_records)?;
     println!("{md}");

@@ -33,6 +33,7 @@
 //! The command line (`cachet-bench run`, `cachet-bench report`) is in [`cli`].
 
 pub mod arrival;
+pub mod calibrate;
 pub mod cli;
 pub mod client;
 mod error;
@@ -50,6 +51,6 @@ pub use error::BenchError;
 pub use record::{RequestRecord, Slo};
 pub use report::ResultsFile;
 pub use run::{http_client, run_scenario, run_workload, warmup, RunOptions, ScenarioResult};
-pub use stats::{percentile, summarize, Percentiles, Summary};
+pub use stats::{attainment, percentile, summarize, Attainment, Percentiles, Summary};
 pub use workload::source::SourceCorpus;
 pub use workload::{Conversation, Scenario, ScenarioSpec, Workload};

@@ -2,6 +2,7 @@
 //! client; every request's record is kept.
 
 use crate::arrival::Arrival;
+use crate::calibrate::Calibration;
 use crate::client::{ms_since, send, ChatRequest, Message, Target};
 use crate::error::BenchError;
 use crate::record::{RequestRecord, Slo};
@@ -74,9 +75,19 @@ pub struct ScenarioResult {
     /// Every request, in (conversation, turn) order; may be left out of files.
     #[serde(default)]
     pub records: Vec<RequestRecord>,
+    /// The SLO calibrated to the machine before the scenario, when it was.
+    #[serde(default)]
+    pub calibration: Option<Calibration>,
 }
 
 impl ScenarioResult {
+    /// Adds the calibration and the attainment against its SLO.
+    pub fn calibrated(mut self, calibration: Calibration) -> ScenarioResult {
+        self.summary.calibrated = Some(crate::stats::attainment(&self.records, &calibration.slo));
+        self.calibration = Some(calibration);
+        self
+    }
+
     /// The name this result is compared under: the system, with the label when there is one.
     pub fn configuration(&self) -> String {
         match &self.label {
@@ -200,6 +211,7 @@ pub async fn run_workload(
         started_at,
         summary: summarize(&records, &opts.slo),
         records,
+        calibration: None,
     }
 }
 

@@ -105,6 +105,35 @@ pub struct Summary {
     /// Attempts repeated after a 429 or 503, over all requests.
     #[serde(default)]
     pub retries: u64,
+    /// SLO attainment and goodput against the SLO calibrated to the machine (see
+    /// [`crate::calibrate`]), when the run was calibrated.
+    #[serde(default)]
+    pub calibrated: Option<Attainment>,
+}
+
+/// How many requests met an SLO, and the goodput.
+#[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Attainment {
+    /// The objectives.
+    pub slo: Slo,
+    /// Requests that met them.
+    pub slo_met: usize,
+    /// `slo_met / requests` (0 when there are no requests).
+    pub slo_attainment: f64,
+    /// `slo_met` per second of wall time.
+    pub goodput_per_s: f64,
+}
+
+/// `records` against `slo`.
+pub fn attainment(records: &[RequestRecord], slo: &Slo) -> Attainment {
+    let wall_s = wall_seconds(records);
+    let slo_met = records.iter().filter(|r| r.meets(slo)).count();
+    Attainment {
+        slo: *slo,
+        slo_met,
+        slo_attainment: if records.is_empty() { 0.0 } else { slo_met as f64 / records.len() as f64 },
+        goodput_per_s: if wall_s > 0.0 { slo_met as f64 / wall_s } else { 0.0 },
+    }
 }
 
 /// Summarises `records` against `slo`.
@@ -116,7 +145,7 @@ pub fn summarize(records: &[RequestRecord], slo: &Slo) -> Summary {
     let wall_s = wall_seconds(records);
     let per_s = |x: f64| if wall_s > 0.0 { x / wall_s } else { 0.0 };
     let output_tokens: u64 = done.iter().map(|r| r.output_tokens).sum();
-    let slo_met = records.iter().filter(|r| r.meets(slo)).count();
+    let met = attainment(records, slo);
     Summary {
         requests: records.len(),
         completed: done.len(),
@@ -128,13 +157,14 @@ pub fn summarize(records: &[RequestRecord], slo: &Slo) -> Summary {
         requests_per_s: per_s(done.len() as f64),
         output_tokens_per_s: per_s(output_tokens as f64),
         slo: *slo,
-        slo_met,
-        slo_attainment: if records.is_empty() { 0.0 } else { slo_met as f64 / records.len() as f64 },
-        goodput_per_s: per_s(slo_met as f64),
+        slo_met: met.slo_met,
+        slo_attainment: met.slo_attainment,
+        goodput_per_s: met.goodput_per_s,
         prompt_tokens: done.iter().filter_map(|r| r.prompt_tokens).sum(),
         output_tokens,
         cached_ratio: cached_ratio(&done),
         retries: records.iter().map(|r| u64::from(r.retries)).sum(),
+        calibrated: None,
     }
 }
 

@@ -279,6 +279,22 @@ fn finish_reason(r: FinishReason) -> &'static str {
     }
 }
 
+/// A session id a request labels itself with (not a session the server runs for it): any id of
+/// the client's choosing, except another tenant's session (404, as for an unknown task). While
+/// the database is unreachable the label is taken as it is: it only groups the tenant's own
+/// ledger rows.
+async fn check_session_label(state: &AppState, tenant: cachet_tenants::TenantId, id: Uuid) -> Result<(), ApiError> {
+    match state.store.is_foreign_session(tenant, id).await {
+        Ok(true) => Err(ApiError::NotFound(format!("session {id}"))),
+        Ok(false) => Ok(()),
+        Err(e) if e.is_unavailable() => {
+            tracing::warn!(session = %id, "cannot check the session label, the database is unreachable: {e}");
+            Ok(())
+        }
+        Err(e) => Err(e.into()),
+    }
+}
+
 /// Runs a prepared request for the authenticated tenant.
 pub(crate) async fn execute(
     state: &AppState,
@@ -292,6 +308,9 @@ pub(crate) async fn execute(
         Some(bound) => Some(bound.id),
         None => id_from(http, sampling.session_id, "x-cachet-session")?,
     };
+    if let (None, Some(id)) = (&job.session, session) {
+        check_session_label(state, tenant.id, id).await?;
+    }
     let task = id_from(http, sampling.task_id, "x-cachet-task")?;
     if let Some(task) = task {
         crate::routes::tasks::check_task(state, tenant.id, task).await?;

@@ -5,6 +5,7 @@ pub mod admin;
 pub mod ops;
 pub mod reports;
 pub mod repos;
+pub mod sign_in;
 pub mod tasks;
 pub mod usage;
 pub mod webhooks;
@@ -25,7 +26,7 @@ use utoipa::{Modify, OpenApi};
         repos::create_repo, repos::list_repos, repos::get_repo, repos::delete_repo, webhooks::git_webhook,
         sessions::create_session, sessions::get_session, sessions::delete_session, sessions::message::post_message,
         tasks::create_task, tasks::get_task, tasks::task_outcome,
-        reports::tenant_report, reports::operator_report, reports::report_page,
+        reports::tenant_report, reports::operator_report, reports::report_page, sign_in::create_link,
     ),
     components(schemas(
         openai::types::ChatCompletionRequest, openai::types::CompletionRequest, openai::types::ChatCompletion,
@@ -73,6 +74,10 @@ pub fn configure(cfg: &mut web::ServiceConfig) {
         .service(reports::tenant_report)
         .service(reports::operator_report)
         .service(reports::report_page)
+        .service(sign_in::create_link)
+        .service(sign_in::sign_in_with_code)
+        .service(sign_in::sign_in_with_form)
+        .service(sign_in::sign_out)
         .service(admin::create_tenant)
         .service(admin::list_tenants)
         .service(admin::delete_tenant)

@@ -2,10 +2,11 @@
 //! (the operator's, across tenants) and the browser page `GET /reports` (inline SVG charts).
 //! Definitions of every number: `cachet_tenants::report`.
 
-use crate::auth::{query_token, OperatorAuth, TenantAuth, Viewer, TOKEN_COOKIE};
+use crate::auth::{cookie_token, header_token, viewer_of, OperatorAuth, TenantAuth, Viewer};
 use crate::error::ApiError;
+use crate::routes::sign_in::page;
 use crate::state::AppState;
-use actix_web::cookie::{Cookie, SameSite};
+use actix_web::http::StatusCode;
 use actix_web::{get, web, HttpRequest, HttpResponse};
 use cachet_tenants::report::{GroupBy, Report};
 use cachet_tenants::TenantId;
@@ -116,33 +117,44 @@ pub async fn operator_report(
 }
 
 /// The report page for a browser: the tenant's own (or, with the operator's credential, all
-/// tenants'), by day. A `token` query parameter is moved into an HTTP-only cookie and the page
-/// reloaded without it, so the token does not stay in the address bar or the history.
+/// tenants'), by day. Without a session (or with an invalid one) it answers the sign-in page
+/// (`routes::sign_in`); a token in the URL is refused, never used.
 #[utoipa::path(get, path = "/reports", tag = "reports", params(ReportQuery),
-    responses((status = 200, description = "HTML"), (status = 303, description = "Token moved into a cookie")))]
+    responses((status = 200, description = "HTML"), (status = 401, description = "The sign-in page"),
+              (status = 400, description = "A token in the URL (refused: sign in instead)")))]
 #[get("/reports")]
 pub async fn report_page(
     state: web::Data<AppState>,
     req: HttpRequest,
-    viewer: Viewer,
     q: web::Query<ReportQuery>,
 ) -> Result<HttpResponse, ApiError> {
-    if let Some(token) = query_token(&req) {
-        let rest: Vec<String> = req
-            .query_string()
-            .split('&')
-            .filter(|kv| !kv.is_empty() && !kv.starts_with("token="))
-            .map(str::to_string)
-            .collect();
-        let location = if rest.is_empty() { "/reports".to_string() } else { format!("/reports?{}", rest.join("&")) };
-        let cookie = Cookie::build(TOKEN_COOKIE, token)
-            .path("/")
-            .http_only(true)
-            .same_site(SameSite::Strict)
-            .secure(req.connection_info().scheme() == "https")
-            .finish();
-        return Ok(HttpResponse::SeeOther().cookie(cookie).insert_header(("Location", location)).finish());
+    if req.query_string().split('&').any(|kv| kv.starts_with("token=")) {
+        return Ok(page(
+            StatusCode::BAD_REQUEST,
+            "Sign in",
+            "Tokens do not go in addresses (they end up in logs and browser histories); this one was not used. \
+             Sign in below, or open a one-time link from POST /v1/reports/sign-in-links.",
+            true,
+            false,
+        ));
     }
+    let token = header_token(&req).or_else(|| cookie_token(&req));
+    let Some(token) = token else {
+        return Ok(page(StatusCode::UNAUTHORIZED, "Sign in", "Sign in to see usage reports.", true, false));
+    };
+    let viewer = match viewer_of(&state, &token).await {
+        Ok(v) => v,
+        Err(ApiError::Unauthorized(_)) => {
+            return Ok(page(
+                StatusCode::UNAUTHORIZED,
+                "Sign in",
+                "Your session has ended or its token is no longer valid.",
+                true,
+                false,
+            ))
+        }
+        Err(e) => return Err(e),
+    };
     let (tenant, title) = match &viewer {
         Viewer::Tenant(t) => (Some(t.id), format!("{} — usage", t.name)),
         Viewer::Operator => match q.tenant {
@@ -153,6 +165,10 @@ pub async fn report_page(
     let report = report(&state, tenant, &q, Some(GroupBy::Day)).await?;
     Ok(HttpResponse::Ok()
         .content_type("text/html; charset=utf-8")
-        .insert_header(("Content-Security-Policy", "default-src 'none'; style-src 'unsafe-inline'; img-src data:"))
+        .insert_header((
+            "Content-Security-Policy",
+            "default-src 'none'; style-src 'unsafe-inline'; img-src data:; form-action 'self'",
+        ))
+        .insert_header(("Cache-Control", "no-store"))
         .body(crate::reports::render_page(&title, &report)))
 }

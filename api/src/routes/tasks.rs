@@ -120,15 +120,21 @@ pub(crate) async fn check_task(state: &AppState, tenant: cachet_tenants::TenantI
             Err(ApiError::Conflict(format!("task {id} is closed ({})", t.status.as_str())))
         }
         Ok(Some(_)) => {
+            state.known_tasks.insert(tenant, id);
             if let Err(e) = state.store.touch_task(id).await {
                 tracing::warn!(task = %id, "{e}");
             }
             Ok(())
         }
-        Err(e) if e.is_unavailable() => {
-            tracing::warn!(task = %id, "cannot check the task, the database is unreachable: {e}");
+        // A task this replica checked before goes on through an outage; any other is refused,
+        // not taken on trust (it could be another tenant's).
+        Err(e) if e.is_unavailable() && state.known_tasks.contains(tenant, id) => {
+            tracing::warn!(task = %id, "the database is unreachable; the task was checked before: {e}");
             Ok(())
         }
+        Err(e) if e.is_unavailable() => Err(ApiError::NotReady(format!(
+            "task {id} cannot be checked while the database is unreachable: retry later, or send the request without it"
+        ))),
         Err(e) => Err(e.into()),
     }
 }

@@ -1,8 +1,11 @@
 //! `POST /v1/webhooks/git/{repo}`: push events. Authenticated by the
 //! repository's secret (HMAC-SHA256 of the raw body in
-//! `X-Hub-Signature-256`, compared in constant time), de-duplicated by
-//! `X-GitHub-Delivery` (or, for the plain `{ref, before, after}` form, by
-//! the push itself). A push fetches the mirror, invalidates the cached spans
+//! `X-Hub-Signature-256`, compared in constant time) before anything else is
+//! said: an unknown repository answers exactly as a bad signature does (401),
+//! so the endpoint tells nobody which repository ids exist. De-duplicated by
+//! the SHA-256 of the signed body, not by the unsigned `X-GitHub-Delivery`
+//! header (changing that header must not replay a captured delivery; a
+//! redelivery of the same event has the same body). A push fetches the mirror, invalidates the cached spans
 //! of changed and deleted files, records that, and pre-warms the new
 //! repository context for the branch's active sessions.
 //!
@@ -59,6 +62,17 @@ fn verify(secret: &str, body: &[u8], signature: Option<&str>) -> Result<(), ApiE
     mac.verify_slice(&given).map_err(|_| unauthorized())
 }
 
+/// A webhook secret nobody has (random per process), for repository ids that do not exist.
+fn unknown_secret() -> String {
+    static SECRET: std::sync::OnceLock<String> = std::sync::OnceLock::new();
+    SECRET
+        .get_or_init(|| {
+            crate::routes::repos::random_hex(32)
+                .unwrap_or_else(|_| format!("{:x}{:x}", Uuid::new_v4().as_u128(), Uuid::new_v4().as_u128()))
+        })
+        .clone()
+}
+
 fn is_zero(oid: &str) -> bool {
     !oid.is_empty() && oid.bytes().all(|b| b == b'0')
 }
@@ -70,8 +84,9 @@ fn is_oid(oid: &str) -> bool {
 /// Receives a push webhook.
 #[utoipa::path(post, path = "/v1/webhooks/git/{repo}", tag = "repositories",
     responses((status = 200, description = "Applied, a redelivery, or an event that is ignored"),
-              (status = 400, description = "Malformed push"), (status = 401, description = "Bad signature"),
-              (status = 404, description = "Unknown repository"), (status = 502, description = "The fetch failed")))]
+              (status = 400, description = "Malformed push"),
+              (status = 401, description = "Bad signature, or no such repository (the same answer)"),
+              (status = 502, description = "The fetch failed")))]
 #[post("/v1/webhooks/git/{repo}")]
 pub async fn git_webhook(
     state: web::Data<AppState>,
@@ -79,10 +94,15 @@ pub async fn git_webhook(
     repo: web::Path<String>,
     body: web::Bytes,
 ) -> Result<HttpResponse, ApiError> {
-    let unknown = || ApiError::NotFound(format!("no repository {}", repo.as_str()));
-    let id: Uuid = repo.parse().map_err(|_| unknown())?;
-    let repo = state.store.repository_for_webhook(id).await?.ok_or_else(unknown)?;
-    verify(&repo.webhook_secret, &body, header(&req, "x-hub-signature-256"))?;
+    let found = match repo.parse::<Uuid>() {
+        Ok(id) => state.store.repository_for_webhook(id).await?,
+        Err(_) => None,
+    };
+    // An unknown repository is checked against a secret nobody has: the same work and the same
+    // 401 as a wrong signature.
+    let secret = found.as_ref().map_or_else(unknown_secret, |r| r.webhook_secret.clone());
+    verify(&secret, &body, header(&req, "x-hub-signature-256"))?;
+    let repo = found.ok_or_else(|| ApiError::Unauthorized("missing or invalid X-Hub-Signature-256".into()))?;
 
     let event = header(&req, "x-github-event").unwrap_or("push").to_string();
     if event != "push" {
@@ -92,9 +112,10 @@ pub async fn git_webhook(
     if !is_oid(&push.before) || !is_oid(&push.after) {
         return Err(ApiError::bad("before and after must be commit ids"));
     }
-    let delivery = match header(&req, "x-github-delivery").filter(|d| !d.is_empty()) {
-        Some(d) => d.chars().take(200).collect::<String>(),
-        None => format!("push:{}:{}:{}", push.git_ref, push.before, push.after).chars().take(200).collect(),
+    let delivery = {
+        use sha2::Digest;
+        let digest = Sha256::digest(&body);
+        format!("sha256:{}", digest.iter().map(|b| format!("{b:02x}")).collect::<String>())
     };
     let Some(branch) = push.git_ref.strip_prefix("refs/heads/").map(str::to_string) else {
         return Ok(HttpResponse::Ok().json(json!({"event": "push", "ref": push.git_ref, "ignored": true})));

@@ -52,11 +52,15 @@ pub fn render(file: &ResultsFile) -> String {
         }
     }
 
+    calibration_table(&mut md, file);
+    let calibrated = file.results.iter().any(|r| r.summary.calibrated.is_some());
     let _ = writeln!(
         md,
         "\n## Results\n\n| scenario | system | done / failed | TTFT p50 / p95 / p99 ms | ITL p50 / p95 / p99 ms \
-         | e2e p50 / p95 / p99 ms | req/s | out tok/s | SLO met | goodput req/s | cached | prompt tok |\n\
-         |---|---|---|---|---|---|---|---|---|---|---|---|"
+         | e2e p50 / p95 / p99 ms | req/s | out tok/s | SLO met | goodput req/s |{} cached | prompt tok |\n\
+         |---|---|---|---|---|---|---|---|---|---|{}---|---|",
+        if calibrated { " SLO met (calibrated) | goodput (calibrated) |" } else { "" },
+        if calibrated { "---|---|" } else { "" },
     );
     let several_slos = file.slos().len() > 1;
     let mut rows: Vec<_> = file.results.iter().enumerate().collect();
@@ -69,9 +73,14 @@ pub fn render(file: &ResultsFile) -> String {
         } else {
             "n/a".into()
         };
+        let cal = match (calibrated, s.calibrated) {
+            (false, _) => String::new(),
+            (true, None) => " n/a | n/a |".into(),
+            (true, Some(c)) => format!(" {:.0}% | {:.3} |", c.slo_attainment * 100.0, c.goodput_per_s),
+        };
         let _ = writeln!(
             md,
-            "| {} | {} | {} / {}{} | {} | {} | {} | {:.3} | {:.1} | {:.0}% | {:.3} | {} | {} |",
+            "| {} | {} | {} / {}{} | {} | {} | {} | {:.3} | {:.1} | {:.0}% | {:.3} |{cal} {} | {} |",
             r.scenario,
             system_cell(r, several_slos),
             s.completed,
@@ -144,6 +153,48 @@ fn turn_table(md: &mut String, file: &ResultsFile) {
     }
 }
 
+/// Each calibrated scenario's lone figures and the SLO they give (the first result's: every
+/// target of a run shares its scenario's calibration).
+fn calibration_table(md: &mut String, file: &ResultsFile) {
+    let mut seen: Vec<Scenario> = Vec::new();
+    let mut rows = String::new();
+    for r in &file.results {
+        let Some(c) = &r.calibration else { continue };
+        if seen.contains(&r.scenario) {
+            continue;
+        }
+        seen.push(r.scenario);
+        let lone: Vec<String> =
+            c.lone.iter().map(|l| format!("{} {:.0} / {:.1}", l.system, l.ttft_ms, l.itl_ms)).collect();
+        let _ = writeln!(
+            rows,
+            "| {} | {} | {} | {:.0} / {:.0} | {:.3} |",
+            r.scenario,
+            c.prompt_tokens,
+            lone.join("; "),
+            c.slo.ttft_ms,
+            c.slo.itl_ms,
+            c.capacity_per_s
+        );
+    }
+    if rows.is_empty() {
+        return;
+    }
+    let _ = writeln!(
+        md,
+        "\n## Calibrated SLO\n\nBefore each scenario every target served {} lone requests of the scenario's \
+         median first-request size (fresh prompts, targets alternating; the fastest counts). Calibrated SLO: TTFT ≤ \
+         {}× and mean ITL ≤ {}× the fastest target's lone figures (`cachet_bench::calibrate`); capacity: requests \
+         per second the fastest target serves one at a time (open-loop arrivals run at {}× it).\n\n\
+         | scenario | lone prompt ~tok | lone TTFT ms / ITL ms | calibrated SLO TTFT / ITL ms | capacity req/s |\n\
+         |---|---|---|---|---|\n{rows}",
+        crate::calibrate::ROUNDS,
+        crate::calibrate::TTFT_FACTOR,
+        crate::calibrate::ITL_FACTOR,
+        crate::workload::PEAK_LOAD,
+    );
+}
+
 /// The configuration, with its SLO when results with different SLOs are merged.
 fn system_cell(r: &ScenarioResult, with_slo: bool) -> String {
     if with_slo {
@@ -201,6 +252,22 @@ mod tests {
         assert!(md.contains("HTTP 503"));
         assert!(md.contains("| 50% |"), "cached ratio");
         assert!(!md.contains("by request of a session"), "no agent-trace results, no table");
+    }
+
+    #[test]
+    fn calibrated_results_get_their_slo_table_and_columns() {
+        use crate::calibrate::{Calibration, Lone};
+        let lone = |system: &str, ttft_ms, itl_ms| Lone { system: system.into(), ttft_ms, itl_ms };
+        let c = Calibration::from_lone(600, 32, vec![lone("cachet", 100.0, 20.0), lone("llama", 120.0, 10.0)]).unwrap();
+        // The sample's requests: TTFT 100 and 200 ms, gaps 10 and 20 ms, one failed.
+        let file = ResultsFile::new(None, Vec::new(), vec![sample("cachet", Scenario::Peak, 100.0).calibrated(c)]);
+        let md = render(&file);
+        assert!(md.contains("| peak | 600 | cachet 100 / 20.0; llama 120 / 10.0 | 300 / 50 |"), "{md}");
+        assert!(md.contains("SLO met (calibrated) | goodput (calibrated) |"), "{md}");
+        // Both completed requests meet TTFT ≤ 300 ms and mean ITL ≤ 50 ms: 2 of 3 in 1 s.
+        assert!(md.contains("| 67% | 2.000 |"), "{md}");
+        let plain = render(&ResultsFile::new(None, Vec::new(), vec![sample("cachet", Scenario::Peak, 100.0)]));
+        assert!(!plain.contains("calibrated"), "{plain}");
     }
 
     #[test]

@@ -184,6 +184,7 @@ pub(crate) mod tests {
             started_at: Utc::now(),
             summary: summarize(&records, &Slo::default()),
             records,
+            calibration: None,
         }
     }
 

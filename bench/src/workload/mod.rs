@@ -11,6 +11,7 @@
 //! seed gives the same prompts and the same arrival schedule.
 
 mod scenarios;
+pub(crate) use scenarios::lone_prompt;
 pub mod source;
 pub mod trace;
 
@@ -24,6 +25,10 @@ use std::str::FromStr;
 
 /// Characters per approximate token.
 pub const CHARS_PER_TOKEN: usize = 4;
+
+/// Open-loop scenarios calibrated to a machine ([`ScenarioSpec::at_capacity`]) arrive at this
+/// share of what it serves one request at a time (the burst comes on top).
+pub const PEAK_LOAD: f64 = 0.8;
 
 /// The approximate token count of `text`: characters / 4, rounded up.
 pub fn approx_tokens(text: &str) -> usize {
@@ -184,6 +189,22 @@ impl ScenarioSpec {
             Scenario::Agent => spec(2, 4, 800, 400, 32, closed(2)),
             Scenario::AgentTrace => ScenarioSpec { ignore_eos: false, ..spec(6, 8, 0, 0, 64, closed(3)) },
         }
+    }
+
+    /// This spec with its open-loop arrivals scaled to a machine that serves `capacity`
+    /// requests per second one at a time: Poisson arrivals at [`PEAK_LOAD`] times that, the
+    /// bursts (same sizes) at the same point of the schedule as the defaults' (2 mean gaps
+    /// in). A closed loop clocks itself and is unchanged.
+    pub fn at_capacity(mut self, capacity: f64) -> ScenarioSpec {
+        if let Arrival::Open { rate_per_s, bursts, .. } = &mut self.arrival {
+            if capacity.is_finite() && capacity > 0.0 {
+                *rate_per_s = PEAK_LOAD * capacity;
+                for b in bursts {
+                    b.at_s = 2.0 / *rate_per_s;
+                }
+            }
+        }
+        self
     }
 
     /// This spec with request counts (conversations, burst sizes) times
@@ -354,6 +375,21 @@ impl Workload {
             })
             .collect();
         Ok(Workload { spec: spec.clone(), seed, conversations, start_times_s })
+    }
+
+    /// The median size (approximate tokens) of the conversations' first requests: what a
+    /// request of this workload that finds nothing cached must compute.
+    pub fn first_request_tokens(&self) -> usize {
+        let mut sizes: Vec<usize> = self
+            .conversations
+            .iter()
+            .map(|c| match c.replay.first() {
+                Some(r) => r.approx_prompt_tokens as usize,
+                None => c.first_messages().iter().map(|m| approx_tokens(&m.content)).sum(),
+            })
+            .collect();
+        sizes.sort_unstable();
+        sizes.get(sizes.len() / 2).copied().unwrap_or(0)
     }
 
     /// Total requests.

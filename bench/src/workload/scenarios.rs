@@ -59,6 +59,16 @@ pub(super) fn conversation(spec: &ScenarioSpec, corpus: &SourceCorpus, seed: u64
     }
 }
 
+/// A fresh prompt of about `tokens` approximate tokens (an excerpt and a question), drawn for
+/// `label`: what a lone request of that size looks like, for calibration. `label` goes in the
+/// first line, so two labels never share a cached prefix.
+pub(crate) fn lone_prompt(corpus: &SourceCorpus, seed: u64, label: &str, tokens: usize) -> String {
+    let mut rng = Rng::derive(seed, &format!("lone/{label}"));
+    let head = format!("[{label}]\n");
+    let body = code_then_question(&mut rng, corpus, (tokens * CHARS_PER_TOKEN).saturating_sub(head.len()), None);
+    format!("{head}{body}")
+}
+
 fn single(user: String) -> Conversation {
     Conversation { preamble: Vec::new(), turns: vec![user], replay: Vec::new() }
 }

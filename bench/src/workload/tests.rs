@@ -141,6 +141,33 @@ fn open_loop_workloads_start_on_the_schedule() {
 }
 
 #[test]
+fn open_loops_scale_to_the_machine_and_calibration_sizes_follow_first_requests() {
+    // A machine serving 0.5 requests/s alone: arrivals at 0.4/s, the burst 2 mean gaps in (5 s).
+    let spec = ScenarioSpec::defaults(Scenario::Peak).at_capacity(0.5);
+    match &spec.arrival {
+        Arrival::Open { rate_per_s, bursts, .. } => {
+            assert!((rate_per_s - 0.4).abs() < 1e-12);
+            assert_eq!((bursts[0].at_s, bursts[0].count), (5.0, 16));
+        }
+        other => panic!("{other:?}"),
+    }
+    // The defaults' own rate is the same point on a machine of capacity 0.25/s.
+    assert_eq!(ScenarioSpec::defaults(Scenario::Peak).at_capacity(0.25), ScenarioSpec::defaults(Scenario::Peak));
+    let closed = ScenarioSpec::defaults(Scenario::Agent);
+    assert_eq!(closed.clone().at_capacity(3.0), closed);
+    assert_eq!(ScenarioSpec::defaults(Scenario::Peak).at_capacity(0.0), ScenarioSpec::defaults(Scenario::Peak));
+
+    let corpus = corpus();
+    let w = Workload::build(&ScenarioSpec::defaults(Scenario::RepeatedContext), &corpus, 1).unwrap();
+    // Shared context (~1,600) and the first question (~48) plus the system prompt's line.
+    let n = w.first_request_tokens();
+    assert!((1600..1800).contains(&n), "{n}");
+    let lone = lone_prompt(&corpus, 1, "x", 600);
+    assert!((500..=620).contains(&approx_tokens(&lone)), "{}", approx_tokens(&lone));
+    assert_ne!(lone, lone_prompt(&corpus, 1, "y", 600));
+}
+
+#[test]
 fn scaling_and_parsing() {
     let spec = ScenarioSpec::defaults(Scenario::Peak).scaled(0.5, 0.25);
     assert_eq!(spec.conversations, 4);

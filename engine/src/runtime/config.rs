@@ -69,8 +69,13 @@ pub struct EngineConfig {
     /// target among them (prefill goes in smaller chunks) instead of always
     /// filling `token_budget`.
     pub pace_prefill: bool,
+    /// The share of the tightest inter-token target a paced pass aims at
+    /// (0 < margin ≤ 1): below 1, gaps stay under the target despite the
+    /// pass-time fit's error and a noisy machine.
+    pub pace_margin: f64,
     /// Prefill tokens a paced pass carries at least, so prompts keep moving
-    /// when the decoders alone fill the inter-token target.
+    /// when the decoders alone fill the inter-token target; also the share
+    /// of every pass an overdue prompt gets (see the `slo` policy).
     pub min_prefill_chunk: usize,
     /// Most requests running (holding KV and decoding) at once.
     pub max_running: usize,
@@ -91,7 +96,8 @@ impl Default for EngineConfig {
             pool: PoolSize::Tokens(16_384),
             token_budget: 512,
             pace_prefill: true,
-            min_prefill_chunk: 32,
+            pace_margin: 0.8,
+            min_prefill_chunk: 16,
             max_running: 64,
             policy: Policy::Slo,
             interactive: SloTargets { ttft: Duration::from_secs(3), itl: Duration::from_millis(250) },
@@ -115,6 +121,9 @@ impl EngineConfig {
     pub fn validate(&self) -> Result<(), String> {
         if self.token_budget == 0 {
             return Err("token_budget must be at least 1".into());
+        }
+        if !(self.pace_margin > 0.0 && self.pace_margin <= 1.0) {
+            return Err("pace_margin must be in (0, 1]".into());
         }
         if self.min_prefill_chunk == 0 {
             return Err("min_prefill_chunk must be at least 1".into());

@@ -91,7 +91,9 @@ impl PassModel {
 impl<B: Backend> Engine<B> {
     /// Tokens the next pass may carry. Without decoding requests (or with
     /// pacing off) that is the configured token budget; while requests decode
-    /// it is what fits in the tightest inter-token target among them, but
+    /// it is what fits in `pace_margin` times the tightest inter-token target
+    /// among them (the margin absorbs the fit's error and the noise of a
+    /// shared machine, so the gaps stay below the target, not at it), but
     /// never less than the decode tokens plus `min_prefill_chunk` (so prompts
     /// keep moving when the decoders alone fill the target) and never more
     /// than the token budget.
@@ -106,7 +108,7 @@ impl<B: Backend> Engine<B> {
             (c + 1, Some(m.map_or(itl, |m: Duration| m.min(itl))))
         });
         let Some(itl) = itl else { return max };
-        let Some(fits) = self.pace.tokens_within(itl) else { return max };
+        let Some(fits) = self.pace.tokens_within(itl.mul_f64(self.cfg.pace_margin)) else { return max };
         fits.max(count + self.cfg.min_prefill_chunk).min(max)
     }
 }

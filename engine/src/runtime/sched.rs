@@ -20,8 +20,10 @@
 //! ahead of it. A request that would miss it even served alone on this machine (its
 //! uncached prompt is too long for the hardware) is admitted and served as well as
 //! possible: behind the requests that can still make their targets, but never starved —
-//! once it has waited as long as a refusal would have allowed, it takes its deadline's
-//! place like any other (and counts as an SLO miss).
+//! once it has waited as long as a refusal would have allowed (it is *overdue*), every pass
+//! gives the overdue prompts together a bounded share (`min_prefill_chunk` prompt tokens, the
+//! earliest deadline first) before the hopeful requests get theirs, and whatever they leave
+//! after that. It counts as an SLO miss.
 
 use super::config::Policy;
 use super::seq::Seq;
@@ -37,6 +39,28 @@ const SHARED_PREFILL: usize = 256;
 
 /// A running prompt: its sequence id and tenant.
 pub(super) type Prompt = (u64, TenantKey);
+
+/// Which waiting requests an admission phase of a step takes (see [`Engine::pick`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) enum Tier {
+    /// Under `slo`, requests that cannot meet their TTFT target and have waited their
+    /// [`Engine::patience`]: admitted first, within the overdue prompts' bounded share.
+    Overdue,
+    /// Requests that can still meet their TTFT target (every request under `fcfs` and `lpm`).
+    Hopeful,
+    /// Anything, those that can still make it first.
+    Any,
+}
+
+/// Running prompts in the order their next chunks are planned (see [`Engine::prefill_order`]).
+pub(super) struct PrefillOrder {
+    /// Hopeless and overdue: a bounded share for all of them, before everything else.
+    pub overdue: Vec<Prompt>,
+    /// Can still meet the TTFT target (all of them under `fcfs` and `lpm`).
+    pub hopeful: Vec<Prompt>,
+    /// Cannot (the overdue ones included): what the hopeful ones leave.
+    pub hopeless: Vec<Prompt>,
+}
 
 /// Whether a request that has `work` prompt tokens left can no longer produce its first token
 /// by its deadline, even if it were served alone from `now` at `rate` tokens per second. Never
@@ -55,10 +79,16 @@ impl<B: Backend> Engine<B> {
         self.cfg.targets(seq.req.slo).ttft.mul_f64(self.cfg.overload_factor.max(1.0))
     }
 
-    /// Whether a hopeless request (see [`hopeless`]) still yields to hopeful ones: until it
-    /// has waited its [`Engine::patience`]; after that it is not starved any longer.
-    fn yields(&self, seq: &Seq, work: usize, now: Instant, rate: f64) -> bool {
-        hopeless(seq, work, now, rate) && now.saturating_duration_since(seq.arrival) < self.patience(seq)
+    /// Whether a request is hopeless (see [`hopeless`]) under the `slo` policy: only that policy
+    /// tells requests apart by whether they can still make their targets.
+    fn late(&self, seq: &Seq, work: usize, now: Instant, rate: f64) -> bool {
+        self.cfg.policy == Policy::Slo && hopeless(seq, work, now, rate)
+    }
+
+    /// Whether a hopeless request has waited its [`Engine::patience`]: from then on every pass
+    /// gives it a bounded share, so it is never starved.
+    fn overdue(&self, seq: &Seq, now: Instant) -> bool {
+        now.saturating_duration_since(seq.arrival) >= self.patience(seq)
     }
 
     /// Whether a request would be refused even served alone from `now` (no queue ahead): its
@@ -92,32 +122,38 @@ impl<B: Backend> Engine<B> {
         })
     }
 
-    /// Index in `waiting` of the request to admit next, if any may be admitted now.
-    pub(super) fn pick(&mut self, now: Instant) -> Option<usize> {
+    /// Index in `waiting` of the request to admit next in admission phase `tier`, if any.
+    /// Under `slo`, what can still meet its TTFT target goes first: under overload, earliest
+    /// deadline first would spend the engine on requests that are late anyway, and so make
+    /// every later one late too. Those that cannot wait (they are still served) behind the
+    /// ones that can, except for the bounded share of the overdue ones ([`Tier::Overdue`]).
+    pub(super) fn pick(&mut self, now: Instant, tier: Tier) -> Option<usize> {
         let prewarm_only = self.waiting.iter().all(|s| s.req.prewarm);
         let mut candidates: Vec<usize> =
             (0..self.waiting.len()).filter(|&i| self.waiting[i].req.prewarm == prewarm_only).collect();
         candidates.retain(|&i| !self.shares_running_prefill(i));
+        let rate = self.prefill_rate();
+        let late: Vec<bool> = candidates
+            .iter()
+            .map(|&i| {
+                let work = self.uncached(i);
+                self.late(&self.waiting[i], work, now, rate)
+            })
+            .collect();
+        let hopeful: Vec<usize> = candidates.iter().zip(&late).filter(|(_, &l)| !l).map(|(&i, _)| i).collect();
+        candidates = match tier {
+            Tier::Overdue => candidates
+                .iter()
+                .zip(&late)
+                .filter(|(&i, &l)| l && self.overdue(&self.waiting[i], now))
+                .map(|(&i, _)| i)
+                .collect(),
+            Tier::Hopeful => hopeful,
+            Tier::Any if hopeful.is_empty() => candidates,
+            Tier::Any => hopeful,
+        };
         if candidates.is_empty() {
             return None;
-        }
-        if self.cfg.policy == Policy::Slo {
-            // What can still meet its TTFT target goes first. Under overload, earliest deadline
-            // first would spend the engine on requests that are late anyway, and so make every
-            // later one late too; those wait (they are still served) behind the ones that can
-            // make it.
-            let rate = self.prefill_rate();
-            let hopeful: Vec<usize> = candidates
-                .iter()
-                .copied()
-                .filter(|&i| {
-                    let work = self.uncached(i);
-                    !self.yields(&self.waiting[i], work, now, rate)
-                })
-                .collect();
-            if !hopeful.is_empty() {
-                candidates = hopeful;
-            }
         }
         Some(match self.cfg.policy {
             Policy::Fcfs => {
@@ -176,29 +212,21 @@ impl<B: Backend> Engine<B> {
         .max(1.0)
     }
 
-    /// Running prompts in the order their next chunks are planned, as (can still meet the TTFT
-    /// target, cannot): oldest first, all in the first list, except under `slo`, where those
-    /// that can no longer make it come second and each list goes by deadline.
-    pub(super) fn prefill_order(&self, now: Instant) -> (Vec<Prompt>, Vec<Prompt>) {
+    /// Running prompts in the order their next chunks are planned: oldest first, all hopeful,
+    /// except under `slo`, where those that can no longer make their TTFT target come after
+    /// the others (the overdue ones among them also get a bounded share first) and each list
+    /// goes by deadline.
+    pub(super) fn prefill_order(&self, now: Instant) -> PrefillOrder {
         let mut prefilling: Vec<&Seq> = self.running.iter().filter(|s| s.remaining() > 1).collect();
-        let mut late = Vec::new();
+        let rate = self.prefill_rate();
         if self.cfg.policy == Policy::Slo {
-            let rate = self.prefill_rate();
             prefilling.sort_by_key(|s| (s.deadline, s.id));
-            let (ok, hopeless_ones): (Vec<&Seq>, Vec<&Seq>) =
-                prefilling.into_iter().partition(|s| !self.yields(s, s.remaining(), now, rate));
-            prefilling = ok;
-            late = hopeless_ones;
         }
-        let ids = |v: Vec<&Seq>| v.into_iter().map(|s| (s.id, s.req.tenant.clone())).collect();
-        (ids(prefilling), ids(late))
-    }
-
-    /// Whether waiting request `i` can no longer meet its TTFT target and still yields to
-    /// those that can (see [`hopeless`], [`Engine::patience`]).
-    pub(super) fn hopeless_waiting(&mut self, i: usize, now: Instant) -> bool {
-        let (work, rate) = (self.uncached(i), self.prefill_rate());
-        self.yields(&self.waiting[i], work, now, rate)
+        let (hopeless, hopeful): (Vec<&Seq>, Vec<&Seq>) =
+            prefilling.into_iter().partition(|s| self.late(s, s.remaining(), now, rate));
+        let ids = |v: &[&Seq]| v.iter().map(|s| (s.id, s.req.tenant.clone())).collect::<Vec<_>>();
+        let overdue: Vec<&Seq> = hopeless.iter().copied().filter(|s| self.overdue(s, now)).collect();
+        PrefillOrder { overdue: ids(&overdue), hopeful: ids(&hopeful), hopeless: ids(&hopeless) }
     }
 
     /// A tenant coming back from idle starts level with the least served

@@ -5,6 +5,7 @@
 
 use super::masks;
 use super::request::{Completion, Event, RequestError};
+use super::sched::{Prompt, Tier};
 use super::seq::Seq;
 use super::Engine;
 use crate::generate::FinishReason;
@@ -42,14 +43,24 @@ impl<B: Backend> Engine<B> {
         }
         // 2. Prefill chunks of sequences already running, then 3. admit waiting requests in
         // policy order while budget and memory last. Under `slo`, prompts that can no longer
-        // meet their TTFT target (hopeless) yield to everything that still can: hopeful running
-        // prompts, then hopeful admissions, then the hopeless running prompts, then the rest.
-        let (hopeful, hopeless) = self.prefill_order(now);
-        self.plan_prefills(hopeful, &mut plan, &mut budget, now);
-        let out_of_memory = self.admit_waiting(&mut plan, &mut budget, now, !hopeless.is_empty());
-        self.plan_prefills(hopeless, &mut plan, &mut budget, now);
+        // meet their TTFT target (hopeless) yield to everything that still can: overdue ones (see
+        // `sched`) get a bounded share first, then hopeful running prompts, then hopeful
+        // admissions, then the hopeless running prompts, then the rest.
+        let order = self.prefill_order(now);
+        // The overdue prompts' share, all of them together (the earliest deadline first): a share
+        // each would let a burst of them take every pass again.
+        let share = self.cfg.min_prefill_chunk.min(budget);
+        let mut left = share;
+        self.plan_prefills(order.overdue, &mut plan, &mut left, now);
+        let mut out_of_memory = self.admit_waiting(&mut plan, &mut left, now, Tier::Overdue);
+        budget -= share - left;
+        self.plan_prefills(order.hopeful, &mut plan, &mut budget, now);
         if !out_of_memory {
-            self.admit_waiting(&mut plan, &mut budget, now, false);
+            out_of_memory = self.admit_waiting(&mut plan, &mut budget, now, Tier::Hopeful);
+        }
+        self.plan_prefills(order.hopeless, &mut plan, &mut budget, now);
+        if !out_of_memory {
+            self.admit_waiting(&mut plan, &mut budget, now, Tier::Any);
         }
         if plan.is_empty() {
             // Nothing fits: running prefills are stuck on memory. Give one up
@@ -64,39 +75,39 @@ impl<B: Backend> Engine<B> {
         self.publish_stats();
     }
 
-    /// Plans the next chunk of each listed running prompt while the budget lasts.
-    fn plan_prefills(
-        &mut self,
-        order: Vec<(u64, TenantKey)>,
-        plan: &mut Vec<Planned>,
-        budget: &mut usize,
-        now: Instant,
-    ) {
+    /// Plans the next chunk of each listed running prompt while the budget lasts; a prompt
+    /// already in the plan gets its chunk extended.
+    fn plan_prefills(&mut self, order: Vec<Prompt>, plan: &mut Vec<Planned>, budget: &mut usize, now: Instant) {
         for (id, tenant) in order {
             if *budget == 0 {
                 break;
             }
-            let remaining = self.running.iter().find(|s| s.id == id).map_or(0, |s| s.remaining());
+            let planned = plan.iter().position(|p| p.seq == id);
+            let left = self.running.iter().find(|s| s.id == id).map_or(0, |s| s.remaining());
+            let remaining = left.saturating_sub(planned.map_or(0, |k| plan[k].len));
             let chunk = remaining.min(*budget);
-            if !self.ensure_free(chunk, &tenant, now) {
+            if chunk == 0 || !self.ensure_free(chunk, &tenant, now) {
                 continue;
             }
             let seq = self.running.iter_mut().find(|s| s.id == id).expect("listed above");
             self.pool.allocate_into(chunk, &mut seq.slots).expect("ensure_free made room");
-            plan.push(Planned { seq: id, len: chunk, logits: chunk == remaining });
+            let logits = chunk == remaining;
+            match planned {
+                Some(k) => {
+                    plan[k].len += chunk;
+                    plan[k].logits = logits;
+                }
+                None => plan.push(Planned { seq: id, len: chunk, logits }),
+            }
             *budget -= chunk;
         }
     }
 
-    /// Admits waiting requests in policy order while budget, memory and `max_running` allow;
-    /// with `hopeful_only`, stops at the first that can no longer meet its TTFT target. True
-    /// when memory ran out (admitting more this step is pointless).
-    fn admit_waiting(&mut self, plan: &mut Vec<Planned>, budget: &mut usize, now: Instant, hopeful_only: bool) -> bool {
+    /// Admits waiting requests of admission phase `tier` in policy order while budget, memory
+    /// and `max_running` allow. True when memory ran out (admitting more this step is pointless).
+    fn admit_waiting(&mut self, plan: &mut Vec<Planned>, budget: &mut usize, now: Instant, tier: Tier) -> bool {
         while *budget > 0 && self.running.len() < self.cfg.max_running && !self.waiting.is_empty() {
-            let Some(idx) = self.pick(now) else { return false };
-            if hopeful_only && self.hopeless_waiting(idx, now) {
-                return false;
-            }
+            let Some(idx) = self.pick(now, tier) else { return false };
             let mut seq = self.waiting.swap_remove(idx);
             self.admit(&mut seq, now);
             let chunk = seq.remaining().min(*budget);
@@ -335,7 +346,6 @@ impl<B: Backend> Engine<B> {
             let rate = total as f64 / secs.max(1e-6);
             self.rate = if self.rate > 0.0 { 0.8 * self.rate + 0.2 * rate } else { rate };
         }
-        self.pace.observe(total, secs);
         metrics::histogram!("cachet:forward_pass_tokens").record(total as f64);
         metrics::histogram!("cachet:forward_pass_seconds").record(secs);
         let vocab = self.model.config().vocab_size;
@@ -434,6 +444,9 @@ impl<B: Backend> Engine<B> {
             self.release_kv(&mut seq, true);
             self.report(&seq, super::request::Outcome::Failed, FinishReason::Stop);
         }
+        // Pacing fits the whole step, not the forward pass alone: what a decoding request waits
+        // between two tokens includes planning, sampling, grammars and sending.
+        self.pace.observe(total, now.elapsed().as_secs_f64());
     }
 
     /// Caches what the request computed and reports its accounting.

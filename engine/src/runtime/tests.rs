@@ -25,6 +25,7 @@ fn cfg() -> EngineConfig {
         pool: PoolSize::Tokens(4096),
         overload_factor: 0.0,
         min_prefill_chunk: 8,
+        pace_margin: 1.0,
         interactive: SloTargets { ttft: Duration::from_secs(3), itl: Duration::from_millis(250) },
         ..EngineConfig::default()
     }
@@ -78,6 +79,13 @@ fn a_prompt_next_to_a_decoder_comes_in_chunks_that_fit_the_inter_token_target() 
     let (chunk, _) = chunk_next_to_a_decoder(cfg(), pass_cost());
     // (250 − 10) / 2 = 120 tokens in the pass, one of them A's.
     assert_eq!(chunk, 119);
+}
+
+#[test]
+fn pacing_aims_below_the_target_by_its_margin() {
+    let (chunk, _) = chunk_next_to_a_decoder(EngineConfig { pace_margin: 0.8, ..cfg() }, pass_cost());
+    // (0.8 × 250 − 10) / 2 = 95 tokens in the pass, one of them A's.
+    assert_eq!(chunk, 94);
 }
 
 #[test]
@@ -191,4 +199,75 @@ fn admission_control_does_not_count_hopeless_requests_ahead_of_one_that_can_make
     };
     assert_eq!(admitted(Policy::Slo), (2, 0));
     assert_eq!(admitted(Policy::Fcfs), (1, 1));
+}
+
+/// Moves a request's arrival (and so its deadline) `secs` into the past.
+fn age(e: &mut Engine<CpuBackend>, id: u64, secs: u64) {
+    let d = Duration::from_secs(secs);
+    let seq = e.running.iter_mut().chain(e.waiting.iter_mut()).find(|s| s.id == id).expect("queued or running");
+    seq.arrival = seq.arrival.checked_sub(d).expect("the clock is older than that");
+    seq.deadline = seq.deadline.checked_sub(d).expect("the clock is older than that");
+}
+
+#[test]
+fn an_overdue_prompt_gets_a_bounded_share_and_a_newcomer_that_can_make_it_the_rest() {
+    // `late` (600 tokens, 6 s alone) has waited past its patience (3 s): it is not starved any
+    // more, but its earlier deadline does not let it take whole passes from `fine` (50 tokens,
+    // 0.5 s), which can still make its target. Before, `late` took all 64 tokens of the pass
+    // and `fine` waited for its whole prompt; agents' short follow-ups waited a minute so.
+    let mut e = engine(EngineConfig { token_budget: 64, pace_prefill: false, ..cfg() });
+    let late = submit(&mut e, 600, 4);
+    e.step();
+    assert_eq!(computed(&e, late), 64);
+    age(&mut e, late, 10);
+    let fine = submit(&mut e, 50, 4);
+    e.pace = slow();
+    e.step();
+    // 8 (min_prefill_chunk) for `late` first, 50 for `fine`, the 6 left for `late` again.
+    assert_eq!((computed(&e, late), computed(&e, fine)), (64 + 8 + 6, 50));
+
+    // The same when the overdue request is still waiting: admitted first, for its share.
+    let mut e = engine(EngineConfig { token_budget: 64, pace_prefill: false, ..cfg() });
+    let late = submit(&mut e, 600, 4);
+    age(&mut e, late, 10);
+    let fine = submit(&mut e, 50, 4);
+    e.pace = slow();
+    e.step();
+    assert_eq!((computed(&e, late), computed(&e, fine)), (8, 50));
+    for _ in 0..100 {
+        if e.running.is_empty() && e.waiting.is_empty() {
+            break;
+        }
+        e.step();
+    }
+    assert_eq!(e.stats.finished, 2, "both are served");
+}
+
+#[test]
+fn overdue_prompts_share_one_bounded_share_so_a_burst_of_them_cannot_take_the_passes() {
+    // Two overdue prompts (a burst that arrived long ago) and a newcomer that can make it: the
+    // two together get min_prefill_chunk (8), the earliest deadline first, not 8 each.
+    let mut e = engine(EngineConfig { token_budget: 64, pace_prefill: false, ..cfg() });
+    let first = submit(&mut e, 600, 4);
+    let second = submit(&mut e, 600, 4);
+    age(&mut e, first, 11);
+    age(&mut e, second, 10);
+    let fine = submit(&mut e, 50, 4);
+    e.pace = slow();
+    e.step();
+    assert_eq!((computed(&e, first), computed(&e, second), computed(&e, fine)), (8, 0, 50));
+}
+
+#[test]
+fn an_overdue_prompt_moves_by_its_share_while_hopeful_ones_fill_the_passes() {
+    // A steady stream of requests that can make their targets never stops the overdue one.
+    let mut e = engine(EngineConfig { token_budget: 64, pace_prefill: false, ..cfg() });
+    let late = submit(&mut e, 600, 1);
+    age(&mut e, late, 10);
+    for _ in 0..5 {
+        submit(&mut e, 60, 1);
+        e.pace = slow();
+        e.step();
+    }
+    assert!(computed(&e, late) >= 5 * 8, "{} tokens after 5 passes", computed(&e, late));
 }

@@ -19,10 +19,12 @@ pub mod fanout;
 mod reports;
 mod repos;
 mod sessions;
+mod sign_in;
 mod tasks;
 
 pub use repos::{Invalidation, NewRepository, Repository};
 pub use sessions::{NewTurn, Role, Session, Turn};
+pub use sign_in::SignInSubject;
 pub use tasks::{OutcomeError, Task, TaskStatus};
 
 /// How long an operation waits for a connection before the store reports Postgres as unavailable.

@@ -8,6 +8,7 @@ use super::{Store, StoreError};
 use crate::model::TenantId;
 use crate::report::{GroupBy, Report, ReportRow};
 use chrono::{DateTime, Duration, NaiveDate, Utc};
+use uuid::Uuid;
 
 /// The group key of a request (`r`, with its session `s`) and of a task (`t`, with `s`).
 fn keys(group: Option<GroupBy>) -> (&'static str, &'static str) {
@@ -18,7 +19,7 @@ fn keys(group: Option<GroupBy>) -> (&'static str, &'static str) {
         ),
         Some(GroupBy::Session) => ("COALESCE(r.session_id::text, 'none')", "COALESCE(t.session_id::text, 'none')"),
         Some(GroupBy::Repo) => ("COALESCE(s.repo_id::text, 'none')", "COALESCE(s.repo_id::text, 'none')"),
-        Some(GroupBy::Task) => ("COALESCE(r.task_id::text, 'none')", "t.id::text"),
+        Some(GroupBy::Task) => ("COALESCE(rt.id::text, 'none')", "t.id::text"),
         None => ("'total'", "'total'"),
     }
 }
@@ -89,6 +90,7 @@ impl Store {
                percentile_cont(0.95) WITHIN GROUP (ORDER BY r.ttft_ms) AS ttft_p95_ms, \
                count(*) FILTER (WHERE r.slo_met) AS slo_met, count(r.slo_met) AS slo_judged \
              FROM requests r LEFT JOIN sessions s ON s.id = r.session_id AND s.tenant_id = r.tenant_id \
+             LEFT JOIN tasks rt ON rt.id = r.task_id AND rt.tenant_id = r.tenant_id \
              WHERE r.created_at >= $1 AND r.created_at < $2 AND ($3::uuid IS NULL OR r.tenant_id = $3) \
              GROUP BY 1"
         ))
@@ -105,9 +107,10 @@ impl Store {
                count(*) FILTER (WHERE t.status = 'open') AS open, \
                COALESCE(sum(c.cost), 0)::float8 AS task_cost \
              FROM tasks t LEFT JOIN sessions s ON s.id = t.session_id AND s.tenant_id = t.tenant_id \
-             LEFT JOIN (SELECT task_id, sum(cost) AS cost FROM requests \
-                        WHERE task_id IS NOT NULL AND ($3::uuid IS NULL OR tenant_id = $3) GROUP BY task_id) c \
-               ON c.task_id = t.id \
+             LEFT JOIN (SELECT task_id, tenant_id, sum(cost) AS cost FROM requests \
+                        WHERE task_id IS NOT NULL AND ($3::uuid IS NULL OR tenant_id = $3) \
+                        GROUP BY task_id, tenant_id) c \
+               ON c.task_id = t.id AND c.tenant_id = t.tenant_id \
              WHERE COALESCE(t.closed_at, t.created_at) >= $1 AND COALESCE(t.closed_at, t.created_at) < $2 \
                AND ($3::uuid IS NULL OR t.tenant_id = $3) \
              GROUP BY 1"
@@ -147,7 +150,7 @@ impl Store {
             row.tasks_open = t.open;
             row.task_cost = t.task_cost;
         }
-        let labels = self.labels(group, rows.keys().cloned().collect()).await?;
+        let labels = self.labels(tenant, group, rows.keys().cloned().collect()).await?;
         Ok(rows
             .into_values()
             .map(|(mut row, met, judged)| {
@@ -162,14 +165,24 @@ impl Store {
             .collect())
     }
 
-    /// Repository names and task titles for the keys of a report.
-    async fn labels(&self, group: Option<GroupBy>, keys: Vec<String>) -> Result<BTreeMap<String, String>, StoreError> {
+    /// Repository names and task titles for the keys of a report (of `tenant`'s own repositories
+    /// and tasks; across tenants for the operator).
+    async fn labels(
+        &self,
+        tenant: Option<Uuid>,
+        group: Option<GroupBy>,
+        keys: Vec<String>,
+    ) -> Result<BTreeMap<String, String>, StoreError> {
         let query = match group {
-            Some(GroupBy::Repo) => "SELECT id::text, name FROM repositories WHERE id::text = ANY($1)",
-            Some(GroupBy::Task) => "SELECT id::text, title FROM tasks WHERE id::text = ANY($1)",
+            Some(GroupBy::Repo) => {
+                "SELECT id::text, name FROM repositories WHERE id::text = ANY($1) AND ($2::uuid IS NULL OR tenant_id = $2)"
+            }
+            Some(GroupBy::Task) => {
+                "SELECT id::text, title FROM tasks WHERE id::text = ANY($1) AND ($2::uuid IS NULL OR tenant_id = $2)"
+            }
             _ => return Ok(BTreeMap::new()),
         };
-        let rows: Vec<(String, String)> = sqlx::query_as(query).bind(keys).fetch_all(self.pool()).await?;
+        let rows: Vec<(String, String)> = sqlx::query_as(query).bind(keys).bind(tenant).fetch_all(self.pool()).await?;
         Ok(rows.into_iter().collect())
     }
 }

@@ -154,6 +154,18 @@ impl Store {
         Ok(row.map(Session::from))
     }
 
+    /// Whether `id` names a session of another tenant than `tenant` (a request may label itself
+    /// with a session id of its own choosing, never with another tenant's session).
+    pub async fn is_foreign_session(&self, tenant: TenantId, id: Uuid) -> Result<bool, StoreError> {
+        let (foreign,): (bool,) =
+            sqlx::query_as("SELECT EXISTS (SELECT 1 FROM sessions WHERE id = $1 AND tenant_id <> $2)")
+                .bind(id)
+                .bind(tenant.0)
+                .fetch_one(self.pool())
+                .await?;
+        Ok(foreign)
+    }
+
     /// Marks a session active now.
     pub async fn touch_session(&self, id: Uuid) -> Result<(), StoreError> {
         sqlx::query("UPDATE sessions SET last_active_at = now() WHERE id = $1").bind(id).execute(self.pool()).await?;

@@ -106,7 +106,51 @@ pub async fn spawn_replica(app: &TestApp) -> TestApp {
     spawn_settings(s, data, app.database_url.clone()).await
 }
 
+/// Everything the apps of this test binary log at `info` and above, from the first spawn on: the
+/// suite checks that no credential reaches it (`reports::no_token_reaches_the_logs`).
+pub fn logs() -> String {
+    String::from_utf8_lossy(&log_buffer().lock().unwrap_or_else(|e| e.into_inner())).into_owned()
+}
+
+fn log_buffer() -> &'static std::sync::Arc<Mutex<Vec<u8>>> {
+    static LOGS: OnceLock<std::sync::Arc<Mutex<Vec<u8>>>> = OnceLock::new();
+    LOGS.get_or_init(|| {
+        let buf = std::sync::Arc::new(Mutex::new(Vec::new()));
+        let sink = buf.clone();
+        // The `log` records of libraries (actix-web's) come through too.
+        let _ = tracing_subscriber::fmt()
+            .with_env_filter(tracing_subscriber::EnvFilter::new("info"))
+            .with_ansi(false)
+            .with_writer(move || Capture(sink.clone()))
+            .try_init();
+        buf
+    })
+}
+
+struct Capture(std::sync::Arc<Mutex<Vec<u8>>>);
+
+impl std::io::Write for Capture {
+    fn write(&mut self, bytes: &[u8]) -> std::io::Result<usize> {
+        self.0.lock().unwrap_or_else(|e| e.into_inner()).extend_from_slice(bytes);
+        Ok(bytes.len())
+    }
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+/// Every token the helpers issued in this test binary.
+pub fn issued_tokens() -> Vec<String> {
+    issued().lock().unwrap_or_else(|e| e.into_inner()).clone()
+}
+
+fn issued() -> &'static Mutex<Vec<String>> {
+    static ISSUED: OnceLock<Mutex<Vec<String>>> = OnceLock::new();
+    ISSUED.get_or_init(Default::default)
+}
+
 pub async fn spawn_settings(s: Settings, data_dir: tempfile::TempDir, database_url: String) -> TestApp {
+    log_buffer();
     let jwt = Jwt::new(&s.auth.jwt).unwrap();
     let app = Application::build(s).await.expect("the app builds");
     let address = format!("http://127.0.0.1:{}", app.port());
@@ -148,7 +192,9 @@ impl TestApp {
         assert_eq!(r.status(), 201, "{}", r.text().await.unwrap());
         let t: Value = r.json().await.unwrap();
         let id: TenantId = t["id"].as_str().unwrap().parse().unwrap();
-        (id, self.jwt.issue(id, Duration::from_secs(3600)).unwrap())
+        let token = self.jwt.issue(id, Duration::from_secs(3600)).unwrap();
+        issued().lock().unwrap_or_else(|e| e.into_inner()).push(token.clone());
+        (id, token)
     }
 
     pub fn model(&self) -> String {
@@ -299,4 +345,13 @@ impl TestApp {
             tokio::time::sleep(Duration::from_millis(20)).await;
         }
     }
+}
+
+/// A one-time sign-in link of the report page for `token` (absolute URL).
+pub async fn sign_in_link(app: &TestApp, token: &str) -> String {
+    let r =
+        app.client.post(format!("{}/v1/reports/sign-in-links", app.address)).bearer_auth(token).send().await.unwrap();
+    assert_eq!(r.status(), 201);
+    let v: Value = r.json().await.unwrap();
+    format!("{}{}", app.address, v["url"].as_str().unwrap())
 }

@@ -11,5 +11,6 @@ mod ledger;
 mod logprobs;
 mod reports;
 mod responses;
+mod security;
 mod sessions;
 mod tools;

@@ -185,12 +185,15 @@ async fn webhooks_are_verified_deduplicated_and_scoped() {
     let again = hook(Some(sign(&repo.secret, &body)), "push", "d1").await.unwrap();
     assert_eq!(again.status(), 200);
     assert_eq!(again.json::<Value>().await.unwrap()["duplicate"], true);
+    // The delivery header is not signed: a captured body replayed under a new one is the same push.
+    let replay = hook(Some(sign(&repo.secret, &body)), "push", "d2-forged").await.unwrap();
+    assert_eq!(replay.json::<Value>().await.unwrap()["duplicate"], true);
     let info: Value = app.get(&token, &format!("/v1/repos/{}", repo.id)).await.json().await.unwrap();
     let invalidations = info["invalidations"].as_array().unwrap();
     assert_eq!(invalidations.len(), 1, "{info}");
     assert_eq!(invalidations[0]["paths"], json!(["src/cart.rs"]));
     assert!(info.get("webhook").is_none() && !info.to_string().contains(&repo.secret), "the secret is shown once");
-    // Unregistered repositories: 404.
+    // Unregistered repositories answer as a bad signature does: nobody learns which ids exist.
     for id in [uuid::Uuid::new_v4().to_string(), "not-a-uuid".to_string()] {
         let r = app
             .client
@@ -200,7 +203,8 @@ async fn webhooks_are_verified_deduplicated_and_scoped() {
             .send()
             .await
             .unwrap();
-        error(r, 404).await;
+        let e = error(r, 401).await;
+        assert_eq!(e["message"], "missing or invalid X-Hub-Signature-256");
     }
 }
 

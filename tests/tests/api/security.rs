@@ -1,0 +1,243 @@
+//! Attacks on a multi-tenant server, each tried as an attacker would (issue "Multi-tenant
+//! hardening"): what must hold for the service to be safe to run for many tenants.
+
+use crate::helpers::*;
+use serde_json::{json, Value};
+use uuid::Uuid;
+
+fn no_redirect() -> reqwest::Client {
+    reqwest::Client::builder().redirect(reqwest::redirect::Policy::none()).build().unwrap()
+}
+
+/// The `cachet_token` cookie a response sets, as `name=value`.
+fn session_cookie(r: &reqwest::Response) -> String {
+    let set = r.headers()["set-cookie"].to_str().unwrap().to_string();
+    assert!(set.contains("HttpOnly") && set.contains("SameSite=Strict") && set.contains("Max-Age="), "{set}");
+    set.split(';').next().unwrap().to_string()
+}
+
+#[tokio::test]
+async fn no_token_reaches_the_logs() {
+    // Every way a credential travels to the server: a URL (refused, but still requested), the
+    // Authorization header, the sign-in form, a sign-in link's code, the session cookie.
+    let app = spawn_app().await;
+    let (_, token) = app.tenant("logged").await;
+    let web = no_redirect();
+    let url = |path: &str| format!("{}{path}", app.address);
+    let r = web.get(url(&format!("/reports?token={token}&from=2026-11-01"))).send().await.unwrap();
+    assert_eq!(r.status(), 400, "a token in a URL is refused");
+    assert!(r.headers().get("set-cookie").is_none());
+    let r = web.get(url(&format!("/v1/reports/usage?token={token}"))).send().await.unwrap();
+    assert_eq!(r.status(), 401, "and never used");
+    assert_eq!(web.get(url("/reports")).bearer_auth(&token).send().await.unwrap().status(), 200);
+    let r = web.post(url("/reports/sign-in")).form(&[("token", token.as_str())]).send().await.unwrap();
+    assert_eq!(r.status(), 303);
+    let cookie = session_cookie(&r);
+    assert_eq!(web.get(url("/reports")).header("cookie", &cookie).send().await.unwrap().status(), 200);
+    let link = sign_in_link(&app, &token).await;
+    let code = link.split("code=").nth(1).unwrap().to_string();
+    assert_eq!(web.get(&link).send().await.unwrap().status(), 303);
+    assert_eq!(web.get(url("/admin/tenants")).bearer_auth(OPERATOR).send().await.unwrap().status(), 200);
+
+    let logs = logs();
+    assert!(logs.contains("/reports/sign-in") && logs.contains("status=303"), "the access log is captured:\n{logs}");
+    let minted = cookie.split_once('=').unwrap().1.to_string();
+    let mut secrets = vec![token.clone(), minted, code, OPERATOR.to_string(), SECRET.to_string()];
+    secrets.extend(issued_tokens());
+    for secret in secrets {
+        assert!(!logs.contains(&secret), "a credential ({}…) is in the logs", &secret[..12]);
+    }
+}
+
+#[tokio::test]
+async fn the_report_page_signs_in_by_form_or_one_time_link_and_never_by_url() {
+    let app = spawn_app().await;
+    let (_, token) = app.tenant("acme").await;
+    let (_, other) = app.tenant("other").await;
+    let web = no_redirect();
+    let url = |path: &str| format!("{}{path}", app.address);
+
+    // Not signed in: the sign-in page (a form posting the token in the body).
+    let r = web.get(url("/reports")).send().await.unwrap();
+    assert_eq!(r.status(), 401);
+    let page = r.text().await.unwrap();
+    assert!(page.contains(r#"<form method="post" action="/reports/sign-in">"#), "{page}");
+
+    // The form: same-origin posts only (a cross-site form cannot sign a victim in).
+    let r = web
+        .post(url("/reports/sign-in"))
+        .header("origin", "http://evil.example")
+        .form(&[("token", token.as_str())])
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 403);
+    assert!(r.headers().get("set-cookie").is_none());
+    let r = web
+        .post(url("/reports/sign-in"))
+        .header("sec-fetch-site", "cross-site")
+        .form(&[("token", token.as_str())])
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 403);
+    let r = web
+        .post(url("/reports/sign-in"))
+        .header("origin", app.address.as_str())
+        .form(&[("token", "not-a-token")])
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 401);
+    let r = web
+        .post(url("/reports/sign-in"))
+        .header("origin", app.address.as_str())
+        .form(&[("token", token.as_str())])
+        .send()
+        .await
+        .unwrap();
+    assert_eq!((r.status().as_u16(), r.headers()["location"].to_str().unwrap()), (303, "/reports"));
+    let cookie = session_cookie(&r);
+    assert!(!cookie.contains(&token), "the cookie holds a session token, not the tenant's own");
+    let page = web.get(url("/reports")).header("cookie", &cookie).send().await.unwrap();
+    assert_eq!(page.status(), 200);
+    assert!(page.headers()["content-security-policy"].to_str().unwrap().contains("default-src 'none'"));
+    assert!(page.text().await.unwrap().contains("acme — usage"));
+    let bad = web.get(url("/reports")).header("cookie", "cachet_token=nope").send().await.unwrap();
+    assert_eq!(bad.status(), 401);
+
+    // A link: once, keeping the window it carries.
+    let link = sign_in_link(&app, &token).await;
+    let r = web.get(format!("{link}&from=2026-11-01")).send().await.unwrap();
+    assert_eq!((r.status().as_u16(), r.headers()["location"].to_str().unwrap()), (303, "/reports?from=2026-11-01"));
+    let fresh = session_cookie(&r);
+    assert_eq!(web.get(url("/reports")).header("cookie", &fresh).send().await.unwrap().status(), 200);
+    assert_eq!(web.get(&link).send().await.unwrap().status(), 401, "used");
+    assert_eq!(web.get(url("/reports/sign-in?code=0000")).send().await.unwrap().status(), 401);
+
+    // Someone else's link does not silently switch a signed-in browser to their account: it must
+    // sign out first, and the link stays good for when it does.
+    let theirs = sign_in_link(&app, &other).await;
+    let r = web.get(&theirs).header("cookie", &cookie).send().await.unwrap();
+    assert_eq!(r.status(), 409);
+    assert!(r.headers().get("set-cookie").is_none());
+    assert!(r.text().await.unwrap().contains("tenant acme"));
+    let r = web.post(url("/reports/sign-out")).header("origin", "http://evil.example").send().await.unwrap();
+    assert_eq!(r.status(), 403, "no cross-site sign-out either");
+    let r = web.post(url("/reports/sign-out")).header("cookie", &cookie).send().await.unwrap();
+    assert_eq!(r.status(), 303);
+    assert!(r.headers()["set-cookie"].to_str().unwrap().contains("Max-Age=0"));
+    let r = web.get(&theirs).send().await.unwrap();
+    assert_eq!(r.status(), 303, "the link still works after signing out");
+
+    // The operator gets links too; links need the bearer header (a cookie cannot mint them).
+    let op = sign_in_link(&app, OPERATOR).await;
+    let r = web.get(&op).send().await.unwrap();
+    let op_cookie = session_cookie(&r);
+    let page = web.get(url("/reports")).header("cookie", &op_cookie).send().await.unwrap().text().await.unwrap();
+    assert!(page.contains("All tenants — usage"));
+    let r = web.post(url("/v1/reports/sign-in-links")).header("cookie", &fresh).send().await.unwrap();
+    assert_eq!(r.status(), 401);
+    let v: Value = r.json().await.unwrap();
+    assert!(v["error"]["message"].is_string());
+}
+
+#[tokio::test]
+async fn a_request_cannot_label_itself_with_another_tenants_session() {
+    let app = spawn_app().await;
+    let (_, a) = app.tenant("a").await;
+    let (_, b) = app.tenant("b").await;
+    let repo = app.register(&b, app.source_repo("b-repo", &[("src/lib.rs", Some("pub fn f() {}\n"))])).await;
+    let theirs = app.session(&b, &repo).await;
+    let mut body = app.chat_body("hi", 1);
+    body["session_id"] = json!(theirs);
+    error(app.chat(&a, body.clone()).await, 404).await;
+    let r = app
+        .client
+        .post(format!("{}/v1/chat/completions", app.address))
+        .bearer_auth(&a)
+        .header("x-cachet-session", theirs.as_str())
+        .json(&app.chat_body("hi", 1))
+        .send()
+        .await
+        .unwrap();
+    error(r, 404).await;
+    // A label of the tenant's own choosing, and the session's owner, are served.
+    assert_eq!(app.chat(&b, body.clone()).await.status(), 200);
+    body["session_id"] = json!(Uuid::new_v4());
+    assert_eq!(app.chat(&a, body).await.status(), 200);
+}
+
+#[tokio::test]
+async fn while_postgres_is_down_only_tasks_checked_before_are_taken() {
+    // Its own cluster: stopping the shared one would break the other tests.
+    let dir = tempfile::tempdir().unwrap();
+    let mut cluster = cachet_tenants::cluster::PrivateCluster::start(dir.path(), 0, false).unwrap();
+    cluster.create_database("tasks").unwrap();
+    let url = cluster.url("tasks");
+    let data_dir = tempfile::tempdir().unwrap();
+    let app = spawn_settings(settings(&url, data_dir.path()), data_dir, url).await;
+    let (_, a) = app.tenant("a").await;
+    let (_, b) = app.tenant("b").await;
+    let task = |token: String| {
+        let app = &app;
+        async move {
+            let r = app.post(&token, "/v1/tasks", json!({ "title": "secret project" })).await;
+            assert_eq!(r.status(), 201);
+            r.json::<Value>().await.unwrap()["id"].as_str().unwrap().to_string()
+        }
+    };
+    let (mine, theirs) = (task(a.clone()).await, task(b.clone()).await);
+    let with_task = |task: &str| {
+        let mut body = app.chat_body("hi", 1);
+        body["task_id"] = json!(task);
+        body
+    };
+    assert_eq!(app.chat(&a, with_task(&mine)).await.status(), 200);
+    error(app.chat(&a, with_task(&theirs)).await, 404).await;
+    cluster.stop().unwrap();
+    assert_eq!(app.chat(&a, with_task(&mine)).await.status(), 200, "a task checked before goes on");
+    let e = error(app.chat(&a, with_task(&theirs)).await, 503).await;
+    assert!(e["message"].as_str().unwrap().contains("without it"), "{e}");
+    cluster.restart().unwrap();
+    app.handle.stop(true).await;
+}
+
+#[tokio::test]
+async fn reports_never_join_another_tenants_task() {
+    // A ledger row naming another tenant's task (as one accepted during an outage before the fix
+    // above could be): neither the title nor the cost crosses tenants.
+    let app = spawn_app().await;
+    let (a, a_token) = app.tenant("a").await;
+    let (b, b_token) = app.tenant("b").await;
+    let theirs = app.post(&b_token, "/v1/tasks", json!({ "title": "b's secret project" })).await;
+    let theirs: Uuid = theirs.json::<Value>().await.unwrap()["id"].as_str().unwrap().parse().unwrap();
+    let row = |tenant, cost| cachet_tenants::UsageRecord {
+        id: Uuid::new_v4(),
+        tenant,
+        session_id: None,
+        task_id: Some(theirs),
+        model: "tiny".into(),
+        endpoint: "chat.completions".into(),
+        prompt_tokens: 10,
+        cached_tokens: 0,
+        computed_tokens: 10,
+        output_tokens: 1,
+        queue_ms: 1.0,
+        ttft_ms: Some(10.0),
+        e2e_ms: 20.0,
+        compute_seconds: 0.1,
+        cost,
+        status: "ok".into(),
+        finish_reason: Some("stop".into()),
+        created_at: chrono::Utc::now(),
+        slo_class: Some("interactive".into()),
+        slo_met: Some(true),
+    };
+    app.state.store.insert_usage(&[row(a, 5.0), row(b, 1.0)]).await.unwrap();
+    let text = app.get(&a_token, "/v1/reports/usage?group_by=task").await.text().await.unwrap();
+    assert!(!text.contains("secret project") && !text.contains(&theirs.to_string()), "{text}");
+    let v: Value = app.get(OPERATOR, "/admin/reports/usage?group_by=task").await.json().await.unwrap();
+    let task = v["rows"].as_array().unwrap().iter().find(|r| r["key"] == theirs.to_string()).expect("b's task row");
+    assert_eq!(task["task_cost"], 1.0, "only b's own requests count for b's task: {task}");
+}
