@@ -37,6 +37,13 @@ impl Ledger {
         if let Some(dir) = spool.parent() {
             std::fs::create_dir_all(dir)?;
         }
+        // The spool holds tenants' usage: only cachet's user reads it (files of earlier versions
+        // were created 0644).
+        for path in [spool.clone(), spool.with_extension("rejected")] {
+            if path.exists() {
+                std::fs::set_permissions(&path, std::os::unix::fs::PermissionsExt::from_mode(0o600))?;
+            }
+        }
         let (tx, rx) = mpsc::unbounded_channel();
         let task = tokio::spawn(run(store, spool, rx));
         Ok((Ledger { tx }, task))
@@ -110,9 +117,17 @@ async fn run(store: Store, spool: PathBuf, mut rx: mpsc::UnboundedReceiver<Msg>)
     drain(&store, &spool).await;
 }
 
+/// Options that create a file only its owner can read or write (0600).
+fn private() -> std::fs::OpenOptions {
+    use std::os::unix::fs::OpenOptionsExt;
+    let mut o = std::fs::OpenOptions::new();
+    o.create(true).mode(0o600);
+    o
+}
+
 fn append(spool: &Path, rows: &[UsageRecord]) -> std::io::Result<()> {
     use std::io::{Read, Seek, SeekFrom};
-    let mut f = std::fs::OpenOptions::new().create(true).read(true).append(true).open(spool)?;
+    let mut f = private().read(true).append(true).open(spool)?;
     let mut buf = Vec::new();
     // A crash mid-write leaves a torn last line: end it, so the next row
     // starts on a line of its own instead of being glued to it.
@@ -186,11 +201,8 @@ fn reject(spool: &Path, row: &UsageRecord, reason: &str) {
     let path = spool.with_extension("rejected");
     tracing::error!(request = %row.id, "the database refuses a usage row ({reason}); kept in {}", path.display());
     let line = serde_json::json!({ "reason": reason, "row": row }).to_string() + "\n";
-    let written = std::fs::OpenOptions::new()
-        .create(true)
-        .append(true)
-        .open(&path)
-        .and_then(|mut f| f.write_all(line.as_bytes()).and_then(|_| f.sync_data()));
+    let written =
+        private().append(true).open(&path).and_then(|mut f| f.write_all(line.as_bytes()).and_then(|_| f.sync_data()));
     if let Err(e) = written {
         tracing::error!("cannot keep the refused row in {}: {e}", path.display());
     }

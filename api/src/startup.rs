@@ -113,6 +113,7 @@ pub fn secret_file(path: &Path) -> anyhow::Result<Secret> {
     }
     if let Some(dir) = path.parent() {
         std::fs::create_dir_all(dir)?;
+        std::fs::set_permissions(dir, std::os::unix::fs::PermissionsExt::from_mode(0o700))?;
     }
     let mut bytes = [0u8; 32];
     use std::io::Read;

@@ -12,13 +12,25 @@ async fn start_stop_restart_attach_and_drop() {
     assert!(cluster.is_running().unwrap());
     let port = cluster.port();
     assert_ne!(port, 0);
-    assert_eq!(cluster.url("app"), format!("postgres://postgres@127.0.0.1:{port}/app"));
+    let password = std::fs::read_to_string(dir.path().join("password")).unwrap();
+    assert_eq!(password.len(), 48, "24 random bytes as hex");
+    assert_eq!(cluster.url("app"), format!("postgres://postgres:{password}@127.0.0.1:{port}/app"));
+    use std::os::unix::fs::PermissionsExt;
+    let mode = std::fs::metadata(dir.path().join("password")).unwrap().permissions().mode();
+    assert_eq!(mode & 0o777, 0o600, "only this user reads the password");
+    assert!(!dir.path().join("pwfile.init").exists(), "initdb's copy is gone");
     cluster.create_database("app").unwrap();
     cluster.create_database("app").expect("creating an existing database is fine");
     assert!(cluster.create_database("no-dashes").is_err());
 
     let store = Store::connect(&cluster.url("app")).await.unwrap();
     store.migrate().await.unwrap();
+    // Another user of the machine, without the password, cannot connect (it could as superuser
+    // when the cluster trusted local connections).
+    let no_password = format!("postgres://postgres@127.0.0.1:{port}/app");
+    assert!(Store::connect(&no_password).await.is_err(), "connected without the password");
+    let wrong = format!("postgres://postgres:guess@127.0.0.1:{port}/app");
+    assert!(Store::connect(&wrong).await.is_err(), "connected with a wrong password");
     let tenant = store.create_tenant("acme", &Plan::default()).await.unwrap();
 
     // A second start on the same folder attaches without taking ownership.
@@ -50,6 +62,28 @@ async fn start_stop_restart_attach_and_drop() {
     assert!(again.owned());
     assert_eq!(again.port(), port, "the port is remembered in the folder");
     drop(again);
+}
+
+#[tokio::test]
+async fn a_cluster_made_with_trust_authentication_gets_a_password_at_its_next_start() {
+    // What an earlier version left: pg_hba.conf trusting everything, no password file.
+    let dir = tempfile::Builder::new().prefix("cachet-pg-").tempdir().unwrap();
+    let cluster = PrivateCluster::start(dir.path(), 0, false).unwrap();
+    let port = cluster.port();
+    drop(cluster);
+    let hba = dir.path().join("data/pg_hba.conf");
+    let text = std::fs::read_to_string(&hba).unwrap().replace("scram-sha-256", "trust");
+    std::fs::write(&hba, text).unwrap();
+    std::fs::remove_file(dir.path().join("password")).unwrap();
+
+    let cluster = PrivateCluster::start(dir.path(), 0, false).unwrap();
+    assert_eq!(cluster.port(), port);
+    assert!(!std::fs::read_to_string(&hba).unwrap().lines().any(|l| !l.starts_with('#') && l.ends_with("trust")));
+    cluster.create_database("app").unwrap();
+    let store = Store::connect(&cluster.url("app")).await.unwrap();
+    store.ping().await.unwrap();
+    store.pool().close().await;
+    assert!(Store::connect(&format!("postgres://postgres@127.0.0.1:{port}/app")).await.is_err());
 }
 
 #[test]

@@ -28,6 +28,8 @@ impl RepoStore {
     pub fn new(mirrors_dir: impl Into<PathBuf>, policy: SourcePolicy) -> Result<RepoStore, ContextError> {
         let dir = mirrors_dir.into();
         std::fs::create_dir_all(&dir)?;
+        // Tenants' source code: only this user reads it.
+        std::fs::set_permissions(&dir, std::os::unix::fs::PermissionsExt::from_mode(0o700))?;
         let mirrors_dir = dir.canonicalize()?;
         let allowed_root =
             match policy.allowed_root {

@@ -2,9 +2,12 @@
 //! without a `DATABASE_URL` and for tests.
 //!
 //! Layout of the cluster folder: `data/` (the cluster, created by `initdb` on first use),
-//! `port` (the port it listens on, so later starts and attaches find it), `server.log`, and
-//! `owner.pid` (the process that started it). The server listens on 127.0.0.1 only, has no
-//! Unix socket, and trusts every local connection as user `postgres`.
+//! `port` (the port it listens on, so later starts and attaches find it), `password` (the
+//! superuser's password, generated at initdb, mode 0600), `server.log`, and `owner.pid` (the
+//! process that started it). The server listens on 127.0.0.1 only and has no Unix socket; every
+//! connection must give the password (SCRAM-SHA-256): other users of the machine cannot connect.
+//! A cluster made by an earlier version with trust authentication is given a password and
+//! switched to SCRAM the next time it is started.
 //!
 //! Postgres refuses to run as root. When this process is root, `initdb`, `pg_ctl` and the
 //! server run as the `postgres` system user (`runuser -u postgres`), and the cluster folder is
@@ -53,10 +56,15 @@ pub enum ClusterError {
     InvalidName(String),
 }
 
+/// The file holding the superuser's password, in the cluster folder.
+const PASSWORD_FILE: &str = "password";
+
 /// A handle on a private Postgres cluster. Stops the server on drop if this handle started it.
 #[derive(Debug)]
 pub struct PrivateCluster {
     dir: PathBuf,
+    /// The superuser's password (empty until read or made).
+    password: crate::Secret,
     bin: PathBuf,
     port: u16,
     fsync: bool,
@@ -86,9 +94,20 @@ impl PrivateCluster {
         if as_server_user {
             system::hand_to_server_user(&dir)?;
         }
-        let mut cluster =
-            PrivateCluster { dir, bin, port, fsync, as_server_user, owned: false, running: false, exit_watcher: None };
+        let password = crate::Secret::new(String::new());
+        let mut cluster = PrivateCluster {
+            dir,
+            password,
+            bin,
+            port,
+            fsync,
+            as_server_user,
+            owned: false,
+            running: false,
+            exit_watcher: None,
+        };
         if cluster.attach_if_running()? {
+            cluster.read_password()?;
             return Ok(cluster);
         }
         if !cluster.data_dir().join("PG_VERSION").is_file() {
@@ -99,9 +118,15 @@ impl PrivateCluster {
         if let Err(err) = cluster.start_server() {
             // Another process may have started it between our check and our start.
             if cluster.attach_if_running()? {
+                cluster.read_password()?;
                 return Ok(cluster);
             }
             return Err(err);
+        }
+        if cluster.dir.join(PASSWORD_FILE).is_file() {
+            cluster.read_password()?;
+        } else {
+            cluster.require_password()?;
         }
         Ok(cluster)
     }
@@ -117,9 +142,10 @@ impl PrivateCluster {
         self.port
     }
 
-    /// The connection string of `database`: `postgres://postgres@127.0.0.1:PORT/DATABASE`.
+    /// The connection string of `database`: `postgres://postgres:PASSWORD@127.0.0.1:PORT/DATABASE`
+    /// (the password is hex: nothing to escape). It holds the password: never log it.
     pub fn url(&self, database: &str) -> String {
-        format!("postgres://{SERVER_USER}@127.0.0.1:{}/{database}", self.port)
+        format!("postgres://{SERVER_USER}:{}@127.0.0.1:{}/{database}", self.password.expose(), self.port)
     }
 
     /// The cluster folder.
@@ -266,17 +292,32 @@ impl PrivateCluster {
         }
     }
 
-    fn initdb(&self) -> Result<(), ClusterError> {
+    fn initdb(&mut self) -> Result<(), ClusterError> {
         let fresh = self.dir.join("data.init");
         if fresh.exists() {
             fs::remove_dir_all(&fresh).map_err(|e| io_error(&fresh, e))?;
         }
-        let mut args = vec![os("-D"), fresh.clone().into(), os("-U"), os(SERVER_USER), os("--auth=trust")];
+        // The password: kept in `password` (ours, 0600) and handed to initdb in a file the server
+        // user can read, removed right after.
+        let password = system::random_hex(24)?;
+        self.write_private(PASSWORD_FILE, &password)?;
+        self.password = crate::Secret::new(password.clone());
+        let pwfile = self.dir.join("pwfile.init");
+        self.write_private("pwfile.init", &password)?;
+        if self.as_server_user {
+            system::give_to_server_user(&pwfile)?;
+        }
+        let mut args = vec![os("-D"), fresh.clone().into(), os("-U"), os(SERVER_USER), os("--auth=scram-sha-256")];
+        let mut pw_arg = OsString::from("--pwfile=");
+        pw_arg.push(&pwfile);
+        args.push(pw_arg);
         args.extend([os("-E"), os("UTF8"), os("--no-locale")]);
         if !self.fsync {
             args.push(os("-N"));
         }
-        self.run("initdb", true, args)?;
+        let made = self.run("initdb", true, args);
+        let _ = fs::remove_file(&pwfile);
+        made?;
         let data = self.data_dir();
         fs::rename(&fresh, &data).map_err(|e| io_error(&data, e))?;
         tracing::info!(dir = %self.dir.display(), "initialised private Postgres cluster");
@@ -322,6 +363,61 @@ impl PrivateCluster {
         Ok(())
     }
 
+    /// Reads the superuser's password from the folder.
+    fn read_password(&mut self) -> Result<(), ClusterError> {
+        let path = self.dir.join(PASSWORD_FILE);
+        let text = fs::read_to_string(&path).map_err(|e| io_error(&path, e))?;
+        self.password = crate::Secret::new(text.trim().to_string());
+        Ok(())
+    }
+
+    /// A cluster an earlier version made trusts every local connection: give the superuser a
+    /// password (sent on psql's standard input, never on a command line), switch every rule of
+    /// `pg_hba.conf` from `trust` to `scram-sha-256`, and reload.
+    fn require_password(&mut self) -> Result<(), ClusterError> {
+        let password = system::random_hex(24)?;
+        let port = self.port.to_string();
+        let sql = format!("ALTER USER {SERVER_USER} PASSWORD '{password}';\n");
+        let args = ["-X", "-q", "-v", "ON_ERROR_STOP=1", "-h", "127.0.0.1", "-p", &port, "-U", SERVER_USER, "-d"];
+        self.run_with_input("psql", args.into_iter().chain(["postgres", "-f", "-"]), &sql)?;
+        let hba = self.data_dir().join("pg_hba.conf");
+        let text = fs::read_to_string(&hba).map_err(|e| io_error(&hba, e))?;
+        let secured: String = text
+            .lines()
+            .map(|line| {
+                let rule = !line.trim_start().starts_with('#') && line.split_whitespace().last() == Some("trust");
+                if rule {
+                    format!("{}scram-sha-256\n", &line[..line.rfind("trust").unwrap_or(line.len())])
+                } else {
+                    format!("{line}\n")
+                }
+            })
+            .collect();
+        // Rewritten in place: the file keeps its owner (the server user) and mode.
+        fs::write(&hba, secured).map_err(|e| io_error(&hba, e))?;
+        self.write_private(PASSWORD_FILE, &password)?;
+        self.password = crate::Secret::new(password);
+        let data = self.data_dir();
+        self.run("pg_ctl", true, [os("-D"), data.into(), os("reload")])?;
+        tracing::info!(dir = %self.dir.display(), "private Postgres now requires a password (was trust)");
+        Ok(())
+    }
+
+    /// Writes a file only this process's user can read (0600), replacing any.
+    fn write_private(&self, name: &str, contents: &str) -> Result<(), ClusterError> {
+        use std::io::Write;
+        use std::os::unix::fs::OpenOptionsExt;
+        let path = self.dir.join(name);
+        let _ = fs::remove_file(&path);
+        let mut f = fs::OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .mode(0o600)
+            .open(&path)
+            .map_err(|e| io_error(&path, e))?;
+        f.write_all(contents.as_bytes()).map_err(|e| io_error(&path, e))
+    }
+
     fn write_file(&self, name: &str, contents: &str) -> Result<(), ClusterError> {
         let path = self.dir.join(name);
         fs::write(&path, contents).map_err(|e| io_error(&path, e))
@@ -340,21 +436,51 @@ impl PrivateCluster {
         }
     }
 
-    /// Runs a Postgres tool to completion; its stdout on success.
+    /// Runs a Postgres tool to completion; its stdout on success. Client tools get the
+    /// password in their environment (`PGPASSWORD`, readable only by this user and root).
     fn run<I, S>(&self, tool: &str, server_side: bool, args: I) -> Result<String, ClusterError>
     where
         I: IntoIterator<Item = S>,
         S: Into<OsString>,
     {
-        let (program, args) = self.command_line(tool, server_side, args.into_iter().map(Into::into).collect());
+        self.run_inner(tool, server_side, args.into_iter().map(Into::into).collect(), None)
+    }
+
+    /// [`Self::run`] of a client tool with `input` on its standard input.
+    fn run_with_input<I, S>(&self, tool: &str, args: I, input: &str) -> Result<String, ClusterError>
+    where
+        I: IntoIterator<Item = S>,
+        S: Into<OsString>,
+    {
+        self.run_inner(tool, false, args.into_iter().map(Into::into).collect(), Some(input))
+    }
+
+    fn run_inner(
+        &self,
+        tool: &str,
+        server_side: bool,
+        args: Vec<OsString>,
+        input: Option<&str>,
+    ) -> Result<String, ClusterError> {
+        let (program, args) = self.command_line(tool, server_side, args);
         let cmd = std::iter::once(&program).chain(&args).map(|a| a.to_string_lossy()).collect::<Vec<_>>().join(" ");
-        let out = Command::new(&program)
+        let mut command = Command::new(&program);
+        command
             .args(&args)
             .current_dir(&self.dir)
-            .stdin(Stdio::null())
-            .env("PGCONNECT_TIMEOUT", "5")
-            .output()
-            .map_err(|e| ClusterError::Io(format!("cannot run {cmd}: {e}")))?;
+            .stdin(if input.is_some() { Stdio::piped() } else { Stdio::null() })
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .env("PGCONNECT_TIMEOUT", "5");
+        if !server_side && !self.password.is_empty() {
+            command.env("PGPASSWORD", self.password.expose());
+        }
+        let mut child = command.spawn().map_err(|e| ClusterError::Io(format!("cannot run {cmd}: {e}")))?;
+        if let (Some(text), Some(mut stdin)) = (input, child.stdin.take()) {
+            use std::io::Write;
+            stdin.write_all(text.as_bytes()).map_err(|e| ClusterError::Io(format!("writing to {cmd}: {e}")))?;
+        }
+        let out = child.wait_with_output().map_err(|e| ClusterError::Io(format!("cannot run {cmd}: {e}")))?;
         let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
         if out.status.success() {
             return Ok(stdout);

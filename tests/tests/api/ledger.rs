@@ -83,6 +83,10 @@ async fn no_row_is_lost_or_doubled_when_postgres_goes_away() {
         serve(&mut ids, r.json().await.unwrap());
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
+    // The spool holds the tenants' usage while Postgres is away: only cachet's user reads it.
+    let spool = app.data_dir.path().join("ledger-spool.jsonl");
+    use std::os::unix::fs::PermissionsExt;
+    assert_eq!(std::fs::metadata(&spool).unwrap().permissions().mode() & 0o777, 0o600);
     cluster.restart().unwrap();
     for i in 0..5 {
         serve(&mut ids, app.chat(&token, app.chat_body(&format!("after {i}"), 3)).await.json().await.unwrap());

@@ -149,6 +149,10 @@ async fn a_request_cannot_label_itself_with_another_tenants_session() {
     let (_, b) = app.tenant("b").await;
     let repo = app.register(&b, app.source_repo("b-repo", &[("src/lib.rs", Some("pub fn f() {}\n"))])).await;
     let theirs = app.session(&b, &repo).await;
+    // The mirrors hold tenants' source code: only cachet's user reads them.
+    use std::os::unix::fs::PermissionsExt;
+    let mirrors = app.data_dir.path().join("mirrors");
+    assert_eq!(std::fs::metadata(&mirrors).unwrap().permissions().mode() & 0o777, 0o700);
     let mut body = app.chat_body("hi", 1);
     body["session_id"] = json!(theirs);
     error(app.chat(&a, body.clone()).await, 404).await;
