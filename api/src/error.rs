@@ -149,6 +149,7 @@ impl From<cachet_context::ContextError> for ApiError {
             ContextError::Git(m) => ApiError::Upstream(format!("git: {m}")),
             ContextError::BadOptions(m) => ApiError::bad_param("rules", m),
             ContextError::Io(m) => ApiError::Internal(m),
+            ContextError::TooLarge(m) => ApiError::bad(m),
             other => ApiError::Internal(other.to_string()),
         }
     }

@@ -22,6 +22,9 @@ pub enum ContextError {
     /// Context options that cannot be used (an invalid glob, …).
     #[error("bad options: {0}")]
     BadOptions(String),
+    /// A file larger than the caller's limit (found from its header, without reading it).
+    #[error("too large: {0}")]
+    TooLarge(String),
     /// A libgit2 failure: corrupt repository, unreachable remote, …
     #[error("git: {0}")]
     Git(String),
@@ -36,7 +39,12 @@ impl ContextError {
     pub fn is_client_error(&self) -> bool {
         matches!(
             self,
-            Self::BadSource(_) | Self::BadPath(_) | Self::NotFound(_) | Self::UnknownRef(_) | Self::BadOptions(_)
+            Self::BadSource(_)
+                | Self::BadPath(_)
+                | Self::NotFound(_)
+                | Self::UnknownRef(_)
+                | Self::BadOptions(_)
+                | Self::TooLarge(_)
         )
     }
 }

@@ -124,12 +124,17 @@ fn turn_pieces(mirror: &Mirror, commit: &CommitId, turn: &TurnInput) -> Result<V
     }
     let mut pieces = Vec::new();
     for path in &turn.files {
-        let file = mirror
-            .read_file(commit, path)?
-            .ok_or_else(|| ApiError::bad_param("files", format!("{path:?} does not exist at commit {commit}")))?;
-        if file.bytes.len() > MAX_NAMED_FILE_BYTES {
-            return Err(ApiError::bad_param("files", format!("{path:?} is larger than {MAX_NAMED_FILE_BYTES} bytes")));
+        // The size is checked from the blob's header: a larger file is never read.
+        let file = match mirror.read_file_at_most(commit, path, MAX_NAMED_FILE_BYTES as u64) {
+            Err(cachet_context::ContextError::TooLarge(_)) => {
+                return Err(ApiError::bad_param(
+                    "files",
+                    format!("{path:?} is larger than {MAX_NAMED_FILE_BYTES} bytes"),
+                ))
+            }
+            other => other?,
         }
+        .ok_or_else(|| ApiError::bad_param("files", format!("{path:?} does not exist at commit {commit}")))?;
         let text = String::from_utf8(file.bytes)
             .map_err(|_| ApiError::bad_param("files", format!("{path:?} is not UTF-8 text")))?;
         let mut piece = Piece::text(Kind::TurnFile, block(path, &text));

@@ -96,6 +96,8 @@ pub async fn post_message(
         .await?
         .ok_or_else(|| ApiError::Conflict("the session's repository was deleted".into()))?;
     let history = state.store.turns(session.id).await?;
+    // The turn lease (`guard`) keeps other turns out: this turn's rows come next.
+    let next_seq = history.last().map_or(0, |t| t.seq + 1);
     let turn = TurnInput {
         tool_results: body.tool_results.clone(),
         tools: plan.template_tools.clone(),
@@ -134,21 +136,14 @@ pub async fn post_message(
     let mut job = Job::new(Endpoint::SessionMessage, prompt.assembled.tokens, prompt.public, params);
     job.grammar = tools::compile(&served.engine, &plan).await?;
     job.calls = plan.calls;
-    // This turn's tool results, then its user message (if it has one), all or none.
-    let mut turns: Vec<NewTurn<'_>> = body
-        .tool_results
-        .iter()
-        .map(|r| NewTurn { tool_call_id: Some(&r.tool_call_id), ..NewTurn::new(Role::Tool, &r.content) })
-        .collect();
-    if !prompt.user_content.is_empty() {
-        turns.push(NewTurn {
-            commit: Some(&commit),
-            request_id: Some(job.id),
-            ..NewTurn::new(Role::User, &prompt.user_content)
-        });
-    }
-    let seqs = state.store.append_turns(session.id, &turns).await?;
-    let seq = seqs.last().copied().unwrap_or_default();
+    // This turn's tool results, then its user message (if it has one), then the answer: stored
+    // together once the answer is complete, all or none. A request refused (429), failed or cut
+    // off by a crash leaves the history as it was, never a question without its answer.
+    let results: Vec<(String, String)> =
+        body.tool_results.iter().map(|r| (r.tool_call_id.clone(), r.content.clone())).collect();
+    let user = (!prompt.user_content.is_empty()).then(|| prompt.user_content.clone());
+    let before_answer = results.len() + usize::from(user.is_some());
+    let seq = if before_answer == 0 { 0 } else { next_seq + before_answer as i32 - 1 };
     state.store.touch_session(session.id).await?;
 
     job.session = Some(BoundSession { id: session.id, retention: idle(&state) });
@@ -158,14 +153,25 @@ pub async fn post_message(
     let (store, model_id, session_id, request_id) = (state.store.clone(), served.id.clone(), session.id, job.id);
     job.answer = Some(Box::new(move |answer: Answer| {
         Box::pin(async move {
-            let turn = NewTurn {
+            let mut turns: Vec<NewTurn<'_>> = results
+                .iter()
+                .map(|(id, content)| NewTurn { tool_call_id: Some(id), ..NewTurn::new(Role::Tool, content) })
+                .collect();
+            if let Some(user) = &user {
+                turns.push(NewTurn {
+                    commit: Some(&commit),
+                    request_id: Some(request_id),
+                    ..NewTurn::new(Role::User, user)
+                });
+            }
+            turns.push(NewTurn {
                 tokens: Some(&answer.tokens),
                 model: Some(&model_id),
                 request_id: Some(request_id),
                 ..NewTurn::new(Role::Assistant, &answer.text)
-            };
-            if let Err(e) = store.append_turn(session_id, &turn).await {
-                tracing::error!(session = %session_id, "storing the answer failed: {e}");
+            });
+            if let Err(e) = store.append_turns(session_id, &turns).await {
+                tracing::error!(session = %session_id, "storing the turn failed: {e}");
             }
             if let Err(e) = store.touch_session(session_id).await {
                 tracing::warn!(session = %session_id, "{e}");

@@ -157,6 +157,20 @@ impl Mirror {
     /// `Ok(None)` when the path is absent at that commit or is not a regular file (a directory, a
     /// symlink, a submodule).
     pub fn read_file(&self, commit: &CommitId, path: &str) -> Result<Option<FileAt>, ContextError> {
+        self.read_file_at_most(commit, path, u64::MAX)
+    }
+
+    /// [`Mirror::read_file`] of a file of at most `max_bytes`: its size comes from the object's
+    /// header first, so a larger one is never read into memory.
+    ///
+    /// # Errors
+    /// [`ContextError::TooLarge`] for a larger file; as [`Mirror::read_file`] otherwise.
+    pub fn read_file_at_most(
+        &self,
+        commit: &CommitId,
+        path: &str,
+        max_bytes: u64,
+    ) -> Result<Option<FileAt>, ContextError> {
         check_repo_path(path)?;
         let repo = self.repo()?;
         let tree = find_commit(&repo, commit)?.tree()?;
@@ -167,6 +181,10 @@ impl Mirror {
         };
         if entry.kind() != Some(git2::ObjectType::Blob) || !matches!(entry.filemode(), 0o100644 | 0o100755) {
             return Ok(None);
+        }
+        let size = super::tree::blob_size(&repo, entry.id())?;
+        if size > max_bytes {
+            return Err(ContextError::TooLarge(format!("{path:?} has {size} bytes, more than {max_bytes}")));
         }
         let blob = repo.find_blob(entry.id())?;
         Ok(Some(FileAt { blob: BlobId::from_oid(blob.id()), bytes: blob.content().to_vec() }))

@@ -245,3 +245,29 @@ async fn reports_never_join_another_tenants_task() {
     let task = v["rows"].as_array().unwrap().iter().find(|r| r["key"] == theirs.to_string()).expect("b's task row");
     assert_eq!(task["task_cost"], 1.0, "only b's own requests count for b's task: {task}");
 }
+
+#[tokio::test]
+async fn a_refused_turn_leaves_the_session_history_as_it_was() {
+    let app = spawn_with(|s| {
+        let mut plan = cachet_tenants::Plan::builtin().into_iter().find(|p| p.name == "standard").unwrap();
+        plan.name = "tight".into();
+        plan.limits.requests_per_minute = Some(2);
+        s.tenants.plans.push(plan);
+    })
+    .await;
+    let (_, token) = app.tenant_on("acme", Some("tight")).await;
+    let repo = app.register(&token, app.source_repo("r", &[("src/lib.rs", Some("pub fn f() {}\n"))])).await;
+    let session = app.session(&token, &repo).await;
+    for i in 0..2 {
+        let r = app.message(&token, &session, json!({ "content": format!("question {i}"), "max_tokens": 2 })).await;
+        assert_eq!(r.status(), 200);
+        let v: Value = r.json().await.unwrap();
+        assert_eq!(v["cachet"]["turn"], 2 * i, "the user turn's number, told before it is stored: {v}");
+    }
+    let r = app.message(&token, &session, json!({ "content": "one too many", "max_tokens": 2 })).await;
+    assert_eq!(error(r, 429).await["code"], "rate_limit_exceeded");
+    let history: Value = app.get(&token, &format!("/v1/sessions/{session}")).await.json().await.unwrap();
+    let turns = history["turns"].as_array().unwrap();
+    let roles: Vec<&str> = turns.iter().map(|t| t["role"].as_str().unwrap()).collect();
+    assert_eq!(roles, ["user", "assistant", "user", "assistant"], "no question without its answer");
+}
