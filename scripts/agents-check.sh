@@ -231,9 +231,10 @@ attempt() {
   SECS=$(( $(date +%s) - start ))
   CALLS=$(( $(metric cachet:tool_calls_total) - calls0 ))
   RESULTS=$(( $(metric cachet:tool_results_total) - results0 ))
-  access=$(tail -n +"$((lines0 + 1))" "$LOG" | grep -E '"(GET|POST) /v1/' || true)
+  # The access log: one `request status=…` event per request, in its `http{method=… path=…}` span.
+  access=$(tail -n +"$((lines0 + 1))" "$LOG" | grep -E 'method=(GET|POST) path=/v1/[^ ]* .*: request status=' || true)
   REQUESTS=$(printf '%s' "$access" | grep -c . || true)
-  ERRORS=$(printf '%s' "$access" | grep -E '" [45][0-9][0-9] ' || true)
+  ERRORS=$(printf '%s' "$access" | grep -E 'status=[45][0-9][0-9]' || true)
   SOLVED=no
   if grep -q 4217 "$DATA/$client.out"; then SOLVED=yes; fi
   if [ "$client" = continue ]; then SOLVED="—"; fi # a replay of autocomplete requests: no task

@@ -48,14 +48,7 @@ async fn bad_input_gets_clear_4xx_and_the_server_keeps_serving() {
 
 #[tokio::test]
 async fn plan_limits_answer_429_with_retry_after() {
-    let app = spawn_with(|s| {
-        let mut plan = cachet_tenants::Plan::builtin().into_iter().find(|p| p.name == "standard").unwrap();
-        plan.name = "tight".into();
-        plan.limits.requests_per_minute = Some(2);
-        s.tenants.plans.push(plan);
-    })
-    .await;
-    let (_, token) = app.tenant_on("acme", Some("tight")).await;
+    let (app, token) = spawn_tight("acme", 2).await;
     for _ in 0..2 {
         assert_eq!(app.chat(&token, app.chat_body("x", 2)).await.status(), 200);
     }

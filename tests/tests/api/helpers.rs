@@ -97,6 +97,33 @@ pub async fn spawn_with(tweak: impl FnOnce(&mut Settings)) -> TestApp {
     spawn_settings(s, data_dir, url).await
 }
 
+/// An app whose tenants' plan `tight` allows `per_minute` requests a minute, and a tenant `name`
+/// on it (with its token).
+pub async fn spawn_tight(name: &str, per_minute: u32) -> (TestApp, String) {
+    let app = spawn_with(|s| {
+        let mut plan = cachet_tenants::Plan::builtin().into_iter().find(|p| p.name == "standard").unwrap();
+        plan.name = "tight".into();
+        plan.limits.requests_per_minute = Some(per_minute);
+        s.tenants.plans.push(plan);
+    })
+    .await;
+    let (_, token) = app.tenant_on(name, Some("tight")).await;
+    (app, token)
+}
+
+/// The folder of a Postgres cluster of its own, the cluster, and an app on it (a test that stops
+/// the cluster must not stop the others'). Bound in this order, they are dropped app first,
+/// folder last.
+pub async fn spawn_on_own_cluster() -> (tempfile::TempDir, PrivateCluster, TestApp) {
+    let dir = tempfile::tempdir().unwrap();
+    let cluster = PrivateCluster::start(dir.path(), 0, false).unwrap();
+    cluster.create_database("app").unwrap();
+    let url = cluster.url("app");
+    let data_dir = tempfile::tempdir().unwrap();
+    let app = spawn_settings(settings(&url, data_dir.path()), data_dir, url).await;
+    (dir, cluster, app)
+}
+
 /// Another replica of `app`: the same database and repository sources, its own data folder
 /// (engine, mirrors).
 pub async fn spawn_replica(app: &TestApp) -> TestApp {

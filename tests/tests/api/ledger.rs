@@ -61,12 +61,7 @@ async fn ledger_rows_match_the_responses() {
 #[tokio::test]
 async fn no_row_is_lost_or_doubled_when_postgres_goes_away() {
     // Its own cluster: stopping the shared one would break the other tests.
-    let dir = tempfile::tempdir().unwrap();
-    let mut cluster = cachet_tenants::cluster::PrivateCluster::start(dir.path(), 0, false).unwrap();
-    cluster.create_database("ledger").unwrap();
-    let url = cluster.url("ledger");
-    let data_dir = tempfile::tempdir().unwrap();
-    let app = spawn_settings(settings(&url, data_dir.path()), data_dir, url).await;
+    let (_dir, mut cluster, app) = spawn_on_own_cluster().await;
     let (tenant, token) = app.tenant("acme").await;
 
     let mut ids = Vec::new();

@@ -175,12 +175,7 @@ async fn a_request_cannot_label_itself_with_another_tenants_session() {
 #[tokio::test]
 async fn while_postgres_is_down_only_tasks_checked_before_are_taken() {
     // Its own cluster: stopping the shared one would break the other tests.
-    let dir = tempfile::tempdir().unwrap();
-    let mut cluster = cachet_tenants::cluster::PrivateCluster::start(dir.path(), 0, false).unwrap();
-    cluster.create_database("tasks").unwrap();
-    let url = cluster.url("tasks");
-    let data_dir = tempfile::tempdir().unwrap();
-    let app = spawn_settings(settings(&url, data_dir.path()), data_dir, url).await;
+    let (_dir, mut cluster, app) = spawn_on_own_cluster().await;
     let (_, a) = app.tenant("a").await;
     let (_, b) = app.tenant("b").await;
     let task = |token: String| {
@@ -248,14 +243,7 @@ async fn reports_never_join_another_tenants_task() {
 
 #[tokio::test]
 async fn a_refused_turn_leaves_the_session_history_as_it_was() {
-    let app = spawn_with(|s| {
-        let mut plan = cachet_tenants::Plan::builtin().into_iter().find(|p| p.name == "standard").unwrap();
-        plan.name = "tight".into();
-        plan.limits.requests_per_minute = Some(2);
-        s.tenants.plans.push(plan);
-    })
-    .await;
-    let (_, token) = app.tenant_on("acme", Some("tight")).await;
+    let (app, token) = spawn_tight("acme", 2).await;
     let repo = app.register(&token, app.source_repo("r", &[("src/lib.rs", Some("pub fn f() {}\n"))])).await;
     let session = app.session(&token, &repo).await;
     for i in 0..2 {
