@@ -164,15 +164,6 @@ pub enum Viewer {
 }
 
 impl Viewer {
-    /// The same account (the operator, or the same tenant).
-    pub fn same_as(&self, other: &Viewer) -> bool {
-        match (self, other) {
-            (Viewer::Operator, Viewer::Operator) => true,
-            (Viewer::Tenant(a), Viewer::Tenant(b)) => a.id == b.id,
-            _ => false,
-        }
-    }
-
     /// "tenant NAME" or "the operator", for pages.
     pub fn describe(&self) -> String {
         match self {

@@ -35,5 +35,5 @@ mod secret;
 pub mod store;
 
 pub use model::{ParseTenantIdError, Plan, Prices, RateLimits, Tenant, TenantId, UsageRecord, DEFAULT_PLAN};
-pub use secret::Secret;
+pub use secret::{random_hex, Secret};
 pub use store::{Store, StoreError};

@@ -52,6 +52,15 @@ impl<'de> Deserialize<'de> for Secret {
     }
 }
 
+/// `bytes` random bytes from the operating system, as lowercase hex (passwords, webhook secrets,
+/// sign-in codes).
+pub fn random_hex(bytes: usize) -> std::io::Result<String> {
+    use std::io::Read;
+    let mut buf = vec![0u8; bytes];
+    std::fs::File::open("/dev/urandom")?.read_exact(&mut buf)?;
+    Ok(buf.iter().map(|b| format!("{b:02x}")).collect())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -60,14 +60,6 @@ fn default_branch(mirror: &Mirror, asked: Option<&str>) -> Result<(String, Strin
     Err(ApiError::bad_param("default_branch", "the repository has no main or master branch: name its default_branch"))
 }
 
-/// Random hex from the OS.
-pub(crate) fn random_hex(bytes: usize) -> std::io::Result<String> {
-    use std::io::Read;
-    let mut buf = vec![0u8; bytes];
-    std::fs::File::open("/dev/urandom")?.read_exact(&mut buf)?;
-    Ok(buf.iter().map(|b| format!("{b:02x}")).collect())
-}
-
 /// Registers a repository: validates the source, mirrors it, and returns
 /// the push webhook's URL and secret (shown only here).
 #[utoipa::path(post, path = "/v1/repos", tag = "repositories", request_body = NewRepo,
@@ -97,7 +89,7 @@ pub async fn create_repo(
     })
     .await
     .map_err(|e| ApiError::Internal(e.to_string()))??;
-    let secret = format!("whsec_{}", random_hex(32).map_err(|e| ApiError::Internal(e.to_string()))?);
+    let secret = format!("whsec_{}", cachet_tenants::random_hex(32).map_err(|e| ApiError::Internal(e.to_string()))?);
     let options = serde_json::to_value(&body.options).unwrap_or_default();
     let name = body.name.clone().unwrap_or_else(|| name_from(&body.url));
     let new = NewRepository {

@@ -121,7 +121,7 @@ pub async fn create_link(state: web::Data<AppState>, req: HttpRequest) -> Result
         Viewer::Operator => SignInSubject::Operator,
         Viewer::Tenant(t) => SignInSubject::Tenant(t.id),
     };
-    let code = crate::routes::repos::random_hex(32).map_err(|e| ApiError::Internal(format!("randomness: {e}")))?;
+    let code = cachet_tenants::random_hex(32).map_err(|e| ApiError::Internal(format!("randomness: {e}")))?;
     let expires_at = state.store.create_sign_in_code(&sha256(&code), subject, LINK_TTL).await?;
     Ok(HttpResponse::Created()
         .insert_header(("Cache-Control", "no-store"))

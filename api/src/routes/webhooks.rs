@@ -67,7 +67,7 @@ fn unknown_secret() -> String {
     static SECRET: std::sync::OnceLock<String> = std::sync::OnceLock::new();
     SECRET
         .get_or_init(|| {
-            crate::routes::repos::random_hex(32)
+            cachet_tenants::random_hex(32)
                 .unwrap_or_else(|_| format!("{:x}{:x}", Uuid::new_v4().as_u128(), Uuid::new_v4().as_u128()))
         })
         .clone()

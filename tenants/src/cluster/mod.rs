@@ -299,7 +299,7 @@ impl PrivateCluster {
         }
         // The password: kept in `password` (ours, 0600) and handed to initdb in a file the server
         // user can read, removed right after.
-        let password = system::random_hex(24)?;
+        let password = random_password()?;
         self.write_private(PASSWORD_FILE, &password)?;
         self.password = crate::Secret::new(password.clone());
         let pwfile = self.dir.join("pwfile.init");
@@ -375,7 +375,7 @@ impl PrivateCluster {
     /// password (sent on psql's standard input, never on a command line), switch every rule of
     /// `pg_hba.conf` from `trust` to `scram-sha-256`, and reload.
     fn require_password(&mut self) -> Result<(), ClusterError> {
-        let password = system::random_hex(24)?;
+        let password = random_password()?;
         let port = self.port.to_string();
         let sql = format!("ALTER USER {SERVER_USER} PASSWORD '{password}';\n");
         let args = ["-X", "-q", "-v", "ON_ERROR_STOP=1", "-h", "127.0.0.1", "-p", &port, "-U", SERVER_USER, "-d"];
@@ -496,6 +496,11 @@ impl Drop for PrivateCluster {
             tracing::warn!(dir = %self.dir.display(), %err, "could not stop private Postgres");
         }
     }
+}
+
+/// A new superuser password: 24 random bytes as hex.
+fn random_password() -> Result<String, ClusterError> {
+    crate::random_hex(24).map_err(|e| ClusterError::Io(format!("/dev/urandom: {e}")))
 }
 
 fn os(text: &str) -> OsString {

@@ -123,16 +123,6 @@ pub(super) fn give_to_server_user(path: &Path) -> Result<(), ClusterError> {
     std::os::unix::fs::chown(path, Some(uid), Some(gid)).map_err(|e| io_error(path, e))
 }
 
-/// `bytes` random bytes from the OS, as hex.
-pub(super) fn random_hex(bytes: usize) -> Result<String, ClusterError> {
-    use std::io::Read;
-    let mut buf = vec![0u8; bytes];
-    fs::File::open("/dev/urandom")
-        .and_then(|mut f| f.read_exact(&mut buf))
-        .map_err(|e| ClusterError::Io(format!("/dev/urandom: {e}")))?;
-    Ok(buf.iter().map(|b| format!("{b:02x}")).collect())
-}
-
 /// Whether a process with this id exists.
 pub(super) fn process_alive(pid: u32) -> bool {
     Path::new("/proc").join(pid.to_string()).exists()

@@ -64,38 +64,17 @@ async fn the_report_page_signs_in_by_form_or_one_time_link_and_never_by_url() {
     assert!(page.contains(r#"<form method="post" action="/reports/sign-in">"#), "{page}");
 
     // The form: same-origin posts only (a cross-site form cannot sign a victim in).
-    let r = web
-        .post(url("/reports/sign-in"))
-        .header("origin", "http://evil.example")
-        .form(&[("token", token.as_str())])
-        .send()
-        .await
-        .unwrap();
+    let form = |header: (&'static str, String), token: String| {
+        web.post(url("/reports/sign-in")).header(header.0, header.1).form(&[("token", token)]).send()
+    };
+    let r = form(("origin", "http://evil.example".into()), token.clone()).await.unwrap();
     assert_eq!(r.status(), 403);
     assert!(r.headers().get("set-cookie").is_none());
-    let r = web
-        .post(url("/reports/sign-in"))
-        .header("sec-fetch-site", "cross-site")
-        .form(&[("token", token.as_str())])
-        .send()
-        .await
-        .unwrap();
+    let r = form(("sec-fetch-site", "cross-site".into()), token.clone()).await.unwrap();
     assert_eq!(r.status(), 403);
-    let r = web
-        .post(url("/reports/sign-in"))
-        .header("origin", app.address.as_str())
-        .form(&[("token", "not-a-token")])
-        .send()
-        .await
-        .unwrap();
+    let r = form(("origin", app.address.clone()), "not-a-token".into()).await.unwrap();
     assert_eq!(r.status(), 401);
-    let r = web
-        .post(url("/reports/sign-in"))
-        .header("origin", app.address.as_str())
-        .form(&[("token", token.as_str())])
-        .send()
-        .await
-        .unwrap();
+    let r = form(("origin", app.address.clone()), token.clone()).await.unwrap();
     assert_eq!((r.status().as_u16(), r.headers()["location"].to_str().unwrap()), (303, "/reports"));
     let cookie = session_cookie(&r);
     assert!(!cookie.contains(&token), "the cookie holds a session token, not the tenant's own");
