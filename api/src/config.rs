@@ -51,6 +51,16 @@ pub struct ContextSettings {
     pub allowed_root: PathBuf,
     /// Whether remote clone URLs (https, ssh, git) may be registered.
     pub allow_remote: bool,
+    /// Hosts remote URLs may name (`git.example.com`, `*.example.com`); empty: any public host.
+    pub allowed_hosts: Vec<String>,
+    /// Let remote URLs reach loopback, private, link-local and reserved addresses (this machine,
+    /// its database, cloud metadata, the internal network). Off: a tenant's URL must not make
+    /// the server a proxy into its own network.
+    pub allow_private_hosts: bool,
+    /// The longest one fetch of a remote repository may take (registration, push, session).
+    pub fetch_timeout_secs: u64,
+    /// The most bytes one fetch may download.
+    pub max_fetch_bytes: u64,
     /// Tokens of repository context per prompt (a repository may ask for
     /// less or more at registration, up to `max_budget_tokens`).
     pub budget_tokens: usize,
@@ -69,6 +79,10 @@ impl Default for ContextSettings {
             mirrors_dir: PathBuf::new(),
             allowed_root: PathBuf::new(),
             allow_remote: true,
+            allowed_hosts: Vec::new(),
+            allow_private_hosts: false,
+            fetch_timeout_secs: 300,
+            max_fetch_bytes: 2 << 30,
             budget_tokens: 4096,
             max_budget_tokens: 16384,
             outline_cache_entries: 100_000,
@@ -90,6 +104,11 @@ pub struct ServerSettings {
     pub shutdown_timeout_secs: u64,
     /// HTTP worker threads (the engine has its own).
     pub workers: usize,
+    /// A second address where `/metrics` answers without a credential (for a Prometheus on a
+    /// private network); empty: none. On `bind`, `/metrics` needs the operator credential.
+    pub metrics_bind: String,
+    /// Label per-tenant metrics with tenant ids (off: one series for the whole server).
+    pub metrics_tenant_labels: bool,
 }
 
 #[derive(Clone, Debug, Deserialize, Default)]
@@ -178,7 +197,8 @@ pub struct EngineSettings {
     pub pace_prefill: bool,
     /// The share of the tightest inter-token target a paced pass aims at (0 < x ≤ 1).
     pub pace_margin: f64,
-    /// Prefill tokens a paced pass carries at least (and an overdue prompt's share of a pass).
+    /// Prefill tokens a paced pass carries when the decoders alone fill the target (and an
+    /// overdue prompt's share of a pass).
     pub min_prefill_chunk: usize,
     /// Most requests running at once.
     pub max_running: usize,
@@ -223,6 +243,8 @@ impl Default for ServerSettings {
             max_body_bytes: 4 << 20,
             shutdown_timeout_secs: 30,
             workers: 2,
+            metrics_bind: String::new(),
+            metrics_tenant_labels: false,
         }
     }
 }
@@ -332,6 +354,7 @@ impl Settings {
             },
             overload_factor: e.overload_factor,
             default_share: 1.0,
+            tenant_labels: self.server.metrics_tenant_labels,
         };
         cfg.validate().map_err(|m| format!("engine: {m}"))?;
         Ok(cfg)

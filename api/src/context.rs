@@ -79,7 +79,18 @@ impl Repos {
             settings.mirrors_dir.clone()
         };
         let allowed_root = Some(settings.allowed_root.clone()).filter(|p| !p.as_os_str().is_empty());
-        let store = RepoStore::new(mirrors, SourcePolicy { allowed_root, allow_remote: settings.allow_remote })?;
+        let policy = SourcePolicy {
+            allowed_root,
+            allow_remote: settings.allow_remote,
+            allowed_hosts: settings.allowed_hosts.clone(),
+            allow_private_hosts: settings.allow_private_hosts,
+            fetch_timeout: Some(std::time::Duration::from_secs(settings.fetch_timeout_secs.max(1))),
+            max_fetch_bytes: Some(settings.max_fetch_bytes),
+        };
+        let store = RepoStore::new(mirrors, policy)?;
+        if let Err(e) = cachet_context::set_network_timeouts() {
+            tracing::warn!("libgit2 network timeouts not set: {e}");
+        }
         Ok(Repos {
             store,
             builder: ContextBuilder::new(settings.outline_cache_entries),

@@ -36,6 +36,10 @@ pub enum ApiError {
     /// The prompt does not fit the context window (413).
     #[error("this model's context is {limit} tokens, but the prompt has {tokens}")]
     ContextTooLong { tokens: usize, limit: usize },
+    /// The prompt's text is longer than any prompt of the context's size could be (413), found
+    /// before tokenizing it.
+    #[error("this model's context is {limit} tokens, and a prompt of {bytes} bytes is far longer")]
+    PromptTooLarge { bytes: usize, limit: usize },
     /// The request body is too large (413).
     #[error("the request body is larger than {0} bytes")]
     PayloadTooLarge(usize),
@@ -72,7 +76,9 @@ impl ApiError {
             ApiError::NotFound(_) => ("invalid_request_error", "not_found"),
             ApiError::Conflict(_) => ("invalid_request_error", "conflict"),
             ApiError::Upstream(_) => ("server_error", "upstream_error"),
-            ApiError::ContextTooLong { .. } => ("invalid_request_error", "context_length_exceeded"),
+            ApiError::ContextTooLong { .. } | ApiError::PromptTooLarge { .. } => {
+                ("invalid_request_error", "context_length_exceeded")
+            }
             ApiError::PayloadTooLarge(_) => ("invalid_request_error", "payload_too_large"),
             ApiError::RateLimited { .. } => ("rate_limit_error", "rate_limit_exceeded"),
             ApiError::Overloaded { .. } => ("rate_limit_error", "overloaded"),
@@ -91,7 +97,9 @@ impl ResponseError for ApiError {
             ApiError::ModelNotFound(_) | ApiError::NotFound(_) => StatusCode::NOT_FOUND,
             ApiError::Conflict(_) => StatusCode::CONFLICT,
             ApiError::Upstream(_) => StatusCode::BAD_GATEWAY,
-            ApiError::ContextTooLong { .. } | ApiError::PayloadTooLarge(_) => StatusCode::PAYLOAD_TOO_LARGE,
+            ApiError::ContextTooLong { .. } | ApiError::PromptTooLarge { .. } | ApiError::PayloadTooLarge(_) => {
+                StatusCode::PAYLOAD_TOO_LARGE
+            }
             ApiError::RateLimited { .. } | ApiError::Overloaded { .. } => StatusCode::TOO_MANY_REQUESTS,
             ApiError::NotReady(_) => StatusCode::SERVICE_UNAVAILABLE,
             ApiError::Internal(_) => StatusCode::INTERNAL_SERVER_ERROR,
@@ -103,7 +111,7 @@ impl ResponseError for ApiError {
         let param = match self {
             ApiError::BadRequest { param, .. } => param.as_deref(),
             ApiError::ModelNotFound(_) => Some("model"),
-            ApiError::ContextTooLong { .. } => Some("messages"),
+            ApiError::ContextTooLong { .. } | ApiError::PromptTooLarge { .. } => Some("messages"),
             _ => None,
         };
         let mut resp = HttpResponse::build(self.status_code());
@@ -147,6 +155,16 @@ impl From<cachet_context::ContextError> for ApiError {
             ContextError::UnknownRef(m) => ApiError::bad_param("branch", m),
             ContextError::NotFound(m) => ApiError::NotFound(m),
             ContextError::Git(m) => ApiError::Upstream(format!("git: {m}")),
+            ContextError::Fetch(m) => {
+                // What answered and how (refused, reset, not a repository, TLS) is for the
+                // operator: told to the tenant, it would make the server a port scanner.
+                tracing::warn!("fetching a repository failed: {m}");
+                ApiError::Upstream(
+                    "the repository could not be fetched (unreachable, not a git repository, or slower than this \
+                     server allows)"
+                        .into(),
+                )
+            }
             ContextError::BadOptions(m) => ApiError::bad_param("rules", m),
             ContextError::Io(m) => ApiError::Internal(m),
             ContextError::TooLarge(m) => ApiError::bad(m),

@@ -143,6 +143,16 @@ pub fn operator_token(settings: &Settings) -> anyhow::Result<Secret> {
     secret_file(&settings.server.data_dir.join("secrets/operator-token"))
 }
 
+/// Resolves once the loaded model's engine thread has ended (never while no model is loaded).
+async fn engine_stopped(state: &web::Data<AppState>) {
+    loop {
+        tokio::time::sleep(std::time::Duration::from_millis(250)).await;
+        if state.served.get().is_some_and(|s| !s.engine.is_running()) {
+            return;
+        }
+    }
+}
+
 /// The process-wide Prometheus recorder (installed once, even when several
 /// applications start at the same time, as the tests start them).
 fn metrics_handle() -> anyhow::Result<PrometheusHandle> {
@@ -196,6 +206,13 @@ impl Application {
         let metrics = metrics_handle()?;
         let (ledger, ledger_task) =
             Ledger::start(db.store.clone(), settings.server.data_dir.join("ledger-spool.jsonl"))?;
+        let listener =
+            TcpListener::bind(&settings.server.bind).with_context(|| format!("binding {}", settings.server.bind))?;
+        let metrics_listener = match settings.server.metrics_bind.as_str() {
+            "" => None,
+            bind => Some(TcpListener::bind(bind).with_context(|| format!("binding {bind} (server.metrics_bind)"))?),
+        };
+        let metrics_addr = metrics_listener.as_ref().map(|l| l.local_addr()).transpose()?;
         let state = web::Data::new(AppState {
             settings: settings.clone(),
             served: OnceLock::new(),
@@ -217,13 +234,12 @@ impl Application {
             branches_served: Default::default(),
             changes_applied: Default::default(),
             known_tasks: Default::default(),
+            metrics_addr,
         });
         let sweeper = tokio::spawn(crate::sweeper::run(state.clone()));
         let fanout = tokio::spawn(crate::fanout::run(state.clone()));
         load_model_in_background(state.clone());
 
-        let listener =
-            TcpListener::bind(&settings.server.bind).with_context(|| format!("binding {}", settings.server.bind))?;
         let port = listener.local_addr()?.port();
         let limit = settings.server.max_body_bytes;
         let app_state = state.clone();
@@ -246,10 +262,15 @@ impl Application {
                     ))
                 }))
         })
-        .listen(listener)?
-        .workers(settings.server.workers.max(1))
-        .shutdown_timeout(settings.server.shutdown_timeout_secs)
-        .run();
+        .listen(listener)?;
+        let server = match metrics_listener {
+            Some(l) => server.listen(l)?,
+            None => server,
+        };
+        let server = server
+            .workers(settings.server.workers.max(1))
+            .shutdown_timeout(settings.server.shutdown_timeout_secs)
+            .run();
         Ok(Application { port, server, state, db, ledger_task, sweeper, fanout })
     }
 
@@ -279,7 +300,24 @@ impl Application {
     /// flushed, and a private Postgres cluster is stopped.
     pub async fn run_until_stopped(self) -> anyhow::Result<()> {
         let Application { server, state, mut db, ledger_task, sweeper, fanout, .. } = self;
-        server.await?;
+        let handle = server.handle();
+        let mut server = std::pin::pin!(server);
+        // A server whose engine thread has ended can answer nothing: it stops (the ledger is
+        // flushed) and exits non-zero, so that an orchestrator restarts it.
+        let engine_gone = tokio::select! {
+            r = &mut server => { r?; false }
+            () = engine_stopped(&state) => true,
+        };
+        if engine_gone {
+            tracing::error!("the engine thread has stopped; stopping the server");
+            // /readyz says so meanwhile: a load balancer polling it stops sending requests here.
+            // Nothing in flight can finish without the engine: no grace period.
+            tokio::time::sleep(std::time::Duration::from_secs(1)).await;
+            // The stop command is sent at once; the server future, polled below, carries it out.
+            let stopped = handle.stop(false);
+            server.await?;
+            stopped.await;
+        }
         sweeper.abort();
         fanout.abort();
         let waiting = state.ledger.flush().await;
@@ -295,6 +333,9 @@ impl Application {
             if cluster.owned() {
                 cluster.stop().context("stopping the private Postgres cluster")?;
             }
+        }
+        if engine_gone {
+            anyhow::bail!("the engine thread stopped");
         }
         Ok(())
     }

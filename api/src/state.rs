@@ -55,6 +55,9 @@ pub struct AppState {
     pub changes_applied: std::sync::atomic::AtomicU64,
     /// Task ids checked against their tenants (see [`crate::auth::KnownIds`]).
     pub known_tasks: crate::auth::KnownIds,
+    /// The address of the metrics listener (`server.metrics_bind`), where `/metrics` needs no
+    /// credential.
+    pub metrics_addr: Option<std::net::SocketAddr>,
 }
 
 /// This replica's turns: the sessions with a turn running, and the leases of ended turns whose

@@ -25,9 +25,14 @@ pub enum ContextError {
     /// A file larger than the caller's limit (found from its header, without reading it).
     #[error("too large: {0}")]
     TooLarge(String),
-    /// A libgit2 failure: corrupt repository, unreachable remote, …
+    /// A libgit2 failure: corrupt repository, …
     #[error("git: {0}")]
     Git(String),
+    /// Fetching from the remote failed (unreachable, refused, not a repository, timed out). The
+    /// message is libgit2's: it names what answered and how, so it is for the operator's log;
+    /// a tenant learns only that the fetch failed (a tenant's URL must not make a port scanner).
+    #[error("fetch: {0}")]
+    Fetch(String),
     /// A file-system failure on our side.
     #[error("io: {0}")]
     Io(String),

@@ -55,5 +55,5 @@ pub use error::ContextError;
 pub use ids::{BlobId, CommitId};
 pub use options::{ContextOptions, FileRules, Order};
 pub use stability::StabilityModel;
-pub use store::{Change, ChangeKind, FileAt, Mirror, RepoStore, Source, SourcePolicy};
+pub use store::{set_network_timeouts, Change, ChangeKind, FileAt, Mirror, RepoStore, Source, SourcePolicy};
 pub use tokens::TokenCounter;

@@ -15,7 +15,7 @@ fn fixture(allow_remote: bool) -> Fixture {
     let dir = tempfile::tempdir().unwrap();
     let root = dir.path().join("repos");
     std::fs::create_dir_all(&root).unwrap();
-    let policy = SourcePolicy { allowed_root: Some(root.clone()), allow_remote };
+    let policy = SourcePolicy { allowed_root: Some(root.clone()), allow_remote, ..SourcePolicy::default() };
     let store = RepoStore::new(dir.path().join("mirrors"), policy).unwrap();
     Fixture { root: root.canonicalize().unwrap(), store, _dir: dir }
 }
@@ -74,7 +74,8 @@ fn validate_refuses_escapes_and_odd_sources() {
 #[test]
 fn validate_refuses_local_paths_without_a_root() {
     let dir = tempfile::tempdir().unwrap();
-    let store = RepoStore::new(dir.path().join("m"), SourcePolicy { allowed_root: None, allow_remote: true }).unwrap();
+    let store =
+        RepoStore::new(dir.path().join("m"), SourcePolicy { allow_remote: true, ..SourcePolicy::default() }).unwrap();
     assert!(is_bad_source(store.validate(dir.path().to_str().unwrap())));
     assert!(is_bad_source(store.validate(&format!("file://{}", dir.path().display()))));
 }
@@ -135,7 +136,7 @@ fn a_failed_first_fetch_leaves_no_mirror() {
     std::fs::create_dir_all(&not_a_repo).unwrap();
     let source = f.store.validate(not_a_repo.to_str().unwrap()).unwrap();
     let err = f.store.create_mirror("empty", &source).unwrap_err();
-    assert!(matches!(err, ContextError::Git(_)), "{err:?}");
+    assert!(matches!(err, ContextError::Fetch(_)), "{err:?}");
     assert!(matches!(f.store.mirror("empty"), Err(ContextError::NotFound(_))));
 }
 

@@ -134,7 +134,7 @@ pub(crate) async fn job(
     let text = template
         .render(&conversation, true, plan.template_tools.as_ref())
         .map_err(|e| ApiError::bad_param("messages", e.to_string()))?;
-    let tokens = served.engine.tokenizer().encode(&text, true).map_err(|e| ApiError::bad(e.to_string()))?;
+    let tokens = super::encode(&served.engine, text).await?;
     let public = served
         .public
         .as_ref()

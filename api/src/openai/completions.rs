@@ -31,27 +31,31 @@ pub async fn completions(
     let tok = served.engine.tokenizer();
     let one =
         |n: usize| if n == 1 { Ok(()) } else { Err(ApiError::bad_param("prompt", "exactly one prompt is supported")) };
-    let tokens = match (&body.prompt, &body.suffix) {
-        (Prompt::Text(t), None) => tok.encode(t, true),
+    let text = match (&body.prompt, &body.suffix) {
+        (Prompt::Text(t), None) => Some(t.clone()),
         (Prompt::Texts(ts), None) => {
             one(ts.len())?;
-            tok.encode(&ts[0], true)
+            Some(ts[0].clone())
         }
         (Prompt::Text(t), Some(suffix)) => {
             let fim = ["<|fim_prefix|>", "<|fim_suffix|>", "<|fim_middle|>"];
             if fim.iter().any(|t| tok.token_id(t).is_none()) {
                 return Err(ApiError::bad_param("suffix", "this model has no fill-in-the-middle tokens"));
             }
-            tok.encode(&format!("{}{t}{}{suffix}{}", fim[0], fim[1], fim[2]), true)
+            Some(format!("{}{t}{}{suffix}{}", fim[0], fim[1], fim[2]))
         }
-        (Prompt::Tokens(ids), None) => Ok(ids.clone()),
-        (Prompt::TokenLists(lists), None) => {
-            one(lists.len())?;
-            Ok(lists[0].clone())
-        }
+        (Prompt::Tokens(_), None) | (Prompt::TokenLists(_), None) => None,
         (_, Some(_)) => return Err(ApiError::bad_param("suffix", "suffix needs a single text prompt")),
-    }
-    .map_err(|e| ApiError::bad_param("prompt", e.to_string()))?;
+    };
+    let tokens = match (text, &body.prompt) {
+        (Some(text), _) => super::encode(&served.engine, text).await?,
+        (None, Prompt::Tokens(ids)) => ids.clone(),
+        (None, Prompt::TokenLists(lists)) => {
+            one(lists.len())?;
+            lists[0].clone()
+        }
+        (None, _) => unreachable!("every text prompt was taken above"),
+    };
     if tokens.is_empty() {
         return Err(ApiError::bad_param("prompt", "the prompt is empty"));
     }

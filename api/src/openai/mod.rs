@@ -77,6 +77,36 @@ pub(crate) fn model<'a>(state: &'a AppState, model: &str) -> Result<&'a Served, 
     }
 }
 
+/// The cache salt of an end user (`user`): a digest, so that the engine's scope table holds a
+/// few dozen bytes per end user whatever the client sends (2 MB `user` values stayed in memory
+/// for good before).
+fn user_salt(user: &str) -> Arc<str> {
+    use sha2::Digest;
+    let digest = sha2::Sha256::digest(user.as_bytes());
+    digest[..16].iter().map(|b| format!("{b:02x}")).collect::<String>().into()
+}
+
+/// Bytes of prompt text per token of context beyond which a prompt cannot fit, whatever it says.
+/// The served tokenizers average 3–5 bytes a token on code and prose; 32 leaves room for long runs
+/// of whitespace or repeated characters.
+const MAX_BYTES_PER_TOKEN: usize = 32;
+
+/// Tokenizes a prompt (special tokens parsed) without holding an HTTP worker: a text longer than
+/// the context could hold at [`MAX_BYTES_PER_TOKEN`] is refused (413) before any work, the rest is
+/// encoded on the blocking pool, so a few megabyte-sized prompts cannot make `/healthz` or other
+/// tenants' requests wait.
+pub(crate) async fn encode(engine: &cachet_engine::runtime::EngineHandle, text: String) -> Result<Vec<u32>, ApiError> {
+    let limit = engine.max_context();
+    if text.len() > limit.saturating_mul(MAX_BYTES_PER_TOKEN) {
+        return Err(ApiError::PromptTooLarge { bytes: text.len(), limit });
+    }
+    let engine = engine.clone();
+    web::block(move || engine.tokenizer().encode(&text, true))
+        .await
+        .map_err(|e| ApiError::Internal(e.to_string()))?
+        .map_err(|e| ApiError::bad_param("prompt", e.to_string()))
+}
+
 /// The most stop sequences a request may give (Continue's autocomplete sends 16).
 const MAX_STOPS: usize = 32;
 
@@ -381,7 +411,7 @@ pub(crate) async fn execute(
     });
     let lp_engine = job.params.logprobs.map(|_| served.engine.clone());
     let mut request = Request::new(engine_tenant, job.tokens, job.params);
-    request.salt = sampling.user.as_deref().filter(|u| !u.is_empty()).map(Into::into);
+    request.salt = sampling.user.as_deref().filter(|u| !u.is_empty()).map(user_salt);
     request.public = job.public;
     request.spans = job.spans;
     request.slo = slo;

@@ -69,7 +69,7 @@ pub async fn tokenize(
             if body.add_generation_prompt.is_some() || body.tooling.tools.is_some() {
                 return Err(ApiError::bad_param("prompt", "add_generation_prompt and tools go with messages"));
             }
-            let mut ids = tok.encode(prompt, true).map_err(|e| ApiError::bad_param("prompt", e.to_string()))?;
+            let mut ids = super::encode(&served.engine, prompt.clone()).await?;
             if body.add_special_tokens.unwrap_or(true) && tok.add_bos_token() {
                 ids.splice(0..0, tok.bos_id());
             }
@@ -93,7 +93,7 @@ pub async fn tokenize(
             let text = template
                 .render(&conversation, body.add_generation_prompt.unwrap_or(true), plan.template_tools.as_ref())
                 .map_err(|e| ApiError::bad_param("messages", e.to_string()))?;
-            tok.encode(&text, true).map_err(|e| ApiError::bad(e.to_string()))?
+            super::encode(&served.engine, text).await?
         }
         _ => return Err(ApiError::bad_param("prompt", "give either prompt or messages")),
     };

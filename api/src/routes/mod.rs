@@ -23,7 +23,8 @@ use utoipa::{Modify, OpenApi};
         openai::tokenize::tokenize, openai::tokenize::detokenize,
         admin::create_tenant, admin::list_tenants, admin::delete_tenant, admin::issue_token,
         ops::healthz, ops::readyz, ops::metrics,
-        repos::create_repo, repos::list_repos, repos::get_repo, repos::delete_repo, webhooks::git_webhook,
+        repos::create_repo, repos::list_repos, repos::get_repo, repos::delete_repo, repos::rotate_webhook_secret,
+        webhooks::git_webhook,
         sessions::create_session, sessions::get_session, sessions::delete_session, sessions::message::post_message,
         tasks::create_task, tasks::get_task, tasks::task_outcome,
         reports::tenant_report, reports::operator_report, reports::report_page, sign_in::create_link,
@@ -63,6 +64,7 @@ pub fn configure(cfg: &mut web::ServiceConfig) {
         .service(repos::list_repos)
         .service(repos::get_repo)
         .service(repos::delete_repo)
+        .service(repos::rotate_webhook_secret)
         .service(webhooks::git_webhook)
         .service(sessions::create_session)
         .service(sessions::get_session)

@@ -1,7 +1,10 @@
 //! Operations: liveness, readiness, Prometheus metrics, the OpenAPI document.
 
+use crate::auth::OperatorAuth;
+use crate::error::ApiError;
 use crate::state::AppState;
-use actix_web::{get, web, HttpResponse};
+use actix_web::dev::Payload;
+use actix_web::{get, web, FromRequest, HttpRequest, HttpResponse};
 
 /// The process is up.
 #[utoipa::path(get, path = "/healthz", tag = "ops", responses((status = 200, description = "Alive")))]
@@ -15,7 +18,13 @@ pub async fn healthz() -> HttpResponse {
     responses((status = 200, description = "Ready"), (status = 503, description = "Not ready, with the reason")))]
 #[get("/readyz")]
 pub async fn readyz(state: web::Data<AppState>) -> HttpResponse {
-    let model = state.served().map(|s| s.id.clone()).map_err(|e| e.to_string());
+    let model = state.served().map_err(|e| e.to_string()).and_then(|s| {
+        if s.engine.is_running() {
+            Ok(s.id.clone())
+        } else {
+            Err("the engine thread has stopped; the server is exiting".to_string())
+        }
+    });
     let database = state.store.ping().await.map_err(|e| e.to_string());
     let ready = model.is_ok() && database.is_ok();
     let body = serde_json::json!({
@@ -30,17 +39,26 @@ pub async fn readyz(state: web::Data<AppState>) -> HttpResponse {
     }
 }
 
-/// Prometheus metrics (text format).
-#[utoipa::path(get, path = "/metrics", tag = "ops", responses((status = 200, description = "Prometheus text format")))]
+/// Prometheus metrics (text format): the operator's (bearer operator secret or operator JWT), or
+/// anyone's on the metrics listener (`server.metrics_bind`, an address the operator keeps on a
+/// private network).
+#[utoipa::path(get, path = "/metrics", tag = "ops",
+    responses((status = 200, description = "Prometheus text format"),
+              (status = 401, description = "No operator credential"),
+              (status = 403, description = "A tenant's credential")),
+    security(("bearer" = [])))]
 #[get("/metrics")]
-pub async fn metrics(state: web::Data<AppState>) -> HttpResponse {
+pub async fn metrics(state: web::Data<AppState>, req: HttpRequest) -> Result<HttpResponse, ApiError> {
+    if state.metrics_addr.is_none_or(|a| a != req.app_config().local_addr()) {
+        OperatorAuth::from_request(&req, &mut Payload::None).await?;
+    }
     if let Some(served) = state.served.get() {
         if let Some(s) = served.engine.snapshot().await {
             ::metrics::gauge!("cachet:prefix_cache_slots").set(s.cached_slots as f64);
             ::metrics::gauge!("cachet:kv_cache_usage_ratio").set(s.kv_used as f64 / s.kv_capacity.max(1) as f64);
         }
     }
-    HttpResponse::Ok().content_type("text/plain; version=0.0.4").body(state.metrics.render())
+    Ok(HttpResponse::Ok().content_type("text/plain; version=0.0.4").body(state.metrics.render()))
 }
 
 /// This document.

@@ -116,6 +116,28 @@ pub async fn create_repo(
     Ok(HttpResponse::Created().json(out))
 }
 
+/// Issues a new webhook secret for a repository (the old one stops working at once): the way back
+/// when the secret shown at registration was lost (a client that gave up before the answer, a
+/// leak).
+#[utoipa::path(post, path = "/v1/repos/{id}/webhook-secret", tag = "repositories",
+    responses((status = 200, description = "The new secret, shown once"), (status = 404, description = "Unknown repository")),
+    security(("bearer" = [])))]
+#[post("/v1/repos/{id}/webhook-secret")]
+pub async fn rotate_webhook_secret(
+    state: web::Data<AppState>,
+    auth: TenantAuth,
+    id: web::Path<Uuid>,
+) -> Result<HttpResponse, ApiError> {
+    let id = id.into_inner();
+    let secret = format!("whsec_{}", cachet_tenants::random_hex(32).map_err(|e| ApiError::Internal(e.to_string()))?);
+    if !state.store.set_webhook_secret(auth.0.id, id, &secret).await? {
+        return Err(ApiError::NotFound(format!("repository {id}")));
+    }
+    Ok(HttpResponse::Ok().json(json!({"id": id, "object": "repository.webhook",
+        "webhook": {"url": format!("/v1/webhooks/git/{id}"), "secret": secret,
+                    "content_type": "application/json", "events": ["push"]}})))
+}
+
 /// The tenant's repositories.
 #[utoipa::path(get, path = "/v1/repos", tag = "repositories", responses((status = 200, description = "A list")),
     security(("bearer" = [])))]

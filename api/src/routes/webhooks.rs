@@ -121,11 +121,20 @@ pub async fn git_webhook(
         return Ok(HttpResponse::Ok().json(json!({"event": "push", "ref": push.git_ref, "ignored": true})));
     };
 
+    let duplicate = || Ok(HttpResponse::Ok().json(json!({"event": "push", "delivery": delivery, "duplicate": true})));
+    if state.store.delivery_recorded(repo.id, &delivery).await? {
+        return duplicate();
+    }
+    // The fetch runs with no transaction open and no pooled connection held: a slow remote must
+    // not take the database from everyone else. Applying a push is idempotent (a fetch, cache
+    // invalidations, a pre-warm), so a concurrent copy of this delivery may apply it too; the
+    // transaction below records it once, and a failure before that records nothing, so the
+    // sender's retry applies it again.
+    let applied = apply(&state, &repo, &branch, &push, Received::Here).await?;
     let mut tx = state.store.pool().begin().await.map_err(cachet_tenants::StoreError::from)?;
     if !Store::record_delivery(&mut tx, repo.id, &delivery, &event).await? {
-        return Ok(HttpResponse::Ok().json(json!({"event": "push", "delivery": delivery, "duplicate": true})));
+        return duplicate();
     }
-    let applied = apply(&state, &repo, &branch, &push, Received::Here).await?;
     let inv = Invalidation {
         repo: repo.id,
         delivery_id: delivery.clone(),

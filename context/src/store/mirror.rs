@@ -8,6 +8,7 @@ use git2::{FetchOptions, FetchPrune, Repository, RepositoryOpenFlags};
 
 use super::paths::{branch_ref, check_repo_path, looks_like_sha};
 use super::tree::{diff_trees, find_commit};
+use super::{net, SourcePolicy};
 use crate::{BlobId, CommitId, ContextError};
 
 /// A repository on disk: a bare mirror from [`crate::RepoStore`] or any repository opened with
@@ -18,6 +19,9 @@ use crate::{BlobId, CommitId, ContextError};
 #[derive(Clone, Debug)]
 pub struct Mirror {
     path: PathBuf,
+    /// The store's source policy: a mirror from [`crate::RepoStore`] checks its remote's host
+    /// against it before every fetch and follows no redirect to another host.
+    guard: Option<Arc<SourcePolicy>>,
 }
 
 /// A file's content at a commit.
@@ -56,7 +60,7 @@ impl Mirror {
     /// Opens an existing repository (bare or with a work tree) at exactly `path` (no search in
     /// parent directories). Nothing is ever written through it except by [`Mirror::fetch`].
     pub fn open_path(path: &Path) -> Result<Mirror, ContextError> {
-        let mirror = Mirror { path: path.to_path_buf() };
+        let mirror = Mirror { path: path.to_path_buf(), guard: None };
         mirror.repo().map_err(|e| match e {
             ContextError::Git(m) => ContextError::NotFound(format!("no repository at {}: {m}", path.display())),
             other => other,
@@ -74,7 +78,12 @@ impl Mirror {
                 repo.remote_with_fetch("origin", url, HEADS_REFSPEC)?;
             }
         }
-        Ok(Mirror { path: path.to_path_buf() })
+        Ok(Mirror { path: path.to_path_buf(), guard: None })
+    }
+
+    /// The same mirror, fetching under `policy` (see [`Mirror::fetch`]).
+    pub(crate) fn guarded(self, policy: Arc<SourcePolicy>) -> Mirror {
+        Mirror { guard: Some(policy), ..self }
     }
 
     /// The repository's directory.
@@ -88,6 +97,12 @@ impl Mirror {
     }
 
     /// Fetches every branch of `origin` into `refs/heads/*`, pruning branches deleted there.
+    ///
+    /// A mirror of the [`crate::RepoStore`] first checks a remote origin's host against the
+    /// store's policy ([`ContextError::BadSource`] when refused: nothing is connected to), and
+    /// follows no redirect to another host. A failure of the remote itself is
+    /// [`ContextError::Fetch`], whose message (libgit2's, naming what answered and how) is for
+    /// the operator's log, not for the tenant.
     pub fn fetch(&self) -> Result<(), ContextError> {
         let lock = fetch_lock(&self.path);
         let _guard = lock.lock().unwrap_or_else(|p| p.into_inner());
@@ -95,8 +110,44 @@ impl Mirror {
         let mut remote = repo.find_remote("origin")?;
         let mut opts = FetchOptions::new();
         opts.prune(FetchPrune::On).download_tags(git2::AutotagOption::None);
-        remote.fetch(&[HEADS_REFSPEC], Some(&mut opts), None)?;
-        Ok(())
+        let mut over = None;
+        if let Some(policy) = &self.guard {
+            let url = remote.url().unwrap_or_default().to_string();
+            if net::remote_endpoint(&url).is_some() {
+                net::check_remote(&url, policy)?;
+            }
+            opts.follow_redirects(git2::RemoteRedirect::None);
+            // Time and size limits, checked as the pack arrives (libgit2's own server timeout,
+            // set at start-up, covers a remote that stops answering).
+            let deadline = policy.fetch_timeout.map(|t| std::time::Instant::now() + t);
+            let max = policy.max_fetch_bytes;
+            let exceeded = std::rc::Rc::new(std::cell::Cell::new(None));
+            over = Some(exceeded.clone());
+            let mut callbacks = git2::RemoteCallbacks::new();
+            callbacks.transfer_progress(move |p| {
+                let reason = if max.is_some_and(|m| p.received_bytes() as u64 > m) {
+                    Some(ContextError::TooLarge(format!(
+                        "the repository is larger than this server's limit ({} bytes)",
+                        max.unwrap_or_default()
+                    )))
+                } else if deadline.is_some_and(|d| std::time::Instant::now() > d) {
+                    Some(ContextError::Fetch("the fetch took longer than this server's limit".into()))
+                } else {
+                    None
+                };
+                let go_on = reason.is_none();
+                if reason.is_some() {
+                    exceeded.set(reason);
+                }
+                go_on
+            });
+            opts.remote_callbacks(callbacks);
+        }
+        let result = remote.fetch(&[HEADS_REFSPEC], Some(&mut opts), None);
+        if let Some(reason) = over.and_then(|o| o.take()) {
+            return Err(reason);
+        }
+        result.map_err(|e| ContextError::Fetch(e.message().into()))
     }
 
     /// The commit a branch points at; `branch` is `main` or `refs/heads/main`.
@@ -232,8 +283,24 @@ fn open_exact(path: &Path) -> Result<Repository, ContextError> {
 }
 
 /// One lock per repository path in this process, so two fetches never race on ref lock files.
+/// Per-path locks.
+type PathLocks = OnceLock<Mutex<HashMap<PathBuf, Arc<Mutex<()>>>>>;
+
 fn fetch_lock(path: &Path) -> Arc<Mutex<()>> {
-    static LOCKS: OnceLock<Mutex<HashMap<PathBuf, Arc<Mutex<()>>>>> = OnceLock::new();
-    let mut map = LOCKS.get_or_init(Default::default).lock().unwrap_or_else(|p| p.into_inner());
+    static LOCKS: PathLocks = OnceLock::new();
+    path_lock(&LOCKS, path)
+}
+
+/// The lock that serializes creating and removing the mirror at `path` (a fetch inside a
+/// creation takes [`fetch_lock`] too).
+pub(crate) fn lifecycle_lock(path: &Path) -> Arc<Mutex<()>> {
+    static LOCKS: PathLocks = OnceLock::new();
+    path_lock(&LOCKS, path)
+}
+
+/// One lock per path from `locks`; locks nobody holds or waits for are dropped from the table.
+fn path_lock(locks: &PathLocks, path: &Path) -> Arc<Mutex<()>> {
+    let mut map = locks.get_or_init(Default::default).lock().unwrap_or_else(|p| p.into_inner());
+    map.retain(|p, lock| p == path || Arc::strong_count(lock) > 1);
     map.entry(path.to_path_buf()).or_default().clone()
 }

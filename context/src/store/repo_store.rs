@@ -1,7 +1,7 @@
 //! [`RepoStore`]: creates, opens and removes the bare mirrors under one directory.
 
 use std::path::{Path, PathBuf};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 
 use super::source::validate_source;
 use super::{Mirror, Source, SourcePolicy};
@@ -9,7 +9,7 @@ use crate::ContextError;
 
 /// The mirrors of all registered repositories, one bare repository `<mirrors_dir>/<id>.git` each.
 ///
-/// Cheap to clone; `Send + Sync`. Creation and removal are serialized within one store.
+/// Cheap to clone; `Send + Sync`. Creation and removal of one mirror are serialized (per mirror).
 #[derive(Clone, Debug)]
 pub struct RepoStore {
     inner: Arc<Inner>,
@@ -19,8 +19,8 @@ pub struct RepoStore {
 struct Inner {
     mirrors_dir: PathBuf,
     allowed_root: Option<PathBuf>,
-    allow_remote: bool,
-    lifecycle: Mutex<()>,
+    /// Checked before every fetch of a remote mirror (see `net`).
+    policy: Arc<SourcePolicy>,
 }
 
 impl RepoStore {
@@ -38,7 +38,8 @@ impl RepoStore {
                 })?),
                 None => None,
             };
-        let inner = Inner { mirrors_dir, allowed_root, allow_remote: policy.allow_remote, lifecycle: Mutex::new(()) };
+        let policy = Arc::new(SourcePolicy { allowed_root: allowed_root.clone(), ..policy });
+        let inner = Inner { mirrors_dir, allowed_root, policy };
         Ok(RepoStore { inner: Arc::new(inner) })
     }
 
@@ -54,19 +55,27 @@ impl RepoStore {
     /// mirrors directory), and `https://`, `http://`, `ssh://`, `git://` and scp-like `user@host:path`
     /// URLs when remote sources are allowed. Anything else (`ext::`, `fd::`, empty strings, strings
     /// starting with `-`, control characters, other schemes) is [`ContextError::BadSource`].
+    ///
+    /// This check is syntactic; where a remote URL's host leads (its allowed list, the addresses
+    /// it resolves to) is checked before every fetch, when it matters.
     pub fn validate(&self, url: &str) -> Result<Source, ContextError> {
         let i = &self.inner;
-        validate_source(url, i.allowed_root.as_deref(), &i.mirrors_dir, i.allow_remote)
+        validate_source(url, i.allowed_root.as_deref(), &i.mirrors_dir, i.policy.allow_remote)
     }
 
     /// Creates the bare mirror of repository `id` (`[A-Za-z0-9_-]{1,64}`, else `BadSource`) and
     /// fetches all its branches. Idempotent: an existing mirror gets its source updated and is
     /// fetched again. A mirror whose first fetch fails is removed again.
+    ///
+    /// Only this mirror is locked meanwhile (a slow remote delays nobody else's registration).
     pub fn create_mirror(&self, id: &str, source: &Source) -> Result<Mirror, ContextError> {
         let path = self.mirror_path(id)?;
-        let _guard = self.inner.lifecycle.lock().unwrap_or_else(|p| p.into_inner());
+        let lock = super::mirror::lifecycle_lock(&path);
+        let _guard = lock.lock().unwrap_or_else(|p| p.into_inner());
         let existed = path.exists();
-        let result = Mirror::init_bare(&path, &source.git_url()).and_then(|m| m.fetch().map(|()| m));
+        let result = Mirror::init_bare(&path, &source.git_url())
+            .map(|m| m.guarded(self.inner.policy.clone()))
+            .and_then(|m| m.fetch().map(|()| m));
         if result.is_err() && !existed {
             let _ = std::fs::remove_dir_all(&path);
         }
@@ -79,13 +88,14 @@ impl RepoStore {
         if !path.is_dir() {
             return Err(ContextError::NotFound(format!("no mirror for repository '{id}'")));
         }
-        Mirror::open_path(&path)
+        Ok(Mirror::open_path(&path)?.guarded(self.inner.policy.clone()))
     }
 
     /// Deletes the mirror of `id`; [`ContextError::NotFound`] if there is none.
     pub fn remove(&self, id: &str) -> Result<(), ContextError> {
         let path = self.mirror_path(id)?;
-        let _guard = self.inner.lifecycle.lock().unwrap_or_else(|p| p.into_inner());
+        let lock = super::mirror::lifecycle_lock(&path);
+        let _guard = lock.lock().unwrap_or_else(|p| p.into_inner());
         if !path.is_dir() {
             return Err(ContextError::NotFound(format!("no mirror for repository '{id}'")));
         }

@@ -13,6 +13,17 @@ pub struct SourcePolicy {
     pub allowed_root: Option<PathBuf>,
     /// Accept remote URLs (`https://`, `http://`, `ssh://`, `git://`, scp-like `user@host:path`).
     pub allow_remote: bool,
+    /// Hosts remote URLs may name: exact names, or `*.example.com` for any name below it. Empty:
+    /// any host (subject to `allow_private_hosts`).
+    pub allowed_hosts: Vec<String>,
+    /// Let remote URLs reach hosts that resolve to loopback, private, link-local or reserved
+    /// addresses (this machine, its database, the cloud's metadata service, the internal
+    /// network). Off by default: a tenant's URL must not turn the server into a proxy.
+    pub allow_private_hosts: bool,
+    /// The longest a fetch of a remote mirror may take; None: no limit.
+    pub fetch_timeout: Option<std::time::Duration>,
+    /// The most bytes a fetch may download; None: no limit.
+    pub max_fetch_bytes: Option<u64>,
 }
 
 /// A validated repository source.

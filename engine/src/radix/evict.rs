@@ -112,8 +112,8 @@ impl RadixCache {
     /// locked parts when their last lock goes ([`RadixCache::unlock`]).
     pub fn invalidate(&mut self, source: &str, keep_version: Option<&str>) -> Vec<SlotId> {
         let mut freed = Vec::new();
-        let Some(&sid) = self.source_ids.get(source) else { return freed };
-        let keep = keep_version.and_then(|v| self.version_ids.get(v).copied());
+        let Some(sid) = self.sources.get(source) else { return freed };
+        let keep = keep_version.and_then(|v| self.versions.get(v));
         let mut nodes: Vec<NodeId> = self.tagged.get(&sid).map(|s| s.iter().copied().collect()).unwrap_or_default();
         nodes.sort();
         for id in nodes {
@@ -196,7 +196,7 @@ impl RadixCache {
     /// Ends a retention: its nodes are evictable like any other.
     pub fn release(&mut self, key: &RetentionKey) {
         if let Some(id) = self.retention_ids.get(key) {
-            self.retention_until.remove(id);
+            self.retention_until.remove(&id);
         }
     }
 

@@ -50,11 +50,13 @@ impl KeyElem {
     }
 }
 
-/// Interning table of scopes.
+/// Interning table of scopes. Ids of scopes no node refers to any more are reused (see
+/// [`crate::radix::RadixCache::compact_tables`]).
 #[derive(Debug, Default)]
 pub(crate) struct ScopeTable {
     ids: HashMap<Scope, ScopeId>,
-    scopes: Vec<Scope>,
+    scopes: Vec<Option<Scope>>,
+    free: Vec<u32>,
 }
 
 impl ScopeTable {
@@ -62,14 +64,41 @@ impl ScopeTable {
         if let Some(&id) = self.ids.get(scope) {
             return id;
         }
-        let id = ScopeId(self.scopes.len() as u32);
-        self.scopes.push(scope.clone());
+        let id = match self.free.pop() {
+            Some(i) => {
+                self.scopes[i as usize] = Some(scope.clone());
+                ScopeId(i)
+            }
+            None => {
+                self.scopes.push(Some(scope.clone()));
+                ScopeId(self.scopes.len() as u32 - 1)
+            }
+        };
         self.ids.insert(scope.clone(), id);
         id
     }
 
     pub(crate) fn get(&self, id: ScopeId) -> Option<&Scope> {
-        self.scopes.get(id.0 as usize)
+        self.scopes.get(id.0 as usize).and_then(Option::as_ref)
+    }
+
+    /// Scopes interned now.
+    pub(crate) fn len(&self) -> usize {
+        self.ids.len()
+    }
+
+    /// Forgets every scope not in `live`; their ids become free.
+    pub(crate) fn retain(&mut self, live: &std::collections::HashSet<ScopeId>) {
+        let free = &mut self.free;
+        let scopes = &mut self.scopes;
+        self.ids.retain(|_, id| {
+            let keep = live.contains(id);
+            if !keep {
+                scopes[id.0 as usize] = None;
+                free.push(id.0);
+            }
+            keep
+        });
     }
 }
 

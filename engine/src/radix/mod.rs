@@ -18,6 +18,7 @@
 //!   caller returns those to the pool.
 
 mod evict;
+mod intern;
 mod key;
 #[cfg(test)]
 mod proptests;
@@ -27,6 +28,7 @@ mod tests;
 pub use key::{KeyElem, RetentionKey, Scope, ScopeId, Span, Tag, TenantKey};
 
 use crate::kv_pool::SlotId;
+use intern::Interner;
 use key::ScopeTable;
 use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
@@ -142,15 +144,15 @@ pub struct RadixCache {
     tenants: Vec<TenantState>,
     tenant_ids: HashMap<TenantKey, u32>,
     /// Interned provenance sources and versions.
-    sources: Vec<Arc<str>>,
-    source_ids: HashMap<Arc<str>, u32>,
-    versions: Vec<Arc<str>>,
-    version_ids: HashMap<Arc<str>, u32>,
+    sources: Interner<Arc<str>>,
+    versions: Interner<Arc<str>>,
     /// Nodes carrying a tag of each source.
     tagged: HashMap<u32, HashSet<NodeId>>,
-    retention_ids: HashMap<RetentionKey, u32>,
+    retention_ids: Interner<RetentionKey>,
     /// Expiry of each live retention key (by id).
     retention_until: HashMap<u32, std::time::Instant>,
+    /// Entries the interning tables kept at their last compaction.
+    interned_kept: usize,
     /// Logical clock for LRU.
     clock: u64,
     /// Pool size, for shares.
@@ -170,13 +172,12 @@ impl RadixCache {
             scopes: ScopeTable::default(),
             tenants: Vec::new(),
             tenant_ids: HashMap::new(),
-            sources: Vec::new(),
-            source_ids: HashMap::new(),
-            versions: Vec::new(),
-            version_ids: HashMap::new(),
+            sources: Interner::default(),
+            versions: Interner::default(),
             tagged: HashMap::new(),
-            retention_ids: HashMap::new(),
+            retention_ids: Interner::default(),
             retention_until: HashMap::new(),
+            interned_kept: 0,
             clock: 0,
             capacity,
             default_share: default_share.clamp(0.0, 1.0),
@@ -423,8 +424,8 @@ impl RadixCache {
 
     /// Records `span`'s tag on the node holding its first element.
     fn tag(&mut self, key: &[KeyElem], span: &Span) {
-        let source = intern(&mut self.sources, &mut self.source_ids, &span.tag.source);
-        let version = intern(&mut self.versions, &mut self.version_ids, &span.tag.version);
+        let source = self.sources.intern(&span.tag.source);
+        let version = self.versions.intern(&span.tag.version);
         let mut node = self.root;
         let mut i = 0;
         while let Some(&child) = self.node(node).children.get(&key[i]) {
@@ -549,16 +550,6 @@ impl RadixCache {
     }
 
     fn retention_id(&mut self, key: &RetentionKey) -> u32 {
-        let n = self.retention_ids.len() as u32;
-        *self.retention_ids.entry(key.clone()).or_insert(n)
+        self.retention_ids.intern(key)
     }
-}
-
-fn intern(list: &mut Vec<Arc<str>>, ids: &mut HashMap<Arc<str>, u32>, s: &Arc<str>) -> u32 {
-    if let Some(&i) = ids.get(s) {
-        return i;
-    }
-    list.push(s.clone());
-    ids.insert(s.clone(), list.len() as u32 - 1);
-    list.len() as u32 - 1
 }

@@ -239,3 +239,46 @@ fn purging_a_tenant_drops_only_its_namespace() {
     assert_eq!(f.cache.match_prefix(&ka, usize::MAX).slots.len(), 2, "the public prefix stays");
     f.cache.check_integrity().unwrap();
 }
+
+#[test]
+fn interning_tables_shrink_back_to_what_the_tree_holds() {
+    let mut f = fixture(100_000);
+    let now = Instant::now();
+    // One request each from 1,000 end users (salts), with a session (retention key) and a
+    // tagged source each; all of it evicted afterwards.
+    let kept = prompt(&f, f.a, &[1, 2], &[7, 8, 9]);
+    let spans = [Span { range: 4..7, tag: Tag { source: "kept.rs".into(), version: "v1".into() } }];
+    let held = f.cache.insert(&kept, &slots_for(&kept, 90_000), &InsertOpts { spans: &spans, retention: None }).node;
+    f.cache.lock(held);
+    for u in 0..1000u32 {
+        let user =
+            f.cache.scope(&Scope::Tenant { tenant: TenantKey::new("b"), salt: Some(format!("user-{u}").into()) });
+        let mut key = vec![f.public];
+        key.extend(toks(&[1, 2]));
+        key.push(user);
+        key.extend(toks(&[100 + u, 5]));
+        let session = RetentionKey(format!("session-{u}").into());
+        f.cache.retain(&session, now + Duration::from_secs(60));
+        let spans = [Span { range: 4..5, tag: Tag { source: format!("f{u}.rs").into(), version: "v1".into() } }];
+        f.cache.insert(&key, &slots_for(&key, 10 + 4 * u), &InsertOpts { spans: &spans, retention: Some(&session) });
+        f.cache.release(&session);
+    }
+    assert!(f.cache.interned() > 3000, "{}", f.cache.interned());
+    let before = f.cache.cached_slots();
+    f.cache.evict_for(before, now);
+    f.cache.compact_tables(now);
+    f.cache.check_integrity().unwrap();
+    // Left: the public scope, A's scope (still in the tree), kept.rs and its version.
+    assert!(f.cache.interned() <= 6, "{}", f.cache.interned());
+
+    // What stayed still matches, and new scopes reuse the freed ids without mixing anything up.
+    let m = f.cache.match_prefix(&kept, usize::MAX);
+    assert_eq!(m.len, kept.len());
+    let fresh = f.cache.scope(&Scope::Tenant { tenant: TenantKey::new("c"), salt: Some("new".into()) });
+    let kc = prompt(&f, fresh, &[1, 2], &[7, 8, 9]);
+    assert_eq!(f.cache.match_prefix(&kc, usize::MAX).len, 3, "only the public prefix");
+    // The kept source can still be invalidated by name.
+    assert!(f.cache.unlock(held).is_empty());
+    assert!(!f.cache.invalidate("kept.rs", None).is_empty());
+    f.cache.check_integrity().unwrap();
+}

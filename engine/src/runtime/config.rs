@@ -70,12 +70,12 @@ pub struct EngineConfig {
     /// filling `token_budget`.
     pub pace_prefill: bool,
     /// The share of the tightest inter-token target a paced pass aims at
-    /// (0 < margin ≤ 1): below 1, gaps stay under the target despite the
-    /// pass-time fit's error and a noisy machine.
+    /// (0 < margin ≤ 1), its slow passes included (the pass-time fit's 95th
+    /// percentile error): below 1, gaps stay under the target, not at it.
     pub pace_margin: f64,
-    /// Prefill tokens a paced pass carries at least, so prompts keep moving
-    /// when the decoders alone fill the inter-token target; also the share
-    /// of every pass an overdue prompt gets (see the `slo` policy).
+    /// Prefill tokens a paced pass carries when the decoders alone fill the
+    /// inter-token target, so prompts keep moving; also the share of every
+    /// pass an overdue prompt gets (see the `slo` policy).
     pub min_prefill_chunk: usize,
     /// Most requests running (holding KV and decoding) at once.
     pub max_running: usize,
@@ -88,6 +88,10 @@ pub struct EngineConfig {
     /// Share of the pool a tenant may fill with cache before its cache is
     /// the first to go (per-tenant overrides through the handle).
     pub default_share: f64,
+    /// Label per-tenant metrics (time to first token, cache hits, refusals)
+    /// with the tenant's id. Off: one series each for the whole server, so
+    /// a metrics reader learns nothing about who is using it.
+    pub tenant_labels: bool,
 }
 
 impl Default for EngineConfig {
@@ -96,7 +100,7 @@ impl Default for EngineConfig {
             pool: PoolSize::Tokens(16_384),
             token_budget: 512,
             pace_prefill: true,
-            pace_margin: 0.8,
+            pace_margin: 0.85,
             min_prefill_chunk: 16,
             max_running: 64,
             policy: Policy::Slo,
@@ -104,6 +108,7 @@ impl Default for EngineConfig {
             batch: SloTargets { ttft: Duration::from_secs(120), itl: Duration::from_secs(2) },
             overload_factor: 2.0,
             default_share: 1.0,
+            tenant_labels: false,
         }
     }
 }

@@ -10,6 +10,7 @@ use crate::chat_template::ChatTemplate;
 use crate::constraint::Grammars;
 use crate::radix::{RetentionKey, TenantKey};
 use crate::tokenizer::Tokenizer;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc::Sender;
 use std::sync::{Arc, Mutex};
 use tokio::sync::{mpsc, oneshot};
@@ -31,6 +32,8 @@ pub(crate) struct Info {
 pub struct EngineHandle {
     tx: Arc<Mutex<Sender<Command>>>,
     info: Arc<Info>,
+    /// Cleared when the engine thread ends (a panic included).
+    alive: Arc<AtomicBool>,
 }
 
 impl std::fmt::Debug for EngineHandle {
@@ -92,8 +95,20 @@ fn engine_gone() -> RequestError {
 }
 
 impl EngineHandle {
-    pub(crate) fn new(tx: Sender<Command>, info: Info) -> EngineHandle {
-        EngineHandle { tx: Arc::new(Mutex::new(tx)), info: Arc::new(info) }
+    pub(crate) fn new(tx: Sender<Command>, info: Info, alive: Arc<AtomicBool>) -> EngineHandle {
+        EngineHandle { tx: Arc::new(Mutex::new(tx)), info: Arc::new(info), alive }
+    }
+
+    /// Ends the engine thread (requests in flight end with an error; later ones fail at once).
+    /// For an orderly stop, and for tests of what a server does when its engine is gone.
+    pub fn halt(&self) {
+        self.send(Command::Halt);
+    }
+
+    /// Whether the engine thread still runs: false once it has ended (a panic in a forward pass,
+    /// say), after which every request fails. A server should then say it is not ready and exit.
+    pub fn is_running(&self) -> bool {
+        self.alive.load(Ordering::SeqCst)
     }
 
     fn send(&self, cmd: Command) -> bool {

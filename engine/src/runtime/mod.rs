@@ -30,7 +30,9 @@ use crate::tokenizer::Tokenizer;
 use cachet_kernels::backend::Backend;
 use seq::Seq;
 use std::collections::{HashMap, HashSet};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc::Receiver;
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 use tokio::sync::mpsc::UnboundedSender;
 use tokio::sync::oneshot;
@@ -52,12 +54,18 @@ pub enum StartError {
 
 pub(crate) enum Command {
     Submit(Box<Request>, UnboundedSender<Event>),
-    Invalidate { source: String, keep_version: Option<String>, reply: oneshot::Sender<usize> },
+    Invalidate {
+        source: String,
+        keep_version: Option<String>,
+        reply: oneshot::Sender<usize>,
+    },
     Release(RetentionKey),
     SetShare(TenantKey, f64),
     PurgeTenant(TenantKey),
     Snapshot(oneshot::Sender<Snapshot>),
     CheckIntegrity(oneshot::Sender<Result<(), String>>),
+    /// End the engine thread now (requests in flight end with an error).
+    Halt,
 }
 
 /// Everything the engine thread owns.
@@ -91,11 +99,26 @@ pub fn start<B: Backend + 'static>(
 ) -> Result<EngineHandle, StartError> {
     let (engine, info) = Engine::build(backend, loaded, cfg)?;
     let (tx, rx) = std::sync::mpsc::channel();
+    let alive = Arc::new(AtomicBool::new(true));
+    let flag = Alive(alive.clone());
     std::thread::Builder::new()
         .name("cachet-engine".into())
-        .spawn(move || engine.run(rx))
+        .spawn(move || {
+            // Dropped when the loop ends, by returning or by a panic's unwinding.
+            let _flag = flag;
+            engine.run(rx)
+        })
         .map_err(|e| StartError::Backend(format!("engine thread: {e}")))?;
-    Ok(EngineHandle::new(tx, info))
+    Ok(EngineHandle::new(tx, info, alive))
+}
+
+/// Clears the engine's liveness flag when the engine thread ends, however it ends.
+struct Alive(Arc<AtomicBool>);
+
+impl Drop for Alive {
+    fn drop(&mut self) {
+        self.0.store(false, Ordering::SeqCst);
+    }
 }
 
 impl<B: Backend> Engine<B> {
@@ -174,6 +197,16 @@ impl<B: Backend> Engine<B> {
     }
 }
 
+/// The labels of a per-tenant metric: the tenant's id where the operator turned tenant labels on
+/// (`on`: [`EngineConfig::tenant_labels`]), none otherwise.
+fn tenant_labels(on: bool, tenant: &TenantKey) -> Vec<metrics::Label> {
+    if on {
+        vec![metrics::Label::new("tenant", tenant.to_string())]
+    } else {
+        Vec::new()
+    }
+}
+
 impl<B: Backend> Engine<B> {
     /// One forward pass over a short prompt: faults the weights in, sizes the
     /// buffers and gives admission control its first throughput estimate.
@@ -211,12 +244,13 @@ impl<B: Backend> Engine<B> {
         loop {
             if self.running.is_empty() && self.waiting.is_empty() {
                 match rx.recv() {
+                    Ok(Command::Halt) | Err(_) => return,
                     Ok(cmd) => self.command(cmd),
-                    Err(_) => return,
                 }
             }
             loop {
                 match rx.try_recv() {
+                    Ok(Command::Halt) => return,
                     Ok(cmd) => self.command(cmd),
                     Err(std::sync::mpsc::TryRecvError::Empty) => break,
                     Err(std::sync::mpsc::TryRecvError::Disconnected) => {
@@ -228,6 +262,7 @@ impl<B: Backend> Engine<B> {
                 }
             }
             self.step();
+            self.cache.compact_tables_if_grown(Instant::now());
         }
     }
 
@@ -253,6 +288,8 @@ impl<B: Backend> Engine<B> {
             Command::CheckIntegrity(reply) => {
                 let _ = reply.send(self.check_integrity());
             }
+            // `run` ends the thread before a halt gets here.
+            Command::Halt => {}
         }
     }
 

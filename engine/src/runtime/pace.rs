@@ -9,6 +9,11 @@
 //! long contexts make attention dearer per token). Chunking never changes a
 //! request's output (batch invariance), so pacing only moves time around:
 //! decoders keep their rhythm, a long prompt arrives in smaller chunks.
+//!
+//! The fit is a mean; the gaps a decoder sees are as long as the slow passes.
+//! So the model also tracks how far actual passes run over their prediction
+//! (an online 95th percentile of actual ÷ predicted) and sizes passes so that
+//! the slow ones, not the average ones, fit the target.
 
 use super::Engine;
 use cachet_kernels::backend::Backend;
@@ -18,6 +23,17 @@ use std::time::Duration;
 /// passes count.
 const FORGET: f64 = 0.95;
 
+/// The quantile of actual ÷ predicted pass time that pacing aims with.
+const TAIL: f64 = 0.95;
+
+/// Step of the quantile estimate per pass: after a pass over it, it rises by
+/// `STEP × TAIL`; after one under it, it falls by `STEP × (1 − TAIL)`.
+const STEP: f64 = 0.05;
+
+/// Passes the fit must have seen before its errors are tracked (the errors
+/// of a line through two or three points say nothing about the noise).
+const WARM_UP: u32 = 8;
+
 /// Online fit of pass time against pass size.
 #[derive(Clone, Debug, Default)]
 pub(crate) struct PassModel {
@@ -26,14 +42,39 @@ pub(crate) struct PassModel {
     nn: f64,
     t: f64,
     nt: f64,
+    /// Passes observed.
+    seen: u32,
+    /// Running estimate of the [`TAIL`] quantile of actual ÷ predicted pass
+    /// time of the passes decoders waited for, never below 1 (the fit's line
+    /// is the least pacing aims below); 0 before any was checked.
+    slow: f64,
 }
 
 impl PassModel {
+    /// Checks a pass that decoders waited for (its length is their inter-token gap) against the
+    /// fit's prediction, before [`PassModel::observe`] adds it to the fit: the running 95th
+    /// percentile of actual ÷ predicted moves towards it. Only such passes are checked: they
+    /// are the ones pacing sizes, and the fit's relative error elsewhere (a big prefill pass)
+    /// says nothing about them.
+    pub fn check(&mut self, tokens: usize, secs: f64) {
+        if self.seen < WARM_UP || !secs.is_finite() || secs < 0.0 {
+            return;
+        }
+        let Some(predicted) = self.seconds(tokens).filter(|&p| p > 0.0) else { return };
+        // Stochastic gradient step on the pinball loss: settles where a pass runs over the
+        // estimate one time in twenty (a pass within a thousandth of it is not over: rounding
+        // is not noise).
+        let q = self.slow_factor();
+        let over = secs / predicted > q * 1.001;
+        self.slow = (q + STEP * if over { TAIL } else { TAIL - 1.0 }).clamp(1.0, 4.0);
+    }
+
     /// Records a pass of `tokens` tokens that took `secs`.
     pub fn observe(&mut self, tokens: usize, secs: f64) {
         if tokens == 0 || !secs.is_finite() || secs < 0.0 {
             return;
         }
+        self.seen = self.seen.saturating_add(1);
         let n = tokens as f64;
         self.w = self.w * FORGET + 1.0;
         self.n = self.n * FORGET + n;
@@ -75,11 +116,18 @@ impl PassModel {
         self.fit().map(|(fixed, per)| fixed + per * tokens as f64)
     }
 
-    /// The most tokens one pass can carry within `target`; None before any
+    /// How much longer than predicted the slow passes run (the 95th
+    /// percentile of actual ÷ predicted, at least 1).
+    pub fn slow_factor(&self) -> f64 {
+        self.slow.max(1.0)
+    }
+
+    /// The most tokens one pass can carry so that even a slow pass (see
+    /// [`PassModel::slow_factor`]) stays within `target`; None before any
     /// pass. Zero when even a one-token pass takes longer.
     pub fn tokens_within(&self, target: Duration) -> Option<usize> {
         let (fixed, per) = self.fit()?;
-        let room = target.as_secs_f64() - fixed;
+        let room = target.as_secs_f64() / self.slow_factor() - fixed;
         if room <= 0.0 {
             return Some(0);
         }
@@ -91,12 +139,11 @@ impl PassModel {
 impl<B: Backend> Engine<B> {
     /// Tokens the next pass may carry. Without decoding requests (or with
     /// pacing off) that is the configured token budget; while requests decode
-    /// it is what fits in `pace_margin` times the tightest inter-token target
-    /// among them (the margin absorbs the fit's error and the noise of a
-    /// shared machine, so the gaps stay below the target, not at it), but
-    /// never less than the decode tokens plus `min_prefill_chunk` (so prompts
-    /// keep moving when the decoders alone fill the target) and never more
-    /// than the token budget.
+    /// it is what fits, slow passes included, in `pace_margin` times the
+    /// tightest inter-token target among them (so the gaps stay below the
+    /// target, not at it), never more than the token budget. Only when the
+    /// decoders alone fill that does a pass carry more: the decode tokens plus
+    /// `min_prefill_chunk`, so prompts keep moving.
     pub(super) fn step_budget(&self) -> usize {
         let max = self.cfg.token_budget;
         if !self.cfg.pace_prefill {
@@ -109,7 +156,7 @@ impl<B: Backend> Engine<B> {
         });
         let Some(itl) = itl else { return max };
         let Some(fits) = self.pace.tokens_within(itl.mul_f64(self.cfg.pace_margin)) else { return max };
-        fits.max(count + self.cfg.min_prefill_chunk).min(max)
+        if fits > count { fits } else { count + self.cfg.min_prefill_chunk }.min(max)
     }
 }
 
@@ -160,6 +207,41 @@ mod tests {
         }
         let per = m.fit().unwrap().1;
         assert!((per - 0.003).abs() < 1e-4, "{per}");
+    }
+
+    #[test]
+    fn aims_so_that_slow_passes_fit_too() {
+        let mut m = PassModel::default();
+        // Paced passes of about the target's size, and now and then a big prefill pass; one
+        // paced pass in ten takes 30% longer than the others of its size.
+        for i in 0..2000 {
+            let seconds = |n: usize| 0.012 + 0.0025 * n as f64;
+            if i % 25 == 0 {
+                m.observe(512, seconds(512));
+                continue;
+            }
+            let n = m.tokens_within(Duration::from_millis(250)).unwrap_or(50).min(512);
+            let secs = if i % 10 == 3 { 1.3 } else { 1.0 } * seconds(n);
+            m.check(n, secs);
+            m.observe(n, secs);
+        }
+        let q = m.slow_factor();
+        assert!(q > 1.1 && q < 1.35, "{q}");
+        let fits = m.tokens_within(Duration::from_millis(250)).unwrap();
+        // A slow pass of that size ends near the target (1.3 × (12 + 2.5 × 72) ms = 250 ms);
+        // the mean line alone would allow about 92 tokens, whose slow passes take 315 ms.
+        assert!((62..=80).contains(&fits), "{fits}");
+    }
+
+    #[test]
+    fn an_exact_fit_aims_at_its_line() {
+        let mut m = PassModel::default();
+        for i in 0..200 {
+            let n = [1, 300][i % 2];
+            m.observe(n, 0.01 + 0.001 * n as f64);
+        }
+        assert_eq!(m.slow_factor(), 1.0);
+        assert_eq!(m.tokens_within(Duration::from_millis(250)), Some(240));
     }
 
     #[test]

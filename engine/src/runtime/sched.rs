@@ -344,7 +344,11 @@ impl<B: Backend> Engine<B> {
         let target = self.cfg.targets(seq.req.slo).ttft;
         let retry_after = predicted.saturating_sub(target).max(Duration::from_secs(1));
         self.stats.refused += 1;
-        metrics::counter!("cachet:requests_refused_total", "tenant" => seq.req.tenant.to_string()).increment(1);
+        metrics::counter!(
+            "cachet:requests_refused_total",
+            super::tenant_labels(self.cfg.tenant_labels, &seq.req.tenant)
+        )
+        .increment(1);
         self.report(&seq, super::request::Outcome::Failed, crate::generate::FinishReason::Stop);
         seq.send(super::request::Event::Error(super::request::RequestError::Overloaded { retry_after }));
     }

@@ -30,6 +30,8 @@ pub struct Snapshot {
     pub kv_capacity: usize,
     /// Slots held by the prefix cache.
     pub cached_slots: usize,
+    /// Entries of the cache's interning tables (scopes, sources, versions, retention keys).
+    pub interned: usize,
     pub prefix_query_tokens: u64,
     pub prefix_hit_tokens: u64,
     pub evicted_slots: u64,
@@ -56,6 +58,7 @@ impl<B: Backend> Engine<B> {
             kv_used: self.pool.capacity() - self.pool.free_slots(),
             kv_capacity: self.pool.capacity(),
             cached_slots: self.cache.cached_slots(),
+            interned: self.cache.interned(),
             prefix_query_tokens: self.stats.query_tokens,
             prefix_hit_tokens: self.stats.hit_tokens,
             evicted_slots: self.stats.evicted_slots,

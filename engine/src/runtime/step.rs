@@ -142,10 +142,10 @@ impl<B: Backend> Engine<B> {
         if seq.cached_tokens.is_none() {
             seq.cached_tokens = Some(seq.computed.min(seq.prompt_len));
             seq.admitted = Some(now);
-            let tenant = seq.req.tenant.to_string();
-            metrics::counter!("cachet:prefix_cache_query_tokens_total", "tenant" => tenant.clone())
+            let labels = super::tenant_labels(self.cfg.tenant_labels, &seq.req.tenant);
+            metrics::counter!("cachet:prefix_cache_query_tokens_total", labels.clone())
                 .increment(seq.prompt_len as u64);
-            metrics::counter!("cachet:prefix_cache_hit_tokens_total", "tenant" => tenant)
+            metrics::counter!("cachet:prefix_cache_hit_tokens_total", labels)
                 .increment(seq.computed.min(seq.prompt_len) as u64);
             metrics::histogram!("cachet:queue_time_seconds").record((now - seq.arrival).as_secs_f64());
             self.stats.query_tokens += seq.prompt_len as u64;
@@ -299,6 +299,8 @@ impl<B: Backend> Engine<B> {
         let total: usize = plan.iter().map(|p| p.len).sum();
         let index: Vec<usize> =
             plan.iter().map(|p| self.running.iter().position(|s| s.id == p.seq).expect("planned")).collect();
+        // Whether requests past their first token wait for this pass: its length is their gap.
+        let decoders_wait = index.iter().any(|&i| self.running[i].first_token.is_some());
         // Grammars: the masks of the sequences that sample this step are computed on another
         // thread while the forward pass runs; the step waits only for what is not ready.
         let mut constrained = self.take_constraints(plan, &index);
@@ -394,7 +396,8 @@ impl<B: Backend> Engine<B> {
             match seq.last_token {
                 None => {
                     seq.first_token = Some(t);
-                    metrics::histogram!("cachet:time_to_first_token_seconds", "tenant" => seq.req.tenant.to_string())
+                    let labels = super::tenant_labels(self.cfg.tenant_labels, &seq.req.tenant);
+                    metrics::histogram!("cachet:time_to_first_token_seconds", labels)
                         .record((t - seq.arrival).as_secs_f64());
                     // TTFT = queue time (recorded at admission) + this part.
                     metrics::histogram!("cachet:prefill_time_seconds")
@@ -446,7 +449,11 @@ impl<B: Backend> Engine<B> {
         }
         // Pacing fits the whole step, not the forward pass alone: what a decoding request waits
         // between two tokens includes planning, sampling, grammars and sending.
-        self.pace.observe(total, now.elapsed().as_secs_f64());
+        let step = now.elapsed().as_secs_f64();
+        if decoders_wait {
+            self.pace.check(total, step);
+        }
+        self.pace.observe(total, step);
     }
 
     /// Caches what the request computed and reports its accounting.

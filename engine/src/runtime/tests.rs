@@ -102,6 +102,14 @@ fn when_decoders_alone_fill_the_target_prompts_still_move() {
 }
 
 #[test]
+fn while_decoders_leave_room_the_prompt_gets_only_that_room() {
+    // (250 − 240) / 2 = 5 tokens fit: A's and 4 of the prompt's, fewer than min_prefill_chunk
+    // (8), which only applies once the decoders alone fill the target.
+    let (chunk, _) = chunk_next_to_a_decoder(cfg(), cost(0.240, 0.002));
+    assert_eq!(chunk, 4);
+}
+
+#[test]
 fn batch_decoders_allow_bigger_chunks_and_no_decoder_means_the_full_budget() {
     let batch =
         EngineConfig { interactive: SloTargets { ttft: Duration::from_secs(3), itl: Duration::from_secs(1) }, ..cfg() };

@@ -174,6 +174,33 @@ impl Store {
     /// recorded for the repository (a redelivery). Concurrent duplicates wait for the first
     /// transaction and then see it, so committing the transaction only after the push has been
     /// applied makes a failed attempt retryable and a successful one happen once.
+    /// Replaces the webhook secret of the tenant's repository; false if the repository is
+    /// unknown, deleted or another tenant's.
+    pub async fn set_webhook_secret(&self, tenant: TenantId, id: Uuid, secret: &str) -> Result<bool, StoreError> {
+        let done = sqlx::query(
+            "UPDATE repositories SET webhook_secret = $3 WHERE id = $1 AND tenant_id = $2 AND deleted_at IS NULL",
+        )
+        .bind(id)
+        .bind(tenant.0)
+        .bind(secret)
+        .execute(self.pool())
+        .await?;
+        Ok(done.rows_affected() == 1)
+    }
+
+    /// Whether a delivery of `repo` was recorded already (a webhook checks before applying a
+    /// push; [`Store::record_delivery`] decides for good afterwards).
+    pub async fn delivery_recorded(&self, repo: Uuid, delivery_id: &str) -> Result<bool, StoreError> {
+        let seen: bool = sqlx::query_scalar(
+            "SELECT EXISTS (SELECT 1 FROM webhook_deliveries WHERE repo_id = $1 AND delivery_id = $2)",
+        )
+        .bind(repo)
+        .bind(delivery_id)
+        .fetch_one(self.pool())
+        .await?;
+        Ok(seen)
+    }
+
     pub async fn record_delivery(
         tx: &mut sqlx::PgConnection,
         repo: Uuid,

@@ -55,9 +55,16 @@ async fn health_readiness_metrics_and_openapi() {
     assert_eq!(get("/healthz").await.unwrap().status(), 200);
     let ready: Value = get("/readyz").await.unwrap().json().await.unwrap();
     assert_eq!(ready["ready"], true);
-    let (_, token) = app.tenant("acme").await;
+    let (tenant, token) = app.tenant("acme").await;
     app.chat(&token, app.chat_body("count me", 2)).await;
-    let metrics = get("/metrics").await.unwrap().text().await.unwrap();
+    // Operator-only: nobody else learns the server's load or its tenants.
+    assert_eq!(get("/metrics").await.unwrap().status(), 401);
+    let as_tenant = app.client.get(format!("{}/metrics", app.address)).bearer_auth(&token).send().await.unwrap();
+    assert_eq!(as_tenant.status(), 403);
+    let r = app.client.get(format!("{}/metrics", app.address)).bearer_auth(OPERATOR).send().await.unwrap();
+    assert_eq!(r.status(), 200);
+    let metrics = r.text().await.unwrap();
+    assert!(!metrics.contains(&tenant.to_string()), "tenant labels are opt-in");
     for name in
         ["cachet:time_to_first_token_seconds", "cachet:prefix_cache_query_tokens_total", "cachet:kv_cache_usage_ratio"]
     {
@@ -67,6 +74,24 @@ async fn health_readiness_metrics_and_openapi() {
     for path in ["/v1/chat/completions", "/v1/completions", "/v1/models", "/admin/tenants", "/readyz"] {
         assert!(doc["paths"][path].is_object(), "{path} missing from the OpenAPI document");
     }
+}
+
+#[tokio::test]
+async fn the_metrics_listener_answers_without_a_credential_and_tenant_labels_are_opt_in() {
+    let app = spawn_with(|s| {
+        s.server.metrics_bind = "127.0.0.1:0".into();
+        s.server.metrics_tenant_labels = true;
+    })
+    .await;
+    let (tenant, token) = app.tenant("labelled").await;
+    app.chat(&token, app.chat_body("label me", 2)).await;
+    let addr = app.state.metrics_addr.expect("bound");
+    let r = app.client.get(format!("http://{addr}/metrics")).send().await.unwrap();
+    assert_eq!(r.status(), 200);
+    let metrics = r.text().await.unwrap();
+    assert!(metrics.contains(&tenant.to_string()), "the operator asked for tenant labels");
+    // The main address still wants the operator credential.
+    assert_eq!(app.client.get(format!("{}/metrics", app.address)).send().await.unwrap().status(), 401);
 }
 
 #[tokio::test]

@@ -63,6 +63,8 @@ pub struct TestApp {
     pub handle: actix_web::dev::ServerHandle,
     pub data_dir: tempfile::TempDir,
     pub database_url: String,
+    /// The server's run: what `Application::run_until_stopped` returned, once it has.
+    pub run: std::sync::Mutex<Option<tokio::task::JoinHandle<Result<(), String>>>>,
 }
 
 /// Settings for a test app; `tweak` may change them.
@@ -183,8 +185,9 @@ pub async fn spawn_settings(s: Settings, data_dir: tempfile::TempDir, database_u
     let address = format!("http://127.0.0.1:{}", app.port());
     let state = app.state();
     let handle = app.handle();
-    tokio::spawn(app.run_until_stopped());
-    let test = TestApp { address, client: reqwest::Client::new(), state, jwt, handle, data_dir, database_url };
+    let run = tokio::spawn(async move { app.run_until_stopped().await.map_err(|e| format!("{e:#}")) });
+    let run = std::sync::Mutex::new(Some(run));
+    let test = TestApp { address, client: reqwest::Client::new(), state, jwt, handle, data_dir, database_url, run };
     test.wait_ready().await;
     test
 }

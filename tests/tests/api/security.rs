@@ -238,3 +238,191 @@ async fn a_refused_turn_leaves_the_session_history_as_it_was() {
     let roles: Vec<&str> = turns.iter().map(|t| t["role"].as_str().unwrap()).collect();
     assert_eq!(roles, ["user", "assistant", "user", "assistant"], "no question without its answer");
 }
+
+/// A TCP listener on `host` that counts connections and answers each with `reply` (if any).
+async fn listener(host: &str, reply: Option<String>) -> (u16, std::sync::Arc<std::sync::atomic::AtomicUsize>) {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let l = tokio::net::TcpListener::bind((host, 0)).await.unwrap();
+    let port = l.local_addr().unwrap().port();
+    let count = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let seen = count.clone();
+    tokio::spawn(async move {
+        while let Ok((mut s, _)) = l.accept().await {
+            seen.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+            if let Some(reply) = reply.clone() {
+                let mut buf = [0u8; 4096];
+                let _ = s.read(&mut buf).await;
+                let _ = s.write_all(reply.as_bytes()).await;
+            }
+        }
+    });
+    (port, count)
+}
+
+#[tokio::test]
+async fn a_repository_url_cannot_reach_the_server_or_its_network() {
+    let app = spawn_app().await;
+    let (_, token) = app.tenant("ssrf").await;
+    let (port, hits) = listener("127.0.0.1", None).await;
+    let db_port = app.state.settings.database.private_port;
+    for url in [
+        format!("http://127.0.0.1:{port}/x.git"),
+        format!("http://localhost:{port}/x.git"),
+        format!("http://2130706433:{port}/x.git"),
+        format!("http://0x7f.0.0.1:{port}/x.git"),
+        format!("http://127.1:{port}/x.git"),
+        format!("http://[::ffff:127.0.0.1]:{port}/x.git"),
+        format!("http://[::1]:{port}/x.git"),
+        format!("https://127.0.0.1:{db_port}/x.git"),
+        format!("{}/v1/models", app.address),
+        "http://169.254.169.254/latest/meta-data/".to_string(),
+        "ssh://git@10.0.0.1/r.git".to_string(),
+        "git@192.168.1.1:r.git".to_string(),
+    ] {
+        let r = app.post(&token, "/v1/repos", json!({ "url": url })).await;
+        assert_eq!(r.status(), 400, "{url}");
+        let body: Value = r.json().await.unwrap();
+        let message = body["error"]["message"].as_str().unwrap();
+        assert!(message.contains("not allowed") || message.contains("cannot be resolved"), "{url}: {message}");
+    }
+    assert_eq!(hits.load(std::sync::atomic::Ordering::SeqCst), 0, "nothing was connected to");
+    assert!(app.get(&token, "/v1/repos").await.json::<Value>().await.unwrap()["data"].as_array().unwrap().is_empty());
+}
+
+#[tokio::test]
+async fn fetch_failures_tell_the_tenant_nothing_about_what_answered_and_follow_no_redirect() {
+    // An operator who allows private hosts (an internal git server): a closed port, a port that
+    // answers with something that is not git, and one that redirects elsewhere all give the
+    // tenant the same answer, and the redirect is not followed.
+    let app = spawn_with(|s| s.context.allow_private_hosts = true).await;
+    let (_, token) = app.tenant("scan").await;
+    let closed = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+    let http = "HTTP/1.1 200 OK\r\nContent-Type: text/html\r\nContent-Length: 5\r\nConnection: close\r\n\r\nhello";
+    let (web, _) = listener("127.0.0.1", Some(http.to_string())).await;
+    let (target, followed) = listener("127.0.0.2", None).await;
+    let redirect = format!(
+        "HTTP/1.1 302 Found\r\nLocation: http://127.0.0.2:{target}/x.git/info/refs?service=git-upload-pack\r\n\
+         Content-Length: 0\r\nConnection: close\r\n\r\n"
+    );
+    let (moved, _) = listener("127.0.0.1", Some(redirect)).await;
+    let mut answers = Vec::new();
+    for port in [closed, web, moved] {
+        let r = app.post(&token, "/v1/repos", json!({ "url": format!("http://127.0.0.1:{port}/x.git") })).await;
+        assert_eq!(r.status(), 502, "port {port}");
+        let body: Value = r.json().await.unwrap();
+        answers.push(body["error"]["message"].as_str().unwrap().to_string());
+    }
+    assert!(answers.iter().all(|a| a == &answers[0]), "{answers:?}");
+    assert!(!answers[0].contains("127.0.0.1") && !answers[0].contains("refused"), "{}", answers[0]);
+    assert_eq!(followed.load(std::sync::atomic::Ordering::SeqCst), 0, "the redirect was not followed");
+    assert!(logs().contains("fetching a repository failed"), "the operator's log has the detail");
+}
+
+#[tokio::test]
+async fn a_server_whose_engine_thread_died_says_so_and_exits_with_an_error() {
+    let app = spawn_app().await;
+    let (_, token) = app.tenant("alive").await;
+    app.chat(&token, app.chat_body("still there?", 2)).await;
+    let readyz = || async { app.client.get(format!("{}/readyz", app.address)).send().await };
+    assert_eq!(readyz().await.unwrap().status(), 200);
+
+    app.state.served.get().unwrap().engine.halt();
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+    let run = app.run.lock().unwrap().take().unwrap();
+    // Not ready (while it still answers), then stopped with an error.
+    let mut said = false;
+    while !run.is_finished() {
+        if let Ok(r) = readyz().await {
+            if r.status() == 503 {
+                let body: Value = r.json().await.unwrap();
+                assert!(body["model"]["error"].as_str().unwrap().contains("engine"), "{body}");
+                said = true;
+            }
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the server is still running (503 seen: {said}; watchdog: {})",
+            logs().contains("stopping the server")
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    }
+    let outcome = run.await.unwrap();
+    assert!(outcome.as_ref().is_err_and(|e| e.contains("engine thread stopped")), "{outcome:?}");
+    assert!(said, "/readyz never said the engine was gone");
+    assert!(readyz().await.is_err(), "nothing listens any more");
+}
+
+#[tokio::test]
+async fn a_prompt_longer_than_any_context_is_refused_before_it_is_tokenized() {
+    let app = spawn_app().await;
+    let (_, token) = app.tenant("long").await;
+    let context = app.state.served.get().unwrap().engine.max_context();
+    // More bytes than the context could hold at 32 bytes a token: refused on its size alone.
+    let text = "word ".repeat(context * 40 / 5);
+    for (path, body) in [
+        ("/v1/chat/completions", app.chat_body(&text, 1)),
+        ("/v1/completions", json!({ "model": app.model(), "prompt": text, "max_tokens": 1 })),
+        ("/tokenize", json!({ "prompt": text })),
+    ] {
+        let r = app.post(&token, path, body).await;
+        let e = error(r, 413).await;
+        assert!(e["message"].as_str().unwrap().contains("far longer"), "{path}: {e}");
+        assert_eq!(e["code"], "context_length_exceeded");
+    }
+    // Within the bytes but over the tokens: tokenized (off the HTTP workers), then refused by count.
+    let text = "word ".repeat(context + 16);
+    let e = error(app.post(&token, "/v1/chat/completions", app.chat_body(&text, 1)).await, 413).await;
+    assert!(e["message"].as_str().unwrap().contains("but the prompt has"), "{e}");
+}
+
+#[tokio::test]
+async fn a_slow_remote_delays_no_other_registration_and_a_lost_secret_can_be_replaced() {
+    let app = spawn_with(|s| s.context.allow_private_hosts = true).await;
+    let (_, slow_tenant) = app.tenant("slow").await;
+    let (_, other) = app.tenant("other").await;
+    // A remote that accepts the connection and then says nothing (until told to hang up).
+    let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let port = l.local_addr().unwrap().port();
+    let (hang_up, mut told) = tokio::sync::oneshot::channel::<()>();
+    let (connected, on_connect) = tokio::sync::oneshot::channel::<()>();
+    tokio::spawn(async move {
+        let (socket, _) = l.accept().await.unwrap();
+        let _ = connected.send(());
+        let _ = (&mut told).await;
+        drop(socket);
+    });
+    let slow = {
+        let (client, url, token) = (app.client.clone(), format!("{}/v1/repos", app.address), slow_tenant.clone());
+        tokio::spawn(async move {
+            let body = json!({ "url": format!("http://127.0.0.1:{port}/stuck.git") });
+            client.post(url).bearer_auth(token).json(&body).send().await.unwrap().status().as_u16()
+        })
+    };
+    on_connect.await.unwrap();
+    // The slow fetch is under way: another tenant registers meanwhile.
+    let repo = app.register(&other, app.source_repo("quick", &[("src/lib.rs", Some("pub fn f() {}\n"))])).await;
+    assert!(!slow.is_finished(), "the slow registration ended first: nothing was shown");
+    let _ = hang_up.send(());
+    assert_eq!(slow.await.unwrap(), 502);
+
+    // The secret shown at registration is lost: a new one replaces it, the old one stops working.
+    let body = serde_json::to_vec(&json!({ "zen": "ping" })).unwrap();
+    let hook = |secret: &str| {
+        app.client
+            .post(format!("{}/v1/webhooks/git/{}", app.address, repo.id))
+            .header("x-github-event", "ping")
+            .header("x-github-delivery", Uuid::new_v4().to_string())
+            .header("x-hub-signature-256", sign(secret, &body))
+            .body(body.clone())
+            .send()
+    };
+    assert_eq!(hook(&repo.secret).await.unwrap().status(), 200);
+    let path = format!("/v1/repos/{}/webhook-secret", repo.id);
+    error(app.post(&slow_tenant, &path, json!({})).await, 404).await;
+    let r = app.post(&other, &path, json!({})).await;
+    assert_eq!(r.status(), 200);
+    let fresh = r.json::<Value>().await.unwrap()["webhook"]["secret"].as_str().unwrap().to_string();
+    assert_ne!(fresh, repo.secret);
+    assert_eq!(hook(&repo.secret).await.unwrap().status(), 401);
+    assert_eq!(hook(&fresh).await.unwrap().status(), 200);
+}

@@ -45,3 +45,47 @@ async fn a_named_file_over_the_limit_is_never_read() {
     let grew = peak.saturating_sub(start);
     assert!(grew < 32 << 20, "naming a 64 MiB file raised the memory peak by {} MiB", grew >> 20);
 }
+
+#[tokio::test]
+async fn distinct_end_users_leave_nothing_behind() {
+    // 1,000 requests, each from a different end user named by 2 MB of `user`: the engine's
+    // scope table once kept every one of them for good.
+    let app = spawn_with(|s| s.server.max_body_bytes = 4 << 20).await;
+    let (_, token) = app.tenant("users").await;
+    let big = "u".repeat(2 << 20);
+    // Spliced in as text: serializing 2 MB through this (unoptimized) test crate takes longer
+    // than the server's whole answer.
+    let head = app.chat_body("hi", 1).to_string();
+    let head = head.strip_suffix('}').unwrap().to_string();
+    let send = |u: usize| {
+        let body = format!(r#"{head},"user":"{u:08}{big}"}}"#);
+        let request = app
+            .client
+            .post(format!("{}/v1/chat/completions", app.address))
+            .bearer_auth(&token)
+            .header("content-type", "application/json")
+            .body(body);
+        async move {
+            let r = request.send().await.unwrap();
+            let status = r.status().as_u16();
+            let _ = r.bytes().await;
+            status
+        }
+    };
+    // Warm up first (allocator arenas, the model's buffers, connection pools).
+    for u in 0..16 {
+        assert_eq!(send(u).await, 200);
+    }
+    let (start, _) = rss();
+    use futures_util::StreamExt;
+    let statuses: Vec<u16> = futures_util::stream::iter(16..1000).map(send).buffer_unordered(4).collect().await;
+    assert!(
+        statuses.iter().all(|&s| s == 200),
+        "{:?}",
+        statuses.iter().filter(|&&s| s != 200).take(5).collect::<Vec<_>>()
+    );
+    let (end, _) = rss();
+    let grew = end.saturating_sub(start);
+    eprintln!("resident memory: {} MiB before, {} MiB after", start >> 20, end >> 20);
+    assert!(grew < 50 << 20, "resident memory grew by {} MiB after the requests finished", grew >> 20);
+}
