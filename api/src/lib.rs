@@ -11,6 +11,8 @@ pub mod context;
 pub mod device;
 pub mod error;
 pub mod fanout;
+#[doc(hidden)]
+pub mod fuzz;
 pub mod ledger;
 pub mod models;
 pub mod openai;

@@ -6,6 +6,10 @@ use crate::state::AppState;
 use actix_web::web;
 use std::time::Duration;
 
+/// A ledger row still `running` this long after its last progress is a request whose process
+/// died (a live one reports at least every few dozen tokens; the longest queue waits are minutes).
+const STALE_ROW: chrono::TimeDelta = chrono::TimeDelta::minutes(30);
+
 /// Runs until aborted.
 pub async fn run(state: web::Data<AppState>) {
     let session_idle = crate::sessions::idle(&state);
@@ -24,6 +28,11 @@ pub async fn run(state: web::Data<AppState>) {
                 }
             }
             Err(e) => tracing::warn!("closing idle sessions: {e}"),
+        }
+        match state.store.interrupt_stale_rows(now - STALE_ROW).await {
+            Ok(0) => {}
+            Ok(n) => tracing::warn!(rows = n, "ledger rows of requests cut off mid-stream marked interrupted"),
+            Err(e) => tracing::warn!("marking interrupted ledger rows: {e}"),
         }
         match state.store.abandon_idle_tasks(now - task_idle).await {
             Ok(0) => {}

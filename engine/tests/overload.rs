@@ -9,7 +9,7 @@ use common::tokens;
 use cachet_engine::generate::GenerateParams;
 use cachet_engine::kv_pool::PoolSize;
 use cachet_engine::radix::TenantKey;
-use cachet_engine::runtime::{self, EngineConfig, Request, RequestError};
+use cachet_engine::runtime::{self, EngineConfig, Event, Request, RequestError};
 use cachet_engine::testing::{Tiny, TinyArch};
 use cachet_kernels::cpu::CpuBackend;
 use cachet_kernels::quant::DType;
@@ -55,6 +55,38 @@ fn overload_is_refused_early_and_admitted_requests_meet_their_target() {
     assert!(refused >= 10, "the burst was far above capacity: {admitted} admitted, {refused} refused");
     assert!(admitted >= 3, "{admitted} admitted");
     assert!(start.elapsed() < target * 4);
+    h.check_integrity_blocking().unwrap();
+}
+
+/// The excess of a burst hears its refusal when it submits: the door judges it against what the
+/// engine last published, without waiting for the engine's next step.
+#[test]
+fn the_excess_is_refused_at_the_door_without_waiting_for_a_step() {
+    let target = Duration::from_millis(800);
+    let mut config = EngineConfig { pool: PoolSize::Tokens(8192), ..Default::default() };
+    config.interactive.ttft = target;
+    config.overload_factor = 0.8;
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("tiny.gguf");
+    Tiny::random(TinyArch::Qwen2, 79, false).write_gguf(DType::Q8_0, &path).unwrap();
+    let backend = CpuBackend::new(2).unwrap();
+    let loaded = cachet_engine::loader::load(&path, &backend).unwrap();
+    let h = runtime::start(backend, loaded, config).unwrap();
+    let throughput = h.snapshot_blocking().unwrap().throughput;
+    // A tenth of the target each: about eight fit within the 0.8 × target limit.
+    let len = ((throughput * target.as_secs_f64() / 10.0) as usize).clamp(32, 1500);
+    let mut streams: Vec<_> = (0..40).map(|i| h.submit(request("one", tokens(500 + i, len), 2))).collect();
+    // Right after submitting, before any step could judge them: the door's refusals are there.
+    let at_door = streams
+        .iter_mut()
+        .map(|s| s.try_next())
+        .filter(|e| matches!(e, Some(Event::Error(RequestError::Overloaded { .. }))))
+        .count();
+    assert!(at_door >= 20, "{at_door} of 40 refused at once");
+    let snapshot = h.snapshot_blocking().unwrap();
+    assert!(snapshot.refused_at_door >= 20, "{} refused at the door", snapshot.refused_at_door);
+    assert!(snapshot.refused >= at_door as u64);
+    drop(streams);
     h.check_integrity_blocking().unwrap();
 }
 

@@ -85,7 +85,7 @@ pub(crate) fn message(m: &ChatMessageIn, at: usize) -> Result<ChatMessage, ApiEr
 }
 
 /// Converts OpenAI messages to the template's.
-fn messages(body: &ChatCompletionRequest) -> Result<Vec<ChatMessage>, ApiError> {
+pub(crate) fn messages(body: &ChatCompletionRequest) -> Result<Vec<ChatMessage>, ApiError> {
     if body.messages.is_empty() {
         return Err(ApiError::bad_param("messages", "messages must not be empty"));
     }

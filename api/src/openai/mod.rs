@@ -19,7 +19,8 @@ use actix_web::{get, web, HttpRequest, HttpResponse};
 use cachet_engine::generate::{FinishReason, GenerateParams};
 use cachet_engine::radix::{RetentionKey, TenantKey};
 use cachet_engine::runtime::{
-    Completion, Event, OnComplete, Outcome, PublicPrefix, Request, RequestError, RequestStream, SloClass, TokenSpan,
+    Completion, Event, OnComplete, OnProgress, Outcome, PublicPrefix, Request, RequestError, RequestStream, SloClass,
+    TokenSpan,
 };
 use cachet_engine::sampler::SamplingParams;
 use cachet_tenants::UsageRecord;
@@ -379,9 +380,9 @@ pub(crate) async fn execute(
         SloClass::Batch => "batch",
     };
     let (tenant_id, plan, model_id, endpoint) = (tenant.id, tenant.plan.clone(), served.id.clone(), job.endpoint);
-    let hook: OnComplete = Arc::new(move |outcome: Outcome, c: &Completion| {
+    let row = move |status: &str, finish: Option<String>, c: &Completion, slo_met: Option<bool>| {
         let uncached = c.prompt_tokens.saturating_sub(c.cached_tokens) as u64;
-        ledger.record(UsageRecord {
+        UsageRecord {
             id,
             tenant: tenant_id,
             session_id: session,
@@ -397,17 +398,28 @@ pub(crate) async fn execute(
             e2e_ms: c.e2e.as_secs_f64() * 1e3,
             compute_seconds: c.compute_seconds,
             cost: plan.cost(uncached, c.cached_tokens as u64, c.output_tokens as u64, c.compute_seconds),
-            status: match outcome {
-                Outcome::Finished => "ok",
-                Outcome::Cancelled => "cancelled",
-                Outcome::Failed => "error",
-            }
-            .into(),
-            finish_reason: (outcome == Outcome::Finished).then(|| finish_reason(c.finish_reason).to_string()),
+            status: status.into(),
+            finish_reason: finish,
             created_at: chrono::Utc::now(),
             slo_class: Some(slo_class.into()),
-            slo_met: slo_verdict(outcome, c, &targets),
-        });
+            slo_met,
+        }
+    };
+    let row = Arc::new(row);
+    // The row opens at admission and follows the stream (a crash leaves what was streamed billed);
+    // the end replaces it.
+    let progress: OnProgress = {
+        let (row, ledger) = (row.clone(), ledger.clone());
+        Arc::new(move |c: &Completion| ledger.record(row("running", None, c, None)))
+    };
+    let hook: OnComplete = Arc::new(move |outcome: Outcome, c: &Completion| {
+        let status = match outcome {
+            Outcome::Finished => "ok",
+            Outcome::Cancelled => "cancelled",
+            Outcome::Failed => "error",
+        };
+        let finish = (outcome == Outcome::Finished).then(|| finish_reason(c.finish_reason).to_string());
+        ledger.record(row(status, finish, c, slo_verdict(outcome, c, &targets)));
     });
     let lp_engine = job.params.logprobs.map(|_| served.engine.clone());
     let mut request = Request::new(engine_tenant, job.tokens, job.params);
@@ -417,6 +429,7 @@ pub(crate) async fn execute(
     request.slo = slo;
     request.retention = retention;
     request.on_complete = Some(hook);
+    request.on_progress = Some(progress);
     request.grammar = job.grammar;
     let mut events = served.engine.submit(request);
     // The first event decides the status: an error before any token is an

@@ -46,7 +46,7 @@ fn header<'a>(req: &'a HttpRequest, name: &str) -> Option<&'a str> {
 }
 
 /// Checks `sha256=<hex>` against the HMAC of `body`.
-fn verify(secret: &str, body: &[u8], signature: Option<&str>) -> Result<(), ApiError> {
+pub(crate) fn verify(secret: &str, body: &[u8], signature: Option<&str>) -> Result<(), ApiError> {
     let unauthorized = || ApiError::Unauthorized("missing or invalid X-Hub-Signature-256".into());
     let hex = signature.and_then(|s| s.strip_prefix("sha256=")).ok_or_else(unauthorized)?;
     if hex.len() != 64 {

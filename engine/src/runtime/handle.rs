@@ -25,6 +25,8 @@ pub(crate) struct Info {
     pub max_context: usize,
     pub vocab_size: usize,
     pub config: EngineConfig,
+    /// Admission at the door (see `admission`).
+    pub door: Arc<super::admission::Door>,
 }
 
 /// A cloneable, thread-safe handle to a running engine.
@@ -60,6 +62,11 @@ impl RequestStream {
     /// The next event; `None` once the request is over.
     pub async fn next(&mut self) -> Option<Event> {
         self.rx.recv().await
+    }
+
+    /// The next event if one is there now (never waits).
+    pub fn try_next(&mut self) -> Option<Event> {
+        self.rx.try_recv().ok()
     }
 
     /// The next event, blocking the thread (not for async contexts).
@@ -116,8 +123,27 @@ impl EngineHandle {
     }
 
     /// Queues a request; its events arrive on the returned stream.
-    pub fn submit(&self, request: Request) -> RequestStream {
+    ///
+    /// A request the engine's last published state already condemns (its tenant's own work
+    /// ahead of it would make it miss its time-to-first-token target by more than the overload
+    /// factor) is refused here, at once, with [`RequestError::Overloaded`]: it does not wait for
+    /// the forward pass in progress to hear it (see `admission`).
+    pub fn submit(&self, mut request: Request) -> RequestStream {
         let (tx, rx) = mpsc::unbounded_channel();
+        match self.info.door.judge(&request, &self.info.config) {
+            Ok(charge) => request.charge = charge,
+            Err(predicted) => {
+                let target = self.info.config.targets(request.slo).ttft;
+                let retry_after = predicted.saturating_sub(target).max(std::time::Duration::from_secs(1));
+                let labels = super::tenant_labels(self.info.config.tenant_labels, &request.tenant);
+                metrics::counter!("cachet:requests_refused_total", labels).increment(1);
+                if let Some(hook) = &request.on_complete {
+                    hook(super::request::Outcome::Failed, &Completion::refused(request.tokens.len()));
+                }
+                let _ = tx.send(Event::Error(RequestError::Overloaded { retry_after }));
+                return RequestStream { rx };
+            }
+        }
         if !self.send(Command::Submit(Box::new(request), tx.clone())) {
             let _ = tx.send(Event::Error(engine_gone()));
         }

@@ -4,6 +4,7 @@
 //! iteration takes the commands that arrived, plans one batch (decode tokens
 //! first, then prefill chunks), runs one forward pass and hands out tokens.
 
+mod admission;
 mod config;
 mod handle;
 mod masks;
@@ -18,7 +19,9 @@ mod tests;
 
 pub use config::{EngineConfig, Policy, SloClass, SloTargets};
 pub use handle::{EngineHandle, RequestStream};
-pub use request::{Completion, Event, OnComplete, Outcome, PublicPrefix, Request, RequestError, TokenSpan};
+pub use request::{
+    Completion, Event, OnComplete, OnProgress, Outcome, PublicPrefix, Request, RequestError, TokenSpan, PROGRESS_TOKENS,
+};
 pub use stats::Snapshot;
 
 use crate::kv_pool::{KvPool, PoolSize};
@@ -33,7 +36,7 @@ use std::collections::{HashMap, HashSet};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc::Receiver;
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Instant;
 use tokio::sync::mpsc::UnboundedSender;
 use tokio::sync::oneshot;
 
@@ -70,6 +73,8 @@ pub(crate) enum Command {
 
 /// Everything the engine thread owns.
 pub(crate) struct Engine<B: Backend> {
+    /// Admission at the door: what this engine publishes for [`EngineHandle::submit`].
+    door: Arc<admission::Door>,
     cfg: EngineConfig,
     backend: B,
     model: Model<B>,
@@ -165,6 +170,7 @@ impl<B: Backend> Engine<B> {
         let scratch = ForwardScratch::new(&backend);
         let eos_ids = loaded.tokenizer.eos_ids();
         let tokenizer = std::sync::Arc::new(loaded.tokenizer.clone());
+        let door = Arc::new(admission::Door::default());
         let info = handle::Info {
             model_name: loaded.name.clone(),
             grammars: std::sync::Arc::new(crate::constraint::Grammars::new(tokenizer.clone(), config.vocab_size)),
@@ -173,8 +179,10 @@ impl<B: Backend> Engine<B> {
             max_context: config.max_context.min(pool.capacity()),
             vocab_size: config.vocab_size,
             config: cfg.clone(),
+            door: door.clone(),
         };
         let mut engine = Engine {
+            door,
             cfg,
             backend,
             model: loaded.model,
@@ -193,6 +201,7 @@ impl<B: Backend> Engine<B> {
             stats: stats::Stats::default(),
         };
         engine.warm_up().map_err(StartError::Backend)?;
+        engine.publish_admission();
         Ok((engine, info))
     }
 }
@@ -263,6 +272,7 @@ impl<B: Backend> Engine<B> {
             }
             self.step();
             self.cache.compact_tables_if_grown(Instant::now());
+            self.publish_admission();
         }
     }
 
@@ -278,6 +288,7 @@ impl<B: Backend> Engine<B> {
             Command::Release(key) => self.cache.release(&key),
             Command::SetShare(tenant, share) => self.cache.set_share(&tenant, share),
             Command::PurgeTenant(tenant) => {
+                self.door.forget(&tenant);
                 let freed = self.cache.purge_tenant(&tenant);
                 self.free_slots(&freed);
                 self.stats.invalidated_slots += freed.len() as u64;
@@ -303,20 +314,10 @@ impl<B: Backend> Engine<B> {
     /// latency target, else queues it.
     fn submit(&mut self, req: Request, tx: UnboundedSender<Event>) {
         let now = Instant::now();
+        self.door.received(&req.tenant, req.slo, req.charge);
         if let Err(e) = self.validate(&req) {
             if let Some(hook) = &req.on_complete {
-                let nothing = Completion {
-                    finish_reason: crate::generate::FinishReason::Stop,
-                    prompt_tokens: req.tokens.len(),
-                    cached_tokens: 0,
-                    computed_prefill_tokens: 0,
-                    output_tokens: 0,
-                    queue_time: Duration::ZERO,
-                    ttft: None,
-                    e2e: now.elapsed(),
-                    compute_seconds: 0.0,
-                    retractions: 0,
-                };
+                let nothing = Completion { e2e: now.elapsed(), ..Completion::refused(req.tokens.len()) };
                 hook(Outcome::Failed, &nothing);
             }
             let _ = tx.send(Event::Error(e));

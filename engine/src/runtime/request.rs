@@ -39,6 +39,14 @@ pub enum Outcome {
 /// even after its caller has gone (the ledger hook). Must not block.
 pub type OnComplete = std::sync::Arc<dyn Fn(Outcome, &Completion) + Send + Sync>;
 
+/// Called on the engine thread when a request is admitted and then every
+/// [`PROGRESS_TOKENS`] output tokens, with its accounting so far (the ledger opens a row at
+/// admission and keeps it current, so a crash leaves what was streamed billed). Must not block.
+pub type OnProgress = std::sync::Arc<dyn Fn(&Completion) + Send + Sync>;
+
+/// Output tokens between two progress reports.
+pub const PROGRESS_TOKENS: usize = 32;
+
 /// One generation request.
 #[derive(Clone)]
 pub struct Request {
@@ -63,6 +71,11 @@ pub struct Request {
     pub grammar: Option<Grammar>,
     /// Accounting hook (see [`OnComplete`]).
     pub on_complete: Option<OnComplete>,
+    /// The progress hook (see [`OnProgress`]).
+    pub on_progress: Option<OnProgress>,
+    /// What admission at the door counted this request as (see `admission`), given back when
+    /// the engine takes it in.
+    pub(crate) charge: super::admission::Charge,
 }
 
 impl std::fmt::Debug for Request {
@@ -93,6 +106,8 @@ impl Request {
             prewarm: false,
             grammar: None,
             on_complete: None,
+            on_progress: None,
+            charge: Default::default(),
         }
     }
 }
@@ -118,6 +133,24 @@ pub struct Completion {
     pub compute_seconds: f64,
     /// Times it was pushed out of memory and resumed.
     pub retractions: u32,
+}
+
+impl Completion {
+    /// The accounting of a request that never ran (refused or invalid).
+    pub(crate) fn refused(prompt_tokens: usize) -> Completion {
+        Completion {
+            finish_reason: FinishReason::Stop,
+            prompt_tokens,
+            cached_tokens: 0,
+            computed_prefill_tokens: 0,
+            output_tokens: 0,
+            queue_time: Duration::ZERO,
+            ttft: None,
+            e2e: Duration::ZERO,
+            compute_seconds: 0.0,
+            retractions: 0,
+        }
+    }
 }
 
 /// Why a request was not served.

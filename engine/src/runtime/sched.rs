@@ -229,6 +229,32 @@ impl<B: Backend> Engine<B> {
         PrefillOrder { overdue: ids(&overdue), hopeful: ids(&hopeful), hopeless: ids(&hopeless) }
     }
 
+    /// Publishes what admission at the door needs (see `admission`): the prompt throughput, the
+    /// uncached work of queued requests per tenant and class (those that can still make their
+    /// targets apart from those that cannot), and what is left of the prompts being computed.
+    pub(super) fn publish_admission(&mut self) {
+        let now = Instant::now();
+        let rate = self.prefill_rate();
+        let mut p = super::admission::Published { rate, ..Default::default() };
+        for i in 0..self.waiting.len() {
+            if self.waiting[i].req.prewarm {
+                continue;
+            }
+            let w = self.uncached(i);
+            let s = &self.waiting[i];
+            let side = if self.late(s, w, now, rate) { &mut p.hopeless } else { &mut p.hopeful };
+            *side.entry((s.req.tenant.clone(), s.req.slo)).or_default() += w;
+        }
+        for s in self.running.iter().filter(|s| s.remaining() > 1) {
+            p.running_all += s.remaining();
+            if !self.late(s, s.remaining(), now, rate) {
+                p.running_hopeful += s.remaining();
+            }
+        }
+        p.busy = !self.running.is_empty() || self.waiting.iter().any(|s| !s.req.prewarm);
+        self.door.publish(p);
+    }
+
     /// A tenant coming back from idle starts level with the least served
     /// active tenant instead of spending credit saved while away.
     pub(super) fn lift_vtc(&mut self, tenant: &TenantKey) {

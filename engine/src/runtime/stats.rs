@@ -38,6 +38,8 @@ pub struct Snapshot {
     pub invalidated_slots: u64,
     pub retractions: u64,
     pub refused: u64,
+    /// Of those, refused at submission by the door (see `EngineHandle::submit`).
+    pub refused_at_door: u64,
     pub cancelled: u64,
     pub finished: u64,
     /// Forward-pass throughput estimate (tokens/s) used for admission.
@@ -64,7 +66,8 @@ impl<B: Backend> Engine<B> {
             evicted_slots: self.stats.evicted_slots,
             invalidated_slots: self.stats.invalidated_slots,
             retractions: self.stats.retractions,
-            refused: self.stats.refused,
+            refused: self.stats.refused + self.door.refused(),
+            refused_at_door: self.door.refused(),
             cancelled: self.stats.cancelled,
             finished: self.stats.finished,
             throughput: self.rate,

@@ -148,6 +148,9 @@ impl<B: Backend> Engine<B> {
             metrics::counter!("cachet:prefix_cache_hit_tokens_total", labels)
                 .increment(seq.computed.min(seq.prompt_len) as u64);
             metrics::histogram!("cachet:queue_time_seconds").record((now - seq.arrival).as_secs_f64());
+            if let Some(hook) = &seq.req.on_progress {
+                hook(&self.completion(seq, FinishReason::Stop));
+            }
             self.stats.query_tokens += seq.prompt_len as u64;
             self.stats.hit_tokens += seq.computed.min(seq.prompt_len) as u64;
         }
@@ -356,6 +359,7 @@ impl<B: Backend> Engine<B> {
         let mut finished = Vec::new();
         let mut failed = Vec::new();
         let mut prompted = Vec::new();
+        let mut progressed = Vec::new();
         for (p, &i) in plan.iter().zip(&index) {
             let seq = &mut self.running[i];
             let prefill = seq.computed < seq.prompt_len;
@@ -427,6 +431,14 @@ impl<B: Backend> Engine<B> {
             seq.send(Event::Token { id: token, text, logprobs });
             if let Some(reason) = reason {
                 finished.push((seq.id, reason));
+            } else if seq.req.on_progress.is_some() && seq.generated().is_multiple_of(super::request::PROGRESS_TOKENS) {
+                progressed.push(i);
+            }
+        }
+        for i in progressed {
+            let seq = &self.running[i];
+            if let Some(hook) = &seq.req.on_progress {
+                hook(&self.completion(seq, FinishReason::Stop));
             }
         }
         // Prompts computed in full go into the cache now, not when their answers end: a request

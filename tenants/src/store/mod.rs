@@ -302,10 +302,22 @@ impl Store {
         Ok(done.rows_affected() == 1)
     }
 
-    /// Appends rows to the usage ledger in one transaction. Idempotent: a row whose id is already
-    /// in the ledger is skipped (`ON CONFLICT (id) DO NOTHING`), so a retried batch is safe.
-    /// Returns the number of rows actually inserted. An invalid row rejects the whole batch
-    /// ([`StoreError::Invalid`]), a row for an unknown tenant too ([`StoreError::NotFound`]).
+    /// Marks ledger rows still `running` that have not moved since `before` as `interrupted`
+    /// (their process died mid-stream: what they streamed stays billed); returns how many.
+    pub async fn interrupt_stale_rows(&self, before: chrono::DateTime<chrono::Utc>) -> Result<u64, StoreError> {
+        let done =
+            sqlx::query("UPDATE requests SET status = 'interrupted' WHERE status = 'running' AND updated_at < $1")
+                .bind(before)
+                .execute(&self.pool)
+                .await?;
+        Ok(done.rows_affected())
+    }
+
+    /// Writes rows to the usage ledger in one transaction. Idempotent on the request id: a row
+    /// still open (`running`, or `interrupted`) takes the newer state, a final row is never
+    /// changed, so a retried batch is safe. Returns the number of rows inserted or updated. An
+    /// invalid row rejects the whole batch ([`StoreError::Invalid`]), a row for an unknown tenant
+    /// too ([`StoreError::NotFound`]).
     pub async fn insert_usage(&self, rows: &[UsageRecord]) -> Result<u64, StoreError> {
         for row in rows {
             row.validate().map_err(StoreError::Invalid)?;
@@ -313,6 +325,14 @@ impl Store {
         if rows.is_empty() {
             return Ok(0);
         }
+        // One statement cannot upsert a row twice: of several states of one request in this
+        // batch (its opening row, progress, the end), the last one written stands for them.
+        let mut last = std::collections::HashMap::new();
+        for (i, r) in rows.iter().enumerate() {
+            last.insert(r.id, i);
+        }
+        let rows: Vec<&UsageRecord> =
+            rows.iter().enumerate().filter(|(i, r)| last[&r.id] == *i).map(|(_, r)| r).collect();
         let mut tx = self.pool.begin().await?;
         let mut inserted = 0;
         for chunk in rows.chunks(USAGE_ROWS_PER_STATEMENT) {
@@ -340,7 +360,18 @@ impl Store {
                     .push_bind(&r.slo_class)
                     .push_bind(r.slo_met);
             });
-            insert.push(" ON CONFLICT (id) DO NOTHING");
+            // A row still open ('running', or 'interrupted' by the sweeper) takes the newer state;
+            // a final row never changes.
+            insert.push(
+                " ON CONFLICT (id) DO UPDATE SET session_id = EXCLUDED.session_id, task_id = EXCLUDED.task_id, \
+                 prompt_tokens = EXCLUDED.prompt_tokens, cached_tokens = EXCLUDED.cached_tokens, \
+                 computed_tokens = EXCLUDED.computed_tokens, output_tokens = EXCLUDED.output_tokens, \
+                 queue_ms = EXCLUDED.queue_ms, ttft_ms = EXCLUDED.ttft_ms, e2e_ms = EXCLUDED.e2e_ms, \
+                 compute_seconds = EXCLUDED.compute_seconds, cost = EXCLUDED.cost, status = EXCLUDED.status, \
+                 finish_reason = EXCLUDED.finish_reason, slo_class = EXCLUDED.slo_class, slo_met = EXCLUDED.slo_met, \
+                 updated_at = now() \
+                 WHERE requests.status IN ('running', 'interrupted')",
+            );
             inserted += insert.build().execute(&mut *tx).await?.rows_affected();
         }
         tx.commit().await?;

@@ -1,0 +1,244 @@
+//! Refusing at the door: the engine thread decides admission between forward passes, and a pass
+//! can take seconds (a 512-token prefill chunk on a 2-core CPU); a request that is going to be
+//! refused should not wait that long to hear it. The engine publishes, after every step, what
+//! its admission control needs — its prompt throughput and the uncached prompt work it holds,
+//! split as its prediction splits it — and [`super::EngineHandle::submit`] refuses at once what
+//! that already condemns.
+//!
+//! The check at the door is a lower bound of the engine's own prediction
+//! ([`super::Engine::predict_ttft`]), which under the `slo` policy puts a request that can still
+//! make its target behind its own tenant's earlier such requests and every prompt being computed
+//! for one, and a request that cannot behind everything that can, everything being computed and
+//! its own tenant's earlier ones. The door counts only those parts, never the request's own
+//! prompt, and leaves to the engine every request that might be beyond reach even alone (its
+//! whole prompt at the current rate passes the limit: the engine serves those rather than refuse
+//! them). Requests submitted since the last step count by an estimate of their uncached part: the
+//! prompt past its longest common prefix with the tenant's recent prompts. Whatever the door lets
+//! through, the engine judges again at its next step.
+
+use super::config::{EngineConfig, SloClass};
+use super::request::Request;
+use crate::radix::TenantKey;
+use std::collections::{HashMap, VecDeque};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+/// Recent prompts kept per tenant for the estimate of a new prompt's uncached part.
+const RECENT: usize = 8;
+
+type Key = (TenantKey, SloClass);
+
+/// What the door knows (one lock: a submit holds it for a few hash lookups and a prefix compare).
+#[derive(Debug, Default)]
+pub(crate) struct Door {
+    state: Mutex<State>,
+    /// Requests refused here.
+    refused: AtomicU64,
+}
+
+/// What the engine publishes after a step: uncached prompt tokens of queued requests that can
+/// (`hopeful`) and cannot (`hopeless`) still make their targets, and the prompt tokens left of
+/// the prompts being computed.
+#[derive(Debug, Default)]
+pub(crate) struct Published {
+    /// Prompt tokens per second the engine computes now.
+    pub rate: f64,
+    /// Whether it had anything to do (an idle engine refuses nothing).
+    pub busy: bool,
+    pub hopeful: HashMap<Key, usize>,
+    pub hopeless: HashMap<Key, usize>,
+    /// Left to compute of running prompts that can still make their targets, and of all.
+    pub running_hopeful: usize,
+    pub running_all: usize,
+}
+
+#[derive(Debug, Default)]
+struct State {
+    published: Published,
+    /// Estimated uncached work of requests submitted since the last step, by whether they can
+    /// make their own targets; the engine takes each out as it receives it.
+    unseen_hopeful: HashMap<Key, usize>,
+    unseen_hopeless: HashMap<Key, usize>,
+    /// Per tenant: its last prompts.
+    recent: HashMap<TenantKey, VecDeque<Arc<[u32]>>>,
+}
+
+/// What the door counted a request as, given back when the engine takes it in.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub(crate) struct Charge {
+    pub tokens: usize,
+    pub hopeful: bool,
+}
+
+fn get(m: &HashMap<Key, usize>, k: &Key) -> usize {
+    m.get(k).copied().unwrap_or(0)
+}
+
+impl Door {
+    /// Judges a request at submission. `Err(predicted)`: refuse it now (its time to first token
+    /// is at least `predicted`). `Ok(charge)`: let it through.
+    pub(crate) fn judge(&self, req: &Request, cfg: &EngineConfig) -> Result<Charge, Duration> {
+        let mut st = self.state.lock().unwrap_or_else(|p| p.into_inner());
+        let tokens: Arc<[u32]> = req.tokens.as_slice().into();
+        let shared =
+            st.recent.get(&req.tenant).map_or(0, |r| r.iter().map(|p| common_prefix(p, &tokens)).max().unwrap_or(0));
+        let recent = st.recent.entry(req.tenant.clone()).or_default();
+        if recent.len() == RECENT {
+            recent.pop_front();
+        }
+        recent.push_back(tokens);
+        let rate = st.published.rate;
+        if req.prewarm || cfg.overload_factor <= 0.0 || rate <= 0.0 {
+            return Ok(Charge::default());
+        }
+        let target = cfg.targets(req.slo).ttft;
+        let limit = target.mul_f64(cfg.overload_factor.max(1.0));
+        let secs = |tokens: usize| Duration::from_secs_f64(tokens as f64 / rate);
+        let key = (req.tenant.clone(), req.slo);
+        let own = req.tokens.len() - shared.min(req.tokens.len().saturating_sub(1));
+        let hopeful = secs(own) <= target;
+        let p = &st.published;
+        let ahead = if hopeful {
+            get(&p.hopeful, &key) + get(&st.unseen_hopeful, &key) + p.running_hopeful
+        } else {
+            let unseen_hopeful: usize = st.unseen_hopeful.values().sum();
+            p.hopeful.values().sum::<usize>()
+                + unseen_hopeful
+                + p.running_all
+                + get(&p.hopeless, &key)
+                + get(&st.unseen_hopeless, &key)
+        };
+        let idle = !p.busy && st.unseen_hopeful.is_empty() && st.unseen_hopeless.is_empty();
+        // Only what is surely not beyond reach: its whole prompt alone fits in the limit.
+        if !idle && secs(req.tokens.len()) <= limit && secs(ahead) > limit {
+            self.refused.fetch_add(1, Ordering::Relaxed);
+            return Err(secs(ahead));
+        }
+        let unseen = if hopeful { &mut st.unseen_hopeful } else { &mut st.unseen_hopeless };
+        *unseen.entry(key).or_default() += own;
+        Ok(Charge { tokens: own, hopeful })
+    }
+
+    /// The engine took in a request the door charged `charge` for.
+    pub(crate) fn received(&self, tenant: &TenantKey, class: SloClass, charge: Charge) {
+        if charge.tokens == 0 {
+            return;
+        }
+        let mut st = self.state.lock().unwrap_or_else(|p| p.into_inner());
+        let unseen = if charge.hopeful { &mut st.unseen_hopeful } else { &mut st.unseen_hopeless };
+        let key = (tenant.clone(), class);
+        if let Some(w) = unseen.get_mut(&key) {
+            *w = w.saturating_sub(charge.tokens);
+            if *w == 0 {
+                unseen.remove(&key);
+            }
+        }
+    }
+
+    /// The engine's state after a step.
+    pub(crate) fn publish(&self, p: Published) {
+        self.state.lock().unwrap_or_else(|p| p.into_inner()).published = p;
+    }
+
+    /// Requests refused at the door so far.
+    pub(crate) fn refused(&self) -> u64 {
+        self.refused.load(Ordering::Relaxed)
+    }
+
+    /// Forgets a tenant's recent prompts (its cache was purged).
+    pub(crate) fn forget(&self, tenant: &TenantKey) {
+        self.state.lock().unwrap_or_else(|p| p.into_inner()).recent.remove(tenant);
+    }
+}
+
+fn common_prefix(a: &[u32], b: &[u32]) -> usize {
+    a.iter().zip(b).take_while(|(x, y)| x == y).count()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::generate::GenerateParams;
+
+    fn cfg() -> EngineConfig {
+        let mut c = EngineConfig::default();
+        c.interactive.ttft = Duration::from_secs(1);
+        c.overload_factor = 2.0;
+        c
+    }
+
+    fn req(tenant: &str, tokens: Vec<u32>) -> Request {
+        Request::new(TenantKey::new(tenant), tokens, GenerateParams::default())
+    }
+
+    fn key(t: &str) -> Key {
+        (TenantKey::new(t), SloClass::Interactive)
+    }
+
+    fn busy(door: &Door, hopeful: &[(&str, usize)], hopeless: &[(&str, usize)], running: (usize, usize)) {
+        let map = |w: &[(&str, usize)]| w.iter().map(|&(t, n)| (key(t), n)).collect();
+        door.publish(Published {
+            rate: 100.0,
+            busy: true,
+            hopeful: map(hopeful),
+            hopeless: map(hopeless),
+            running_hopeful: running.0,
+            running_all: running.1,
+        });
+    }
+
+    fn charged(tokens: usize, hopeful: bool) -> Result<Charge, Duration> {
+        Ok(Charge { tokens, hopeful })
+    }
+
+    #[test]
+    fn a_tenants_own_queue_past_the_limit_is_refused_at_once() {
+        let door = Door::default();
+        // 100 tokens a second, limit 2 s: 300 queued tokens of the same tenant are 3 s ahead.
+        busy(&door, &[("a", 300), ("b", 10_000)], &[], (0, 0));
+        assert_eq!(door.judge(&req("a", (0..50).collect()), &cfg()), Err(Duration::from_secs(3)));
+        // Another tenant's queue does not count against "c" (fair share), however long.
+        assert_eq!(door.judge(&req("c", (0..50).collect()), &cfg()), charged(50, true));
+    }
+
+    #[test]
+    fn a_request_that_cannot_make_its_target_waits_behind_everything_that_can() {
+        let door = Door::default();
+        // 150 tokens: 1.5 s alone, past the 1 s target but within the 2 s limit.
+        busy(&door, &[("b", 120)], &[("a", 30)], (0, 60));
+        // Ahead of it: b's 120 (they can make theirs), everything being computed (60) and a's
+        // own earlier 30: 2.1 s.
+        let predicted = door.judge(&req("a", (0..150).collect()), &cfg()).unwrap_err();
+        assert_eq!(predicted, Duration::from_secs_f64(2.1));
+        // A short request of a's is only behind a's own that can make it (none) and the
+        // running prompts that can (none).
+        assert_eq!(door.judge(&req("a", (500..510).collect()), &cfg()), charged(10, true));
+    }
+
+    #[test]
+    fn unseen_submissions_count_by_what_they_do_not_share() {
+        let door = Door::default();
+        busy(&door, &[], &[], (0, 0));
+        // Three requests on one 60-token context, 20 new tokens each: 80, then 20 and 20.
+        let ctx: Vec<u32> = (0..60).collect();
+        let with = |tail: u32| ctx.iter().copied().chain(tail * 100..tail * 100 + 20).collect::<Vec<_>>();
+        assert_eq!(door.judge(&req("a", with(1)), &cfg()), charged(80, true));
+        assert_eq!(door.judge(&req("a", with(2)), &cfg()), charged(20, true));
+        assert_eq!(door.judge(&req("a", with(3)), &cfg()), charged(20, true));
+        // The engine received the first: its charge goes.
+        door.received(&TenantKey::new("a"), SloClass::Interactive, Charge { tokens: 80, hopeful: true });
+        assert_eq!(door.state.lock().unwrap().unseen_hopeful[&key("a")], 40);
+    }
+
+    #[test]
+    fn what_may_be_beyond_reach_and_an_idle_engine_are_left_to_the_engine() {
+        let door = Door::default();
+        door.publish(Published { rate: 100.0, ..Published::default() });
+        // Idle, nothing unseen: never refused.
+        assert!(door.judge(&req("a", (0..150).collect()), &cfg()).is_ok());
+        busy(&door, &[("a", 10_000)], &[("a", 10_000)], (10_000, 10_000));
+        // 300 tokens alone take 3 s, past the 2 s limit: maybe beyond reach, so the engine decides.
+        assert!(door.judge(&req("a", (1000..1300).collect()), &cfg()).is_ok());
+    }
+}
