@@ -7,6 +7,8 @@
 #   scripts/overload-check.sh        (environment: N=40 CACHET_BIN=target/release/cachet)
 set -euo pipefail
 cd "$(dirname "$0")/.."
+# shellcheck source=scripts/lib.sh
+. scripts/lib.sh
 BIN=${CACHET_BIN:-target/release/cachet}
 [ -x "$BIN" ] || cargo build -q --release -p cachet-api
 N=${N:-40}
@@ -21,11 +23,7 @@ cleanup() {
 trap cleanup EXIT
 RUST_LOG=warn "$BIN" serve --bind "127.0.0.1:$PORT" --data-dir "$DATA" > "$DATA/serve.log" 2>&1 &
 PID=$!
-for _ in $(seq 600); do
-  curl -fs "$BASE/readyz" > /dev/null 2>&1 && break
-  kill -0 "$PID" 2>/dev/null || { cat "$DATA/serve.log"; echo "cachet serve died" >&2; exit 1; }
-  sleep 0.2
-done
+wait_http "$BASE/readyz" "cachet serve" "$PID" "$DATA/serve.log"
 TENANT=$("$BIN" tenants create overload --data-dir "$DATA" 2>/dev/null)
 TOKEN=$("$BIN" token issue --tenant "$TENANT" --ttl 1h --data-dir "$DATA" 2>/dev/null)
 MODEL=$(curl -fs -H "Authorization: Bearer $TOKEN" "$BASE/v1/models" | python3 -c 'import json, sys; print(json.load(sys.stdin)["data"][0]["id"])')

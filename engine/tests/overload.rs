@@ -19,18 +19,24 @@ fn request(tenant: &str, prompt: Vec<u32>, max_tokens: usize) -> Request {
     Request::new(TenantKey::new(tenant), prompt, GenerateParams { max_tokens, ignore_eos: true, ..Default::default() })
 }
 
-#[test]
-fn overload_is_refused_early_and_admitted_requests_meet_their_target() {
+/// An engine on a tiny model (random weights from `seed`) with an 800 ms TTFT target, refusing
+/// what is predicted past 0.8 × it.
+fn busy_engine(seed: u64) -> (runtime::EngineHandle, Duration) {
     let target = Duration::from_millis(800);
     let mut config = EngineConfig { pool: PoolSize::Tokens(8192), ..Default::default() };
     config.interactive.ttft = target;
     config.overload_factor = 0.8;
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("tiny.gguf");
-    Tiny::random(TinyArch::Qwen2, 77, false).write_gguf(DType::Q8_0, &path).unwrap();
+    Tiny::random(TinyArch::Qwen2, seed, false).write_gguf(DType::Q8_0, &path).unwrap();
     let backend = CpuBackend::new(2).unwrap();
     let loaded = cachet_engine::loader::load(&path, &backend).unwrap();
-    let h = runtime::start(backend, loaded, config).unwrap();
+    (runtime::start(backend, loaded, config).unwrap(), target)
+}
+
+#[test]
+fn overload_is_refused_early_and_admitted_requests_meet_their_target() {
+    let (h, target) = busy_engine(77);
     let throughput = h.snapshot_blocking().unwrap().throughput;
     // Each prompt takes about a tenth of the target; send forty at once.
     let len = ((throughput * target.as_secs_f64() / 10.0) as usize).clamp(32, 1500);
@@ -62,16 +68,7 @@ fn overload_is_refused_early_and_admitted_requests_meet_their_target() {
 /// engine last published, without waiting for the engine's next step.
 #[test]
 fn the_excess_is_refused_at_the_door_without_waiting_for_a_step() {
-    let target = Duration::from_millis(800);
-    let mut config = EngineConfig { pool: PoolSize::Tokens(8192), ..Default::default() };
-    config.interactive.ttft = target;
-    config.overload_factor = 0.8;
-    let dir = tempfile::tempdir().unwrap();
-    let path = dir.path().join("tiny.gguf");
-    Tiny::random(TinyArch::Qwen2, 79, false).write_gguf(DType::Q8_0, &path).unwrap();
-    let backend = CpuBackend::new(2).unwrap();
-    let loaded = cachet_engine::loader::load(&path, &backend).unwrap();
-    let h = runtime::start(backend, loaded, config).unwrap();
+    let (h, target) = busy_engine(79);
     let throughput = h.snapshot_blocking().unwrap().throughput;
     // A tenth of the target each: about eight fit within the 0.8 × target limit.
     let len = ((throughput * target.as_secs_f64() / 10.0) as usize).clamp(32, 1500);

@@ -45,6 +45,17 @@ fn repo_json(r: &Repository) -> serde_json::Value {
            "default_branch": r.default_branch, "options": r.options, "created_at": r.created_at})
 }
 
+/// The push webhook to configure at the git host (its secret is shown only in this answer).
+fn webhook_json(repo: Uuid, secret: &str) -> serde_json::Value {
+    json!({"url": format!("/v1/webhooks/git/{repo}"), "secret": secret,
+           "content_type": "application/json", "events": ["push"]})
+}
+
+/// A new webhook secret.
+fn new_secret() -> Result<String, ApiError> {
+    Ok(format!("whsec_{}", cachet_tenants::random_hex(32).map_err(|e| ApiError::Internal(e.to_string()))?))
+}
+
 /// `main`, else `master`, when the tenant named no default branch.
 fn default_branch(mirror: &Mirror, asked: Option<&str>) -> Result<(String, String), ApiError> {
     if let Some(b) = asked {
@@ -89,7 +100,7 @@ pub async fn create_repo(
     })
     .await
     .map_err(|e| ApiError::Internal(e.to_string()))??;
-    let secret = format!("whsec_{}", cachet_tenants::random_hex(32).map_err(|e| ApiError::Internal(e.to_string()))?);
+    let secret = new_secret()?;
     let options = serde_json::to_value(&body.options).unwrap_or_default();
     let name = body.name.clone().unwrap_or_else(|| name_from(&body.url));
     let new = NewRepository {
@@ -111,8 +122,7 @@ pub async fn create_repo(
     };
     let mut out = repo_json(&repo);
     out["head"] = json!(head);
-    out["webhook"] = json!({"url": format!("/v1/webhooks/git/{}", repo.id), "secret": secret,
-                            "content_type": "application/json", "events": ["push"]});
+    out["webhook"] = webhook_json(repo.id, &secret);
     Ok(HttpResponse::Created().json(out))
 }
 
@@ -129,13 +139,11 @@ pub async fn rotate_webhook_secret(
     id: web::Path<Uuid>,
 ) -> Result<HttpResponse, ApiError> {
     let id = id.into_inner();
-    let secret = format!("whsec_{}", cachet_tenants::random_hex(32).map_err(|e| ApiError::Internal(e.to_string()))?);
+    let secret = new_secret()?;
     if !state.store.set_webhook_secret(auth.0.id, id, &secret).await? {
         return Err(ApiError::NotFound(format!("repository {id}")));
     }
-    Ok(HttpResponse::Ok().json(json!({"id": id, "object": "repository.webhook",
-        "webhook": {"url": format!("/v1/webhooks/git/{id}"), "secret": secret,
-                    "content_type": "application/json", "events": ["push"]}})))
+    Ok(HttpResponse::Ok().json(json!({"id": id, "object": "repository.webhook", "webhook": webhook_json(id, &secret)})))
 }
 
 /// The tenant's repositories.

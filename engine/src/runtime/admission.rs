@@ -51,22 +51,38 @@ pub(crate) struct Published {
     /// Left to compute of running prompts that can still make their targets, and of all.
     pub running_hopeful: usize,
     pub running_all: usize,
+    /// The last submission (by [`Charge::seq`]) the engine had taken in: everything up to it is
+    /// in the figures above (or was refused).
+    pub taken: u64,
 }
 
 #[derive(Debug, Default)]
 struct State {
     published: Published,
-    /// Estimated uncached work of requests submitted since the last step, by whether they can
-    /// make their own targets; the engine takes each out as it receives it.
-    unseen_hopeful: HashMap<Key, usize>,
-    unseen_hopeless: HashMap<Key, usize>,
+    /// Submissions so far (the last one's [`Charge::seq`]).
+    submitted: u64,
+    /// Requests let through that the last publication does not cover yet: their estimated
+    /// uncached work, by whether they can make their own targets.
+    unseen: VecDeque<(Key, Charge)>,
     /// Per tenant: its last prompts.
     recent: HashMap<TenantKey, VecDeque<Arc<[u32]>>>,
 }
 
-/// What the door counted a request as, given back when the engine takes it in.
+impl State {
+    /// Unseen work that can (`hopeful`) or cannot make its target, of `key` (or of everyone).
+    fn unseen(&self, hopeful: bool, key: Option<&Key>) -> usize {
+        self.unseen
+            .iter()
+            .filter(|(k, c)| c.hopeful == hopeful && key.is_none_or(|key| key == k))
+            .map(|(_, c)| c.tokens)
+            .sum()
+    }
+}
+
+/// What the door counted a request as; the engine notes the last `seq` it took in.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub(crate) struct Charge {
+    pub seq: u64,
     pub tokens: usize,
     pub hopeful: bool,
 }
@@ -88,9 +104,11 @@ impl Door {
             recent.pop_front();
         }
         recent.push_back(tokens);
+        st.submitted += 1;
+        let seq = st.submitted;
         let rate = st.published.rate;
         if req.prewarm || cfg.overload_factor <= 0.0 || rate <= 0.0 {
-            return Ok(Charge::default());
+            return Ok(Charge { seq, ..Charge::default() });
         }
         let target = cfg.targets(req.slo).ttft;
         let limit = target.mul_f64(cfg.overload_factor.max(1.0));
@@ -100,45 +118,32 @@ impl Door {
         let hopeful = secs(own) <= target;
         let p = &st.published;
         let ahead = if hopeful {
-            get(&p.hopeful, &key) + get(&st.unseen_hopeful, &key) + p.running_hopeful
+            get(&p.hopeful, &key) + st.unseen(true, Some(&key)) + p.running_hopeful
         } else {
-            let unseen_hopeful: usize = st.unseen_hopeful.values().sum();
             p.hopeful.values().sum::<usize>()
-                + unseen_hopeful
+                + st.unseen(true, None)
                 + p.running_all
                 + get(&p.hopeless, &key)
-                + get(&st.unseen_hopeless, &key)
+                + st.unseen(false, Some(&key))
         };
-        let idle = !p.busy && st.unseen_hopeful.is_empty() && st.unseen_hopeless.is_empty();
+        let idle = !p.busy && st.unseen.is_empty();
         // Only what is surely not beyond reach: its whole prompt alone fits in the limit.
         if !idle && secs(req.tokens.len()) <= limit && secs(ahead) > limit {
             self.refused.fetch_add(1, Ordering::Relaxed);
             return Err(secs(ahead));
         }
-        let unseen = if hopeful { &mut st.unseen_hopeful } else { &mut st.unseen_hopeless };
-        *unseen.entry(key).or_default() += own;
-        Ok(Charge { tokens: own, hopeful })
+        let charge = Charge { seq, tokens: own, hopeful };
+        st.unseen.push_back((key, charge));
+        Ok(charge)
     }
 
-    /// The engine took in a request the door charged `charge` for.
-    pub(crate) fn received(&self, tenant: &TenantKey, class: SloClass, charge: Charge) {
-        if charge.tokens == 0 {
-            return;
-        }
-        let mut st = self.state.lock().unwrap_or_else(|p| p.into_inner());
-        let unseen = if charge.hopeful { &mut st.unseen_hopeful } else { &mut st.unseen_hopeless };
-        let key = (tenant.clone(), class);
-        if let Some(w) = unseen.get_mut(&key) {
-            *w = w.saturating_sub(charge.tokens);
-            if *w == 0 {
-                unseen.remove(&key);
-            }
-        }
-    }
-
-    /// The engine's state after a step.
+    /// The engine's state after a step: what it covers leaves the unseen work.
     pub(crate) fn publish(&self, p: Published) {
-        self.state.lock().unwrap_or_else(|p| p.into_inner()).published = p;
+        let mut st = self.state.lock().unwrap_or_else(|p| p.into_inner());
+        while st.unseen.front().is_some_and(|(_, c)| c.seq <= p.taken) {
+            st.unseen.pop_front();
+        }
+        st.published = p;
     }
 
     /// Requests refused at the door so far.
@@ -185,11 +190,12 @@ mod tests {
             hopeless: map(hopeless),
             running_hopeful: running.0,
             running_all: running.1,
+            taken: 0,
         });
     }
 
-    fn charged(tokens: usize, hopeful: bool) -> Result<Charge, Duration> {
-        Ok(Charge { tokens, hopeful })
+    fn charged(seq: u64, tokens: usize, hopeful: bool) -> Result<Charge, Duration> {
+        Ok(Charge { seq, tokens, hopeful })
     }
 
     #[test]
@@ -199,7 +205,7 @@ mod tests {
         busy(&door, &[("a", 300), ("b", 10_000)], &[], (0, 0));
         assert_eq!(door.judge(&req("a", (0..50).collect()), &cfg()), Err(Duration::from_secs(3)));
         // Another tenant's queue does not count against "c" (fair share), however long.
-        assert_eq!(door.judge(&req("c", (0..50).collect()), &cfg()), charged(50, true));
+        assert_eq!(door.judge(&req("c", (0..50).collect()), &cfg()), charged(2, 50, true));
     }
 
     #[test]
@@ -213,7 +219,7 @@ mod tests {
         assert_eq!(predicted, Duration::from_secs_f64(2.1));
         // A short request of a's is only behind a's own that can make it (none) and the
         // running prompts that can (none).
-        assert_eq!(door.judge(&req("a", (500..510).collect()), &cfg()), charged(10, true));
+        assert_eq!(door.judge(&req("a", (500..510).collect()), &cfg()), charged(2, 10, true));
     }
 
     #[test]
@@ -223,12 +229,12 @@ mod tests {
         // Three requests on one 60-token context, 20 new tokens each: 80, then 20 and 20.
         let ctx: Vec<u32> = (0..60).collect();
         let with = |tail: u32| ctx.iter().copied().chain(tail * 100..tail * 100 + 20).collect::<Vec<_>>();
-        assert_eq!(door.judge(&req("a", with(1)), &cfg()), charged(80, true));
-        assert_eq!(door.judge(&req("a", with(2)), &cfg()), charged(20, true));
-        assert_eq!(door.judge(&req("a", with(3)), &cfg()), charged(20, true));
-        // The engine received the first: its charge goes.
-        door.received(&TenantKey::new("a"), SloClass::Interactive, Charge { tokens: 80, hopeful: true });
-        assert_eq!(door.state.lock().unwrap().unseen_hopeful[&key("a")], 40);
+        assert_eq!(door.judge(&req("a", with(1)), &cfg()), charged(1, 80, true));
+        assert_eq!(door.judge(&req("a", with(2)), &cfg()), charged(2, 20, true));
+        assert_eq!(door.judge(&req("a", with(3)), &cfg()), charged(3, 20, true));
+        // The engine has taken in the first: a publication covers it, the other two stay unseen.
+        door.publish(Published { rate: 100.0, busy: true, taken: 1, ..Published::default() });
+        assert_eq!(door.state.lock().unwrap().unseen(true, Some(&key("a"))), 40);
     }
 
     #[test]

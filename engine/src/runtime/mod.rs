@@ -75,6 +75,8 @@ pub(crate) enum Command {
 pub(crate) struct Engine<B: Backend> {
     /// Admission at the door: what this engine publishes for [`EngineHandle::submit`].
     door: Arc<admission::Door>,
+    /// The last submission (the door's sequence number) this engine has taken in.
+    door_taken: u64,
     cfg: EngineConfig,
     backend: B,
     model: Model<B>,
@@ -183,6 +185,7 @@ impl<B: Backend> Engine<B> {
         };
         let mut engine = Engine {
             door,
+            door_taken: 0,
             cfg,
             backend,
             model: loaded.model,
@@ -314,7 +317,7 @@ impl<B: Backend> Engine<B> {
     /// latency target, else queues it.
     fn submit(&mut self, req: Request, tx: UnboundedSender<Event>) {
         let now = Instant::now();
-        self.door.received(&req.tenant, req.slo, req.charge);
+        self.door_taken = self.door_taken.max(req.charge.seq);
         if let Err(e) = self.validate(&req) {
             if let Some(hook) = &req.on_complete {
                 let nothing = Completion { e2e: now.elapsed(), ..Completion::refused(req.tokens.len()) };

@@ -235,7 +235,7 @@ impl<B: Backend> Engine<B> {
     pub(super) fn publish_admission(&mut self) {
         let now = Instant::now();
         let rate = self.prefill_rate();
-        let mut p = super::admission::Published { rate, ..Default::default() };
+        let mut p = super::admission::Published { rate, taken: self.door_taken, ..Default::default() };
         for i in 0..self.waiting.len() {
             if self.waiting[i].req.prewarm {
                 continue;
