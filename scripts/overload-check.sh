@@ -4,7 +4,7 @@
 # (release build, real default model, private Postgres in a temporary folder), runs
 # scripts/overload_check.py, prints the 429 latencies (docs/security.md has a run).
 #
-#   scripts/overload-check.sh        (environment: N=40 CACHET_BIN=target/release/cachet)
+#   scripts/overload-check.sh        (environment: N=40 WORDS=60 CACHET_BIN=target/release/cachet)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 # shellcheck source=scripts/lib.sh
@@ -27,4 +27,4 @@ wait_http "$BASE/readyz" "cachet serve" "$PID" "$DATA/serve.log"
 TENANT=$("$BIN" tenants create overload --data-dir "$DATA" 2>/dev/null)
 TOKEN=$("$BIN" token issue --tenant "$TENANT" --ttl 1h --data-dir "$DATA" 2>/dev/null)
 MODEL=$(curl -fs -H "Authorization: Bearer $TOKEN" "$BASE/v1/models" | python3 -c 'import json, sys; print(json.load(sys.stdin)["data"][0]["id"])')
-python3 scripts/overload_check.py "$BASE" "$TOKEN" "$MODEL" "$N"
+python3 scripts/overload_check.py "$BASE" "$TOKEN" "$MODEL" "$N" "${WORDS:-60}"

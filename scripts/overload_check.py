@@ -1,9 +1,11 @@
 """Forty requests at once beyond capacity: how long the refused ones wait for their 429.
 
-Usage: overload_check.py BASE TOKEN MODEL [N]
+Usage: overload_check.py BASE TOKEN MODEL [N] [WORDS]
 
 A long request first keeps the engine busy (its prefill runs in passes of seconds on a small
-CPU); then N requests of ~600 tokens from the same tenant arrive together. Prints, for the
+CPU); then N requests of WORDS words (default 60, about 200 tokens: short enough that each
+could make the 3 s target alone, so refusing them is what waiting would fix) from the same
+tenant arrive together. Prints, for the
 refused ones (429 with Retry-After), the time from sending to the status line (p50 / p99 / max),
 and how many were admitted.
 """
@@ -16,6 +18,7 @@ import urllib.request
 
 BASE, TOKEN, MODEL = sys.argv[1], sys.argv[2], sys.argv[3]
 N = int(sys.argv[4]) if len(sys.argv) > 4 else 40
+SIZE = int(sys.argv[5]) if len(sys.argv) > 5 else 60
 WORDS = "alpha beta gamma delta epsilon zeta eta theta iota kappa lambda mu".split()
 
 
@@ -50,7 +53,7 @@ busy = threading.Thread(target=post, args=(chat(1, 1500, 64),))
 busy.start()
 time.sleep(1.0)
 results = [None] * N
-threads = [threading.Thread(target=lambda i=i: results.__setitem__(i, post(chat(100 + i, 300, 8)))) for i in range(N)]
+threads = [threading.Thread(target=lambda i=i: results.__setitem__(i, post(chat(100 + i, SIZE, 8)))) for i in range(N)]
 for t in threads:
     t.start()
 for t in threads:
@@ -72,6 +75,12 @@ def pct(xs, q):
 
 print(f"{N} requests: {admitted} admitted, {len(refused)} refused ({with_retry} with Retry-After), other: {other}")
 print(
-    "429 latency ms: p50 %.0f, p99 %.0f, max %.0f"
-    % (pct(refused, 0.5) * 1e3, pct(refused, 0.99) * 1e3, (refused[-1] if refused else float("nan")) * 1e3)
+    "429 latency ms: p50 %.0f, p90 %.0f, p99 %.0f, max %.0f; over 200 ms: %d"
+    % (
+        pct(refused, 0.5) * 1e3,
+        pct(refused, 0.9) * 1e3,
+        pct(refused, 0.99) * 1e3,
+        (refused[-1] if refused else float("nan")) * 1e3,
+        sum(1 for r in refused if r > 0.2),
+    )
 )
