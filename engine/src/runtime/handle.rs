@@ -133,14 +133,13 @@ impl EngineHandle {
         match self.info.door.judge(&request, &self.info.config) {
             Ok(charge) => request.charge = charge,
             Err(predicted) => {
-                let target = self.info.config.targets(request.slo).ttft;
-                let retry_after = predicted.saturating_sub(target).max(std::time::Duration::from_secs(1));
+                let error = super::request::overloaded(predicted, self.info.config.targets(request.slo).ttft);
                 let labels = super::tenant_labels(self.info.config.tenant_labels, &request.tenant);
                 metrics::counter!("cachet:requests_refused_total", labels).increment(1);
                 if let Some(hook) = &request.on_complete {
                     hook(super::request::Outcome::Failed, &Completion::refused(request.tokens.len()));
                 }
-                let _ = tx.send(Event::Error(RequestError::Overloaded { retry_after }));
+                let _ = tx.send(Event::Error(error));
                 return RequestStream { rx };
             }
         }

@@ -135,6 +135,12 @@ pub struct Completion {
     pub retractions: u32,
 }
 
+/// The refusal of a request predicted to have its first token after `predicted` against a
+/// `target`: come back when the excess has drained (at least a second from now).
+pub(crate) fn overloaded(predicted: Duration, target: Duration) -> RequestError {
+    RequestError::Overloaded { retry_after: predicted.saturating_sub(target).max(Duration::from_secs(1)) }
+}
+
 impl Completion {
     /// The accounting of a request that never ran (refused or invalid).
     pub(crate) fn refused(prompt_tokens: usize) -> Completion {

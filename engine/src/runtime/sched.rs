@@ -367,8 +367,7 @@ impl<B: Backend> Engine<B> {
 
     /// Answers `Overloaded` with when to come back.
     pub(super) fn refuse(&mut self, seq: Seq, predicted: Duration) {
-        let target = self.cfg.targets(seq.req.slo).ttft;
-        let retry_after = predicted.saturating_sub(target).max(Duration::from_secs(1));
+        let error = super::request::overloaded(predicted, self.cfg.targets(seq.req.slo).ttft);
         self.stats.refused += 1;
         metrics::counter!(
             "cachet:requests_refused_total",
@@ -376,6 +375,6 @@ impl<B: Backend> Engine<B> {
         )
         .increment(1);
         self.report(&seq, super::request::Outcome::Failed, crate::generate::FinishReason::Stop);
-        seq.send(super::request::Event::Error(super::request::RequestError::Overloaded { retry_after }));
+        seq.send(super::request::Event::Error(error));
     }
 }
