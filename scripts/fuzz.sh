@@ -2,8 +2,10 @@
 # Runs every fuzz target (fuzz/, cargo-fuzz with libFuzzer and AddressSanitizer) for a while:
 #
 #   scripts/fuzz.sh                  (environment: MINUTES=10 TARGETS="gguf tokenizer chat_template
-#                                     openai_request webhook_payload tool_calls" JOBS=1)
+#                                     openai_request webhook_payload tool_calls" JOBS=1 BUILT=0)
 #
+# BUILT=1 runs the targets `cargo +nightly fuzz build --fuzz-dir fuzz` built last, without
+# building again (so that editing the sources meanwhile changes nothing in the run).
 # Each target starts from the committed corpus (fuzz/corpus/<target>/, copied to
 # target/fuzz/corpus/<target>/ so a run never rewrites it) under limits of 2 GiB of memory and
 # 10 s per input. A crash, hang or out-of-memory leaves its input in target/fuzz/artifacts/<target>/
@@ -16,6 +18,8 @@ cd "$(dirname "$0")/.."
 MINUTES=${MINUTES:-10}
 TARGETS=${TARGETS:-"gguf tokenizer chat_template openai_request webhook_payload tool_calls"}
 JOBS=${JOBS:-1}
+BUILT=${BUILT:-0}
+BIN_DIR=fuzz/target/x86_64-unknown-linux-gnu/release
 
 rustup toolchain list | grep -q '^nightly' || rustup toolchain install nightly --profile minimal
 command -v cargo-fuzz >/dev/null 2>&1 || cargo install cargo-fuzz --locked
@@ -27,7 +31,8 @@ for t in $TARGETS; do
   mkdir -p "$work" "$artifacts"
   cp -n fuzz/corpus/"$t"/* "$work"/ 2>/dev/null || true
   echo "== $t: $MINUTES min"
-  if cargo +nightly fuzz run --fuzz-dir fuzz "$t" "$work" -- \
+  if [ "$BUILT" = 1 ]; then run=("$BIN_DIR/$t" "$work"); else run=(cargo +nightly fuzz run --fuzz-dir fuzz "$t" "$work" --); fi
+  if "${run[@]}" \
       -max_total_time=$((MINUTES * 60)) -rss_limit_mb=2048 -timeout=10 -jobs="$JOBS" -workers="$JOBS" \
       -artifact_prefix="$artifacts/" -print_final_stats=1 2>&1 | tee "target/fuzz/$t.log" | grep -E '^(#[0-9]+ +DONE|stat::number_of_executed_units|==[0-9]+==ERROR|SUMMARY)'; then
     :

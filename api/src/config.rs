@@ -61,6 +61,9 @@ pub struct ContextSettings {
     pub fetch_timeout_secs: u64,
     /// The most bytes one fetch may download.
     pub max_fetch_bytes: u64,
+    /// How long `POST /v1/repos` waits for the registration's fetch before answering `202`
+    /// (the fetch goes on; `GET /v1/repos/{id}` says when it is done).
+    pub registration_wait_secs: u64,
     /// Tokens of repository context per prompt (a repository may ask for
     /// less or more at registration, up to `max_budget_tokens`).
     pub budget_tokens: usize,
@@ -83,6 +86,7 @@ impl Default for ContextSettings {
             allow_private_hosts: false,
             fetch_timeout_secs: 300,
             max_fetch_bytes: 2 << 30,
+            registration_wait_secs: 30,
             budget_tokens: 4096,
             max_budget_tokens: 16384,
             outline_cache_entries: 100_000,

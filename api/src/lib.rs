@@ -17,6 +17,7 @@ pub mod ledger;
 pub mod models;
 pub mod openai;
 pub mod ratelimit;
+pub mod registration;
 pub mod reports;
 pub mod routes;
 pub mod sessions;

@@ -1,5 +1,6 @@
 //! Housekeeping every little while: idle sessions are closed (and their retention in the engine
-//! released), idle open tasks are marked abandoned.
+//! released), idle open tasks are marked abandoned, ledger rows of requests a dead process left
+//! are marked interrupted, registrations whose job was lost are taken up again.
 
 use crate::openai::retention_key;
 use crate::state::AppState;
@@ -15,7 +16,10 @@ pub async fn run(state: web::Data<AppState>) {
     let session_idle = crate::sessions::idle(&state);
     let task_idle = Duration::from_secs(state.settings.tasks.idle_secs.max(1));
     let period = (session_idle.min(task_idle) / 4).clamp(Duration::from_secs(1), Duration::from_secs(60));
+    let stale_registration = crate::registration::stale_after(state.settings.context.fetch_timeout_secs);
     loop {
+        // First at start: registrations a dead process left are taken up at once.
+        crate::registration::resume_abandoned(&state.store, &state.repos, stale_registration).await;
         tokio::time::sleep(period).await;
         let now = chrono::Utc::now();
         match state.store.close_idle_sessions(now - session_idle).await {

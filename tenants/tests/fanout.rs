@@ -23,7 +23,7 @@ async fn repo_of(store: &Store, name: &str) -> (TenantId, Uuid) {
         tenant: tenant.id,
         name: "shop",
         source: "/srv/git/shop",
-        default_branch: "main",
+        default_branch: Some("main"),
         webhook_secret: "whsec_0123456789abcdef0123456789abcdef",
         options: &serde_json::json!({}),
     };

@@ -57,7 +57,7 @@ async fn repo(store: &Store, tenant: TenantId, name: &str) -> Uuid {
         tenant,
         name,
         source: "/srv/git/x",
-        default_branch: "main",
+        default_branch: Some("main"),
         webhook_secret: "whsec_0123456789abcdef0123456789abcdef",
         options: &serde_json::json!({}),
     };

@@ -1,16 +1,19 @@
 //! `/v1/repos`: a tenant registers, lists and deletes repositories. The
-//! webhook secret is returned once, at registration.
+//! webhook secret is returned once, at registration (a new one replaces it on request).
+//! Registration itself is a job (see `registration`).
 
 use crate::auth::TenantAuth;
 use crate::context::{mirror_id, RepoOptions};
 use crate::error::ApiError;
 use crate::openai::retention_key;
+use crate::registration;
 use crate::state::AppState;
+use actix_web::http::header;
 use actix_web::{delete, get, post, web, HttpResponse};
-use cachet_context::{ContextError, Mirror};
-use cachet_tenants::store::{NewRepository, Repository};
+use cachet_tenants::store::{NewRepository, RepoStatus, Repository};
 use serde::Deserialize;
 use serde_json::json;
+use std::time::Duration;
 use uuid::Uuid;
 
 /// `POST /v1/repos`.
@@ -41,8 +44,13 @@ fn name_from(url: &str) -> String {
 }
 
 fn repo_json(r: &Repository) -> serde_json::Value {
-    json!({"id": r.id, "object": "repository", "name": r.name, "url": r.source,
-           "default_branch": r.default_branch, "options": r.options, "created_at": r.created_at})
+    let mut out = json!({"id": r.id, "object": "repository", "name": r.name, "url": r.source,
+                         "default_branch": r.default_branch, "options": r.options, "created_at": r.created_at,
+                         "status": r.status.as_str()});
+    if let Some(e) = &r.error {
+        out["error"] = json!(e);
+    }
+    out
 }
 
 /// The push webhook to configure at the git host (its secret is shown only in this answer).
@@ -56,25 +64,14 @@ fn new_secret() -> Result<String, ApiError> {
     Ok(format!("whsec_{}", cachet_tenants::random_hex(32).map_err(|e| ApiError::Internal(e.to_string()))?))
 }
 
-/// `main`, else `master`, when the tenant named no default branch.
-fn default_branch(mirror: &Mirror, asked: Option<&str>) -> Result<(String, String), ApiError> {
-    if let Some(b) = asked {
-        return Ok((b.to_string(), mirror.branch_head(b)?.to_string()));
-    }
-    for b in ["main", "master"] {
-        match mirror.branch_head(b) {
-            Ok(head) => return Ok((b.to_string(), head.to_string())),
-            Err(ContextError::UnknownRef(_)) => continue,
-            Err(e) => return Err(e.into()),
-        }
-    }
-    Err(ApiError::bad_param("default_branch", "the repository has no main or master branch: name its default_branch"))
-}
-
-/// Registers a repository: validates the source, mirrors it, and returns
-/// the push webhook's URL and secret (shown only here).
+/// Registers a repository: validates the source, writes the repository (with its webhook
+/// secret), then fetches its mirror as a job of its own (`registration`) and waits for it up to
+/// `context.registration_wait_secs`. Answers `201` with the head found, or `202` while the fetch
+/// goes on (`status: "fetching"`: poll `GET /v1/repos/{id}`); the webhook secret is in either
+/// answer, shown only there.
 #[utoipa::path(post, path = "/v1/repos", tag = "repositories", request_body = NewRepo,
     responses((status = 201, description = "Registered; the body holds the webhook secret, shown once"),
+              (status = 202, description = "Registered, still fetching; the body holds the webhook secret, shown once"),
               (status = 400, description = "Refused source, path outside the allowed root, unknown branch"),
               (status = 409, description = "A repository with that name exists"),
               (status = 502, description = "The repository could not be fetched")),
@@ -87,43 +84,41 @@ pub async fn create_repo(
 ) -> Result<HttpResponse, ApiError> {
     let body = body.into_inner();
     state.repos.check_options(&body.options).map_err(ApiError::bad)?;
-    let source = state.repos.store.validate(&body.url)?;
-    let id = Uuid::new_v4();
-    let (repos, asked) = (state.repos.clone(), body.default_branch.clone());
-    let (branch, head) = web::block(move || -> Result<_, ApiError> {
-        let mirror = repos.store.create_mirror(&mirror_id(id), &source)?;
-        let found = default_branch(&mirror, asked.as_deref());
-        if found.is_err() {
-            let _ = repos.store.remove(&mirror_id(id));
-        }
-        found
-    })
-    .await
-    .map_err(|e| ApiError::Internal(e.to_string()))??;
+    state.repos.store.validate(&body.url)?;
     let secret = new_secret()?;
     let options = serde_json::to_value(&body.options).unwrap_or_default();
     let name = body.name.clone().unwrap_or_else(|| name_from(&body.url));
     let new = NewRepository {
-        id,
+        id: Uuid::new_v4(),
         tenant: auth.0.id,
         name: &name,
         source: &body.url,
-        default_branch: &branch,
+        default_branch: body.default_branch.as_deref(),
         webhook_secret: &secret,
         options: &options,
     };
-    let repo = match state.store.create_repository(&new).await {
-        Ok(r) => r,
-        Err(e) => {
-            let repos = state.repos.clone();
-            let _ = web::block(move || repos.store.remove(&mirror_id(id))).await;
-            return Err(e.into());
-        }
-    };
+    let repo = state.store.create_repository(&new).await?;
+    let job = registration::start(state.store.clone(), state.repos.clone(), repo.clone());
+    let wait = Duration::from_secs(state.settings.context.registration_wait_secs);
     let mut out = repo_json(&repo);
-    out["head"] = json!(head);
     out["webhook"] = webhook_json(repo.id, &secret);
-    Ok(HttpResponse::Created().json(out))
+    match tokio::time::timeout(wait, job).await {
+        Ok(Ok(Ok(fetched))) => {
+            out["status"] = json!(RepoStatus::Ready.as_str());
+            out["default_branch"] = json!(fetched.default_branch);
+            out["head"] = json!(fetched.head);
+            Ok(HttpResponse::Created().json(out))
+        }
+        Ok(Ok(Err(e))) => {
+            // The tenant hears of the failure here: the row need not stay.
+            let _ = state.store.delete_repository(auth.0.id, repo.id).await;
+            Err(e)
+        }
+        Ok(Err(_)) => Err(ApiError::Internal("the registration's job stopped without an answer".into())),
+        Err(_) => {
+            Ok(HttpResponse::Accepted().insert_header((header::LOCATION, format!("/v1/repos/{}", repo.id))).json(out))
+        }
+    }
 }
 
 /// Issues a new webhook secret for a repository (the old one stops working at once): the way back

@@ -108,6 +108,14 @@ pub async fn git_webhook(
     if event != "push" {
         return Ok(HttpResponse::Ok().json(json!({"event": event, "ignored": true})));
     }
+    if repo.status == cachet_tenants::store::RepoStatus::Fetching {
+        // Its registration's fetch may have started before this push: the git host redelivers.
+        return Err(ApiError::NotReady(format!(
+            "repository {} is still being fetched; deliver the push again later",
+            repo.id
+        )));
+    }
+    crate::registration::ready(&repo)?;
     let push: Push = serde_json::from_slice(&body).map_err(|e| ApiError::bad(format!("invalid push body: {e}")))?;
     if !is_oid(&push.before) || !is_oid(&push.after) {
         return Err(ApiError::bad("before and after must be commit ids"));

@@ -100,7 +100,8 @@ pub async fn create_session(
         .repository(tenant.id, body.repo)
         .await?
         .ok_or_else(|| ApiError::NotFound(format!("repository {}", body.repo)))?;
-    let branch = body.branch.clone().unwrap_or_else(|| repo.default_branch.clone());
+    let default_branch = crate::registration::ready(&repo)?;
+    let branch = body.branch.clone().unwrap_or_else(|| default_branch.to_string());
     let (repos, r, b) = (state.repos.clone(), repo.clone(), branch.clone());
     // Fetch on demand: a session starts from the branch as it is now.
     let commit = web::block(move || -> Result<_, ApiError> {

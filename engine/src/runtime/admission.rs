@@ -1,20 +1,25 @@
 //! Refusing at the door: the engine thread decides admission between forward passes, and a pass
 //! can take seconds (a 512-token prefill chunk on a 2-core CPU); a request that is going to be
 //! refused should not wait that long to hear it. The engine publishes, after every step, what
-//! its admission control needs — its prompt throughput and the uncached prompt work it holds,
-//! split as its prediction splits it — and [`super::EngineHandle::submit`] refuses at once what
-//! that already condemns.
+//! its admission control needs — its prompt throughput (now, and with more requests decoding)
+//! and the uncached prompt work it holds, split as its prediction splits it — and
+//! [`super::EngineHandle::submit`] refuses at once what that already condemns.
 //!
-//! The check at the door is a lower bound of the engine's own prediction
-//! ([`super::Engine::predict_ttft`]), which under the `slo` policy puts a request that can still
-//! make its target behind its own tenant's earlier such requests and every prompt being computed
-//! for one, and a request that cannot behind everything that can, everything being computed and
-//! its own tenant's earlier ones. The door counts only those parts, never the request's own
-//! prompt, and leaves to the engine every request that might be beyond reach even alone (its
-//! whole prompt at the current rate passes the limit: the engine serves those rather than refuse
-//! them). Requests submitted since the last step count by an estimate of their uncached part: the
-//! prompt past its longest common prefix with the tenant's recent prompts. Whatever the door lets
-//! through, the engine judges again at its next step.
+//! The door predicts as the engine does ([`super::Engine::predict_ttft`]), which under the `slo`
+//! policy puts a request that can still make its target behind its own tenant's earlier such
+//! requests and every prompt being computed for one, and a request that cannot behind
+//! everything that can, everything being computed and its own tenant's earlier ones; then its
+//! own uncached prompt. Two differences. It leaves out other tenants' queued work (their fair
+//! share ahead: what it cannot know cheaply, it does not count). And it computes at the rate the
+//! engine will have by then: every request ahead of this one decodes while this one's prompt is
+//! computed, and decoders take their tokens out of every pass (pacing). The engine judges a
+//! waiting request again at every step with the decoders it has then, so a door that took the
+//! rate of the moment would let through what the engine refuses a pass later — seconds later,
+//! the wait the door is for. Requests submitted since the last step count by an estimate of
+//! their uncached part: the prompt past its longest common prefix with the tenant's recent
+//! prompts. A request that might be beyond reach even alone (its whole prompt at the current
+//! rate passes the limit) is left to the engine, which serves those rather than refuse them.
+//! Whatever the door lets through, the engine judges again at its next step.
 
 use super::config::{EngineConfig, SloClass};
 use super::request::Request;
@@ -37,23 +42,65 @@ pub(crate) struct Door {
     refused: AtomicU64,
 }
 
-/// What the engine publishes after a step: uncached prompt tokens of queued requests that can
+/// Prompt work of some requests: uncached tokens, and how many requests they are (each decodes
+/// once its prompt is done).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub(crate) struct Work {
+    pub tokens: usize,
+    pub requests: usize,
+}
+
+impl Work {
+    /// One request with `tokens` to compute.
+    pub fn one(tokens: usize) -> Work {
+        Work { tokens, requests: 1 }
+    }
+}
+
+impl std::ops::Add for Work {
+    type Output = Work;
+    fn add(self, o: Work) -> Work {
+        Work { tokens: self.tokens + o.tokens, requests: self.requests + o.requests }
+    }
+}
+
+impl std::ops::AddAssign for Work {
+    fn add_assign(&mut self, o: Work) {
+        *self = *self + o;
+    }
+}
+
+impl std::iter::Sum for Work {
+    fn sum<I: Iterator<Item = Work>>(it: I) -> Work {
+        it.fold(Work::default(), |a, b| a + b)
+    }
+}
+
+/// What the engine publishes after a step: uncached prompt work of queued requests that can
 /// (`hopeful`) and cannot (`hopeless`) still make their targets, and the prompt tokens left of
 /// the prompts being computed.
 #[derive(Debug, Default)]
 pub(crate) struct Published {
-    /// Prompt tokens per second the engine computes now.
-    pub rate: f64,
+    /// Prompt tokens per second the engine computes with `i` more requests decoding than now
+    /// (`rates[0]`: now); the last entry stands for more.
+    pub rates: Vec<f64>,
     /// Whether it had anything to do (an idle engine refuses nothing).
     pub busy: bool,
-    pub hopeful: HashMap<Key, usize>,
-    pub hopeless: HashMap<Key, usize>,
+    pub hopeful: HashMap<Key, Work>,
+    pub hopeless: HashMap<Key, Work>,
     /// Left to compute of running prompts that can still make their targets, and of all.
-    pub running_hopeful: usize,
-    pub running_all: usize,
+    pub running_hopeful: Work,
+    pub running_all: Work,
     /// The last submission (by [`Charge::seq`]) the engine had taken in: everything up to it is
     /// in the figures above (or was refused).
     pub taken: u64,
+}
+
+impl Published {
+    /// Prompt tokens per second with `more` requests decoding than now (0 before any pass).
+    fn rate(&self, more: usize) -> f64 {
+        self.rates.get(more).or(self.rates.last()).copied().unwrap_or(0.0)
+    }
 }
 
 #[derive(Debug, Default)]
@@ -70,11 +117,11 @@ struct State {
 
 impl State {
     /// Unseen work that can (`hopeful`) or cannot make its target, of `key` (or of everyone).
-    fn unseen(&self, hopeful: bool, key: Option<&Key>) -> usize {
+    fn unseen(&self, hopeful: bool, key: Option<&Key>) -> Work {
         self.unseen
             .iter()
             .filter(|(k, c)| c.hopeful == hopeful && key.is_none_or(|key| key == k))
-            .map(|(_, c)| c.tokens)
+            .map(|(_, c)| Work::one(c.tokens))
             .sum()
     }
 }
@@ -87,13 +134,13 @@ pub(crate) struct Charge {
     pub hopeful: bool,
 }
 
-fn get(m: &HashMap<Key, usize>, k: &Key) -> usize {
-    m.get(k).copied().unwrap_or(0)
+fn get(m: &HashMap<Key, Work>, k: &Key) -> Work {
+    m.get(k).copied().unwrap_or_default()
 }
 
 impl Door {
     /// Judges a request at submission. `Err(predicted)`: refuse it now (its time to first token
-    /// is at least `predicted`). `Ok(charge)`: let it through.
+    /// would be about `predicted`). `Ok(charge)`: let it through.
     pub(crate) fn judge(&self, req: &Request, cfg: &EngineConfig) -> Result<Charge, Duration> {
         let mut st = self.state.lock().unwrap_or_else(|p| p.into_inner());
         let tokens: Arc<[u32]> = req.tokens.as_slice().into();
@@ -106,31 +153,32 @@ impl Door {
         recent.push_back(tokens);
         st.submitted += 1;
         let seq = st.submitted;
-        let rate = st.published.rate;
-        if req.prewarm || cfg.overload_factor <= 0.0 || rate <= 0.0 {
+        let now = st.published.rate(0);
+        if req.prewarm || cfg.overload_factor <= 0.0 || now <= 0.0 {
             return Ok(Charge { seq, ..Charge::default() });
         }
         let target = cfg.targets(req.slo).ttft;
         let limit = target.mul_f64(cfg.overload_factor.max(1.0));
-        let secs = |tokens: usize| Duration::from_secs_f64(tokens as f64 / rate);
+        let secs = |tokens: usize, rate: f64| Duration::from_secs_f64(tokens as f64 / rate);
         let key = (req.tenant.clone(), req.slo);
         let own = req.tokens.len() - shared.min(req.tokens.len().saturating_sub(1));
-        let hopeful = secs(own) <= target;
+        let hopeful = secs(own, now) <= target;
         let p = &st.published;
         let ahead = if hopeful {
             get(&p.hopeful, &key) + st.unseen(true, Some(&key)) + p.running_hopeful
         } else {
-            p.hopeful.values().sum::<usize>()
+            p.hopeful.values().copied().sum::<Work>()
                 + st.unseen(true, None)
                 + p.running_all
                 + get(&p.hopeless, &key)
                 + st.unseen(false, Some(&key))
         };
+        let predicted = secs(ahead.tokens + own, p.rate(ahead.requests));
         let idle = !p.busy && st.unseen.is_empty();
         // Only what is surely not beyond reach: its whole prompt alone fits in the limit.
-        if !idle && secs(req.tokens.len()) <= limit && secs(ahead) > limit {
+        if !idle && secs(req.tokens.len(), now) <= limit && predicted > limit {
             self.refused.fetch_add(1, Ordering::Relaxed);
-            return Err(secs(ahead));
+            return Err(predicted);
         }
         let charge = Charge { seq, tokens: own, hopeful };
         st.unseen.push_back((key, charge));
@@ -181,15 +229,18 @@ mod tests {
         (TenantKey::new(t), SloClass::Interactive)
     }
 
+    /// A busy engine at 100 prompt tokens a second however many decode; each entry of work one
+    /// request.
     fn busy(door: &Door, hopeful: &[(&str, usize)], hopeless: &[(&str, usize)], running: (usize, usize)) {
-        let map = |w: &[(&str, usize)]| w.iter().map(|&(t, n)| (key(t), n)).collect();
+        let map = |w: &[(&str, usize)]| w.iter().map(|&(t, n)| (key(t), Work::one(n))).collect();
+        let one = |n| if n > 0 { Work::one(n) } else { Work::default() };
         door.publish(Published {
-            rate: 100.0,
+            rates: vec![100.0],
             busy: true,
             hopeful: map(hopeful),
             hopeless: map(hopeless),
-            running_hopeful: running.0,
-            running_all: running.1,
+            running_hopeful: one(running.0),
+            running_all: one(running.1),
             taken: 0,
         });
     }
@@ -201,9 +252,10 @@ mod tests {
     #[test]
     fn a_tenants_own_queue_past_the_limit_is_refused_at_once() {
         let door = Door::default();
-        // 100 tokens a second, limit 2 s: 300 queued tokens of the same tenant are 3 s ahead.
+        // 100 tokens a second, limit 2 s: 300 queued tokens of the same tenant are 3 s ahead, and
+        // its own 50 take half a second more.
         busy(&door, &[("a", 300), ("b", 10_000)], &[], (0, 0));
-        assert_eq!(door.judge(&req("a", (0..50).collect()), &cfg()), Err(Duration::from_secs(3)));
+        assert_eq!(door.judge(&req("a", (0..50).collect()), &cfg()), Err(Duration::from_secs_f64(3.5)));
         // Another tenant's queue does not count against "c" (fair share), however long.
         assert_eq!(door.judge(&req("c", (0..50).collect()), &cfg()), charged(2, 50, true));
     }
@@ -214,9 +266,9 @@ mod tests {
         // 150 tokens: 1.5 s alone, past the 1 s target but within the 2 s limit.
         busy(&door, &[("b", 120)], &[("a", 30)], (0, 60));
         // Ahead of it: b's 120 (they can make theirs), everything being computed (60) and a's
-        // own earlier 30: 2.1 s.
+        // own earlier 30: 2.1 s, then its own 1.5 s.
         let predicted = door.judge(&req("a", (0..150).collect()), &cfg()).unwrap_err();
-        assert_eq!(predicted, Duration::from_secs_f64(2.1));
+        assert_eq!(predicted, Duration::from_secs_f64(3.6));
         // A short request of a's is only behind a's own that can make it (none) and the
         // running prompts that can (none).
         assert_eq!(door.judge(&req("a", (500..510).collect()), &cfg()), charged(2, 10, true));
@@ -233,18 +285,37 @@ mod tests {
         assert_eq!(door.judge(&req("a", with(2)), &cfg()), charged(2, 20, true));
         assert_eq!(door.judge(&req("a", with(3)), &cfg()), charged(3, 20, true));
         // The engine has taken in the first: a publication covers it, the other two stay unseen.
-        door.publish(Published { rate: 100.0, busy: true, taken: 1, ..Published::default() });
-        assert_eq!(door.state.lock().unwrap().unseen(true, Some(&key("a"))), 40);
+        door.publish(Published { rates: vec![100.0], busy: true, taken: 1, ..Published::default() });
+        assert_eq!(door.state.lock().unwrap().unseen(true, Some(&key("a"))), Work { tokens: 40, requests: 2 });
     }
 
     #[test]
     fn what_may_be_beyond_reach_and_an_idle_engine_are_left_to_the_engine() {
         let door = Door::default();
-        door.publish(Published { rate: 100.0, ..Published::default() });
+        door.publish(Published { rates: vec![100.0], ..Published::default() });
         // Idle, nothing unseen: never refused.
         assert!(door.judge(&req("a", (0..150).collect()), &cfg()).is_ok());
         busy(&door, &[("a", 10_000)], &[("a", 10_000)], (10_000, 10_000));
         // 300 tokens alone take 3 s, past the 2 s limit: maybe beyond reach, so the engine decides.
         assert!(door.judge(&req("a", (1000..1300).collect()), &cfg()).is_ok());
+    }
+
+    #[test]
+    fn the_rate_is_the_one_left_once_the_requests_ahead_decode() {
+        let door = Door::default();
+        // 100 prompt tokens a second now; 50 with one more request decoding, 40 with two.
+        door.publish(Published {
+            rates: vec![100.0, 50.0, 40.0],
+            busy: true,
+            hopeful: [(key("a"), Work::one(50))].into(),
+            ..Published::default()
+        });
+        // Behind one request: 100 tokens at 50 a second, 2 s, just within the limit.
+        assert_eq!(door.judge(&req("a", (0..50).collect()), &cfg()), charged(1, 50, true));
+        // Behind two: 150 tokens at 40 a second, 3.75 s (at the rate of the moment: 1.5 s).
+        let predicted = door.judge(&req("a", (100..150).collect()), &cfg()).unwrap_err();
+        assert_eq!(predicted, Duration::from_secs_f64(3.75));
+        // Beyond the table, its last entry stands.
+        assert_eq!(Published { rates: vec![100.0, 50.0], ..Published::default() }.rate(7), 50.0);
     }
 }

@@ -145,18 +145,39 @@ impl<B: Backend> Engine<B> {
     /// decoders alone fill that does a pass carry more: the decode tokens plus
     /// `min_prefill_chunk`, so prompts keep moving.
     pub(super) fn step_budget(&self) -> usize {
-        let max = self.cfg.token_budget;
-        if !self.cfg.pace_prefill {
-            return max;
-        }
+        self.budget_for(self.decoders())
+    }
+
+    /// The requests decoding now.
+    pub(super) fn decoders(&self) -> Decoders {
         let decoding = self.running.iter().filter(|s| s.first_token.is_some() && s.remaining() == 1);
-        let (count, itl) = decoding.fold((0usize, None::<Duration>), |(c, m), s| {
-            let itl = self.cfg.targets(s.req.slo).itl;
-            (c + 1, Some(m.map_or(itl, |m: Duration| m.min(itl))))
-        });
-        let Some(itl) = itl else { return max };
+        decoding.fold(Decoders::default(), |d, s| d.and(1, self.cfg.targets(s.req.slo).itl))
+    }
+
+    /// [`Engine::step_budget`] with these decoders.
+    pub(super) fn budget_for(&self, decoders: Decoders) -> usize {
+        let max = self.cfg.token_budget;
+        let Some(itl) = decoders.itl.filter(|_| self.cfg.pace_prefill) else { return max };
         let Some(fits) = self.pace.tokens_within(itl.mul_f64(self.cfg.pace_margin)) else { return max };
+        let count = decoders.count;
         if fits > count { fits } else { count + self.cfg.min_prefill_chunk }.min(max)
+    }
+}
+
+/// Requests decoding: how many, and the tightest inter-token target among them (none without).
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub(super) struct Decoders {
+    pub count: usize,
+    pub itl: Option<Duration>,
+}
+
+impl Decoders {
+    /// These and `count` more with an inter-token target of `itl`.
+    pub fn and(self, count: usize, itl: Duration) -> Decoders {
+        if count == 0 {
+            return self;
+        }
+        Decoders { count: self.count + count, itl: Some(self.itl.map_or(itl, |m| m.min(itl))) }
     }
 }
 

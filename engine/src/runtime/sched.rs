@@ -25,6 +25,7 @@
 //! earliest deadline first) before the hopeful requests get theirs, and whatever they leave
 //! after that. It counts as an SLO miss.
 
+use super::admission::Work;
 use super::config::Policy;
 use super::seq::Seq;
 use super::Engine;
@@ -203,8 +204,13 @@ impl<B: Backend> Engine<B> {
     /// Prompt tokens per second the engine computes now: what a pass carries beyond the decode
     /// tokens, over what such a pass takes (pacing makes passes smaller while requests decode).
     pub(super) fn prefill_rate(&self) -> f64 {
-        let decoding = self.running.iter().filter(|s| s.remaining() == 1).count();
-        let budget = self.step_budget();
+        self.prefill_rate_for(self.decoders())
+    }
+
+    /// [`Engine::prefill_rate`] with these decoders.
+    pub(super) fn prefill_rate_for(&self, decoders: super::pace::Decoders) -> f64 {
+        let decoding = decoders.count;
+        let budget = self.budget_for(decoders);
         match self.pace.seconds(budget) {
             Some(secs) if secs > 0.0 => budget.saturating_sub(decoding).max(budget / 10).max(1) as f64 / secs,
             _ => self.rate * (1.0 - decoding as f64 / budget as f64).max(0.1),
@@ -229,13 +235,19 @@ impl<B: Backend> Engine<B> {
         PrefillOrder { overdue: ids(&overdue), hopeful: ids(&hopeful), hopeless: ids(&hopeless) }
     }
 
-    /// Publishes what admission at the door needs (see `admission`): the prompt throughput, the
-    /// uncached work of queued requests per tenant and class (those that can still make their
-    /// targets apart from those that cannot), and what is left of the prompts being computed.
+    /// Publishes what admission at the door needs (see `admission`): the prompt throughput now
+    /// and with more requests decoding, the uncached work of queued requests per tenant and
+    /// class (those that can still make their targets apart from those that cannot), and what
+    /// is left of the prompts being computed.
     pub(super) fn publish_admission(&mut self) {
         let now = Instant::now();
+        let decoders = self.decoders();
+        // Requests let in start decoding once their prompts are done: a later request's prompt
+        // shares its passes with them. They are counted with the tightest inter-token target.
+        let itl = self.cfg.interactive.itl.min(self.cfg.batch.itl);
+        let rates = (0..=self.cfg.max_running).map(|more| self.prefill_rate_for(decoders.and(more, itl))).collect();
         let rate = self.prefill_rate();
-        let mut p = super::admission::Published { rate, taken: self.door_taken, ..Default::default() };
+        let mut p = super::admission::Published { rates, taken: self.door_taken, ..Default::default() };
         for i in 0..self.waiting.len() {
             if self.waiting[i].req.prewarm {
                 continue;
@@ -243,12 +255,12 @@ impl<B: Backend> Engine<B> {
             let w = self.uncached(i);
             let s = &self.waiting[i];
             let side = if self.late(s, w, now, rate) { &mut p.hopeless } else { &mut p.hopeful };
-            *side.entry((s.req.tenant.clone(), s.req.slo)).or_default() += w;
+            *side.entry((s.req.tenant.clone(), s.req.slo)).or_default() += Work::one(w);
         }
         for s in self.running.iter().filter(|s| s.remaining() > 1) {
-            p.running_all += s.remaining();
+            p.running_all += Work::one(s.remaining());
             if !self.late(s, s.remaining(), now, rate) {
-                p.running_hopeful += s.remaining();
+                p.running_hopeful += Work::one(s.remaining());
             }
         }
         p.busy = !self.running.is_empty() || self.waiting.iter().any(|s| !s.req.prewarm);

@@ -23,6 +23,9 @@ pub enum QuantError {
     /// The bytes are not aligned for the format's blocks.
     #[error("{dtype:?}: data is not aligned to {align} bytes")]
     Misaligned { dtype: DType, align: usize },
+    /// More values than any memory could hold (their size overflows).
+    #[error("{dtype:?}: {len} values are more than memory can hold")]
+    TooLarge { dtype: DType, len: usize },
 }
 
 /// A tensor element format.
@@ -126,13 +129,13 @@ impl DType {
     }
 
     /// Bytes taken by `n` values, or an error when `n` is not a whole number
-    /// of blocks.
+    /// of blocks or the size overflows.
     pub fn bytes_for(self, n: usize) -> Result<usize, QuantError> {
         let block = self.block_len();
         if !n.is_multiple_of(block) {
             return Err(QuantError::PartialBlock { dtype: self, len: n, block });
         }
-        Ok(n / block * self.block_bytes())
+        (n / block).checked_mul(self.block_bytes()).ok_or(QuantError::TooLarge { dtype: self, len: n })
     }
 
     /// Checks that `bytes` holds exactly `n` values, aligned for this format.

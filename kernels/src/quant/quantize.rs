@@ -297,5 +297,9 @@ mod tests {
         assert!(matches!(quantize_row(DType::Q4_0, &x, &mut out), Err(QuantError::PartialBlock { .. })));
         let mut y = vec![0f32; 32];
         assert!(matches!(dequantize_row(DType::Q8_0, &[0u8; 30], &mut y), Err(QuantError::ByteLength { .. })));
+        // A row length a file may claim whose size overflows (found by fuzzing the GGUF reader).
+        let huge = usize::MAX / 32 * 32;
+        assert!(matches!(DType::Q8_0.bytes_for(huge), Err(QuantError::TooLarge { .. })));
+        assert!(matches!(DType::F32.bytes_for(usize::MAX), Err(QuantError::TooLarge { .. })));
     }
 }

@@ -22,7 +22,7 @@ mod sessions;
 mod sign_in;
 mod tasks;
 
-pub use repos::{Invalidation, NewRepository, Repository};
+pub use repos::{Invalidation, NewRepository, RepoStatus, Repository};
 pub use sessions::{NewTurn, Role, Session, Turn};
 pub use sign_in::SignInSubject;
 pub use tasks::{OutcomeError, Task, TaskStatus};

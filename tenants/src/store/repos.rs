@@ -18,23 +18,59 @@ pub struct Repository {
     pub name: String,
     /// The clone URL or local path as registered.
     pub source: String,
-    pub default_branch: String,
+    /// Unknown while the registration fetches (unless the tenant named it); always known once
+    /// ready.
+    pub default_branch: Option<String>,
     /// The push webhook's HMAC key (given to the tenant once, at registration).
     pub webhook_secret: String,
     /// How the repository's context is built (the context crate's options, as JSON).
     pub options: serde_json::Value,
     pub created_at: DateTime<Utc>,
+    /// Where its registration stands.
+    pub status: RepoStatus,
+    /// Why the registration failed (words the tenant may see).
+    pub error: Option<String>,
+}
+
+/// Where a repository's registration stands: it is a job that outlives its HTTP request.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum RepoStatus {
+    /// Its mirror is being fetched.
+    Fetching,
+    /// Usable.
+    Ready,
+    /// The fetch failed; the row stays so the tenant sees why, the name is free again.
+    Failed,
+}
+
+impl RepoStatus {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            RepoStatus::Fetching => "fetching",
+            RepoStatus::Ready => "ready",
+            RepoStatus::Failed => "failed",
+        }
+    }
+
+    fn parse(s: &str) -> RepoStatus {
+        match s {
+            "fetching" => RepoStatus::Fetching,
+            "ready" => RepoStatus::Ready,
+            _ => RepoStatus::Failed,
+        }
+    }
 }
 
 /// What [`Store::create_repository`] needs.
 #[derive(Clone, Debug)]
 pub struct NewRepository<'a> {
-    /// Chosen by the caller (the mirror is named after it before the row exists).
+    /// Chosen by the caller (the mirror is named after it).
     pub id: Uuid,
     pub tenant: TenantId,
     pub name: &'a str,
     pub source: &'a str,
-    pub default_branch: &'a str,
+    /// As the tenant named it (else found by the fetch).
+    pub default_branch: Option<&'a str>,
     pub webhook_secret: &'a str,
     pub options: &'a serde_json::Value,
 }
@@ -58,10 +94,12 @@ struct RepoRow {
     tenant_id: Uuid,
     name: String,
     source: String,
-    default_branch: String,
+    default_branch: Option<String>,
     webhook_secret: String,
     options: Json<serde_json::Value>,
     created_at: DateTime<Utc>,
+    status: String,
+    error: Option<String>,
 }
 
 impl From<RepoRow> for Repository {
@@ -75,14 +113,18 @@ impl From<RepoRow> for Repository {
             webhook_secret: r.webhook_secret,
             options: r.options.0,
             created_at: r.created_at,
+            status: RepoStatus::parse(&r.status),
+            error: r.error,
         }
     }
 }
 
-const REPO_COLUMNS: &str = "id, tenant_id, name, source, default_branch, webhook_secret, options, created_at";
+const REPO_COLUMNS: &str =
+    "id, tenant_id, name, source, default_branch, webhook_secret, options, created_at, status, error";
 
 impl Store {
-    /// Registers a repository. The name must be unique among the tenant's live repositories
+    /// Registers a repository, `fetching` until [`Store::repository_fetched`] or
+    /// [`Store::repository_failed`]. The name must be unique among the tenant's live repositories
     /// ([`StoreError::Conflict`]); an unknown tenant is [`StoreError::NotFound`].
     pub async fn create_repository(&self, new: &NewRepository<'_>) -> Result<Repository, StoreError> {
         let name = new.name.trim();
@@ -90,8 +132,8 @@ impl Store {
             return Err(StoreError::Invalid("a repository name has 1 to 200 characters".into()));
         }
         let row: RepoRow = sqlx::query_as(&format!(
-            "INSERT INTO repositories (id, tenant_id, name, source, default_branch, webhook_secret, options) \
-             VALUES ($1, $2, $3, $4, $5, $6, $7) RETURNING {REPO_COLUMNS}"
+            "INSERT INTO repositories (id, tenant_id, name, source, default_branch, webhook_secret, options, status) \
+             VALUES ($1, $2, $3, $4, $5, $6, $7, 'fetching') RETURNING {REPO_COLUMNS}"
         ))
         .bind(new.id)
         .bind(new.tenant.0)
@@ -119,6 +161,51 @@ impl Store {
         .fetch_optional(self.pool())
         .await?;
         Ok(row.map(Repository::from))
+    }
+
+    /// A registration's fetch is done: the repository is ready with this default branch. False
+    /// if it was not fetching any more (deleted meanwhile, or failed).
+    pub async fn repository_fetched(&self, id: Uuid, default_branch: &str) -> Result<bool, StoreError> {
+        let done = sqlx::query(
+            "UPDATE repositories SET status = 'ready', default_branch = $2, updated_at = now() \
+             WHERE id = $1 AND status = 'fetching' AND deleted_at IS NULL",
+        )
+        .bind(id)
+        .bind(default_branch)
+        .execute(self.pool())
+        .await?;
+        Ok(done.rows_affected() == 1)
+    }
+
+    /// A registration's fetch failed, for `error` (words the tenant may see). The row stays (the
+    /// tenant sees why), its name is free again.
+    pub async fn repository_failed(&self, id: Uuid, error: &str) -> Result<(), StoreError> {
+        let error: String = error.chars().take(1000).collect();
+        sqlx::query(
+            "UPDATE repositories SET status = 'failed', error = $2, updated_at = now() \
+             WHERE id = $1 AND status = 'fetching'",
+        )
+        .bind(id)
+        .bind(error)
+        .execute(self.pool())
+        .await?;
+        Ok(())
+    }
+
+    /// Registrations left `fetching` for longer than `stale` (their process died, or their job
+    /// was lost): each is claimed (its clock restarts, so one replica takes it) and returned for
+    /// its fetch to run again.
+    pub async fn claim_stale_registrations(&self, stale: std::time::Duration) -> Result<Vec<Repository>, StoreError> {
+        let rows: Vec<RepoRow> = sqlx::query_as(&format!(
+            "UPDATE repositories SET updated_at = now() WHERE id IN ( \
+               SELECT id FROM repositories WHERE status = 'fetching' AND deleted_at IS NULL \
+               AND updated_at < now() - make_interval(secs => $1) FOR UPDATE SKIP LOCKED) \
+             RETURNING {REPO_COLUMNS}"
+        ))
+        .bind(stale.as_secs_f64())
+        .fetch_all(self.pool())
+        .await?;
+        Ok(rows.into_iter().map(Repository::from).collect())
     }
 
     /// A live repository by id alone, for the webhook (which proves itself with the secret).

@@ -426,3 +426,99 @@ async fn a_slow_remote_delays_no_other_registration_and_a_lost_secret_can_be_rep
     assert_eq!(hook(&repo.secret).await.unwrap().status(), 401);
     assert_eq!(hook(&fresh).await.unwrap().status(), 200);
 }
+
+/// Polls a repository until its registration is no longer `fetching`.
+async fn registration_end(app: &TestApp, token: &str, id: &str) -> Value {
+    for _ in 0..600 {
+        let v: Value = app.get(token, &format!("/v1/repos/{id}")).await.json().await.unwrap();
+        if v["status"] != "fetching" {
+            return v;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    }
+    panic!("repository {id} still fetching after 30 s");
+}
+
+#[tokio::test]
+async fn a_registration_is_a_job_that_outlives_its_request() {
+    // The server answers at once (it waits 0 s for the fetch): as for a client that gave up.
+    let app = spawn_with(|s| {
+        s.context.allow_private_hosts = true;
+        s.context.registration_wait_secs = 0;
+    })
+    .await;
+    let (_, token) = app.tenant("acme").await;
+    let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let port = l.local_addr().unwrap().port();
+    let (hang_up, told) = tokio::sync::oneshot::channel::<()>();
+    tokio::spawn(async move {
+        let (socket, _) = l.accept().await.unwrap();
+        let _ = told.await;
+        drop(socket);
+    });
+    let r = app
+        .post(&token, "/v1/repos", json!({ "url": format!("http://127.0.0.1:{port}/shop.git"), "name": "shop" }))
+        .await;
+    assert_eq!(r.status(), 202);
+    let id = r.headers()["location"].to_str().unwrap().trim_start_matches("/v1/repos/").to_string();
+    let v: Value = r.json().await.unwrap();
+    assert_eq!((v["id"].as_str(), v["status"].as_str()), (Some(id.as_str()), Some("fetching")));
+    assert!(v["webhook"]["secret"].as_str().unwrap().starts_with("whsec_"), "{v}");
+    // While it fetches: listed as fetching, its name taken, no session on it.
+    let list: Value = app.get(&token, "/v1/repos").await.json().await.unwrap();
+    assert_eq!(list["data"][0]["status"], "fetching", "{list}");
+    let again =
+        app.post(&token, "/v1/repos", json!({ "url": format!("http://127.0.0.1:{port}/x.git"), "name": "shop" }));
+    error(again.await, 409).await;
+    let e = error(app.post(&token, "/v1/sessions", json!({ "repo": id })).await, 409).await;
+    assert!(e["message"].as_str().unwrap().contains("still being fetched"), "{e}");
+
+    // The remote hangs up: the job records the failure (generic words), the name is free again.
+    let _ = hang_up.send(());
+    let v = registration_end(&app, &token, &id).await;
+    assert_eq!(v["status"], "failed", "{v}");
+    let why = v["error"].as_str().unwrap();
+    assert!(why.contains("could not be fetched") && !why.contains("127.0.0.1"), "{why}");
+    let e = error(app.post(&token, "/v1/sessions", json!({ "repo": id })).await, 409).await;
+    assert!(e["message"].as_str().unwrap().contains("registration failed"), "{e}");
+
+    let source = app.source_repo("shop", &[("src/lib.rs", Some("pub fn f() {}\n"))]);
+    let url = source.path().display().to_string();
+    let r = app.post(&token, "/v1/repos", json!({ "url": url, "name": "shop" })).await;
+    assert_eq!(r.status(), 202);
+    let fresh = r.json::<Value>().await.unwrap()["id"].as_str().unwrap().to_string();
+    let v = registration_end(&app, &token, &fresh).await;
+    assert_eq!((v["status"].as_str(), v["default_branch"].as_str()), (Some("ready"), Some("main")), "{v}");
+    let r = app.post(&token, "/v1/sessions", json!({ "repo": fresh })).await;
+    assert_eq!(r.status(), 201, "{}", r.text().await.unwrap());
+}
+
+#[tokio::test]
+async fn a_registration_a_dead_process_left_fetching_is_taken_up_again() {
+    // The sweeper runs every second (a quarter of the task idle time).
+    let app = spawn_with(|s| s.tasks.idle_secs = 4).await;
+    let (tenant, token) = app.tenant("acme").await;
+    let source = app.source_repo("shop", &[("src/lib.rs", Some("pub fn f() {}\n"))]);
+    // What a process killed during the fetch leaves: the row, `fetching`, untouched for an hour.
+    let store = &app.state.store;
+    let url = source.path().display().to_string();
+    let new = cachet_tenants::store::NewRepository {
+        id: Uuid::new_v4(),
+        tenant,
+        name: "shop",
+        source: &url,
+        default_branch: None,
+        webhook_secret: "whsec_0123456789abcdef0123456789abcdef",
+        options: &json!({}),
+    };
+    let id = store.create_repository(&new).await.unwrap().id;
+    sqlx::query("UPDATE repositories SET updated_at = now() - interval '1 hour' WHERE id = $1")
+        .bind(id)
+        .execute(store.pool())
+        .await
+        .unwrap();
+    let v = registration_end(&app, &token, &id.to_string()).await;
+    assert_eq!((v["status"].as_str(), v["default_branch"].as_str()), (Some("ready"), Some("main")), "{v}");
+    let r = app.post(&token, "/v1/sessions", json!({ "repo": id })).await;
+    assert_eq!(r.status(), 201, "{}", r.text().await.unwrap());
+}
