@@ -32,8 +32,10 @@ for t in $TARGETS; do
   cp -n fuzz/corpus/"$t"/* "$work"/ 2>/dev/null || true
   echo "== $t: $MINUTES min"
   if [ "$BUILT" = 1 ]; then run=("$BIN_DIR/$t" "$work"); else run=(cargo +nightly fuzz run --fuzz-dir fuzz "$t" "$work" --); fi
+  # More than one job: libFuzzer's children write fuzz-<n>.log in the working directory.
+  if [ "$JOBS" -gt 1 ]; then run+=(-jobs="$JOBS" -workers="$JOBS"); fi
   if "${run[@]}" \
-      -max_total_time=$((MINUTES * 60)) -rss_limit_mb=2048 -timeout=10 -jobs="$JOBS" -workers="$JOBS" \
+      -max_total_time=$((MINUTES * 60)) -rss_limit_mb=2048 -timeout=10 \
       -artifact_prefix="$artifacts/" -print_final_stats=1 2>&1 | tee "target/fuzz/$t.log" | grep -E '^(#[0-9]+ +DONE|stat::number_of_executed_units|==[0-9]+==ERROR|SUMMARY)'; then
     :
   fi

@@ -472,6 +472,15 @@ async fn a_registration_is_a_job_that_outlives_its_request() {
     error(again.await, 409).await;
     let e = error(app.post(&token, "/v1/sessions", json!({ "repo": id })).await, 409).await;
     assert!(e["message"].as_str().unwrap().contains("still being fetched"), "{e}");
+    // A push meanwhile is signed with the secret of the 202 and answered 503: deliver it later.
+    let pending = Registered {
+        id: id.clone(),
+        secret: v["webhook"]["secret"].as_str().unwrap().into(),
+        source: app.source_repo("unused", &[("a", Some("a"))]),
+        head: String::new(),
+    };
+    let hook = app.push_hook(&pending, &"0".repeat(40), &"1".repeat(40), Some("d-1")).await;
+    assert_eq!(hook.status(), 503);
 
     // The remote hangs up: the job records the failure (generic words), the name is free again.
     let _ = hang_up.send(());
