@@ -19,7 +19,8 @@
 //! their uncached part: the prompt past its longest common prefix with the tenant's recent
 //! prompts. A request that might be beyond reach even alone (its whole prompt at the current
 //! rate passes the limit) is left to the engine, which serves those rather than refuse them.
-//! Whatever the door lets through, the engine judges again at its next step.
+//! Whatever the door lets through, the engine judges again at its next step and at every step
+//! after, and refuses it if its prediction passes the limit by [`LATE_SLACK`].
 
 use super::config::{EngineConfig, SloClass};
 use super::request::Request;
@@ -28,6 +29,13 @@ use std::collections::{HashMap, VecDeque};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
+
+/// A request the door let through is refused by the engine later only if the engine's own
+/// prediction passes the limit by this factor. The door judged it against what the engine had
+/// published; refused a pass or more later, it would have waited seconds for a 429, the wait the
+/// door is there to spare. A misprediction this large is overload the door could not see (a burst
+/// over many tenants, passes slower than their model), which the engine still sheds.
+pub(crate) const LATE_SLACK: f64 = 1.25;
 
 /// Recent prompts kept per tenant for the estimate of a new prompt's uncached part.
 const RECENT: usize = 8;

@@ -338,7 +338,9 @@ impl<B: Backend> Engine<B> {
             let predicted = self.predict_ttft(&seq, now);
             // Refused only if waiting would fix it: a request too long for its target even
             // served alone is admitted (and served behind those that can still make theirs).
-            if predicted > targets.ttft.mul_f64(self.cfg.overload_factor) && !self.beyond_reach(&seq, now) {
+            // The door judged it already: only a clear misprediction refuses it now.
+            let limit = targets.ttft.mul_f64(self.cfg.overload_factor * admission::LATE_SLACK);
+            if predicted > limit && !self.beyond_reach(&seq, now) {
                 self.refuse(seq, predicted);
                 return;
             }

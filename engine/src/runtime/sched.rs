@@ -362,7 +362,8 @@ impl<B: Backend> Engine<B> {
                 i += 1;
                 continue;
             }
-            let limit = self.cfg.targets(seq.req.slo).ttft.mul_f64(self.cfg.overload_factor);
+            let slack = self.cfg.overload_factor * super::admission::LATE_SLACK;
+            let limit = self.cfg.targets(seq.req.slo).ttft.mul_f64(slack);
             let waited = now.saturating_duration_since(seq.arrival);
             let seq = self.waiting.swap_remove(i);
             let predicted = waited + self.predict_ttft(&seq, now);

@@ -173,9 +173,9 @@ fn a_hopeless_running_prompt_yields_its_chunk_to_a_new_one_that_can_make_it() {
 
 #[test]
 fn only_what_waiting_would_fix_is_refused() {
-    // Limit 2 × 3 s = 6 s at 100 prompt tokens/s. The first (590 tokens, 5.9 s) is queued; a
-    // second like it would wait 5.9 s behind it (11.8 s): the queue makes it late, so it is
-    // refused. One of 1000 tokens needs 10 s even alone: refusing it helps nobody, so it is
+    // Limit 2 × 3 s = 6 s at 100 prompt tokens/s (7.5 s with the engine's slack after the
+    // door). The first (590 tokens, 5.9 s) is queued; a second like it would wait 5.9 s behind
+    // it (11.8 s): the queue makes it late, so it is refused. One of 1000 tokens needs 10 s even alone: refusing it helps nobody, so it is
     // admitted (served behind what can still make its target).
     let mut e = engine(EngineConfig { policy: Policy::Slo, overload_factor: 2.0, pace_prefill: false, ..cfg() });
     e.pace = slow();
@@ -195,14 +195,15 @@ fn only_what_waiting_would_fix_is_refused() {
 
 #[test]
 fn admission_control_does_not_count_hopeless_requests_ahead_of_one_that_can_make_it() {
-    // Refuse what is predicted past 2 × 3 s. `late` (590 tokens, 5.9 s alone) is queued; `fine`
-    // (50 tokens, 0.5 s) would be predicted at 6.4 s behind it under earliest deadline first,
-    // but under `slo` it goes first, so it is predicted at 0.5 s and accepted.
+    // The engine refuses what is predicted past 2 × 3 s × 1.25 (its slack after the door).
+    // `late` (700 tokens, 7 s alone) is queued; `fine` (100 tokens, 1 s) would be predicted at
+    // 8 s behind it under first come first served, but under `slo` it goes first, so it is
+    // predicted at 1 s and accepted.
     let admitted = |policy| {
         let mut e = engine(EngineConfig { policy, overload_factor: 2.0, pace_prefill: false, ..cfg() });
         e.pace = slow();
-        submit(&mut e, 590, 4);
-        submit(&mut e, 50, 4);
+        submit(&mut e, 700, 4);
+        submit(&mut e, 100, 4);
         (e.waiting.len(), e.stats.refused)
     };
     assert_eq!(admitted(Policy::Slo), (2, 0));
