@@ -320,6 +320,14 @@ impl Application {
         }
         sweeper.abort();
         fanout.abort();
+        // Turn leases whose release may not have reached the database yet: a process started
+        // next on the same database must not wait out their expiry.
+        let releasing = state.turns.lock().unwrap_or_else(|e| e.into_inner()).releasing();
+        for (session, holder) in releasing {
+            if let Err(e) = state.store.end_turn(session, holder).await {
+                tracing::warn!(%session, "releasing a turn lease at shutdown (it expires by itself): {e}");
+            }
+        }
         let waiting = state.ledger.flush().await;
         if waiting > 0 {
             tracing::warn!(

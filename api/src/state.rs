@@ -108,6 +108,13 @@ impl Drop for TurnGuard {
     }
 }
 
+impl Turns {
+    /// Turn leases given back but maybe not yet released in the database: `(session, holder)`.
+    pub fn releasing(&self) -> Vec<(uuid::Uuid, uuid::Uuid)> {
+        self.releasing.iter().map(|(s, h)| (*s, *h)).collect()
+    }
+}
+
 impl std::fmt::Debug for AppState {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("AppState").field("served", &self.served.get().map(|s| &s.id)).finish_non_exhaustive()

@@ -331,6 +331,9 @@ async fn sessions_and_their_prompts_survive_a_restart() {
     // The same data folder and database, a new process.
     let settings = app.state.settings.clone();
     app.handle.stop(true).await;
+    // The old process has finished stopping (leases given back, ledger flushed).
+    let run = app.run.lock().unwrap().take().unwrap();
+    run.await.unwrap().unwrap();
     let TestApp { data_dir, database_url, .. } = app;
     let again = spawn_settings(settings, data_dir, database_url).await;
     let after = again.dry_run(&token, &session, "And Price?").await;
