@@ -59,7 +59,7 @@ async fn run(store: &Store, repos: &Arc<Repos>, repo: &Repository) -> Result<Fet
             if !live {
                 // Deleted while it was fetched: nothing will use the mirror.
                 let (repos, repo) = (repos.clone(), repo.clone());
-                drop(tokio::task::spawn_blocking(move || remove_mirror(&repos, &repo)));
+                drop(tokio::task::spawn_blocking(move || warn_if_unremoved(&repo, remove_mirror(&repos, &repo))));
             }
         }),
         Err(e) => store.repository_failed(repo.id, &public(e)).await,
@@ -88,29 +88,32 @@ fn public(e: &ApiError) -> String {
 /// branch.
 fn fetch(repos: &Repos, repo: &Repository) -> Result<Fetched, ApiError> {
     let source = repos.store.validate(&repo.source)?;
-    let id = mirror_id(repo.id);
-    match repos.store.remove(&id) {
-        Ok(()) | Err(ContextError::NotFound(_)) => {}
-        Err(e) => return Err(e.into()),
-    }
+    remove_mirror(repos, repo)?;
     let found = repos
         .store
-        .create_mirror(&id, &source)
+        .create_mirror(&mirror_id(repo.id), &source)
         .map_err(ApiError::from)
         .and_then(|mirror| default_branch(&mirror, repo.default_branch.as_deref()));
     match found {
         Ok((default_branch, head)) => Ok(Fetched { default_branch, head }),
         Err(e) => {
-            remove_mirror(repos, repo);
+            warn_if_unremoved(repo, remove_mirror(repos, repo));
             Err(e)
         }
     }
 }
 
-fn remove_mirror(repos: &Repos, repo: &Repository) {
+/// Removes the repository's mirror, if there is one.
+fn remove_mirror(repos: &Repos, repo: &Repository) -> Result<(), ContextError> {
     match repos.store.remove(&mirror_id(repo.id)) {
-        Ok(()) | Err(ContextError::NotFound(_)) => {}
-        Err(e) => tracing::warn!(repo = %repo.id, "removing a mirror: {e}"),
+        Ok(()) | Err(ContextError::NotFound(_)) => Ok(()),
+        Err(e) => Err(e),
+    }
+}
+
+fn warn_if_unremoved(repo: &Repository, removed: Result<(), ContextError>) {
+    if let Err(e) = removed {
+        tracing::warn!(repo = %repo.id, "removing a mirror: {e}");
     }
 }
 

@@ -339,8 +339,7 @@ impl<B: Backend> Engine<B> {
             // Refused only if waiting would fix it: a request too long for its target even
             // served alone is admitted (and served behind those that can still make theirs).
             // The door judged it already: only a clear misprediction refuses it now.
-            let limit = targets.ttft.mul_f64(self.cfg.overload_factor * admission::LATE_SLACK);
-            if predicted > limit && !self.beyond_reach(&seq, now) {
+            if predicted > self.refusal_limit(seq.req.slo) && !self.beyond_reach(&seq, now) {
                 self.refuse(seq, predicted);
                 return;
             }

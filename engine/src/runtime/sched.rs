@@ -80,6 +80,13 @@ impl<B: Backend> Engine<B> {
         self.cfg.targets(seq.req.slo).ttft.mul_f64(self.cfg.overload_factor.max(1.0))
     }
 
+    /// The predicted time to first token past which the engine refuses a request of `class`: its
+    /// target × `overload_factor`, with [`super::admission::LATE_SLACK`] (the door, which let the
+    /// request through, refuses at the limit itself).
+    pub(super) fn refusal_limit(&self, class: super::config::SloClass) -> Duration {
+        self.cfg.targets(class).ttft.mul_f64(self.cfg.overload_factor * super::admission::LATE_SLACK)
+    }
+
     /// Whether a request is hopeless (see [`hopeless`]) under the `slo` policy: only that policy
     /// tells requests apart by whether they can still make their targets.
     fn late(&self, seq: &Seq, work: usize, now: Instant, rate: f64) -> bool {
@@ -245,8 +252,9 @@ impl<B: Backend> Engine<B> {
         // Requests let in start decoding once their prompts are done: a later request's prompt
         // shares its passes with them. They are counted with the tightest inter-token target.
         let itl = self.cfg.interactive.itl.min(self.cfg.batch.itl);
-        let rates = (0..=self.cfg.max_running).map(|more| self.prefill_rate_for(decoders.and(more, itl))).collect();
-        let rate = self.prefill_rate();
+        let rates: Vec<f64> =
+            (0..=self.cfg.max_running).map(|more| self.prefill_rate_for(decoders.and(more, itl))).collect();
+        let rate = rates[0];
         let mut p = super::admission::Published { rates, taken: self.door_taken, ..Default::default() };
         for i in 0..self.waiting.len() {
             if self.waiting[i].req.prewarm {
@@ -362,8 +370,7 @@ impl<B: Backend> Engine<B> {
                 i += 1;
                 continue;
             }
-            let slack = self.cfg.overload_factor * super::admission::LATE_SLACK;
-            let limit = self.cfg.targets(seq.req.slo).ttft.mul_f64(slack);
+            let limit = self.refusal_limit(seq.req.slo);
             let waited = now.saturating_duration_since(seq.arrival);
             let seq = self.waiting.swap_remove(i);
             let predicted = waited + self.predict_ttft(&seq, now);
