@@ -15,7 +15,8 @@
 #
 #   scripts/compare.sh          (environment: THREADS=2 CTX=16384 SLOTS=4 SCENARIOS=all
 #                                SCALE=1 SEED=1 OUT=target/compare EXPERIMENT=1 SIDE_BY_SIDE=1
-#                                CALIBRATE=1)
+#                                CALIBRATE=1; CACHET_RUST_LOG=warn is cachet's log filter:
+#                                warn,cachet::pass=trace logs every forward pass)
 #
 # Writes $OUT/side-by-side/ and $OUT/experiment/ (results.json, results.md, ttft.svg,
 # configs.svg) and $OUT/summary.md. Needs llama-server: $LLAMA_BIN, else
@@ -58,7 +59,7 @@ trap cleanup EXIT
 start_cachet() { # name, then CACHET_* settings
   local name=$1; shift
   env "$@" CACHET_SERVER__BIND="127.0.0.1:$CACHET_PORT" CACHET_MODEL__PATH="$MODEL" \
-    CACHET_MODEL__THREADS="$THREADS" CACHET_ENGINE__POOL_TOKENS="$CTX" RUST_LOG=warn \
+    CACHET_MODEL__THREADS="$THREADS" CACHET_ENGINE__POOL_TOKENS="$CTX" RUST_LOG="${CACHET_RUST_LOG:-warn}" \
     "$CACHET" serve --data-dir "$DATA" > "$OUT/cachet-$name.log" 2>&1 &
   CACHET_PID=$!
   PIDS+=("$CACHET_PID")

@@ -32,6 +32,10 @@ pub struct BenchArgs {
     /// Decode steps of the generation test (0 skips it).
     #[arg(long, default_value_t = 128)]
     pub gen: usize,
+    /// Context already in the KV cache when each test starts (llama-bench's `-d`): the prompt
+    /// test's tokens and each sequence's decode steps come after this many (untimed) tokens.
+    #[arg(long, default_value_t = 0)]
+    pub depth: usize,
     /// Sequences decoded together (comma-separated list).
     #[arg(long, value_delimiter = ',', default_value = "1")]
     pub batch: Vec<usize>,
@@ -62,6 +66,7 @@ struct Bench<B: Backend> {
     scratch: ForwardScratch<B>,
     logits: Vec<f32>,
     rng: Rng,
+    depth: usize,
 }
 
 impl<B: Backend> Bench<B> {
@@ -74,35 +79,57 @@ impl<B: Backend> Bench<B> {
         Ok(self.model.forward(&self.b, self.pool.storage_mut(), &seqs, &mut self.scratch, &mut self.logits)?)
     }
 
-    /// Seconds for one forward pass over `n` prompt tokens.
+    /// Fills the first `self.depth` of `slots` with a context (untimed), in passes of 512.
+    fn fill(&mut self, slots: &[SlotId]) -> anyhow::Result<()> {
+        let context = self.tokens(self.depth);
+        for start in (0..self.depth).step_by(512) {
+            let end = (start + 512).min(self.depth);
+            self.forward(vec![SeqChunk {
+                tokens: &context[start..end],
+                start_pos: start,
+                slots: SlotId::raw(&slots[..end]),
+                logits: LogitsFor::None,
+            }])?;
+        }
+        Ok(())
+    }
+
+    /// Seconds for one forward pass over `n` prompt tokens (after `depth` tokens of context).
     fn prefill(&mut self, n: usize) -> anyhow::Result<f64> {
         let tokens = self.tokens(n);
-        let slots = self.pool.allocate(n)?;
+        let depth = self.depth;
+        let slots = self.pool.allocate(depth + n)?;
+        let filled = self.fill(&slots);
         let start = Instant::now();
-        let r = self.forward(vec![SeqChunk {
-            tokens: &tokens,
-            start_pos: 0,
-            slots: SlotId::raw(&slots),
-            logits: LogitsFor::Last,
-        }]);
+        let r = filled.and_then(|_| {
+            self.forward(vec![SeqChunk {
+                tokens: &tokens,
+                start_pos: depth,
+                slots: SlotId::raw(&slots),
+                logits: LogitsFor::Last,
+            }])
+        });
         let secs = start.elapsed().as_secs_f64();
         self.pool.free(&slots)?;
         r.map(|_| secs)
     }
 
     /// Seconds for `steps` decode steps of `batch` sequences (each starting
-    /// from one untimed token).
+    /// from one untimed token after `depth` tokens of context).
     fn decode(&mut self, batch: usize, steps: usize) -> anyhow::Result<f64> {
+        let depth = self.depth;
         let mut slots: Vec<Vec<SlotId>> = Vec::new();
         for _ in 0..batch {
-            slots.push(self.pool.allocate(1 + steps)?);
+            let s = self.pool.allocate(depth + 1 + steps)?;
+            self.fill(&s)?;
+            slots.push(s);
         }
         let first = self.tokens(batch);
         let seqs = (0..batch)
             .map(|i| SeqChunk {
                 tokens: &first[i..i + 1],
-                start_pos: 0,
-                slots: SlotId::raw(&slots[i][..1]),
+                start_pos: depth,
+                slots: SlotId::raw(&slots[i][..depth + 1]),
                 logits: LogitsFor::Last,
             })
             .collect();
@@ -116,8 +143,8 @@ impl<B: Backend> Bench<B> {
             let seqs = (0..batch)
                 .map(|i| SeqChunk {
                     tokens: &next[i..i + 1],
-                    start_pos: step,
-                    slots: SlotId::raw(&slots[i][..step + 1]),
+                    start_pos: depth + step,
+                    slots: SlotId::raw(&slots[i][..depth + step + 1]),
                     logits: LogitsFor::Last,
                 })
                 .collect();
@@ -233,27 +260,29 @@ fn speeds<B: Backend>(
 ) -> anyhow::Result<B> {
     let loaded = cachet_engine::loader::load(path, &b).with_context(|| format!("loading {}", path.display()))?;
     let max_batch = args.batch.iter().copied().max().unwrap_or(1);
-    let slots = args.prompt.max(max_batch * (args.gen + 1)).max(16);
+    let slots = (args.depth + args.prompt).max(max_batch * (args.depth + args.gen + 1)).max(16);
     let pool = KvPool::new(&b, loaded.model.config(), PoolSize::Tokens(slots))?;
     let scratch = ForwardScratch::new(&b);
-    let mut bench = Bench { b, model: loaded.model, pool, scratch, logits: Vec::new(), rng: Rng::new(1234) };
+    let mut bench = Bench { b, model: loaded.model, pool, scratch, logits: Vec::new(), rng: Rng::new(1234), depth: 0 };
 
     let step_bytes = bench.model.step_bytes();
 
     // Warm-up: fault the weights in and size the buffers.
     bench.prefill(args.prompt.clamp(1, 64))?;
     bench.decode(1, 2)?;
+    bench.depth = args.depth;
+    let at = if args.depth > 0 { format!(" @ d{}", args.depth) } else { String::new() };
 
     let mut rows = Vec::new();
     if args.prompt > 0 {
         let times: Vec<f64> = (0..args.reps.max(1)).map(|_| bench.prefill(args.prompt)).collect::<Result<_, _>>()?;
-        rows.push((format!("pp{}", args.prompt), 1, args.prompt as f64 / median(times.clone()), times));
+        rows.push((format!("pp{}{at}", args.prompt), 1, args.prompt as f64 / median(times.clone()), times));
     }
     if args.gen > 0 {
         for &batch in &args.batch {
             let times: Vec<f64> =
                 (0..args.reps.max(1)).map(|_| bench.decode(batch, args.gen)).collect::<Result<_, _>>()?;
-            rows.push((format!("tg{}", args.gen), batch, (batch * args.gen) as f64 / median(times.clone()), times));
+            rows.push((format!("tg{}{at}", args.gen), batch, (batch * args.gen) as f64 / median(times.clone()), times));
         }
     }
     if args.json {

@@ -17,7 +17,7 @@
 //! rate of the moment would let through what the engine refuses a pass later — seconds later,
 //! the wait the door is for. Requests submitted since the last step count by an estimate of
 //! their uncached part: the prompt past its longest common prefix with the tenant's recent
-//! prompts. A request that might be beyond reach even alone (its whole prompt at the current
+//! prompts, or past its public prefix if that is longer. A request that might be beyond reach even alone (its whole prompt at the current
 //! rate passes the limit) is left to the engine, which serves those rather than refuse them.
 //! Whatever the door lets through, the engine judges again at its next step and at every step
 //! after, and refuses it if its prediction passes the limit by [`LATE_SLACK`].
@@ -152,8 +152,15 @@ impl Door {
     pub(crate) fn judge(&self, req: &Request, cfg: &EngineConfig) -> Result<Charge, Duration> {
         let mut st = self.state.lock().unwrap_or_else(|p| p.into_inner());
         let tokens: Arc<[u32]> = req.tokens.as_slice().into();
-        let shared =
-            st.recent.get(&req.tenant).map_or(0, |r| r.iter().map(|p| common_prefix(p, &tokens)).max().unwrap_or(0));
+        // A public prefix (the operator's system prompt, a registered agent preamble) is computed
+        // once for every tenant and evicted last: counted as cached, like the tenant's own recent
+        // prompts' common part.
+        let public = req.public.as_ref().map_or(0, |p| p.tokens);
+        let shared = st
+            .recent
+            .get(&req.tenant)
+            .map_or(0, |r| r.iter().map(|p| common_prefix(p, &tokens)).max().unwrap_or(0))
+            .max(public);
         let recent = st.recent.entry(req.tenant.clone()).or_default();
         if recent.len() == RECENT {
             recent.pop_front();
@@ -295,6 +302,18 @@ mod tests {
         // The engine has taken in the first: a publication covers it, the other two stay unseen.
         door.publish(Published { rates: vec![100.0], busy: true, taken: 1, ..Published::default() });
         assert_eq!(door.state.lock().unwrap().unseen(true, Some(&key("a"))), Work { tokens: 40, requests: 2 });
+    }
+
+    #[test]
+    fn a_public_prefix_counts_as_cached_for_a_tenants_first_request() {
+        let door = Door::default();
+        busy(&door, &[("a", 100)], &[], (0, 0));
+        // A fresh tenant's first request: 1,000 tokens, of which a 960-token registered preamble.
+        let mut r = req("a", (0..1000).collect());
+        r.public = Some(crate::runtime::PublicPrefix { template: "chat".into(), tokens: 960 });
+        // 100 ahead and its own 40: 1.4 s, within the 2 s limit (counted whole it would be
+        // hopeless, and judged behind everything).
+        assert_eq!(door.judge(&r, &cfg()), charged(1, 40, true));
     }
 
     #[test]

@@ -17,7 +17,7 @@
 
 use super::Engine;
 use cachet_kernels::backend::Backend;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 /// Weight of the past per observed pass: about the last 1 / (1 − λ) = 20
 /// passes count.
@@ -141,11 +141,18 @@ impl<B: Backend> Engine<B> {
     /// pacing off) that is the configured token budget; while requests decode
     /// it is what fits, slow passes included, in `pace_margin` times the
     /// tightest inter-token target among them (so the gaps stay below the
-    /// target, not at it), never more than the token budget. Only when the
-    /// decoders alone fill that does a pass carry more: the decode tokens plus
-    /// `min_prefill_chunk`, so prompts keep moving.
-    pub(super) fn step_budget(&self) -> usize {
-        self.budget_for(self.decoders())
+    /// target, not at it), never more than the token budget. When the decoders
+    /// alone fill that, a pass carries prompt tokens (`min_prefill_chunk`) only
+    /// if some prompt cannot wait for the decoders to finish (see
+    /// [`Engine::prompt_cannot_wait`]); otherwise it decodes alone and the
+    /// prompts wait, within their TTFT targets, for passes that have room.
+    pub(super) fn step_budget(&mut self, now: Instant) -> usize {
+        let decoders = self.decoders();
+        let floor = match self.paced_fit(decoders) {
+            Some(fits) if fits <= decoders.count && !self.prompt_cannot_wait(decoders, now) => 0,
+            _ => self.cfg.min_prefill_chunk,
+        };
+        self.budget_with(decoders, floor)
     }
 
     /// The requests decoding now.
@@ -154,13 +161,55 @@ impl<B: Backend> Engine<B> {
         decoding.fold(Decoders::default(), |d, s| d.and(1, self.cfg.targets(s.req.slo).itl))
     }
 
-    /// [`Engine::step_budget`] with these decoders.
+    /// [`Engine::step_budget`] with these decoders when prompts cannot wait: what admission
+    /// control counts on (a prompt admitted now gets at least `min_prefill_chunk` a pass once it
+    /// is short of time).
     pub(super) fn budget_for(&self, decoders: Decoders) -> usize {
+        self.budget_with(decoders, self.cfg.min_prefill_chunk)
+    }
+
+    /// Tokens that fit in a pass beside these decoders (None: no pacing).
+    fn paced_fit(&self, decoders: Decoders) -> Option<usize> {
+        let itl = decoders.itl.filter(|_| self.cfg.pace_prefill)?;
+        self.pace.tokens_within(itl.mul_f64(self.cfg.pace_margin))
+    }
+
+    /// The budget with these decoders, `floor` prompt tokens beside them when nothing fits.
+    fn budget_with(&self, decoders: Decoders, floor: usize) -> usize {
         let max = self.cfg.token_budget;
-        let Some(itl) = decoders.itl.filter(|_| self.cfg.pace_prefill) else { return max };
-        let Some(fits) = self.pace.tokens_within(itl.mul_f64(self.cfg.pace_margin)) else { return max };
+        let Some(fits) = self.paced_fit(decoders) else { return max };
         let count = decoders.count;
-        if fits > count { fits } else { count + self.cfg.min_prefill_chunk }.min(max)
+        if fits > count { fits } else { count + floor }.min(max)
+    }
+
+    /// Whether a prompt would miss its TTFT target if it waited for every request decoding now
+    /// to finish (their remaining tokens at the pace of decode-only passes, slow passes
+    /// included) and were computed after that at the prompt rate without decoders. Prompts that
+    /// cannot make their targets anyway count only once overdue (they are never starved).
+    fn prompt_cannot_wait(&mut self, decoders: Decoders, now: Instant) -> bool {
+        let Some(pass) = self.pace.seconds(decoders.count) else { return true };
+        let left = |s: &super::seq::Seq| s.req.params.max_tokens.saturating_sub(s.generated());
+        let longest = self.running.iter().filter(|s| s.first_token.is_some()).map(left).max().unwrap_or(0);
+        let wait = Duration::from_secs_f64(longest as f64 * pass * self.pace.slow_factor());
+        let rate = self.prefill_rate_for(Decoders::default());
+        let waiting: Vec<usize> = (0..self.waiting.len()).map(|i| self.uncached(i)).collect();
+        let late = |s: &super::seq::Seq, work: usize, after: Duration| {
+            now + after + Duration::from_secs_f64(work as f64 / rate) > s.deadline
+        };
+        let urgent = |s: &super::seq::Seq, work: usize| {
+            if s.req.prewarm || s.first_token.is_some() {
+                return false;
+            }
+            // Hopeless even served now: only once it has waited its patience.
+            if late(s, work, Duration::ZERO) {
+                return now.saturating_duration_since(s.arrival) >= self.patience(s);
+            }
+            late(s, work, wait)
+        };
+        if self.running.iter().any(|s| s.remaining() > 1 && urgent(s, s.remaining())) {
+            return true;
+        }
+        self.waiting.iter().zip(waiting).any(|(s, work)| urgent(s, work))
     }
 }
 

@@ -203,7 +203,7 @@ impl<B: Backend> Engine<B> {
     }
 
     /// Tokens waiting request `i` still has to compute before its first token.
-    fn uncached(&mut self, i: usize) -> usize {
+    pub(super) fn uncached(&mut self, i: usize) -> usize {
         let len = self.waiting[i].tokens.len();
         len - self.cached_prefix(i).min(len - 1)
     }

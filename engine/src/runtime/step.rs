@@ -28,7 +28,7 @@ impl<B: Backend> Engine<B> {
         self.drop_cancelled();
         self.refuse_late(now);
         let mut plan = Vec::new();
-        let mut budget = self.step_budget();
+        let mut budget = self.step_budget(now);
 
         // 1. Decode: every running sequence that is ready for its next token.
         self.make_room_for_decode(now);
@@ -303,7 +303,8 @@ impl<B: Backend> Engine<B> {
         let index: Vec<usize> =
             plan.iter().map(|p| self.running.iter().position(|s| s.id == p.seq).expect("planned")).collect();
         // Whether requests past their first token wait for this pass: its length is their gap.
-        let decoders_wait = index.iter().any(|&i| self.running[i].first_token.is_some());
+        let decoding = index.iter().filter(|&&i| self.running[i].first_token.is_some()).count();
+        let decoders_wait = decoding > 0;
         // Grammars: the masks of the sequences that sample this step are computed on another
         // thread while the forward pass runs; the step waits only for what is not ready.
         let mut constrained = self.take_constraints(plan, &index);
@@ -462,6 +463,19 @@ impl<B: Backend> Engine<B> {
         // Pacing fits the whole step, not the forward pass alone: what a decoding request waits
         // between two tokens includes planning, sampling, grammars and sending.
         let step = now.elapsed().as_secs_f64();
+        if tracing::enabled!(target: "cachet::pass", tracing::Level::TRACE) {
+            tracing::trace!(
+                target: "cachet::pass",
+                tokens = total,
+                chunks = plan.len(),
+                decode = decoding,
+                forward_ms = format_args!("{:.1}", secs * 1e3),
+                step_ms = format_args!("{:.1}", step * 1e3),
+                predicted_ms = format_args!("{:.1}", self.pace.seconds(total).unwrap_or(0.0) * 1e3),
+                slow = format_args!("{:.2}", self.pace.slow_factor()),
+                "pass"
+            );
+        }
         if decoders_wait {
             self.pace.check(total, step);
         }

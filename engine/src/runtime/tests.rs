@@ -62,8 +62,13 @@ fn computed(e: &Engine<CpuBackend>, id: u64) -> usize {
 
 /// A decodes; B's 600-token prompt arrives; one step.
 fn chunk_next_to_a_decoder(cfg: EngineConfig, cost: PassModel) -> (usize, usize) {
+    chunk_next_to(cfg, cost, 1000)
+}
+
+/// [`chunk_next_to_a_decoder`] with A asking for `a_tokens` tokens.
+fn chunk_next_to(cfg: EngineConfig, cost: PassModel, a_tokens: usize) -> (usize, usize) {
     let mut e = engine(cfg);
-    let a = submit(&mut e, 10, 1000);
+    let a = submit(&mut e, 10, a_tokens);
     e.step();
     assert!(e.running[0].first_token.is_some(), "A decodes after one step");
     let b = submit(&mut e, 600, 4);
@@ -71,7 +76,7 @@ fn chunk_next_to_a_decoder(cfg: EngineConfig, cost: PassModel) -> (usize, usize)
     let before = e.running[0].generated();
     e.step();
     assert_eq!(e.running.iter().find(|s| s.id == a).unwrap().generated(), before + 1, "A got its token");
-    (computed(&e, b), e.step_budget())
+    (computed(&e, b), e.step_budget(std::time::Instant::now()))
 }
 
 #[test]
@@ -99,6 +104,22 @@ fn without_pacing_the_prompt_fills_the_token_budget() {
 fn when_decoders_alone_fill_the_target_prompts_still_move() {
     let (chunk, _) = chunk_next_to_a_decoder(cfg(), cost(0.300, 0.002));
     assert_eq!(chunk, 8, "min_prefill_chunk");
+}
+
+#[test]
+fn a_prompt_that_can_wait_for_the_decoders_waits_rather_than_stretch_their_gaps() {
+    // A decode pass takes 302 ms, past the 250 ms inter-token target: any prompt token in it
+    // stretches A's gaps. A has 9 tokens left (2.7 s); B's 600 tokens then take 1.6 s (passes
+    // of 512 at 2 ms a token): 4.3 s, within a 10 s TTFT target. B waits for A.
+    let patient = EngineConfig {
+        interactive: SloTargets { ttft: Duration::from_secs(10), itl: Duration::from_millis(250) },
+        ..cfg()
+    };
+    let (chunk, _) = chunk_next_to(patient, cost(0.300, 0.002), 10);
+    assert_eq!(chunk, 0, "A decodes alone");
+    // With a 3 s target B cannot wait that long: it gets min_prefill_chunk beside A.
+    let (chunk, _) = chunk_next_to(cfg(), cost(0.300, 0.002), 10);
+    assert_eq!(chunk, 8);
 }
 
 #[test]
