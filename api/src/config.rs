@@ -142,8 +142,28 @@ pub struct ModelSettings {
     /// The operator's system prompt, placed before every conversation and
     /// cached once for all tenants; empty: none.
     pub public_system_prompt: String,
+    /// Prompt openings declared public (`[[model.public_prefixes]]`: an agent client's system
+    /// prompt and tools, the same for all its users), besides those registered through
+    /// `/admin/public-prefixes` (see `api/src/prefixes`).
+    pub public_prefixes: Vec<ConfiguredPrefix>,
     /// Sampling for the fields a request leaves out (`[model.sampling]`).
     pub sampling: SamplingDefaults,
+}
+
+/// A public prefix from the configuration: a name and its source (`messages` and `tools`,
+/// `text`, or `tokens`, as `POST /admin/public-prefixes` takes them).
+#[derive(Clone, Debug, Deserialize)]
+pub struct ConfiguredPrefix {
+    pub name: String,
+    /// Computed into the cache when the model is loaded (default true).
+    #[serde(default = "yes")]
+    pub prewarm: bool,
+    #[serde(flatten)]
+    pub source: serde_json::Map<String, serde_json::Value>,
+}
+
+fn yes() -> bool {
+    true
 }
 
 /// The sampling a request gets for each field it does not set (its own values always win).

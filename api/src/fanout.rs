@@ -52,6 +52,10 @@ pub async fn run(state: web::Data<AppState>) {
                             remove_mirror(&state, *repo).await;
                             "repository_deleted"
                         }
+                        Change::PublicPrefixes => {
+                            let _ = state.prefix_changes.send(());
+                            "public_prefixes"
+                        }
                     };
                     metrics::counter!("cachet:replica_changes_total", "kind" => kind).increment(1);
                     state.changes_applied.fetch_add(1, std::sync::atomic::Ordering::Relaxed);

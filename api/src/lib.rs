@@ -16,6 +16,7 @@ pub mod fuzz;
 pub mod ledger;
 pub mod models;
 pub mod openai;
+pub mod prefixes;
 pub mod ratelimit;
 pub mod registration;
 pub mod reports;

@@ -174,6 +174,7 @@ pub struct Application {
     ledger_task: tokio::task::JoinHandle<()>,
     sweeper: tokio::task::JoinHandle<()>,
     fanout: tokio::task::JoinHandle<()>,
+    prefixes: tokio::task::JoinHandle<()>,
 }
 
 impl std::fmt::Debug for Application {
@@ -213,6 +214,7 @@ impl Application {
             bind => Some(TcpListener::bind(bind).with_context(|| format!("binding {bind} (server.metrics_bind)"))?),
         };
         let metrics_addr = metrics_listener.as_ref().map(|l| l.local_addr()).transpose()?;
+        let (prefix_changes, prefix_changed) = tokio::sync::mpsc::unbounded_channel();
         let state = web::Data::new(AppState {
             settings: settings.clone(),
             served: OnceLock::new(),
@@ -235,9 +237,11 @@ impl Application {
             changes_applied: Default::default(),
             known_tasks: Default::default(),
             metrics_addr,
+            prefix_changes,
         });
         let sweeper = tokio::spawn(crate::sweeper::run(state.clone()));
         let fanout = tokio::spawn(crate::fanout::run(state.clone()));
+        let prefixes = tokio::spawn(crate::prefixes::keep_loaded(state.clone(), prefix_changed));
         load_model_in_background(state.clone());
 
         let port = listener.local_addr()?.port();
@@ -271,7 +275,7 @@ impl Application {
             .workers(settings.server.workers.max(1))
             .shutdown_timeout(settings.server.shutdown_timeout_secs)
             .run();
-        Ok(Application { port, server, state, db, ledger_task, sweeper, fanout })
+        Ok(Application { port, server, state, db, ledger_task, sweeper, fanout, prefixes })
     }
 
     /// The bound port.
@@ -299,7 +303,7 @@ impl Application {
     /// open then are closed, which cancels their requests), the ledger is
     /// flushed, and a private Postgres cluster is stopped.
     pub async fn run_until_stopped(self) -> anyhow::Result<()> {
-        let Application { server, state, mut db, ledger_task, sweeper, fanout, .. } = self;
+        let Application { server, state, mut db, ledger_task, sweeper, fanout, prefixes, .. } = self;
         let handle = server.handle();
         let mut server = std::pin::pin!(server);
         // A server whose engine thread has ended can answer nothing: it stops (the ledger is
@@ -320,6 +324,7 @@ impl Application {
         }
         sweeper.abort();
         fanout.abort();
+        prefixes.abort();
         // Turn leases whose release may not have reached the database yet: a process started
         // next on the same database must not wait out their expiry.
         let releasing = state.turns.lock().unwrap_or_else(|e| e.into_inner()).releasing();
@@ -419,6 +424,7 @@ fn load(settings: &Settings) -> anyhow::Result<Served> {
         engine,
         id,
         public,
+        prefixes: Default::default(),
         created: chrono::Utc::now().timestamp(),
         sampling: settings.model.sampling.clone(),
     })

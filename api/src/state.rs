@@ -21,6 +21,8 @@ pub struct Served {
     /// The operator's public system prompt, and its tokens when rendered
     /// alone as the first system message (the prefix every tenant shares).
     pub public: Option<(String, Vec<u32>)>,
+    /// Every public prefix registered (the system prompt's among them) and the discovery counts.
+    pub prefixes: crate::prefixes::PublicPrefixes,
     /// Unix time the model was loaded (for `/v1/models`).
     pub created: i64,
     /// Sampling for the fields a request leaves out.
@@ -58,6 +60,8 @@ pub struct AppState {
     /// The address of the metrics listener (`server.metrics_bind`), where `/metrics` needs no
     /// credential.
     pub metrics_addr: Option<std::net::SocketAddr>,
+    /// Tells [`crate::prefixes::keep_loaded`] to reload the public prefixes.
+    pub prefix_changes: tokio::sync::mpsc::UnboundedSender<()>,
 }
 
 /// This replica's turns: the sessions with a turn running, and the leases of ended turns whose

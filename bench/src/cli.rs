@@ -46,7 +46,8 @@ pub struct RunArgs {
     /// Bearer token sent to every target without its own.
     #[arg(long, env = "CACHET_BENCH_API_KEY", hide_env_values = true)]
     pub api_key: Option<String>,
-    /// Bearer token of one target. Repeatable.
+    /// Bearer token of one target. Repeatable; several for one target spread its conversations
+    /// over several tenants (conversation i sends key i mod n).
     #[arg(long = "target-api-key", value_name = "NAME=KEY")]
     pub target_api_keys: Vec<String>,
     /// Comma-separated scenarios, or `all`: repeated-context, unrelated, long-input, long-output, peak, agent,
@@ -65,6 +66,9 @@ pub struct RunArgs {
     /// Overrides max_tokens of every scenario.
     #[arg(long)]
     pub max_tokens: Option<u32>,
+    /// Overrides the turns per conversation (requests replayed per session in agent-trace).
+    #[arg(long)]
+    pub turns: Option<usize>,
     /// Overrides the users of closed-loop scenarios.
     #[arg(long)]
     pub users: Option<usize>,
@@ -150,6 +154,7 @@ pub fn parse_target(spec: &str, model: Option<&str>) -> Result<Target, BenchErro
         base_url: url.trim_end_matches('/').trim_end_matches("/v1").to_string(),
         model: model.to_string(),
         api_key: None,
+        tenant_keys: Vec::new(),
     })
 }
 
@@ -165,15 +170,26 @@ impl RunArgs {
             target.api_key = self.api_key.clone();
             targets.push(target);
         }
+        let mut keys: Vec<(usize, String)> = Vec::new();
         for k in &self.target_api_keys {
             let (name, key) = k
                 .split_once('=')
                 .ok_or_else(|| BenchError::InvalidArgument("--target-api-key expects NAME=KEY".into()))?;
             let t = targets
-                .iter_mut()
-                .find(|t| t.name == name)
+                .iter()
+                .position(|t| t.name == name)
                 .ok_or_else(|| BenchError::InvalidArgument(format!("--target-api-key: no target named {name:?}")))?;
-            t.api_key = Some(key.to_string());
+            keys.push((t, key.to_string()));
+        }
+        for (i, t) in targets.iter_mut().enumerate() {
+            let mine: Vec<String> = keys.iter().filter(|(k, _)| *k == i).map(|(_, key)| key.clone()).collect();
+            if let Some(first) = mine.first() {
+                t.api_key = Some(first.clone());
+            }
+            // Several keys for one target: its conversations go to several tenants in turn.
+            if mine.len() > 1 {
+                t.tenant_keys = mine;
+            }
         }
         Ok(targets)
     }
@@ -191,6 +207,9 @@ impl RunArgs {
             .scaled(positive(self.scale, "--scale")?, positive(self.size_scale, "--size-scale")?);
         if let Some(m) = self.max_tokens {
             spec.max_tokens = m;
+        }
+        if let Some(t) = self.turns {
+            spec.turns = t;
         }
         match &mut spec.arrival {
             Arrival::Closed { users } => *users = self.users.unwrap_or(*users),
@@ -379,5 +398,25 @@ mod tests {
         assert!(matches!(spec.arrival, Arrival::Open { rate_per_s, .. } if rate_per_s == 1.5));
         assert_eq!(spec.conversations, 4);
         assert!(Cli::try_parse_from(["cachet-bench", "report", "--out", "d"]).is_err());
+    }
+
+    #[test]
+    fn several_keys_for_one_target_spread_its_conversations_over_tenants() {
+        let parse = |extra: &[&str]| {
+            let mut argv = vec!["cachet-bench", "run", "--target", "a=http://x@m", "--target", "b=http://y@m"];
+            argv.extend(["--api-key", "global", "--out", "/tmp/x"]);
+            argv.extend(extra);
+            let Command::Run(args) = Cli::try_parse_from(argv).unwrap().command else { panic!("run") };
+            args.targets()
+        };
+        let t = parse(&["--target-api-key", "a=k1", "--target-api-key", "a=k2", "--target-api-key", "a=k3"]).unwrap();
+        let keys: Vec<Option<String>> = (0..4).map(|i| t[0].for_conversation(i).api_key).collect();
+        assert_eq!(keys, [Some("k1"), Some("k2"), Some("k3"), Some("k1")].map(|k| k.map(String::from)));
+        assert_eq!(t[1].for_conversation(1).api_key.as_deref(), Some("global"));
+        let one = parse(&["--target-api-key", "a=k1"]).unwrap();
+        assert!(one[0].tenant_keys.is_empty());
+        assert_eq!(one[0].for_conversation(5).api_key.as_deref(), Some("k1"));
+        assert!(parse(&["--target-api-key", "c=k"]).is_err());
+        assert!(parse(&["--target-api-key", "a"]).is_err());
     }
 }

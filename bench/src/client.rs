@@ -20,6 +20,10 @@ pub struct Target {
     /// Bearer token, if the server wants one.
     #[serde(skip)]
     pub api_key: Option<String>,
+    /// Bearer tokens of several tenants: conversation `i` sends key `i` mod their number instead
+    /// of `api_key` (a multi-tenant run; empty: every conversation sends `api_key`).
+    #[serde(skip)]
+    pub tenant_keys: Vec<String>,
 }
 
 impl fmt::Debug for Target {
@@ -29,11 +33,21 @@ impl fmt::Debug for Target {
             .field("base_url", &self.base_url)
             .field("model", &self.model)
             .field("api_key", &self.api_key.as_ref().map(|_| "<redacted>"))
+            .field("tenant_keys", &self.tenant_keys.len())
             .finish()
     }
 }
 
 impl Target {
+    /// The target as conversation `i` calls it: with its tenant's key when there are several.
+    pub fn for_conversation(&self, i: usize) -> Target {
+        let mut t = self.clone();
+        if !self.tenant_keys.is_empty() {
+            t.api_key = Some(self.tenant_keys[i % self.tenant_keys.len()].clone());
+        }
+        t
+    }
+
     /// The chat completions endpoint.
     pub fn chat_url(&self) -> String {
         self.url(CHAT_PATH)
@@ -285,6 +299,7 @@ mod tests {
             base_url: "http://x/".into(),
             model: "m".into(),
             api_key: Some("s3cret".into()),
+            tenant_keys: vec!["other".into()],
         };
         assert!(!format!("{t:?}").contains("s3cret"));
         assert_eq!(t.chat_url(), "http://x/v1/chat/completions");
@@ -358,7 +373,13 @@ mod tests {
         let req = ChatRequest { messages: vec![Message::new("user", "hi")], max_tokens: 1, ignore_eos: false }.http();
         let client = reqwest::Client::new();
         let origin = Instant::now();
-        let t = |base_url: String| Target { name: "s".into(), base_url, model: "m".into(), api_key: None };
+        let t = |base_url: String| Target {
+            name: "s".into(),
+            base_url,
+            model: "m".into(),
+            api_key: None,
+            tenant_keys: Vec::new(),
+        };
 
         // Two refusals, two retries allowed: it completes on the third attempt.
         let (addr, seen) = refusing_server(2).await;

@@ -22,6 +22,7 @@
 //!     base_url: "http://127.0.0.1:8080".into(),
 //!     model: "qwen2.5-0.5b".into(),
 //!     api_key: None,
+//!     tenant_keys: Vec::new(),
 //! };
 //! let spec = ScenarioSpec::defaults(Scenario::RepeatedContext).scaled(0.5, 1.0);
 //! let result = run_scenario(&target, &spec, &RunOptions { seed: 1, ..RunOptions::default() }).await?;

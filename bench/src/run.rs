@@ -232,6 +232,7 @@ impl Runner<'_> {
     /// fails the rest are recorded as not sent.
     async fn conversation(&self, i: usize, first: Option<Instant>) -> Vec<RequestRecord> {
         let conv = &self.workload.conversations[i];
+        let target = self.target.for_conversation(i);
         let turns = conv.turns.len() + conv.replay.len();
         let mut messages = conv.preamble.clone();
         let mut out = Vec::with_capacity(turns);
@@ -257,8 +258,7 @@ impl Runner<'_> {
                 Some(s) => s.acquire().await.ok(),
                 None => None,
             };
-            let outcome =
-                send(self.client, self.target, &req, self.origin, scheduled, self.timeout, self.retries).await;
+            let outcome = send(self.client, &target, &req, self.origin, scheduled, self.timeout, self.retries).await;
             drop(permit);
             let mut record = outcome.record;
             record.conversation = i;

@@ -62,6 +62,7 @@ async fn next(l: &mut ChangeListener) -> Vec<String> {
             Change::Invalidation(i) => i.delivery_id,
             Change::TenantDeleted(t) => format!("tenant {t}"),
             Change::RepositoryDeleted(r) => format!("repo {r}"),
+            Change::PublicPrefixes => "public prefixes".into(),
         })
         .collect()
 }
@@ -109,7 +110,8 @@ async fn after_the_connection_is_killed_the_listener_catches_up() {
     record(&store, &push(repo, "two"), other, true).await;
     record(&store, &push(repo, "three"), me, true).await;
     // Both come back, in order (its own too: applying a push twice is harmless).
-    assert_eq!(next(&mut l).await, ["two", "three"]);
+    // The public prefixes are reloaded too: their notices may have been missed as well.
+    assert_eq!(next(&mut l).await, ["two", "three", "public prefixes"]);
     // And the new connection listens.
     record(&store, &push(repo, "four"), other, true).await;
     assert_eq!(next(&mut l).await, ["four"]);
@@ -142,7 +144,7 @@ async fn deletions_missed_while_disconnected_are_caught_up() {
     store.delete_tenant(tenant).await.unwrap();
     let mut got = next(&mut l).await;
     got.sort();
-    assert_eq!(got, [format!("repo {repo}"), format!("tenant {tenant}")]);
+    assert_eq!(got, ["public prefixes".to_string(), format!("repo {repo}"), format!("tenant {tenant}")]);
     assert!(!got.contains(&format!("tenant {kept}")));
 }
 
@@ -169,4 +171,27 @@ async fn a_session_turn_lease_is_exclusive_renewable_and_expires() {
     tokio::time::sleep(Duration::from_millis(400)).await;
     assert!(store.begin_turn(session, a, Duration::from_secs(60), None).await.unwrap(), "expired");
     assert!(!store.renew_turn(session, b, short).await.unwrap(), "b lost it");
+}
+
+#[tokio::test]
+async fn public_prefixes_are_stored_as_given_and_every_change_is_announced() {
+    let store = fresh_store().await;
+    let mut l = store.listen_changes(Uuid::new_v4()).await.unwrap();
+    // Keys out of alphabetical order: they come back in the order given (a template renders them so).
+    let source = serde_json::json!({"tools": [{"type": "function", "function": {"name": "f", "description": "d"}}],
+                                    "messages": [{"role": "system", "content": "You are an agent."}]});
+    let added = store.add_public_prefix("agent", &source, true).await.unwrap();
+    assert_eq!(next(&mut l).await, ["public prefixes"]);
+    assert_eq!(added.source.to_string(), source.to_string());
+    let taken = store.add_public_prefix("agent", &serde_json::json!({"text": "x"}), false).await;
+    assert!(matches!(taken, Err(cachet_tenants::StoreError::Conflict(_))), "{taken:?}");
+    let listed = store.list_public_prefixes().await.unwrap();
+    assert_eq!(listed, [added.clone()]);
+    assert_eq!(listed[0].source.to_string(), source.to_string());
+    assert!(store.remove_public_prefix(added.id).await.unwrap());
+    assert_eq!(next(&mut l).await, ["public prefixes"]);
+    assert!(!store.remove_public_prefix(added.id).await.unwrap(), "already removed");
+    assert!(store.list_public_prefixes().await.unwrap().is_empty());
+    let more = tokio::time::timeout(Duration::from_millis(300), l.next()).await;
+    assert!(more.is_err(), "the failed changes announced nothing: {more:?}");
 }

@@ -1,10 +1,11 @@
 //! The command line: `cachet serve`, `models pull`, `generate`, `bench`,
-//! `tenants`, `token`, `context`.
+//! `tenants`, `token`, `public-prefixes`, `context`.
 
 mod bench;
 mod bench_grammar;
 mod context;
 mod generate;
+mod prefixes;
 pub mod report;
 pub mod serve;
 
@@ -44,6 +45,13 @@ pub enum Command {
         data: serve::DataArgs,
         #[command(subcommand)]
         command: serve::TenantsCommand,
+    },
+    /// Public prefixes: prompt openings every tenant shares in the cache (agent preambles).
+    PublicPrefixes {
+        #[command(flatten)]
+        data: serve::DataArgs,
+        #[command(subcommand)]
+        command: prefixes::PublicPrefixesCommand,
     },
     /// Usage and cost per successful task, by day, session, repository or task.
     Report(report::ReportArgs),
@@ -91,6 +99,7 @@ pub fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Serve(args) => serve::serve(args),
         Command::Tenants { data, command } => serve::tenants(data, command),
         Command::Token { data, command } => serve::token(data, command),
+        Command::PublicPrefixes { data, command } => prefixes::run(data, command),
         Command::Context(cmd) => context::run(cmd),
         Command::Report(args) => report::run(args),
     }

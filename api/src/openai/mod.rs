@@ -362,6 +362,23 @@ pub(crate) async fn execute(
 
     let id = job.id;
     let engine_tenant = TenantKey::new(tenant.id.to_string());
+    // A prompt the client wrote may open with a registered public prefix (an agent's preamble);
+    // a session's prompt is the server's own assembly (the system prompt, then tenant data).
+    let (public, matched) = match job.endpoint {
+        Endpoint::SessionMessage => (job.public.clone(), None),
+        _ => {
+            served.prefixes.observe(&engine_tenant.to_string(), &job.tokens);
+            served.prefixes.public_for(&job.tokens, job.public.clone())
+        }
+    };
+    let public_tokens = public.as_ref().map_or(0, |p| p.tokens);
+    if let Some(m) = &matched {
+        metrics::counter!("cachet:public_prefix_requests_total", "prefix" => m.name.clone()).increment(1);
+    }
+    let public_labels: Vec<metrics::Label> = match state.settings.server.metrics_tenant_labels {
+        true => vec![metrics::Label::new("tenant", tenant.id.to_string())],
+        false => Vec::new(),
+    };
     let retention = session.map(|s| {
         let ttl = match &job.session {
             Some(bound) => bound.retention,
@@ -418,13 +435,21 @@ pub(crate) async fn execute(
             Outcome::Cancelled => "cancelled",
             Outcome::Failed => "error",
         };
+        if public_tokens > 0 {
+            // Prompt tokens a public prefix covered, and those of them read from the cache
+            // (computed once for every tenant: the compute saved).
+            metrics::counter!("cachet:public_prefix_tokens_total", public_labels.clone())
+                .increment(public_tokens as u64);
+            metrics::counter!("cachet:public_prefix_cached_tokens_total", public_labels.clone())
+                .increment(c.cached_tokens.min(public_tokens) as u64);
+        }
         let finish = (outcome == Outcome::Finished).then(|| finish_reason(c.finish_reason).to_string());
         ledger.record(row(status, finish, c, slo_verdict(outcome, c, &targets)));
     });
     let lp_engine = job.params.logprobs.map(|_| served.engine.clone());
     let mut request = Request::new(engine_tenant, job.tokens, job.params);
     request.salt = sampling.user.as_deref().filter(|u| !u.is_empty()).map(user_salt);
-    request.public = job.public;
+    request.public = public;
     request.spans = job.spans;
     request.slo = slo;
     request.retention = retention;

@@ -3,6 +3,7 @@
 
 pub mod admin;
 pub mod ops;
+pub mod prefixes;
 pub mod reports;
 pub mod repos;
 pub mod sign_in;
@@ -22,6 +23,7 @@ use utoipa::{Modify, OpenApi};
         openai::list_models, openai::chat::chat_completions, openai::completions::completions, openai::responses::create_response, usage::usage,
         openai::tokenize::tokenize, openai::tokenize::detokenize,
         admin::create_tenant, admin::list_tenants, admin::delete_tenant, admin::issue_token,
+        prefixes::add, prefixes::list, prefixes::remove, prefixes::candidates,
         ops::healthz, ops::readyz, ops::metrics,
         repos::create_repo, repos::list_repos, repos::get_repo, repos::delete_repo, repos::rotate_webhook_secret,
         webhooks::git_webhook,
@@ -32,7 +34,7 @@ use utoipa::{Modify, OpenApi};
     components(schemas(
         openai::types::ChatCompletionRequest, openai::types::CompletionRequest, openai::types::ChatCompletion,
         openai::types::TextCompletion, openai::types::ModelList, openai::types::Usage, openai::responses::ResponseRequest,
-        admin::NewTenant, admin::NewToken,
+        admin::NewTenant, admin::NewToken, prefixes::NewPublicPrefix, crate::prefixes::Source,
         repos::NewRepo, sessions::NewSession, sessions::message::MessageRequest, tasks::NewTask, tasks::Outcome,
     )),
     modifiers(&Bearer),
@@ -84,6 +86,11 @@ pub fn configure(cfg: &mut web::ServiceConfig) {
         .service(admin::list_tenants)
         .service(admin::delete_tenant)
         .service(admin::issue_token)
+        // Before `remove`: `candidates` is not an id.
+        .service(prefixes::candidates)
+        .service(prefixes::add)
+        .service(prefixes::list)
+        .service(prefixes::remove)
         .service(ops::healthz)
         .service(ops::readyz)
         .service(ops::metrics)

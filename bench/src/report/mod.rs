@@ -191,14 +191,20 @@ pub(crate) mod tests {
     #[test]
     fn results_round_trip_through_json_and_merge() {
         let dir = std::env::temp_dir().join(format!("cachet-bench-test-{}", std::process::id()));
-        let target =
-            Target { name: "a".into(), base_url: "http://a".into(), model: "m".into(), api_key: Some("k".into()) };
+        let target = Target {
+            name: "a".into(),
+            base_url: "http://a".into(),
+            model: "m".into(),
+            api_key: Some("k".into()),
+            tenant_keys: vec!["k2".into()],
+        };
         let file = ResultsFile::new(None, vec![target], vec![sample("a", Scenario::Peak, 100.0)]);
         let md = file.write_all(&dir, true).unwrap();
         assert!(md.contains("| peak | a |"));
         let back = ResultsFile::read(&dir.join("results.json")).unwrap();
         assert_eq!(back.results, file.results);
         assert_eq!(back.targets[0].api_key, None, "keys are not written");
+        assert!(back.targets[0].tenant_keys.is_empty(), "keys are not written");
         assert!(!std::fs::read_to_string(dir.join("results.json")).unwrap().contains("\"k\""));
         for f in ["results.md", "ttft.svg", "configs.svg"] {
             assert!(dir.join(f).exists(), "{f}");

@@ -6,7 +6,9 @@
 //!   ([`Store::record_invalidation`]): the others apply the same push to their caches (their
 //!   mirror fetches, the changed files' spans are invalidated, a branch they serve is pre-warmed);
 //! - a deleted tenant ([`Store::delete_tenant`]): every replica purges its cache namespace;
-//! - a deleted repository ([`Store::delete_repository`]): every replica removes its mirror.
+//! - a deleted repository ([`Store::delete_repository`]): every replica removes its mirror;
+//! - a public prefix registered or removed ([`Store::add_public_prefix`]): every replica reloads
+//!   the list.
 //!
 //! The notice is sent inside the change's transaction, so Postgres delivers it at commit and
 //! never for a change that rolled back. A push names its origin replica, which skips its own;
@@ -35,6 +37,7 @@ pub(super) enum Notice {
     Invalidation { id: i64, origin: Uuid },
     TenantDeleted { tenant: Uuid },
     RepositoryDeleted { repo: Uuid },
+    PublicPrefixes,
 }
 
 /// Sends `notice` when `tx` commits.
@@ -54,6 +57,8 @@ pub enum Change {
     Invalidation(Invalidation),
     TenantDeleted(TenantId),
     RepositoryDeleted(Uuid),
+    /// The registered public prefixes changed (or may have, while the listener was away).
+    PublicPrefixes,
 }
 
 /// Receives the changes to apply.
@@ -136,6 +141,8 @@ impl Store {
         let mut changes: Vec<Change> = rows.into_iter().map(|r| Change::Invalidation(r.into())).collect();
         changes.extend(tenants.into_iter().map(|t| Change::TenantDeleted(TenantId(t))));
         changes.extend(repos.into_iter().map(Change::RepositoryDeleted));
+        // Reloading the public prefixes costs one small query: do it whenever notices may have been missed.
+        changes.push(Change::PublicPrefixes);
         Ok((changes, top))
     }
 }
@@ -185,6 +192,7 @@ impl ChangeListener {
             match notice {
                 Notice::TenantDeleted { tenant } => return Ok(vec![Change::TenantDeleted(TenantId(tenant))]),
                 Notice::RepositoryDeleted { repo } => return Ok(vec![Change::RepositoryDeleted(repo)]),
+                Notice::PublicPrefixes => return Ok(vec![Change::PublicPrefixes]),
                 Notice::Invalidation { id, origin } => {
                     self.last_id = self.last_id.max(id);
                     if origin == self.origin {

@@ -16,12 +16,14 @@ use uuid::Uuid;
 use crate::model::{Plan, Tenant, TenantId, UsageRecord};
 
 pub mod fanout;
+mod prefixes;
 mod reports;
 mod repos;
 mod sessions;
 mod sign_in;
 mod tasks;
 
+pub use prefixes::PublicPrefixRow;
 pub use repos::{Invalidation, NewRepository, RepoStatus, Repository};
 pub use sessions::{NewTurn, Role, Session, Turn};
 pub use sign_in::SignInSubject;

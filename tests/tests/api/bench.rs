@@ -49,8 +49,13 @@ fn check_complete(r: &ScenarioResult, max_tokens: u64) {
 async fn bench_repeated_context_and_peak_against_cachet() {
     let app = spawn_app().await;
     let (_, token) = app.tenant("acme").await;
-    let target =
-        Target { name: "cachet".into(), base_url: app.address.clone(), model: app.model(), api_key: Some(token) };
+    let target = Target {
+        name: "cachet".into(),
+        base_url: app.address.clone(),
+        model: app.model(),
+        api_key: Some(token),
+        tenant_keys: Vec::new(),
+    };
 
     // 2 sessions x 2 turns over a shared repository context. The tiny model's
     // byte-level vocabulary makes a token about one character, so "120

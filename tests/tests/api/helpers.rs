@@ -255,6 +255,35 @@ impl TestApp {
     }
 }
 
+/// Streams a chat request; returns the milliseconds until its first token arrived and its usage
+/// (the timing probe an attacker would use: what a cache hit saves shows in the first token).
+pub async fn first_token(app: &TestApp, token: &str, mut body: Value) -> (f64, Value) {
+    body["stream"] = json!(true);
+    body["stream_options"] = json!({"include_usage": true});
+    let start = Instant::now();
+    let mut r = app.chat(token, body).await;
+    assert_eq!(r.status(), 200);
+    let (mut first, mut text) = (None, String::new());
+    while let Some(chunk) = r.chunk().await.unwrap() {
+        text.push_str(&String::from_utf8_lossy(&chunk));
+        if first.is_none() && text.contains("\"content\"") {
+            first = Some(start.elapsed().as_secs_f64() * 1e3);
+        }
+    }
+    let usage = sse_events(&text)
+        .iter()
+        .filter_map(|e| serde_json::from_str::<Value>(e).ok())
+        .find_map(|v| v.get("usage").filter(|u| !u.is_null()).cloned())
+        .expect("a usage chunk");
+    (first.expect("a token"), json!({ "usage": usage }))
+}
+
+/// The median of some milliseconds.
+pub fn median(mut v: Vec<f64>) -> f64 {
+    v.sort_by(f64::total_cmp);
+    v[v.len() / 2]
+}
+
 /// Parses a server-sent-events body into its `data:` payloads.
 pub fn sse_events(body: &str) -> Vec<String> {
     body.split("\n\n").filter_map(|e| e.strip_prefix("data: ")).map(str::to_string).collect()
@@ -302,6 +331,10 @@ impl TestApp {
 
     pub async fn post(&self, token: &str, path: &str, body: Value) -> reqwest::Response {
         self.client.post(format!("{}{path}", self.address)).bearer_auth(token).json(&body).send().await.unwrap()
+    }
+
+    pub async fn delete(&self, token: &str, path: &str) -> reqwest::Response {
+        self.client.delete(format!("{}{path}", self.address)).bearer_auth(token).send().await.unwrap()
     }
 
     pub async fn get(&self, token: &str, path: &str) -> reqwest::Response {

@@ -9,6 +9,7 @@ mod errors;
 mod helpers;
 mod ledger;
 mod logprobs;
+mod prefixes;
 mod reports;
 mod responses;
 mod security;

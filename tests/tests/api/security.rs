@@ -531,3 +531,36 @@ async fn a_registration_a_dead_process_left_fetching_is_taken_up_again() {
     let r = app.post(&token, "/v1/sessions", json!({ "repo": id })).await;
     assert_eq!(r.status(), 201, "{}", r.text().await.unwrap());
 }
+
+#[tokio::test]
+async fn another_tenants_identical_long_prompt_is_cold_and_only_the_public_prefix_is_cached() {
+    let app = spawn_with(|s| {
+        s.model.public_system_prompt = "You are a careful coding assistant. ".repeat(8);
+        s.engine.pool_tokens = 16384;
+    })
+    .await;
+    let public = app.state.served.get().unwrap().public.clone().expect("a public prefix").1.len() as u64;
+    let (_, a) = app.tenant("victim").await;
+    // A's private 1,500-token prompt, which the attacker guessed exactly.
+    let secret: String = (0..1500).map(|i| char::from(b'a' + (i * 7 % 26) as u8)).collect();
+    let body = app.chat_body(&secret, 1);
+    let (_, cold) = first_token(&app, &a, body.clone()).await;
+    let prompt = cold["usage"]["prompt_tokens"].as_u64().unwrap();
+    assert!(prompt >= 1500, "{cold}");
+    // Side by side, alternating: the victim's warm turn, then a fresh attacker tenant's probe.
+    let (mut warm, mut probe) = (Vec::new(), Vec::new());
+    for round in 0..5 {
+        let (ms, u) = first_token(&app, &a, body.clone()).await;
+        assert_eq!(u["usage"]["prompt_tokens_details"]["cached_tokens"].as_u64().unwrap(), prompt - 1);
+        warm.push(ms);
+        let (attacker, token) = app.tenant(&format!("attacker-{round}")).await;
+        let (ms, u) = first_token(&app, &token, body.clone()).await;
+        assert_eq!(u["usage"]["prompt_tokens_details"]["cached_tokens"], public, "only the public prefix is shared");
+        probe.push(ms);
+        let rows = app.ledger(attacker).await;
+        assert_eq!(rows[0].computed_tokens as u64, prompt - public, "the probe computed the whole private part");
+    }
+    // What the attacker can time: a cold prompt, not the victim's cache hit.
+    let (warm, probe) = (median(warm), median(probe));
+    assert!(probe > 2.0 * warm, "probe {probe:.1} ms vs the victim's warm turn {warm:.1} ms");
+}
