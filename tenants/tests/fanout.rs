@@ -186,7 +186,7 @@ async fn public_prefixes_are_stored_as_given_and_every_change_is_announced() {
     let taken = store.add_public_prefix("agent", &serde_json::json!({"text": "x"}), false).await;
     assert!(matches!(taken, Err(cachet_tenants::StoreError::Conflict(_))), "{taken:?}");
     let listed = store.list_public_prefixes().await.unwrap();
-    assert_eq!(listed, [added.clone()]);
+    assert_eq!(listed, std::slice::from_ref(&added));
     assert_eq!(listed[0].source.to_string(), source.to_string());
     assert!(store.remove_public_prefix(added.id).await.unwrap());
     assert_eq!(next(&mut l).await, ["public prefixes"]);

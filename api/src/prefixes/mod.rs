@@ -263,7 +263,7 @@ pub async fn registered(
 
 /// Loads every registered prefix (configuration, operator's system prompt, Postgres) for the
 /// served model and pre-warms those new here that ask for it. Postgres unreachable: the
-/// configured ones only, and the error.
+/// operator's prefixes loaded before stay, and the error is returned (the caller tries again).
 pub async fn load(state: &AppState, served: &Served) -> Result<(), cachet_tenants::StoreError> {
     let mut all = Vec::new();
     if let Some((text, ids)) = &served.public {
@@ -283,10 +283,14 @@ pub async fn load(state: &AppState, served: &Served) -> Result<(), cachet_tenant
         all.push(registered(served, None, &c.name, "config", c.prewarm, &Value::Object(c.source.clone())).await);
     }
     let stored = state.store.list_public_prefixes().await;
-    if let Ok(rows) = &stored {
-        for r in rows {
-            all.push(registered(served, Some(r.id), &r.name, "operator", r.prewarm, &r.source).await);
+    match &stored {
+        Ok(rows) => {
+            for r in rows {
+                all.push(registered(served, Some(r.id), &r.name, "operator", r.prewarm, &r.source).await);
+            }
         }
+        // Postgres unreachable: the operator's prefixes loaded before stay in force.
+        Err(_) => all.extend(served.prefixes.list().iter().filter(|r| r.origin == "operator").cloned()),
     }
     let before: Vec<Arc<[u32]>> = served.prefixes.list().iter().map(|r| r.ids.clone()).collect();
     for r in &all {
