@@ -242,22 +242,31 @@ pub async fn registered(
         Ok(s) => render(served, &s).await,
         Err(e) => Err(e),
     };
-    let (ids, error): (Arc<[u32]>, _) = match rendered {
-        Ok(ids) => (ids.into(), None),
+    let (ids, error) = match rendered {
+        Ok(ids) => (ids, None),
         Err(e) => {
             tracing::warn!(prefix = name, "a public prefix cannot be rendered for this model: {e}");
-            (Arc::from(Vec::new()), Some(e.to_string()))
+            (Vec::new(), Some(e.to_string()))
         }
     };
-    Registered {
-        id,
-        name: name.to_string(),
-        origin,
-        prewarm,
-        tokens: ids.len(),
-        error,
-        preview: preview(served, &ids),
-        ids,
+    let mut r = Registered::rendered(served, id, name, origin, prewarm, ids);
+    r.error = error;
+    r
+}
+
+impl Registered {
+    /// A prefix rendered to `ids` for the served model.
+    pub fn rendered(
+        served: &Served,
+        id: Option<uuid::Uuid>,
+        name: &str,
+        origin: &'static str,
+        prewarm: bool,
+        ids: Vec<u32>,
+    ) -> Registered {
+        let ids: Arc<[u32]> = ids.into();
+        let preview = preview(served, &ids);
+        Registered { id, name: name.to_string(), origin, prewarm, tokens: ids.len(), error: None, preview, ids }
     }
 }
 
@@ -266,18 +275,8 @@ pub async fn registered(
 /// operator's prefixes loaded before stay, and the error is returned (the caller tries again).
 pub async fn load(state: &AppState, served: &Served) -> Result<(), cachet_tenants::StoreError> {
     let mut all = Vec::new();
-    if let Some((text, ids)) = &served.public {
-        let ids: Arc<[u32]> = ids.clone().into();
-        all.push(Registered {
-            id: None,
-            name: "public_system_prompt".into(),
-            origin: "system_prompt",
-            prewarm: true,
-            tokens: ids.len(),
-            error: None,
-            preview: text.chars().take(PREVIEW_CHARS).collect(),
-            ids,
-        });
+    if let Some((_, ids)) = &served.public {
+        all.push(Registered::rendered(served, None, "public_system_prompt", "system_prompt", true, ids.clone()));
     }
     for c in &state.settings.model.public_prefixes {
         all.push(registered(served, None, &c.name, "config", c.prewarm, &Value::Object(c.source.clone())).await);

@@ -75,10 +75,10 @@ pub async fn add(
     let source_json = serde_json::to_value(&source).map_err(|e| ApiError::Internal(e.to_string()))?;
     // Checked before it is stored: what is stored renders here.
     let parsed = Source::parse(&source_json)?;
-    prefixes::render(served, &parsed).await?;
+    let ids = prefixes::render(served, &parsed).await?;
     let prewarm = body.prewarm.unwrap_or(true);
     let row = state.store.add_public_prefix(name, &source_json, prewarm).await.map_err(store_error)?;
-    let entry = prefixes::registered(served, Some(row.id), name, "operator", prewarm, &source_json).await;
+    let entry = prefixes::Registered::rendered(served, Some(row.id), name, "operator", prewarm, ids);
     if prewarm {
         prefixes::prewarm(served, &entry.ids);
     }

@@ -148,11 +148,12 @@ impl<B: Backend> Engine<B> {
     /// prompts wait, within their TTFT targets, for passes that have room.
     pub(super) fn step_budget(&mut self, now: Instant) -> usize {
         let decoders = self.decoders();
-        let floor = match self.paced_fit(decoders) {
+        let fits = self.paced_fit(decoders);
+        let floor = match fits {
             Some(fits) if fits <= decoders.count && !self.prompt_cannot_wait(decoders, now) => 0,
             _ => self.cfg.min_prefill_chunk,
         };
-        self.budget_with(decoders, floor)
+        self.budget_with(decoders.count, fits, floor)
     }
 
     /// The requests decoding now.
@@ -165,7 +166,7 @@ impl<B: Backend> Engine<B> {
     /// control counts on (a prompt admitted now gets at least `min_prefill_chunk` a pass once it
     /// is short of time).
     pub(super) fn budget_for(&self, decoders: Decoders) -> usize {
-        self.budget_with(decoders, self.cfg.min_prefill_chunk)
+        self.budget_with(decoders.count, self.paced_fit(decoders), self.cfg.min_prefill_chunk)
     }
 
     /// Tokens that fit in a pass beside these decoders (None: no pacing).
@@ -174,11 +175,11 @@ impl<B: Backend> Engine<B> {
         self.pace.tokens_within(itl.mul_f64(self.cfg.pace_margin))
     }
 
-    /// The budget with these decoders, `floor` prompt tokens beside them when nothing fits.
-    fn budget_with(&self, decoders: Decoders, floor: usize) -> usize {
+    /// The budget beside `count` decoders when `fits` tokens fit in a paced pass (None: no
+    /// pacing), `floor` prompt tokens beside them when nothing more fits.
+    fn budget_with(&self, count: usize, fits: Option<usize>, floor: usize) -> usize {
         let max = self.cfg.token_budget;
-        let Some(fits) = self.paced_fit(decoders) else { return max };
-        let count = decoders.count;
+        let Some(fits) = fits else { return max };
         if fits > count { fits } else { count + floor }.min(max)
     }
 
