@@ -87,7 +87,7 @@ impl Default for ContextSettings {
             fetch_timeout_secs: 300,
             max_fetch_bytes: 2 << 30,
             registration_wait_secs: 30,
-            budget_tokens: 4096,
+            budget_tokens: cachet_context::ContextOptions::default().budget_tokens,
             max_budget_tokens: 16384,
             outline_cache_entries: 100_000,
             session_idle_secs: 30 * 60,

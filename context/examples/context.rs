@@ -3,6 +3,9 @@
 //! ```text
 //! cargo run -p cachet-context --example context -- PATH [REV] [BUDGET] [stability|path|last_change]
 //! ```
+//!
+//! With `DEFINITIONS=FILE` in the environment it also writes the definitions other files
+//! reference to FILE, one `visible|hidden<TAB>path<TAB>name` line each.
 
 use cachet_context::{ContextBuilder, ContextOptions, Mirror, Order, TokenCounter};
 
@@ -26,7 +29,18 @@ fn main() {
         _ => Order::Stability,
     };
     let opts = ContextOptions { budget_tokens: budget, order, ..ContextOptions::default() };
-    let ctx = ContextBuilder::new(10_000).build(&mirror, &commit, &opts, &Approx).expect("a context");
+    let builder = ContextBuilder::new(10_000);
+    let ctx = builder.build(&mirror, &commit, &opts, &Approx).expect("a context");
+    if let Ok(file) = std::env::var("DEFINITIONS") {
+        let all = builder.definitions(&mirror, &commit, &opts, &Approx).expect("the definitions");
+        let lines: String = all
+            .iter()
+            .map(|d| format!("{}\t{}\t{}\n", if d.visible { "visible" } else { "hidden" }, d.path, d.name))
+            .collect();
+        std::fs::write(&file, lines).expect("writing the definitions");
+        let visible = all.iter().filter(|d| d.visible).count();
+        eprintln!("definitions visible: {visible} of {}", all.len());
+    }
     println!("{}", ctx.text);
     for s in &ctx.segments {
         eprintln!("{:>6} {:>6} {:?} {}", s.tokens.start, s.tokens.len(), s.kind, s.path.as_deref().unwrap_or("-"));

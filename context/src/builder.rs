@@ -6,12 +6,14 @@ use std::sync::Arc;
 use git2::Repository;
 use moka::sync::Cache;
 
+use crate::cap::shown_outline;
 use crate::context::{assemble, Block, SegmentKind};
 use crate::history::{history, ChangeCache, History};
 use crate::order::{block_ages, order_blocks, BlockAges};
 use crate::outline::{plain_fence_tag, Lang};
 use crate::rank::rank;
-use crate::render::{full_block, outline_block, outline_version, HEADER, HEADER_VERSION};
+use crate::refs::{DefinitionShown, DefinitionsVisible, References};
+use crate::render::{full_block, outline_block, outline_version, HEADER, HEADER_VERSION, MAX_OUTLINE_BYTES};
 use crate::rules::FileFilter;
 use crate::select::{select, Budget};
 use crate::snapshot::{blob_text, candidates, BlobCache, Candidate};
@@ -52,6 +54,12 @@ impl fmt::Debug for ContextBuilder {
 pub(crate) struct Prepared {
     pub header: Option<Block>,
     pub blocks: Vec<Block>,
+    /// Which names the commit's files reference (what outlines show first).
+    pub references: Arc<References>,
+    /// Of the definitions other files reference, how many the blocks show.
+    pub definitions: DefinitionsVisible,
+    /// Those definitions, one by one.
+    pub shown: Vec<DefinitionShown>,
 }
 
 impl ContextBuilder {
@@ -86,6 +94,21 @@ impl ContextBuilder {
         Ok(arrange(commit, &prepared, opts.order, ages.as_ref(), &StabilityModel::DEFAULT))
     }
 
+    /// Each definition that another file of the repository references, and whether the context
+    /// of [`ContextBuilder::build`] with the same arguments shows it (sorted by path and name).
+    pub fn definitions(
+        &self,
+        mirror: &Mirror,
+        commit: &CommitId,
+        opts: &ContextOptions,
+        tok: &dyn TokenCounter,
+    ) -> Result<Vec<DefinitionShown>, ContextError> {
+        let repo = mirror.repo()?;
+        let tokens = Tokens::new(tok, &self.tokens);
+        let prepared = self.prepare(&repo, commit, opts, &tokens)?;
+        Ok(prepared.shown)
+    }
+
     /// Selects and renders the blocks at `commit` (order-independent).
     pub(crate) fn prepare(
         &self,
@@ -98,7 +121,14 @@ impl ContextBuilder {
         let filter = FileFilter::new(&opts.rules)?;
         let header_tokens = tokens.get(SegmentKind::Header, "", HEADER_VERSION, || Ok(HEADER.to_string()))?;
         if header_tokens.len() > opts.budget_tokens {
-            return Ok(Prepared { header: None, blocks: Vec::new() });
+            let references = Arc::new(References::default());
+            return Ok(Prepared {
+                header: None,
+                blocks: Vec::new(),
+                references,
+                definitions: DefinitionsVisible::default(),
+                shown: Vec::new(),
+            });
         }
         let header = Block {
             kind: SegmentKind::Header,
@@ -109,15 +139,21 @@ impl ContextBuilder {
             tokens: header_tokens.clone(),
         };
         let files = candidates(repo, commit, &filter, &self.blobs)?;
+        let refs = Arc::new(References::new(files.iter().map(Candidate::analysis)));
         let ranked = ranked(&files);
         let total = opts.budget_tokens - header_tokens.len();
         let share = if opts.full_file_share.is_finite() { opts.full_file_share.clamp(0.0, 1.0) } else { 0.0 };
         let budget = Budget { total, full: ((share * opts.budget_tokens as f64) as usize).min(total) };
-        let mut cost = |c: &Candidate, kind| block_tokens(repo, c, kind, tokens);
+        let mut cost = |c: &Candidate, kind| block_tokens(repo, c, kind, &refs, tokens);
         let chosen = select(&ranked, budget, &mut cost)?;
-        let blocks =
-            chosen.into_iter().map(|(i, kind)| render(repo, ranked[i], kind, tokens)).collect::<Result<_, _>>()?;
-        Ok(Prepared { header: Some(header), blocks })
+        let shown = definitions_shown(&ranked, &chosen, &refs);
+        let definitions =
+            DefinitionsVisible { referenced: shown.len(), visible: shown.iter().filter(|d| d.visible).count() };
+        let blocks = chosen
+            .into_iter()
+            .map(|(i, kind)| render(repo, ranked[i], kind, &refs, tokens))
+            .collect::<Result<_, _>>()?;
+        Ok(Prepared { header: Some(header), blocks, references: refs, definitions, shown })
     }
 
     /// When each prepared block's text changed over the history window ending at `commit`.
@@ -129,7 +165,7 @@ impl ContextBuilder {
         prepared: &Prepared,
     ) -> Result<BlockAges, ContextError> {
         let history = self.history(repo, commit, depth)?;
-        block_ages(repo, &history, &prepared.blocks, &self.blobs)
+        block_ages(repo, &history, &prepared.blocks, &prepared.references, &self.blobs)
     }
 
     pub(crate) fn token_cache(&self) -> &TokenCache {
@@ -182,10 +218,11 @@ fn block_tokens(
     repo: &Repository,
     c: &Candidate,
     kind: SegmentKind,
+    refs: &References,
     tokens: &Tokens<'_>,
 ) -> Result<usize, ContextError> {
     if kind == SegmentKind::Outline {
-        return Ok(render(repo, c, kind, tokens)?.tokens.len());
+        return Ok(render(repo, c, kind, refs, tokens)?.tokens.len());
     }
     let render_full = || Ok(full_block(&c.path, fence_tag(&c.path), &blob_text(repo, c.oid)?));
     Ok(tokens.get(kind, &c.path, &c.blob.0, render_full)?.len())
@@ -197,11 +234,19 @@ fn fence_tag(path: &str) -> &'static str {
 
 /// Renders and tokenizes one block of a file. The file's text is read only when the block is not
 /// yet tokenized or when it is rendered for output.
-fn render(repo: &Repository, c: &Candidate, kind: SegmentKind, tokens: &Tokens<'_>) -> Result<Block, ContextError> {
+fn render(
+    repo: &Repository,
+    c: &Candidate,
+    kind: SegmentKind,
+    refs: &References,
+    tokens: &Tokens<'_>,
+) -> Result<Block, ContextError> {
     let tag = fence_tag(&c.path);
     let (text, version) = match kind {
         SegmentKind::Outline => {
-            let text = outline_block(&c.path, tag, &c.analysis().outline);
+            let a = c.analysis();
+            let shown = shown_outline(a, MAX_OUTLINE_BYTES, &|n| refs.elsewhere(a, n));
+            let text = outline_block(&c.path, tag, &shown.text);
             let version = outline_version(&text);
             (text, version)
         }
@@ -216,4 +261,33 @@ fn render(repo: &Repository, c: &Candidate, kind: SegmentKind, tokens: &Tokens<'
         text: Arc::from(text),
         tokens: toks,
     })
+}
+
+/// Each definition (a file's defined name) that another file references, and whether the chosen
+/// blocks show it: all of a full file's, an outline's when it kept the definition's line.
+fn definitions_shown(
+    ranked: &[&Candidate],
+    chosen: &[(usize, SegmentKind)],
+    refs: &References,
+) -> Vec<DefinitionShown> {
+    let mut kinds = vec![None; ranked.len()];
+    for &(i, kind) in chosen {
+        kinds[i] = Some(kind);
+    }
+    let mut out = Vec::new();
+    for (c, kind) in ranked.iter().zip(kinds) {
+        let a = c.analysis();
+        let shown = (kind == Some(SegmentKind::Outline))
+            .then(|| shown_outline(a, MAX_OUTLINE_BYTES, &|n| refs.elsewhere(a, n)).names);
+        for name in refs.used_definitions(a) {
+            let visible = match kind {
+                Some(SegmentKind::File) => true,
+                Some(SegmentKind::Outline) => shown.as_ref().is_some_and(|s| s.contains(name)),
+                _ => false,
+            };
+            out.push(DefinitionShown { path: c.path.clone(), name: name.to_string(), visible });
+        }
+    }
+    out.sort_by(|x, y| (&x.path, &x.name).cmp(&(&y.path, &y.name)));
+    out
 }

@@ -30,6 +30,7 @@
 //! ```
 
 pub mod builder;
+mod cap;
 pub mod context;
 pub mod error;
 mod history;
@@ -38,6 +39,7 @@ pub mod options;
 mod order;
 pub mod outline;
 mod rank;
+mod refs;
 mod render;
 pub mod replay;
 mod rules;
@@ -48,12 +50,14 @@ pub mod store;
 pub mod testing;
 mod token_cache;
 pub mod tokens;
+mod usefulness;
 
 pub use builder::ContextBuilder;
 pub use context::{RepoContext, Segment, SegmentKind};
 pub use error::ContextError;
 pub use ids::{BlobId, CommitId};
 pub use options::{ContextOptions, FileRules, Order};
+pub use refs::{DefinitionShown, DefinitionsVisible};
 pub use stability::StabilityModel;
 pub use store::{set_network_timeouts, Change, ChangeKind, FileAt, Mirror, RepoStore, Source, SourcePolicy};
 pub use tokens::TokenCounter;

@@ -66,7 +66,8 @@ impl Order {
 #[derive(Clone, Debug, PartialEq, serde::Serialize, serde::Deserialize)]
 #[serde(default)]
 pub struct ContextOptions {
-    /// The rendered context never has more tokens than this. Default 8192.
+    /// The rendered context never has more tokens than this. Default 4096 (the server's and the
+    /// CLI's default too): about half a minute of cold prefill on two CPU cores.
     pub budget_tokens: usize,
     /// The part of the budget (0.0–1.0) that full files may use; outlines and plain-text files fill
     /// the rest. Default 0.5.
@@ -82,7 +83,7 @@ pub struct ContextOptions {
 impl Default for ContextOptions {
     fn default() -> Self {
         Self {
-            budget_tokens: 8192,
+            budget_tokens: 4096,
             full_file_share: 0.5,
             order: Order::Stability,
             rules: FileRules::default(),

@@ -11,10 +11,12 @@ use std::collections::HashMap;
 
 use git2::Repository;
 
+use crate::cap::shown_outline;
 use crate::context::{Block, SegmentKind};
 use crate::history::{Event, History};
 use crate::outline::Lang;
-use crate::render::{cap_outline, MAX_OUTLINE_BYTES};
+use crate::refs::References;
+use crate::render::MAX_OUTLINE_BYTES;
 use crate::snapshot::{cached_info, BlobCache};
 use crate::stability::StabilityModel;
 use crate::{ContextError, Order};
@@ -32,6 +34,7 @@ pub(crate) fn block_ages(
     repo: &Repository,
     history: &History,
     blocks: &[Block],
+    refs: &References,
     blobs: &BlobCache,
 ) -> Result<BlockAges, ContextError> {
     let mut out = BlockAges { ages: HashMap::new(), epoch: history.epoch };
@@ -39,7 +42,7 @@ pub(crate) fn block_ages(
         let Some(path) = &b.path else { continue };
         let mut ages = Vec::new();
         for e in history.events(path) {
-            if b.kind != SegmentKind::Outline || outline_changed(repo, path, e, blobs)? {
+            if b.kind != SegmentKind::Outline || outline_changed(repo, path, e, refs, blobs)? {
                 ages.push(e.age);
             }
         }
@@ -48,13 +51,22 @@ pub(crate) fn block_ages(
     Ok(out)
 }
 
-/// Whether a change of `path` changed its outline (an addition or deletion always does).
-fn outline_changed(repo: &Repository, path: &str, e: &Event, blobs: &BlobCache) -> Result<bool, ContextError> {
+/// Whether a change of `path` changed its outline (an addition or deletion always does), as
+/// shown with the names the current commit's files reference.
+fn outline_changed(
+    repo: &Repository,
+    path: &str,
+    e: &Event,
+    refs: &References,
+    blobs: &BlobCache,
+) -> Result<bool, ContextError> {
     let (Some(old), Some(new)) = (e.old, e.new) else { return Ok(true) };
     let lang = Lang::from_path(path);
-    // What the block shows: the outline as capped for display.
     let outline = |oid| {
-        cached_info(repo, oid, lang, blobs).map(|i| cap_outline(&i.analysis.outline, MAX_OUTLINE_BYTES).into_owned())
+        cached_info(repo, oid, lang, blobs).map(|i| {
+            let a = &i.analysis;
+            shown_outline(a, MAX_OUTLINE_BYTES, &|n| refs.elsewhere(a, n)).text
+        })
     };
     Ok(outline(old)? != outline(new)?)
 }

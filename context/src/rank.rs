@@ -96,6 +96,7 @@ mod tests {
         FileAnalysis {
             lang: None,
             outline: String::new(),
+            entries: Vec::new(),
             defines: defines.iter().map(|s| s.to_string()).collect(),
             references: refs.iter().map(|(s, n)| (s.to_string(), *n)).collect(),
         }

@@ -12,44 +12,8 @@ pub(crate) const HEADER_VERSION: &str = "header:v1";
 
 /// The largest outline shown, in bytes (about 400 tokens): a repository map of many files beats a
 /// few exhaustive outlines, and small blocks keep a push's damage to the reusable prefix small.
+/// [`crate::cap`] chooses what a larger outline shows.
 pub(crate) const MAX_OUTLINE_BYTES: usize = 1600;
-
-/// `outline` cut to at most `max` bytes: the deepest nesting levels go first (members before the
-/// types that hold them), then the last top-level lines; a final line says how many definitions
-/// were left out. Deterministic: a function of the outline text alone.
-pub(crate) fn cap_outline(outline: &str, max: usize) -> std::borrow::Cow<'_, str> {
-    if outline.len() <= max {
-        return outline.into();
-    }
-    let depth = |l: &str| l.len() - l.trim_start().len();
-    let lines: Vec<&str> = outline.lines().collect();
-    let mut levels: Vec<usize> = lines.iter().map(|l| depth(l)).collect();
-    levels.sort_unstable();
-    levels.dedup();
-    let size = |keep: &dyn Fn(&str) -> bool| lines.iter().filter(|l| keep(l)).map(|l| l.len() + 1).sum::<usize>();
-    // The deepest level at which the outline (plus the marker line) still fits.
-    let reserve = 48;
-    let level = levels.iter().rev().copied().find(|&d| size(&|l: &str| depth(l) <= d) + reserve <= max);
-    let mut kept = String::with_capacity(max);
-    let mut full = false;
-    for line in &lines {
-        let keep = match level {
-            Some(d) => depth(line) <= d,
-            // Only top-level lines fit, and not all of them: the first ones, in order.
-            None => {
-                full = full || (depth(line) == 0 && kept.len() + line.len() + 1 + reserve > max);
-                depth(line) == 0 && !full
-            }
-        };
-        if keep {
-            kept.push_str(line);
-            kept.push('\n');
-        }
-    }
-    let left_out = lines.len() - kept.lines().count();
-    kept.push_str(&format!("... {left_out} more definitions\n"));
-    kept.into()
-}
 
 /// `### path (outline)` and the outline in a fenced block.
 pub(crate) fn outline_block(path: &str, tag: &str, outline: &str) -> String {
@@ -73,8 +37,6 @@ pub(crate) fn outline_version(block_text: &str) -> String {
 }
 
 fn fenced(path: &str, what: &str, tag: &str, body: &str) -> String {
-    let body = if what == "outline" { cap_outline(body, MAX_OUTLINE_BYTES) } else { body.into() };
-    let body = body.as_ref();
     let fence = "`".repeat(longest_backtick_run(body).max(2) + 1);
     let mut s = String::with_capacity(body.len() + path.len() + 32);
     s.push_str("### ");

@@ -59,6 +59,9 @@ pub fn replay_with(
             Some((id, p)) if &id == child => p,
             _ => builder.prepare(&repo, child, opts, &tokens)?,
         };
+        if child == head {
+            reports.iter_mut().for_each(|r| r.definitions = at_child.definitions);
+        }
         let at_parent = builder.prepare(&repo, parent, opts, &tokens)?;
         let changed: HashSet<String> = mirror.changed_paths(parent, child)?.into_iter().map(|c| c.path).collect();
         let affected = at_parent.blocks.iter().filter(|b| b.path.as_ref().is_some_and(|p| changed.contains(p))).count();
@@ -114,6 +117,9 @@ pub fn variants() -> Vec<(&'static str, StabilityModel)> {
         ("size prior 2", StabilityModel { size_prior: Some(2.0), ..d }),
         ("no size", StabilityModel { size_prior: None, ..d }),
         ("epochs", StabilityModel { epochs: true, ..d }),
+        ("tiers 1/doubling", StabilityModel { tiers_per_doubling: Some(1.0), ..d }),
+        ("tiers 2/doubling", StabilityModel { tiers_per_doubling: Some(2.0), ..d }),
+        ("tiers 4/doubling", StabilityModel { tiers_per_doubling: Some(4.0), ..d }),
         (
             "epochs, half-life 25, size prior 0.5",
             StabilityModel { epochs: true, half_life: 25.0, size_prior: Some(0.5), ..d },

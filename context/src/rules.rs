@@ -110,6 +110,11 @@ impl FileFilter {
         Ok(())
     }
 
+    /// Whether an `include` pattern names `path`.
+    pub(crate) fn includes(&self, path: &str) -> bool {
+        self.include.is_match(path)
+    }
+
     /// The size limit (checked before the blob is read).
     pub(crate) fn check_size(&self, size: u64) -> Result<(), Skip> {
         if size > self.max_bytes {

@@ -2,7 +2,9 @@
 //!
 //! Files are taken by (rank desc, path asc): first the full text of code files while they fit in
 //! the full-file share of the budget, then the outlines of the remaining code files while they fit
-//! the rest, then the full text of plain-text files while anything is left.
+//! the rest, then, while anything is left, the full text of plain-text files class by class
+//! ([`crate::usefulness`]: manifests, the README, other source, documentation; never metadata or
+//! tool configuration).
 //!
 //! Each phase stops at the first block that does not fit the room left (blocks larger than the
 //! phase's whole room are skipped). Skipping and trying smaller blocks instead would pack the
@@ -12,6 +14,7 @@
 
 use crate::context::SegmentKind;
 use crate::snapshot::Candidate;
+use crate::usefulness::{text_class, TextClass};
 use crate::ContextError;
 
 /// Bytes per token above which a file is taken to be too large to tokenize for a room.
@@ -42,9 +45,12 @@ pub(crate) fn select(
     let outlines = phase(ranked, &mut taken, &mut chosen, SegmentKind::Outline, total - full_files, cost, |c| {
         !c.analysis().outline.is_empty()
     })?;
-    phase(ranked, &mut taken, &mut chosen, SegmentKind::File, total - full_files - outlines, cost, |c| {
-        !c.analysis().is_code()
-    })?;
+    let mut left = total - full_files - outlines;
+    for class in [TextClass::Manifest, TextClass::Readme, TextClass::Source, TextClass::Docs] {
+        left -= phase(ranked, &mut taken, &mut chosen, SegmentKind::File, left, cost, |c| {
+            !c.analysis().is_code() && usefulness(c) == class
+        })?;
+    }
     Ok(chosen)
 }
 
@@ -80,6 +86,14 @@ fn phase(
         chosen.push((i, kind));
     }
     Ok(used)
+}
+
+/// A plain-text file's class; a file the repository's `include` rules name goes first.
+fn usefulness(c: &Candidate) -> TextClass {
+    match text_class(&c.path, c.info.size) {
+        TextClass::Skip if c.included => TextClass::Manifest,
+        class => class,
+    }
 }
 
 /// False when a file is so large that its block cannot fit `room` tokens (no tokenizer in use

@@ -30,6 +30,8 @@ pub(crate) struct Candidate {
     pub oid: Oid,
     pub blob: BlobId,
     pub info: Arc<BlobInfo>,
+    /// The repository's `include` rules name it.
+    pub included: bool,
 }
 
 impl Candidate {
@@ -71,7 +73,8 @@ pub(crate) fn candidates(
         if filter.check_content(&file.path, info.binary, info.generated).is_err() {
             continue;
         }
-        out.push(Candidate { blob: BlobId::from_oid(file.blob), oid: file.blob, path: file.path, info });
+        let included = filter.includes(&file.path);
+        out.push(Candidate { blob: BlobId::from_oid(file.blob), oid: file.blob, path: file.path, info, included });
     }
     Ok(out)
 }

@@ -29,6 +29,11 @@ pub struct StabilityModel {
     /// Keys from the history before the current epoch only, blocks changed in the epoch last
     /// (see [`crate::history::history`]); `false`: keys from the whole history up to the commit.
     pub epochs: bool,
+    /// Scores quantised into this many tiers per doubling, blocks of one tier by path: scores
+    /// drift as commits age every change, and two unrelated blocks whose scores cross swap places
+    /// (which breaks the reusable prefix at the first of them); in tiers they swap only when one
+    /// crosses a tier boundary. `None`: exact scores.
+    pub tiers_per_doubling: Option<f64>,
 }
 
 impl StabilityModel {
@@ -44,6 +49,7 @@ impl StabilityModel {
         recency_half_life: 10.0,
         size_prior: Some(0.05),
         epochs: false,
+        tiers_per_doubling: None,
     };
 
     /// The score of a block (lower = more stable = earlier).
@@ -52,9 +58,13 @@ impl StabilityModel {
         let kind_weight = if kind == SegmentKind::Outline { self.outline_weight } else { 1.0 };
         let recency = ages.first().map_or(0.0, |&a| decay(a, self.recency_half_life));
         let score = kind_weight * decayed + self.recency_weight * recency;
-        match self.size_prior {
+        let score = match self.size_prior {
             Some(prior) => (score + prior) / tokens.max(1) as f64,
             None => score,
+        };
+        match self.tiers_per_doubling {
+            Some(k) if k > 0.0 && score > 0.0 => (score.log2() * k).floor(),
+            _ => score,
         }
     }
 }

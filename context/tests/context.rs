@@ -230,3 +230,37 @@ fn options_serialize_with_defaults() {
     assert_eq!(r.max_file_bytes, 128 * 1024);
     assert!(r.skip_vendored && r.skip_generated);
 }
+
+/// Plain-text files by usefulness: the manifest and the README make it, repository metadata and
+/// tool configuration do not (unless the repository's rules include them), whatever the room.
+#[test]
+fn manifests_and_readme_are_selected_but_metadata_and_tool_config_are_not() {
+    let dir = tempfile::tempdir().unwrap();
+    let repo = TestRepo::init(dir.path()).unwrap();
+    let files: Vec<(&str, Option<&str>)> = vec![
+        ("src/lib.rs", Some("pub fn answer() -> u32 { 42 }\n")),
+        ("Cargo.toml", Some("[package]\nname = \"demo\"\nversion = \"0.1.0\"\n")),
+        ("README.md", Some("# Demo\n")),
+        ("docs/guide.md", Some("How to use it.\n")),
+        ("scripts/check.sh", Some("cargo test\n")),
+        (".editorconfig", Some("root = true\n")),
+        (".gitignore", Some("target/\n")),
+        (".github/workflows/ci.yml", Some("on: push\n")),
+        (".github/FUNDING.yml", Some("github: someone\n")),
+        (".cargo/config.toml", Some("[build]\n")),
+        ("LICENSE-MIT", Some("MIT License\n")),
+        ("CHANGELOG.md", Some("## 0.1.0\n")),
+        ("rustfmt.toml", Some("max_width = 120\n")),
+    ];
+    let head = repo.commit(&files, "initial").unwrap();
+    let mirror = Mirror::open_path(repo.path()).unwrap();
+    let paths = |o: &ContextOptions| -> Vec<String> {
+        let ctx = ContextBuilder::new(100).build(&mirror, &head, o, &Words).unwrap();
+        ctx.segments.iter().filter_map(|s| s.path.clone()).collect()
+    };
+    let o = ContextOptions { order: Order::Path, ..ContextOptions::default() };
+    assert_eq!(paths(&o), ["Cargo.toml", "README.md", "docs/guide.md", "scripts/check.sh", "src/lib.rs"]);
+    let mut wanted = o.clone();
+    wanted.rules.include = vec![".editorconfig".into()];
+    assert!(paths(&wanted).contains(&".editorconfig".to_string()));
+}

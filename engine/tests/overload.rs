@@ -109,3 +109,51 @@ fn requests_that_cannot_make_their_target_even_alone_are_served() {
     assert!(first.collect_blocking().result.is_ok());
     h.check_integrity_blocking().unwrap();
 }
+
+/// Background work is invisible to admission control and yields to users: a long pre-warm
+/// (a push's new context) is computing when a user's request arrives — the request is not
+/// refused, is answered before the pre-warm finishes, and starts from what the pre-warm had
+/// computed when it shares its prefix.
+#[test]
+fn a_prewarm_never_makes_a_user_wait_or_be_refused() {
+    let (h, target) = busy_engine(81);
+    let throughput = h.snapshot_blocking().unwrap().throughput;
+    // About five targets of prefill for the pre-warm; a tenth of one for the user's own part.
+    let context = tokens(900, ((throughput * target.as_secs_f64() * 5.0) as usize).clamp(512, 3500));
+    let own = ((throughput * target.as_secs_f64() / 10.0) as usize).clamp(16, 400);
+    let started = |h: &runtime::EngineHandle| {
+        let deadline = std::time::Instant::now() + Duration::from_secs(30);
+        while h.snapshot_blocking().unwrap().kv_used == 0 {
+            assert!(std::time::Instant::now() < deadline, "the pre-warm never started: {:?}", h.snapshot_blocking());
+            std::thread::sleep(Duration::from_millis(5));
+        }
+    };
+
+    // Another prompt altogether.
+    let mut warm = request("t", context.clone(), 1);
+    warm.prewarm = true;
+    let mut background = h.submit(warm);
+    started(&h);
+    let user = h.submit(request("u", tokens(901, own), 2)).collect_blocking();
+    let done = user.result.unwrap_or_else(|e| panic!("the user's request failed: {e}"));
+    assert_eq!(done.output_tokens, 2);
+    assert!(background.try_next().is_none(), "the pre-warm finished first");
+    assert!(background.collect_blocking().result.is_ok());
+
+    // The same tenant's turn on the pre-warm's prefix: it reuses what was computed so far.
+    let h = busy_engine(82).0;
+    let context = tokens(902, context.len());
+    let mut warm = request("t", context.clone(), 1);
+    warm.prewarm = true;
+    let background = h.submit(warm);
+    started(&h);
+    let turn = [context.clone(), tokens(903, own)].concat();
+    let user = h.submit(request("t", turn, 2)).collect_blocking();
+    let done = user.result.unwrap_or_else(|e| panic!("the user's turn failed: {e}"));
+    assert!(done.cached_tokens > 0, "nothing of the pre-warm's work was reused: {done:?}");
+    let warmed = background.collect_blocking().result.unwrap();
+    assert!(warmed.computed_prefill_tokens < context.len(), "the pre-warm computed its prompt again: {warmed:?}");
+    let s = h.snapshot_blocking().unwrap();
+    assert!(s.preempted_prewarms >= 1 && s.refused == 0, "{s:?}");
+    h.check_integrity_blocking().unwrap();
+}

@@ -20,6 +20,10 @@ pub enum ContextCommand {
         /// Print the segments (kind, path, tokens) instead of the text.
         #[arg(long)]
         segments: bool,
+        /// Print the definitions other files reference, each `visible` or `hidden` in the
+        /// context, and their visible share, instead of the text.
+        #[arg(long)]
+        definitions: bool,
     },
     /// Replay the last N first-parent commits: for each commit that changes a
     /// file inside the context, the share of the context before the first
@@ -47,8 +51,8 @@ pub struct Common {
     /// A local git repository (bare or not).
     #[arg(long)]
     pub repo: PathBuf,
-    /// Context budget in tokens.
-    #[arg(long, default_value_t = 4096)]
+    /// Context budget in tokens (the default is the server's, `ContextOptions::default()`).
+    #[arg(long, default_value_t = cachet_context::ContextOptions::default().budget_tokens)]
     pub budget: usize,
     /// The model whose tokenizer counts tokens (default: the default model).
     #[arg(long, env = "CACHET_MODEL")]
@@ -66,12 +70,23 @@ fn tokenizer(model: Option<PathBuf>) -> anyhow::Result<Tokenizer> {
 
 pub fn run(cmd: ContextCommand) -> anyhow::Result<()> {
     match cmd {
-        ContextCommand::Show { common, rev, segments } => {
+        ContextCommand::Show { common, rev, segments, definitions } => {
             let tok = tokenizer(common.model)?;
             let mirror = Mirror::open_path(&common.repo)?;
             let commit = mirror.resolve(&rev)?;
             let opts = ContextOptions { budget_tokens: common.budget, ..ContextOptions::default() };
-            let ctx = ContextBuilder::new(10_000).build(&mirror, &commit, &opts, &PlainTokens(&tok))?;
+            let builder = ContextBuilder::new(10_000);
+            if definitions {
+                let all = builder.definitions(&mirror, &commit, &opts, &PlainTokens(&tok))?;
+                for d in &all {
+                    println!("{}\t{}\t{}", if d.visible { "visible" } else { "hidden" }, d.path, d.name);
+                }
+                let visible = all.iter().filter(|d| d.visible).count();
+                let share = if all.is_empty() { 100.0 } else { 100.0 * visible as f64 / all.len() as f64 };
+                println!("commit {commit}: {visible} of {} referenced definitions visible ({share:.1}%)", all.len());
+                return Ok(());
+            }
+            let ctx = builder.build(&mirror, &commit, &opts, &PlainTokens(&tok))?;
             if segments {
                 for s in &ctx.segments {
                     let kind = format!("{:?}", s.kind).to_lowercase();

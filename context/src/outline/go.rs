@@ -11,8 +11,7 @@ pub(super) fn source_file(out: &mut Outline<'_>, root: Node<'_>) {
         match node.kind() {
             "function_declaration" | "method_declaration" => {
                 let head = out.head(node, node.child_by_field_name("body"));
-                out.line(0, &head);
-                out.define(node.child_by_field_name("name"));
+                out.def_line(0, &head, node.child_by_field_name("name"), node);
             }
             "type_declaration" => {
                 for spec in named_children(node) {
@@ -28,7 +27,6 @@ pub(super) fn source_file(out: &mut Outline<'_>, root: Node<'_>) {
 
 fn type_spec(out: &mut Outline<'_>, spec: Node<'_>) {
     let name = spec.child_by_field_name("name");
-    out.define(name);
     let ty = spec.child_by_field_name("type");
     let members = ty.and_then(|t| match t.kind() {
         "struct_type" => named_children(t).into_iter().find(|n| n.kind() == "field_declaration_list"),
@@ -41,13 +39,13 @@ fn type_spec(out: &mut Outline<'_>, spec: Node<'_>) {
                 "interface_type" => format!("type {} interface", out.head(spec, Some(list))),
                 _ => format!("type {}", out.head(spec, Some(list))),
             };
-            out.braced(0, &head, |o| member_lines(o, list));
+            out.braced(0, &head, name, spec, |o| member_lines(o, list));
         }
         ("type_spec" | "type_alias", _) => {
             let line = format!("type {}", out.flat(spec));
-            out.line(0, &line);
+            out.def_line(0, &line, name, spec);
         }
-        _ => {}
+        _ => out.define(name),
     }
 }
 
@@ -58,9 +56,7 @@ fn member_lines(out: &mut Outline<'_>, list: Node<'_>) {
         .collect();
     for m in members.iter().take(MAX_MEMBERS) {
         let line = out.flat(*m);
-        out.line(1, &line);
-        let name = m.child_by_field_name("name");
-        out.define(name);
+        out.def_line(1, &line, m.child_by_field_name("name"), *m);
     }
     if members.len() > MAX_MEMBERS {
         out.line(1, "…");
@@ -74,10 +70,10 @@ fn specs(out: &mut Outline<'_>, node: Node<'_>, keyword: &str) {
             "const_spec" | "var_spec" => {
                 let head = out.head(spec, spec.child_by_field_name("value"));
                 let head = head.trim_end().trim_end_matches('=').trim_end();
-                out.line(0, &format!("{keyword} {head}"));
                 let mut cursor = spec.walk();
                 let names: Vec<Node<'_>> = spec.children_by_field_name("name", &mut cursor).collect();
-                for n in names {
+                out.def_line(0, &format!("{keyword} {head}"), names.first().copied(), spec);
+                for n in names.into_iter().skip(1) {
                     out.define(Some(n));
                 }
             }

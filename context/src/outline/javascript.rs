@@ -38,40 +38,30 @@ fn declaration(out: &mut Outline<'_>, node: Node<'_>, depth: usize, prefix: &str
     match node.kind() {
         "function_declaration" | "generator_function_declaration" | "function_signature" => {
             let head = out.head(node, body);
-            out.line(depth, &with_prefix(format!("{};", strip_semicolon(&head))));
-            out.define(name);
+            out.def_line(depth, &with_prefix(format!("{};", strip_semicolon(&head))), name, node);
         }
-        "class_declaration" | "abstract_class_declaration" | "class" => {
-            out.define(name);
-            if let Some(b) = body {
+        "class_declaration" | "abstract_class_declaration" | "class" | "interface_declaration" => match body {
+            Some(b) => {
                 let head = with_prefix(out.head(node, Some(b)));
-                out.braced(depth, &head, |o| members(o, b, depth + 1));
+                out.braced(depth, &head, name, node, |o| members(o, b, depth + 1));
             }
-        }
-        "interface_declaration" => {
-            out.define(name);
-            if let Some(b) = body {
-                let head = with_prefix(out.head(node, Some(b)));
-                out.braced(depth, &head, |o| members(o, b, depth + 1));
-            }
-        }
+            None => out.define(name),
+        },
         "type_alias_declaration" => {
             let flat = out.flat(node);
-            out.line(depth, &with_prefix(format!("{};", strip_semicolon(&flat))));
-            out.define(name);
+            out.def_line(depth, &with_prefix(format!("{};", strip_semicolon(&flat))), name, node);
         }
         "enum_declaration" => {
             let flat = out.flat(node);
-            out.line(depth, &with_prefix(flat));
-            out.define(name);
+            out.def_line(depth, &with_prefix(flat), name, node);
         }
-        "internal_module" | "module" => {
-            out.define(name);
-            if let Some(b) = body {
+        "internal_module" | "module" => match body {
+            Some(b) => {
                 let head = with_prefix(out.head(node, Some(b)));
-                out.braced(depth, &head, |o| statements(o, b, depth + 1));
+                out.braced(depth, &head, name, node, |o| statements(o, b, depth + 1));
             }
-        }
+            None => out.define(name),
+        },
         "ambient_declaration" => {
             for inner in named_children(node) {
                 declaration(out, inner, depth, &with_prefix("declare".to_string()));
@@ -103,8 +93,7 @@ fn bindings(out: &mut Outline<'_>, node: Node<'_>, depth: usize, prefix: &str) {
             continue;
         };
         let line = if prefix.is_empty() { text } else { format!("{prefix} {text}") };
-        out.line(depth, &line);
-        out.define(Some(name));
+        out.def_line(depth, &line, Some(name), node);
     }
 }
 
@@ -131,10 +120,9 @@ fn members(out: &mut Outline<'_>, body: Node<'_>, depth: usize) {
             out.line(depth, "…");
             break;
         }
-        out.line(depth, &truncate(&line, 240));
         written += 1;
         let name = m.child_by_field_name("name").or_else(|| m.child_by_field_name("property"));
-        out.define(name);
+        out.def_line(depth, &truncate(&line, 240), name, m);
     }
 }
 

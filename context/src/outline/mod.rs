@@ -4,6 +4,7 @@
 //! Never fails: a file that does not parse cleanly (syntax errors, a parse that runs past its time
 //! limit, a file too large to parse) is plain text — no outline, no identifiers.
 
+mod doc;
 mod go;
 mod javascript;
 mod lang;
@@ -11,6 +12,7 @@ mod python;
 mod references;
 mod rust;
 mod syntax;
+mod visibility;
 
 use std::ops::ControlFlow;
 use std::time::{Duration, Instant};
@@ -32,10 +34,31 @@ pub struct FileAnalysis {
     /// The outline, one definition per line with nesting by four spaces, each line ending in
     /// `'\n'`; empty for plain text and for code that defines nothing.
     pub outline: String,
+    /// What is known about each line of `outline` (same order, same count), for showing the
+    /// lines that matter most when the whole outline does not fit.
+    pub entries: Vec<OutlineEntry>,
     /// The identifiers the file defines, sorted and de-duplicated.
     pub defines: Vec<String>,
     /// The identifiers the file uses (other than at their definitions), with counts, sorted.
     pub references: Vec<(String, u32)>,
+}
+
+/// One line of an outline, described.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct OutlineEntry {
+    /// Nesting depth (0: top level).
+    pub depth: u16,
+    /// The name the line defines, if any.
+    pub name: Option<String>,
+    /// The first line of the definition's doc comment, without comment markers.
+    pub doc: Option<String>,
+    /// Visible outside its file or type (`pub`, exported, capitalised in Go, no leading `_` in
+    /// Python, a trait's or trait impl's member).
+    pub public: bool,
+    /// The line belongs to the definition on the next line (a decorator).
+    pub prefix: bool,
+    /// The line closes the container opened by the last line above it at the same depth (`}`).
+    pub closing: bool,
 }
 
 impl FileAnalysis {
@@ -63,7 +86,7 @@ pub fn analyze_as(lang: Lang, text: &str) -> FileAnalysis {
     if root.has_error() {
         return FileAnalysis::default();
     }
-    let mut out = syntax::Outline::new(text);
+    let mut out = syntax::Outline::new(lang, text);
     match lang {
         Lang::Rust => rust::items(&mut out, root, 0),
         Lang::Python => python::block(&mut out, root, 0),
@@ -79,7 +102,9 @@ pub fn analyze_as(lang: Lang, text: &str) -> FileAnalysis {
         outline.push_str(line);
         outline.push('\n');
     }
-    FileAnalysis { lang: Some(lang), outline, defines, references }
+    let mut entries = out.entries;
+    visibility::mark(lang, &out.lines, &mut entries);
+    FileAnalysis { lang: Some(lang), outline, entries, defines, references }
 }
 
 fn parse(lang: Lang, text: &str) -> Option<tree_sitter::Tree> {

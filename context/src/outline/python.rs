@@ -22,7 +22,7 @@ fn statement(out: &mut Outline<'_>, node: Node<'_>, depth: usize) {
             let Some(def) = node.child_by_field_name("definition") else { return };
             for d in named_children(node).into_iter().filter(|n| n.kind() == "decorator") {
                 let line = out.flat(d);
-                out.line(depth, &line);
+                out.prefix_line(depth, &line);
             }
             definition(out, def, depth);
         }
@@ -38,19 +38,22 @@ fn statement(out: &mut Outline<'_>, node: Node<'_>, depth: usize) {
 fn definition(out: &mut Outline<'_>, node: Node<'_>, depth: usize) {
     let body = node.child_by_field_name("body");
     let head = out.head(node, body);
-    out.define(node.child_by_field_name("name"));
+    let name = node.child_by_field_name("name");
     if node.kind() == "function_definition" {
-        out.line(depth, &format!("{head} ..."));
+        out.def_line(depth, &format!("{head} ..."), name, node);
         return;
     }
     let before = out.lines.len();
-    out.line(depth, &head);
+    out.def_line(depth, &head, name, node);
     if let Some(b) = body {
         block(out, b, depth + 1);
     }
     if out.lines.len() == before + 1 {
         out.lines.truncate(before);
-        out.line(depth, &format!("{head} ..."));
+        out.entries.truncate(before);
+        if out.line(depth, &format!("{head} ...")) {
+            out.describe_last(name, node);
+        }
     }
 }
 
@@ -63,11 +66,9 @@ fn assignment(out: &mut Outline<'_>, node: Node<'_>, depth: usize) {
     let name = out.text(left);
     if let Some(ty) = node.child_by_field_name("type") {
         let line = format!("{name}: {}", out.flat(ty));
-        out.line(depth, &line);
-        out.define(Some(left));
+        out.def_line(depth, &line, Some(left), node);
     } else if depth == 0 && is_constant_name(name) {
-        out.line(depth, &format!("{name} = ..."));
-        out.define(Some(left));
+        out.def_line(depth, &format!("{name} = ..."), Some(left), node);
     }
 }
 

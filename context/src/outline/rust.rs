@@ -30,56 +30,50 @@ fn item(out: &mut Outline<'_>, node: Node<'_>, depth: usize) {
     match node.kind() {
         "function_item" | "function_signature_item" => {
             let head = out.head(node, body);
-            out.line(depth, &format!("{};", strip_semicolon(&head)));
-            out.define(name);
+            out.def_line(depth, &format!("{};", strip_semicolon(&head)), name, node);
         }
-        "struct_item" | "union_item" => {
-            out.define(name);
-            match body.filter(|b| b.kind() == "field_declaration_list") {
-                Some(fields) => {
-                    let head = out.head(node, Some(fields));
-                    out.braced(depth, &head, |o| members(o, fields, depth + 1, "field_declaration"));
-                }
-                None => {
-                    let flat = out.flat(node);
-                    out.line(depth, &format!("{};", strip_semicolon(&flat)));
-                }
+        "struct_item" | "union_item" => match body.filter(|b| b.kind() == "field_declaration_list") {
+            Some(fields) => {
+                let head = out.head(node, Some(fields));
+                out.braced(depth, &head, name, node, |o| members(o, fields, depth + 1, "field_declaration"));
             }
-        }
-        "enum_item" => {
-            out.define(name);
-            match body {
-                Some(variants) => {
-                    let head = out.head(node, Some(variants));
-                    out.braced(depth, &head, |o| members(o, variants, depth + 1, "enum_variant"));
-                }
-                None => out.line(depth, &out.flat(node)),
+            None => {
+                let flat = out.flat(node);
+                out.def_line(depth, &format!("{};", strip_semicolon(&flat)), name, node);
             }
-        }
-        "trait_item" | "impl_item" | "mod_item" | "foreign_mod_item" => {
-            out.define(name);
-            if let Some(list) = body {
+        },
+        "enum_item" => match body {
+            Some(variants) => {
+                let head = out.head(node, Some(variants));
+                out.braced(depth, &head, name, node, |o| members(o, variants, depth + 1, "enum_variant"));
+            }
+            None => {
+                let flat = out.flat(node);
+                out.def_line(depth, &flat, name, node);
+            }
+        },
+        "trait_item" | "impl_item" | "mod_item" | "foreign_mod_item" => match body {
+            Some(list) => {
                 let head = out.head(node, Some(list));
-                out.braced(depth, &head, |o| items(o, list, depth + 1));
+                out.braced(depth, &head, name, node, |o| items(o, list, depth + 1));
             }
-        }
+            None => out.define(name),
+        },
         "const_item" | "static_item" => {
             let head = out.head(node, node.child_by_field_name("value"));
-            out.line(depth, &format!("{};", strip_semicolon(strip_equals(&head))));
-            out.define(name);
+            out.def_line(depth, &format!("{};", strip_semicolon(strip_equals(&head))), name, node);
         }
         "type_item" | "associated_type" => {
             let flat = out.flat(node);
-            out.line(depth, &format!("{};", strip_semicolon(&flat)));
-            out.define(name);
+            out.def_line(depth, &format!("{};", strip_semicolon(&flat)), name, node);
         }
-        "macro_definition" => {
-            if let Some(n) = name {
+        "macro_definition" => match name {
+            Some(n) => {
                 let line = format!("macro_rules! {};", out.text(n));
-                out.line(depth, &line);
+                out.def_line(depth, &line, name, node);
             }
-            out.define(name);
-        }
+            None => out.define(name),
+        },
         _ => {}
     }
 }
@@ -89,8 +83,7 @@ fn members(out: &mut Outline<'_>, list: Node<'_>, depth: usize, kind: &str) {
     let all: Vec<Node<'_>> = named_children(list).into_iter().filter(|n| n.kind() == kind).collect();
     for member in all.iter().take(MAX_MEMBERS) {
         let line = format!("{},", out.flat(*member));
-        out.line(depth, &line);
-        out.define(member.child_by_field_name("name"));
+        out.def_line(depth, &line, member.child_by_field_name("name"), *member);
     }
     if all.len() > MAX_MEMBERS {
         out.line(depth, "…");

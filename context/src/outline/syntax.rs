@@ -5,6 +5,8 @@ use std::ops::Range;
 
 use tree_sitter::Node;
 
+use super::{doc, Lang, OutlineEntry};
+
 /// Outline lines are cut at this many characters.
 const MAX_LINE_CHARS: usize = 240;
 /// At most this many member lines per container (struct fields, enum variants, class members).
@@ -18,17 +20,20 @@ const INDENT: &str = "    ";
 
 /// An outline being written: indented signature lines plus the names the file defines (and the
 /// byte ranges of those name nodes, so they are not also counted as references).
-#[derive(Debug, Default)]
+#[derive(Debug)]
 pub(super) struct Outline<'s> {
+    pub lang: Lang,
     pub src: &'s str,
     pub lines: Vec<String>,
+    /// What is known about each line (parallel to `lines`).
+    pub entries: Vec<OutlineEntry>,
     pub defines: Vec<String>,
     pub def_ranges: Vec<Range<usize>>,
 }
 
 impl<'s> Outline<'s> {
-    pub fn new(src: &'s str) -> Self {
-        Outline { src, ..Outline::default() }
+    pub fn new(lang: Lang, src: &'s str) -> Self {
+        Outline { lang, src, lines: Vec::new(), entries: Vec::new(), defines: Vec::new(), def_ranges: Vec::new() }
     }
 
     /// The source text of a node.
@@ -47,14 +52,44 @@ impl<'s> Outline<'s> {
         collapse(self.text(node))
     }
 
-    /// Appends a line at `depth`, cut to [`MAX_LINE_CHARS`].
-    pub fn line(&mut self, depth: usize, text: &str) {
+    /// Appends a line at `depth`, cut to [`MAX_LINE_CHARS`]; false when the outline is full.
+    pub fn line(&mut self, depth: usize, text: &str) -> bool {
         if self.lines.len() >= MAX_LINES {
-            return;
+            return false;
         }
         let mut line = INDENT.repeat(depth);
         line.push_str(&truncate(text, MAX_LINE_CHARS));
         self.lines.push(line);
+        self.entries.push(OutlineEntry { depth: depth.min(usize::from(u16::MAX)) as u16, ..OutlineEntry::default() });
+        true
+    }
+
+    /// Appends the line of a definition: the name it defines (recorded as with [`Outline::define`])
+    /// and the first line of the doc comment of `def`, the definition's node.
+    pub fn def_line(&mut self, depth: usize, text: &str, name: Option<Node<'_>>, def: Node<'_>) {
+        if self.line(depth, text) {
+            self.describe_last(name, def);
+        }
+        self.define(name);
+    }
+
+    /// Appends a line that belongs to the definition written next (a decorator, an attribute).
+    pub fn prefix_line(&mut self, depth: usize, text: &str) {
+        if self.line(depth, text) {
+            if let Some(e) = self.entries.last_mut() {
+                e.prefix = true;
+            }
+        }
+    }
+
+    /// Names the last line's definition and gives it its doc comment's first line.
+    pub fn describe_last(&mut self, name: Option<Node<'_>>, def: Node<'_>) {
+        let name = name.map(|n| self.text(n)).filter(|t| !t.is_empty()).map(str::to_string);
+        let doc = doc::first_line(self.lang, def, self.src);
+        if let Some(e) = self.entries.last_mut() {
+            e.name = name;
+            e.doc = doc;
+        }
     }
 
     /// Records the name node of a definition.
@@ -69,16 +104,32 @@ impl<'s> Outline<'s> {
     }
 
     /// Writes `head {`, the members `body` writes, and `}`; or `head {}` when it writes none.
-    pub fn braced(&mut self, depth: usize, head: &str, body: impl FnOnce(&mut Self)) {
+    /// `def` is the container's definition node and `name` its name, if it has one.
+    pub fn braced(
+        &mut self,
+        depth: usize,
+        head: &str,
+        name: Option<Node<'_>>,
+        def: Node<'_>,
+        body: impl FnOnce(&mut Self),
+    ) {
         let open = self.lines.len();
-        self.line(depth, &format!("{head} {{"));
+        if self.line(depth, &format!("{head} {{")) {
+            self.describe_last(name, def);
+        }
+        self.define(name);
         let before = self.lines.len();
         body(self);
         if self.lines.len() == before {
             self.lines.truncate(open);
-            self.line(depth, &format!("{head} {{}}"));
-        } else {
-            self.line(depth, "}");
+            self.entries.truncate(open);
+            if self.line(depth, &format!("{head} {{}}")) {
+                self.describe_last(name, def);
+            }
+        } else if self.line(depth, "}") {
+            if let Some(e) = self.entries.last_mut() {
+                e.closing = true;
+            }
         }
     }
 }

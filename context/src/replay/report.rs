@@ -5,7 +5,7 @@ use std::fmt::Write;
 use serde::Serialize;
 
 use crate::stability::StabilityModel;
-use crate::{CommitId, Order, RepoContext};
+use crate::{CommitId, DefinitionsVisible, Order, RepoContext};
 
 /// The result of a replay.
 #[derive(Clone, Debug, Serialize)]
@@ -20,6 +20,8 @@ pub struct ReplayReport {
     pub rows: Vec<ReplayRow>,
     /// Per order: medians and means over `rows`.
     pub summary: Vec<OrderSummary>,
+    /// At the head commit: of the definitions other files reference, how many the context shows.
+    pub definitions: DefinitionsVisible,
 }
 
 /// One replayed commit.
@@ -77,7 +79,14 @@ pub struct OrderSummary {
 
 impl ReplayReport {
     pub(crate) fn new(head: &CommitId, model: StabilityModel) -> Self {
-        ReplayReport { head: head.clone(), model, commits_examined: 0, rows: Vec::new(), summary: Vec::new() }
+        ReplayReport {
+            head: head.clone(),
+            model,
+            commits_examined: 0,
+            rows: Vec::new(),
+            summary: Vec::new(),
+            definitions: DefinitionsVisible::default(),
+        }
     }
 
     pub(crate) fn summarize(&mut self) {
@@ -121,6 +130,15 @@ impl ReplayReport {
             self.rows.len(),
             self.rows.iter().filter(|r| r.context_changed).count(),
             self.rows.iter().filter(|r| r.selection_changed).count()
+        );
+        let d = &self.definitions;
+        let _ = writeln!(
+            s,
+            "Definitions visible at {}: {} of the {} definitions other files reference ({:.1}%).\n",
+            short(&self.head),
+            d.visible,
+            d.referenced,
+            100.0 * d.share()
         );
         s.push_str("Shares of the parent's context tokens that stay reusable (median / mean):\n\n");
         s.push_str("| order | before first changed block | token prefix | token prefix when the text changed |\n");

@@ -333,7 +333,7 @@ impl<B: Backend> Engine<B> {
         let seq = Seq::new(id, req, tx, output, now, targets.ttft);
         // An idle engine never refuses: with nothing ahead, waiting would not make the request
         // any faster (and a refusal would leave the throughput estimate without new passes).
-        let idle = self.running.is_empty() && self.waiting.iter().all(|w| w.req.prewarm);
+        let idle = self.running.iter().chain(&self.waiting).all(|w| w.req.prewarm);
         if !seq.req.prewarm && !idle && self.cfg.overload_factor > 0.0 {
             let predicted = self.predict_ttft(&seq, now);
             // Refused only if waiting would fix it: a request too long for its target even

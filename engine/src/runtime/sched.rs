@@ -230,15 +230,18 @@ impl<B: Backend> Engine<B> {
     /// the others (the overdue ones among them also get a bounded share first) and each list
     /// goes by deadline.
     pub(super) fn prefill_order(&self, now: Instant) -> PrefillOrder {
-        let mut prefilling: Vec<&Seq> = self.running.iter().filter(|s| s.remaining() > 1).collect();
+        let (background, mut prefilling): (Vec<&Seq>, Vec<&Seq>) =
+            self.running.iter().filter(|s| s.remaining() > 1).partition(|s| s.req.prewarm);
         let rate = self.prefill_rate();
         if self.cfg.policy == Policy::Slo {
             prefilling.sort_by_key(|s| (s.deadline, s.id));
         }
-        let (hopeless, hopeful): (Vec<&Seq>, Vec<&Seq>) =
+        let (mut hopeless, hopeful): (Vec<&Seq>, Vec<&Seq>) =
             prefilling.into_iter().partition(|s| self.late(s, s.remaining(), now, rate));
         let ids = |v: &[&Seq]| v.iter().map(|s| (s.id, s.req.tenant.clone())).collect::<Vec<_>>();
         let overdue: Vec<&Seq> = hopeless.iter().copied().filter(|s| self.overdue(s, now)).collect();
+        // Pre-warms last: what every user's prompt leaves.
+        hopeless.extend(background);
         PrefillOrder { overdue: ids(&overdue), hopeful: ids(&hopeful), hopeless: ids(&hopeless) }
     }
 
@@ -265,13 +268,14 @@ impl<B: Backend> Engine<B> {
             let side = if self.late(s, w, now, rate) { &mut p.hopeless } else { &mut p.hopeful };
             *side.entry((s.req.tenant.clone(), s.req.slo)).or_default() += Work::one(w);
         }
-        for s in self.running.iter().filter(|s| s.remaining() > 1) {
+        // Pre-warms are invisible here: a user's request puts them back in the queue.
+        for s in self.running.iter().filter(|s| s.remaining() > 1 && !s.req.prewarm) {
             p.running_all += Work::one(s.remaining());
             if !self.late(s, s.remaining(), now, rate) {
                 p.running_hopeful += Work::one(s.remaining());
             }
         }
-        p.busy = !self.running.is_empty() || self.waiting.iter().any(|s| !s.req.prewarm);
+        p.busy = self.running.iter().chain(&self.waiting).any(|s| !s.req.prewarm);
         self.door.publish(p);
     }
 
@@ -345,6 +349,7 @@ impl<B: Backend> Engine<B> {
         let running: usize = self
             .running
             .iter()
+            .filter(|s| !s.req.prewarm)
             .filter(|s| s.remaining() > 1 && (me_hopeless || !(slo && hopeless(s, s.remaining(), now, rate))))
             .map(|s| s.remaining())
             .sum();
@@ -357,10 +362,11 @@ impl<B: Backend> Engine<B> {
     /// every step with the current throughput, so a slow-down turns into
     /// early refusals instead of late answers. Requests that already started
     /// (or were retracted after starting) are never refused.
-    /// While nothing runs, nothing is refused: the next step admits what it can, and waiting
+    /// While nothing but pre-warms runs, nothing is refused: the next step admits what it can (a
+    /// pre-warm is put back in the queue for it), and waiting
     /// would not make any of it faster.
     pub(super) fn refuse_late(&mut self, now: std::time::Instant) {
-        if self.cfg.overload_factor <= 0.0 || self.running.is_empty() {
+        if self.cfg.overload_factor <= 0.0 || self.running.iter().all(|s| s.req.prewarm) {
             return;
         }
         let mut i = 0;

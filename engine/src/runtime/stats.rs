@@ -11,6 +11,7 @@ pub(super) struct Stats {
     pub evicted_slots: u64,
     pub invalidated_slots: u64,
     pub retractions: u64,
+    pub preempted_prewarms: u64,
     pub refused: u64,
     pub cancelled: u64,
     pub finished: u64,
@@ -37,6 +38,9 @@ pub struct Snapshot {
     pub evicted_slots: u64,
     pub invalidated_slots: u64,
     pub retractions: u64,
+    /// Pre-warm requests put back in the queue (their computed K/V kept in the cache) so that a
+    /// user's request could go first.
+    pub preempted_prewarms: u64,
     pub refused: u64,
     /// Of those, refused at submission by the door (see `EngineHandle::submit`).
     pub refused_at_door: u64,
@@ -66,6 +70,7 @@ impl<B: Backend> Engine<B> {
             evicted_slots: self.stats.evicted_slots,
             invalidated_slots: self.stats.invalidated_slots,
             retractions: self.stats.retractions,
+            preempted_prewarms: self.stats.preempted_prewarms,
             refused: self.stats.refused + self.door.refused(),
             refused_at_door: self.door.refused(),
             cancelled: self.stats.cancelled,

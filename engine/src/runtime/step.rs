@@ -26,6 +26,7 @@ impl<B: Backend> Engine<B> {
     pub(super) fn step(&mut self) {
         let now = Instant::now();
         self.drop_cancelled();
+        self.preempt_prewarms();
         self.refuse_late(now);
         let mut plan = Vec::new();
         let mut budget = self.step_budget(now);
@@ -202,6 +203,28 @@ impl<B: Backend> Engine<B> {
         self.stats.retractions += 1;
         metrics::counter!("cachet:retractions_total").increment(1);
         self.waiting.push(seq);
+    }
+
+    /// Background work never holds a user up: while a user's request waits, every pre-warm still
+    /// computing its prompt goes back to the queue (behind every user's request). What it has
+    /// computed stays in the cache, so a request on the same prefix starts from there, and the
+    /// pre-warm resumes from there once no user's request waits.
+    fn preempt_prewarms(&mut self) {
+        if !self.waiting.iter().any(|s| !s.req.prewarm) {
+            return;
+        }
+        let mut i = 0;
+        while i < self.running.len() {
+            if self.running[i].req.prewarm {
+                let mut seq = self.running.swap_remove(i);
+                self.release_kv(&mut seq, true);
+                self.stats.preempted_prewarms += 1;
+                metrics::counter!("cachet:prewarm_preemptions_total").increment(1);
+                self.waiting.push(seq);
+            } else {
+                i += 1;
+            }
+        }
     }
 
     /// Returns a sequence's K/V: computed positions go into the cache (if

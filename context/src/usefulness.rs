@@ -1,0 +1,135 @@
+//! What a file that is not parsed as code is worth to an agent working on the code, for the
+//! selection's last phase: manifests first (what the code builds with), then the top-level README,
+//! then source of languages without outlines, then documentation. Repository metadata and tool
+//! configuration (dotfiles and dot-directories such as `.github/` and `.cargo/`, licences,
+//! changelogs, CI, editor and lint settings, data and config formats that are not a manifest) never
+//! take the budget of files an agent works on; a repository that wants one in the context names it
+//! in its `include` rules.
+
+/// The class of a plain-text file, in selection order (`Skip` is never selected).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+pub(crate) enum TextClass {
+    /// A build manifest (`Cargo.toml`, `pyproject.toml`, `package.json`, `go.mod`, …).
+    Manifest,
+    /// The repository's top-level README.
+    Readme,
+    /// Source of a language without an outline (C, Java, shell, SQL, …).
+    Source,
+    /// Documentation (`.md`, `.rst`, `.txt`).
+    Docs,
+    /// Metadata, CI and tool configuration.
+    Skip,
+}
+
+/// Build manifests, by file name.
+const MANIFESTS: [&str; 16] = [
+    "Cargo.toml",
+    "pyproject.toml",
+    "setup.cfg",
+    "requirements.txt",
+    "package.json",
+    "tsconfig.json",
+    "deno.json",
+    "go.mod",
+    "Makefile",
+    "CMakeLists.txt",
+    "meson.build",
+    "Gemfile",
+    "pom.xml",
+    "build.gradle",
+    "build.gradle.kts",
+    "Dockerfile",
+];
+
+/// Manifests larger than this are left out (a manifest that large is mostly data).
+pub(crate) const MAX_MANIFEST_BYTES: u64 = 8 * 1024;
+
+/// File names (any case, any extension, `-` or `_` suffixes) of repository metadata at the top.
+const METADATA_STEMS: [&str; 12] = [
+    "license",
+    "licence",
+    "copying",
+    "notice",
+    "authors",
+    "changelog",
+    "changes",
+    "history",
+    "codeowners",
+    "funding",
+    "security",
+    "code_of_conduct",
+];
+
+/// Extensions of documentation.
+const DOCS: [&str; 5] = ["md", "markdown", "rst", "txt", "adoc"];
+
+/// Extensions of configuration and data formats.
+const CONFIG: [&str; 12] =
+    ["toml", "yaml", "yml", "json", "ini", "cfg", "conf", "xml", "properties", "env", "lock", "csv"];
+
+/// The class of a plain-text file at `path` of `size` bytes.
+pub(crate) fn text_class(path: &str, size: u64) -> TextClass {
+    let name = path.rsplit('/').next().unwrap_or(path);
+    if path.split('/').any(|part| part.starts_with('.')) {
+        return TextClass::Skip;
+    }
+    if MANIFESTS.contains(&name) {
+        return if size <= MAX_MANIFEST_BYTES { TextClass::Manifest } else { TextClass::Skip };
+    }
+    let (stem, ext) = name.rsplit_once('.').unwrap_or((name, ""));
+    let stem = stem.to_ascii_lowercase();
+    let ext = ext.to_ascii_lowercase();
+    let metadata = |m: &&str| stem == *m || stem.strip_prefix(m).is_some_and(|r| r.starts_with(['-', '_']));
+    if !path.contains('/') && (METADATA_STEMS.iter().any(metadata) || stem == "contributing") {
+        return TextClass::Skip;
+    }
+    if !path.contains('/') && stem == "readme" {
+        return TextClass::Readme;
+    }
+    if DOCS.contains(&ext.as_str()) {
+        return TextClass::Docs;
+    }
+    if CONFIG.contains(&ext.as_str()) || ext.is_empty() {
+        return TextClass::Skip;
+    }
+    TextClass::Source
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn classes() {
+        let cases = [
+            ("Cargo.toml", 900, TextClass::Manifest),
+            ("crates/core/Cargo.toml", 900, TextClass::Manifest),
+            ("package.json", 3_000, TextClass::Manifest),
+            ("package.json", 40_000, TextClass::Skip),
+            ("go.mod", 200, TextClass::Manifest),
+            ("README.md", 5_000, TextClass::Readme),
+            ("docs/README.md", 5_000, TextClass::Docs),
+            ("docs/guide.md", 5_000, TextClass::Docs),
+            ("src/native/parse.c", 5_000, TextClass::Source),
+            ("scripts/release.sh", 500, TextClass::Source),
+            (".editorconfig", 100, TextClass::Skip),
+            (".gitattributes", 100, TextClass::Skip),
+            (".npmrc", 20, TextClass::Skip),
+            (".gitignore", 100, TextClass::Skip),
+            (".github/security.md", 500, TextClass::Skip),
+            (".github/funding.yml", 50, TextClass::Skip),
+            (".github/workflows/main.yml", 900, TextClass::Skip),
+            (".cargo/config.toml", 200, TextClass::Skip),
+            ("LICENSE", 1_000, TextClass::Skip),
+            ("LICENSE-MIT", 1_000, TextClass::Skip),
+            ("CHANGELOG.md", 9_000, TextClass::Skip),
+            ("CONTRIBUTING.md", 2_000, TextClass::Skip),
+            ("rustfmt.toml", 50, TextClass::Skip),
+            ("tests/fixtures/data.json", 500, TextClass::Skip),
+            ("docs/security.md", 500, TextClass::Docs),
+        ];
+        for (path, size, want) in cases {
+            assert_eq!(text_class(path, size), want, "{path}");
+        }
+    }
+}
