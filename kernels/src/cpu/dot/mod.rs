@@ -273,9 +273,14 @@ impl Kernels {
         match level {
             SimdLevel::Scalar => Some(Kernels::scalar()),
             #[cfg(target_arch = "x86_64")]
-            SimdLevel::Avx2 => {
-                Some(Kernels { attend: attend_avx2, silu_mul: silu_mul_avx2, ..safe_table!(SimdLevel::Avx2, avx2) })
-            }
+            SimdLevel::Avx2 => Some(Kernels {
+                attend: attend_avx2,
+                silu_mul: silu_mul_avx2,
+                gemm_q4_0: Some(avx2::gemm_q4_0),
+                gemm_q5_0: Some(avx2::gemm_q5_0),
+                gemm_q8_0: Some(avx2::gemm_q8_0),
+                ..safe_table!(SimdLevel::Avx2, avx2)
+            }),
             #[cfg(target_arch = "x86_64")]
             SimdLevel::Avx512 => Some(Kernels {
                 attend: attend_avx512,

@@ -1,9 +1,13 @@
-//! AVX2 + FMA + F16C dot products (`u8 × i8` via `maddubs`).
+//! AVX2 + FMA + F16C dot products (`u8 × i8` via `maddubs`); the 32-value formats as register
+//! tiles (`q32`), whose 1 × 1 tile is the dot product.
 //!
 //! Safety: every function here requires the `avx2`, `fma` and `f16c` CPU
 //! features; `Kernels::for_level` hands them out only after detecting them.
 
+mod q32;
+
 use super::scalar::{combine_k_min, k_mins, q6_k_offset};
+use super::GemmJob;
 use crate::quant::*;
 use half::{bf16, f16};
 use std::arch::x86_64::*;
@@ -61,52 +65,37 @@ unsafe fn dot_u8i8(w: __m256i, x: __m256i) -> __m256i {
     _mm256_madd_epi16(_mm256_maddubs_epi16(w, x), _mm256_set1_epi16(1))
 }
 
-/// Accumulates one 32-value block whose weights are unsigned with `offset`.
-#[inline(always)]
-unsafe fn block32(acc: __m256, wq: __m256i, a: &BlockQ8A, d: f16, offset: i32) -> __m256 {
-    unsafe {
-        let xq = load256(a.qs.as_ptr().cast());
-        let p = _mm256_add_epi32(dot_u8i8(wq, xq), _mm256_setr_epi32(-offset * a.sum, 0, 0, 0, 0, 0, 0, 0));
-        let d = _mm256_set1_ps(f16_to_f32(d) * a.d);
-        _mm256_fmadd_ps(_mm256_cvtepi32_ps(p), d, acc)
-    }
+#[target_feature(enable = "avx2,fma,f16c")]
+pub unsafe fn q4_0(w: &[BlockQ4_0], x: &[BlockQ8A]) -> f32 {
+    let n = w.len().min(x.len());
+    unsafe { q32::tile32::<BlockQ4_0, 1, 1>([&w[..n]], [&x[..n]])[0][0] }
 }
 
 #[target_feature(enable = "avx2,fma,f16c")]
-pub unsafe fn q4_0(w: &[BlockQ4_0], x: &[BlockQ8A]) -> f32 {
-    let mut acc = _mm256_setzero_ps();
-    for (b, a) in w.iter().zip(x) {
-        unsafe { acc = block32(acc, nibbles32(b.qs.as_ptr()), a, b.d, 8) };
-    }
-    unsafe { hsum_ps(acc) }
+pub unsafe fn gemm_q4_0(job: &GemmJob<'_, BlockQ4_0, BlockQ8A>) {
+    unsafe { q32::gemm32::<BlockQ4_0>(job) }
 }
 
 #[target_feature(enable = "avx2,fma,f16c")]
 pub unsafe fn q5_0(w: &[BlockQ5_0], x: &[BlockQ8A]) -> f32 {
-    let mut acc = _mm256_setzero_ps();
-    for (b, a) in w.iter().zip(x) {
-        unsafe {
-            let wq = _mm256_or_si256(nibbles32(b.qs.as_ptr()), bits32(u32::from_le_bytes(b.qh), 0x10));
-            acc = block32(acc, wq, a, b.d, 16);
-        }
-    }
-    unsafe { hsum_ps(acc) }
+    let n = w.len().min(x.len());
+    unsafe { q32::tile32::<BlockQ5_0, 1, 1>([&w[..n]], [&x[..n]])[0][0] }
+}
+
+#[target_feature(enable = "avx2,fma,f16c")]
+pub unsafe fn gemm_q5_0(job: &GemmJob<'_, BlockQ5_0, BlockQ8A>) {
+    unsafe { q32::gemm32::<BlockQ5_0>(job) }
 }
 
 #[target_feature(enable = "avx2,fma,f16c")]
 pub unsafe fn q8_0(w: &[BlockQ8_0], x: &[BlockQ8A]) -> f32 {
-    let mut acc = _mm256_setzero_ps();
-    for (b, a) in w.iter().zip(x) {
-        unsafe {
-            let wq = load256(b.qs.as_ptr().cast());
-            let xq = load256(a.qs.as_ptr().cast());
-            // |w| × (x with w's sign): products stay within maddubs' i16 range.
-            let p = dot_u8i8(_mm256_sign_epi8(wq, wq), _mm256_sign_epi8(xq, wq));
-            let d = _mm256_set1_ps(f16_to_f32(b.d) * a.d);
-            acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p), d, acc);
-        }
-    }
-    unsafe { hsum_ps(acc) }
+    let n = w.len().min(x.len());
+    unsafe { q32::tile32::<BlockQ8_0, 1, 1>([&w[..n]], [&x[..n]])[0][0] }
+}
+
+#[target_feature(enable = "avx2,fma,f16c")]
+pub unsafe fn gemm_q8_0(job: &GemmJob<'_, BlockQ8_0, BlockQ8A>) {
+    unsafe { q32::gemm32::<BlockQ8_0>(job) }
 }
 
 /// Σ u8 × i8 over 32 bytes, each i16 pair product scaled by `sc`, as i32 lanes.
