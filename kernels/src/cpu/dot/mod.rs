@@ -279,6 +279,9 @@ impl Kernels {
                 gemm_q4_0: Some(avx2::gemm_q4_0),
                 gemm_q5_0: Some(avx2::gemm_q5_0),
                 gemm_q8_0: Some(avx2::gemm_q8_0),
+                gemm_q4_k: Some(avx2::gemm_q4_k),
+                gemm_q5_k: Some(avx2::gemm_q5_k),
+                gemm_q6_k: Some(avx2::gemm_q6_k),
                 ..safe_table!(SimdLevel::Avx2, avx2)
             }),
             #[cfg(target_arch = "x86_64")]

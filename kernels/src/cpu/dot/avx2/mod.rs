@@ -1,12 +1,13 @@
-//! AVX2 + FMA + F16C dot products (`u8 × i8` via `maddubs`); the 32-value formats as register
-//! tiles (`q32`), whose 1 × 1 tile is the dot product.
+//! AVX2 + FMA + F16C dot products (`u8 × i8` via `maddubs`); the quantized formats as register
+//! tiles (`q32`, `qk`), whose 1 × 1 tile is the dot product.
 //!
 //! Safety: every function here requires the `avx2`, `fma` and `f16c` CPU
 //! features; `Kernels::for_level` hands them out only after detecting them.
 
 mod q32;
+mod qk;
 
-use super::scalar::{combine_k_min, k_mins, q6_k_offset};
+use super::scalar::combine_k_min;
 use super::GemmJob;
 use crate::quant::*;
 use half::{bf16, f16};
@@ -98,99 +99,37 @@ pub unsafe fn gemm_q8_0(job: &GemmJob<'_, BlockQ8_0, BlockQ8A>) {
     unsafe { q32::gemm32::<BlockQ8_0>(job) }
 }
 
-/// Σ u8 × i8 over 32 bytes, each i16 pair product scaled by `sc`, as i32 lanes.
-#[inline(always)]
-unsafe fn dot_scaled(w: __m256i, x: __m256i, sc: __m256i) -> __m256i {
-    _mm256_madd_epi16(_mm256_maddubs_epi16(w, x), sc)
+#[target_feature(enable = "avx2,fma,f16c")]
+pub unsafe fn q4_k(w: &[BlockQ4K], x: &[BlockQ8K]) -> f32 {
+    let n = w.len().min(x.len());
+    unsafe { qk::tilek::<BlockQ4K, 1, 1>([&w[..n]], [&x[..n]])[0][0] }
 }
 
 #[target_feature(enable = "avx2,fma,f16c")]
-pub unsafe fn q4_k(w: &[BlockQ4K], x: &[BlockQ8K]) -> f32 {
-    let mut acc = 0f32;
-    let low = _mm256_set1_epi8(0x0F);
-    for (b, a) in w.iter().zip(x) {
-        let mut iacc = _mm256_setzero_si256();
-        for j in 0..4 {
-            let (sc0, _) = scale_min_k4(2 * j, &b.scales);
-            let (sc1, _) = scale_min_k4(2 * j + 1, &b.scales);
-            unsafe {
-                let q = load256(b.qs[32 * j..].as_ptr());
-                let lo = _mm256_and_si256(q, low);
-                let hi = _mm256_and_si256(_mm256_srli_epi16(q, 4), low);
-                let x0 = load256(a.qs[64 * j..].as_ptr().cast());
-                let x1 = load256(a.qs[64 * j + 32..].as_ptr().cast());
-                iacc = _mm256_add_epi32(iacc, dot_scaled(lo, x0, _mm256_set1_epi16(sc0 as i16)));
-                iacc = _mm256_add_epi32(iacc, dot_scaled(hi, x1, _mm256_set1_epi16(sc1 as i16)));
-            }
-        }
-        let sumi = unsafe { hsum_epi32(iacc) };
-        acc = combine_k_min(acc, a, b.d, b.dmin, sumi, k_mins(&b.scales, &a.bsums));
-    }
-    acc
+pub unsafe fn gemm_q4_k(job: &GemmJob<'_, BlockQ4K, BlockQ8K>) {
+    unsafe { qk::gemmk::<BlockQ4K>(job) }
 }
 
 #[target_feature(enable = "avx2,fma,f16c")]
 pub unsafe fn q5_k(w: &[BlockQ5K], x: &[BlockQ8K]) -> f32 {
-    let mut acc = 0f32;
-    let low = _mm256_set1_epi8(0x0F);
-    let one = _mm256_set1_epi8(1);
-    for (b, a) in w.iter().zip(x) {
-        let mut iacc = _mm256_setzero_si256();
-        let qh = unsafe { load256(b.qh.as_ptr()) };
-        for j in 0..4 {
-            let (sc0, _) = scale_min_k4(2 * j, &b.scales);
-            let (sc1, _) = scale_min_k4(2 * j + 1, &b.scales);
-            unsafe {
-                let q = load256(b.qs[32 * j..].as_ptr());
-                let h0 = _mm256_and_si256(_mm256_srl_epi16(qh, _mm_cvtsi32_si128(2 * j as i32)), one);
-                let h1 = _mm256_and_si256(_mm256_srl_epi16(qh, _mm_cvtsi32_si128(2 * j as i32 + 1)), one);
-                let lo = _mm256_or_si256(_mm256_and_si256(q, low), _mm256_slli_epi16(h0, 4));
-                let hi = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(q, 4), low), _mm256_slli_epi16(h1, 4));
-                let x0 = load256(a.qs[64 * j..].as_ptr().cast());
-                let x1 = load256(a.qs[64 * j + 32..].as_ptr().cast());
-                iacc = _mm256_add_epi32(iacc, dot_scaled(lo, x0, _mm256_set1_epi16(sc0 as i16)));
-                iacc = _mm256_add_epi32(iacc, dot_scaled(hi, x1, _mm256_set1_epi16(sc1 as i16)));
-            }
-        }
-        let sumi = unsafe { hsum_epi32(iacc) };
-        acc = combine_k_min(acc, a, b.d, b.dmin, sumi, k_mins(&b.scales, &a.bsums));
-    }
-    acc
+    let n = w.len().min(x.len());
+    unsafe { qk::tilek::<BlockQ5K, 1, 1>([&w[..n]], [&x[..n]])[0][0] }
+}
+
+#[target_feature(enable = "avx2,fma,f16c")]
+pub unsafe fn gemm_q5_k(job: &GemmJob<'_, BlockQ5K, BlockQ8K>) {
+    unsafe { qk::gemmk::<BlockQ5K>(job) }
 }
 
 #[target_feature(enable = "avx2,fma,f16c")]
 pub unsafe fn q6_k(w: &[BlockQ6K], x: &[BlockQ8K]) -> f32 {
-    let mut acc = 0f32;
-    let low = _mm256_set1_epi8(0x0F);
-    let two = _mm256_set1_epi8(3);
-    for (b, a) in w.iter().zip(x) {
-        let mut iacc = _mm256_setzero_si256();
-        for half in 0..2 {
-            let sc = |g: usize| b.scales[8 * half + g] as i16;
-            let scales = |g: usize| _mm256_set_m128i(_mm_set1_epi16(sc(g + 1)), _mm_set1_epi16(sc(g)));
-            unsafe {
-                let ql0 = load256(b.ql[64 * half..].as_ptr());
-                let ql1 = load256(b.ql[64 * half + 32..].as_ptr());
-                let qh = load256(b.qh[32 * half..].as_ptr());
-                let hbits = |shift: i32| {
-                    let h = _mm256_and_si256(_mm256_srl_epi16(qh, _mm_cvtsi32_si128(shift)), two);
-                    _mm256_slli_epi16(h, 4)
-                };
-                let q1 = _mm256_or_si256(_mm256_and_si256(ql0, low), hbits(0));
-                let q2 = _mm256_or_si256(_mm256_and_si256(ql1, low), hbits(2));
-                let q3 = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(ql0, 4), low), hbits(4));
-                let q4 = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(ql1, 4), low), hbits(6));
-                let xs = a.qs[128 * half..].as_ptr();
-                iacc = _mm256_add_epi32(iacc, dot_scaled(q1, load256(xs.cast()), scales(0)));
-                iacc = _mm256_add_epi32(iacc, dot_scaled(q2, load256(xs.add(32).cast()), scales(2)));
-                iacc = _mm256_add_epi32(iacc, dot_scaled(q3, load256(xs.add(64).cast()), scales(4)));
-                iacc = _mm256_add_epi32(iacc, dot_scaled(q4, load256(xs.add(96).cast()), scales(6)));
-            }
-        }
-        let sumi = unsafe { hsum_epi32(iacc) } - q6_k_offset(&b.scales, &a.bsums);
-        acc += (a.d * b.d.to_f32()) * sumi as f32;
-    }
-    acc
+    let n = w.len().min(x.len());
+    unsafe { qk::tilek::<BlockQ6K, 1, 1>([&w[..n]], [&x[..n]])[0][0] }
+}
+
+#[target_feature(enable = "avx2,fma,f16c")]
+pub unsafe fn gemm_q6_k(job: &GemmJob<'_, BlockQ6K, BlockQ8K>) {
+    unsafe { qk::gemmk::<BlockQ6K>(job) }
 }
 
 /// Dense dot with 8-wide FMA; `load(i)` widens the 8 weights at `i` to f32.
