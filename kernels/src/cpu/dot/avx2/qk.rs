@@ -157,8 +157,8 @@ pub(super) unsafe fn tilek<B: KBlock, const R: usize, const C: usize>(
                 }
                 for r in 0..R {
                     let mut iacc = _mm256_setzero_si256();
-                    for k in 0..8 {
-                        let p = _mm256_madd_epi16(_mm256_maddubs_epi16(prep[r].w[k], xs[k]), prep[r].sc[k]);
+                    for (k, &xk) in xs.iter().enumerate() {
+                        let p = _mm256_madd_epi16(_mm256_maddubs_epi16(prep[r].w[k], xk), prep[r].sc[k]);
                         iacc = _mm256_add_epi32(iacc, p);
                     }
                     out[r][c] = w[r].get_unchecked(i).finish(out[r][c], a, hsum_epi32(iacc));
