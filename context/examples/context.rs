@@ -38,8 +38,8 @@ fn main() {
             .map(|d| format!("{}\t{}\t{}\n", if d.visible { "visible" } else { "hidden" }, d.path, d.name))
             .collect();
         std::fs::write(&file, lines).expect("writing the definitions");
-        let visible = all.iter().filter(|d| d.visible).count();
-        eprintln!("definitions visible: {visible} of {}", all.len());
+        let d = cachet_context::DefinitionsVisible::of(&all);
+        eprintln!("definitions visible: {} of {}", d.visible, d.referenced);
     }
     println!("{}", ctx.text);
     for s in &ctx.segments {

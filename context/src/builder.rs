@@ -1,5 +1,6 @@
 //! [`ContextBuilder`]: a repository at a commit → ranked, budgeted, ordered, tokenized blocks.
 
+use std::collections::HashMap;
 use std::fmt;
 use std::sync::Arc;
 
@@ -12,7 +13,7 @@ use crate::history::{history, ChangeCache, History};
 use crate::order::{block_ages, order_blocks, BlockAges};
 use crate::outline::{plain_fence_tag, Lang};
 use crate::rank::rank;
-use crate::refs::{DefinitionShown, DefinitionsVisible, References};
+use crate::refs::{DefinitionShown, References};
 use crate::render::{full_block, outline_block, outline_version, HEADER, HEADER_VERSION, MAX_OUTLINE_BYTES};
 use crate::rules::FileFilter;
 use crate::select::{select, Budget};
@@ -56,10 +57,6 @@ pub(crate) struct Prepared {
     pub blocks: Vec<Block>,
     /// Which names the commit's files reference (what outlines show first).
     pub references: Arc<References>,
-    /// Of the definitions other files reference, how many the blocks show.
-    pub definitions: DefinitionsVisible,
-    /// Those definitions, one by one.
-    pub shown: Vec<DefinitionShown>,
 }
 
 impl ContextBuilder {
@@ -95,7 +92,9 @@ impl ContextBuilder {
     }
 
     /// Each definition that another file of the repository references, and whether the context
-    /// of [`ContextBuilder::build`] with the same arguments shows it (sorted by path and name).
+    /// of [`ContextBuilder::build`] with the same arguments shows it (sorted by path and name): all
+    /// of a full file's, an outline's when it kept the definition's line. A diagnostic, computed
+    /// apart from the build.
     pub fn definitions(
         &self,
         mirror: &Mirror,
@@ -106,7 +105,25 @@ impl ContextBuilder {
         let repo = mirror.repo()?;
         let tokens = Tokens::new(tok, &self.tokens);
         let prepared = self.prepare(&repo, commit, opts, &tokens)?;
-        Ok(prepared.shown)
+        let kinds: HashMap<&str, SegmentKind> =
+            prepared.blocks.iter().filter_map(|b| Some((b.path.as_deref()?, b.kind))).collect();
+        let refs = &prepared.references;
+        let mut out = Vec::new();
+        for c in candidates(&repo, commit, &FileFilter::new(&opts.rules)?, &self.blobs)? {
+            let a = c.analysis();
+            let kind = kinds.get(c.path.as_str());
+            let shown = (kind == Some(&SegmentKind::Outline))
+                .then(|| shown_outline(a, MAX_OUTLINE_BYTES, &|n| refs.elsewhere(a, n)).names);
+            for name in refs.used_definitions(a) {
+                let visible = match kind {
+                    Some(SegmentKind::File) => true,
+                    Some(SegmentKind::Outline) => shown.as_ref().is_some_and(|s| s.contains(name)),
+                    _ => false,
+                };
+                out.push(DefinitionShown { path: c.path.clone(), name: name.to_string(), visible });
+            }
+        }
+        Ok(out)
     }
 
     /// Selects and renders the blocks at `commit` (order-independent).
@@ -122,13 +139,7 @@ impl ContextBuilder {
         let header_tokens = tokens.get(SegmentKind::Header, "", HEADER_VERSION, || Ok(HEADER.to_string()))?;
         if header_tokens.len() > opts.budget_tokens {
             let references = Arc::new(References::default());
-            return Ok(Prepared {
-                header: None,
-                blocks: Vec::new(),
-                references,
-                definitions: DefinitionsVisible::default(),
-                shown: Vec::new(),
-            });
+            return Ok(Prepared { header: None, blocks: Vec::new(), references });
         }
         let header = Block {
             kind: SegmentKind::Header,
@@ -146,14 +157,11 @@ impl ContextBuilder {
         let budget = Budget { total, full: ((share * opts.budget_tokens as f64) as usize).min(total) };
         let mut cost = |c: &Candidate, kind| block_tokens(repo, c, kind, &refs, tokens);
         let chosen = select(&ranked, budget, &mut cost)?;
-        let shown = definitions_shown(&ranked, &chosen, &refs);
-        let definitions =
-            DefinitionsVisible { referenced: shown.len(), visible: shown.iter().filter(|d| d.visible).count() };
         let blocks = chosen
             .into_iter()
             .map(|(i, kind)| render(repo, ranked[i], kind, &refs, tokens))
             .collect::<Result<_, _>>()?;
-        Ok(Prepared { header: Some(header), blocks, references: refs, definitions, shown })
+        Ok(Prepared { header: Some(header), blocks, references: refs })
     }
 
     /// When each prepared block's text changed over the history window ending at `commit`.
@@ -261,33 +269,4 @@ fn render(
         text: Arc::from(text),
         tokens: toks,
     })
-}
-
-/// Each definition (a file's defined name) that another file references, and whether the chosen
-/// blocks show it: all of a full file's, an outline's when it kept the definition's line.
-fn definitions_shown(
-    ranked: &[&Candidate],
-    chosen: &[(usize, SegmentKind)],
-    refs: &References,
-) -> Vec<DefinitionShown> {
-    let mut kinds = vec![None; ranked.len()];
-    for &(i, kind) in chosen {
-        kinds[i] = Some(kind);
-    }
-    let mut out = Vec::new();
-    for (c, kind) in ranked.iter().zip(kinds) {
-        let a = c.analysis();
-        let shown = (kind == Some(SegmentKind::Outline))
-            .then(|| shown_outline(a, MAX_OUTLINE_BYTES, &|n| refs.elsewhere(a, n)).names);
-        for name in refs.used_definitions(a) {
-            let visible = match kind {
-                Some(SegmentKind::File) => true,
-                Some(SegmentKind::Outline) => shown.as_ref().is_some_and(|s| s.contains(name)),
-                _ => false,
-            };
-            out.push(DefinitionShown { path: c.path.clone(), name: name.to_string(), visible });
-        }
-    }
-    out.sort_by(|x, y| (&x.path, &x.name).cmp(&(&y.path, &y.name)));
-    out
 }

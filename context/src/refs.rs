@@ -46,6 +46,11 @@ pub struct DefinitionsVisible {
 }
 
 impl DefinitionsVisible {
+    /// The counts of a list of definitions.
+    pub fn of(all: &[DefinitionShown]) -> DefinitionsVisible {
+        DefinitionsVisible { referenced: all.len(), visible: all.iter().filter(|d| d.visible).count() }
+    }
+
     /// `visible / referenced` (1 when nothing is referenced).
     pub fn share(&self) -> f64 {
         if self.referenced == 0 {

@@ -21,7 +21,10 @@ pub use report::{OrderShares, OrderSummary, ReplayReport, ReplayRow};
 
 use crate::builder::{arrange, Prepared};
 use crate::token_cache::Tokens;
-use crate::{CommitId, ContextBuilder, ContextError, ContextOptions, Mirror, Order, RepoContext, TokenCounter};
+use crate::{
+    CommitId, ContextBuilder, ContextError, ContextOptions, DefinitionsVisible, Mirror, Order, RepoContext,
+    TokenCounter,
+};
 
 pub use crate::stability::StabilityModel;
 
@@ -52,6 +55,8 @@ pub fn replay_with(
     let tokens = Tokens::new(&named, builder.token_cache());
     let chain = mirror.first_parent(head, commits.saturating_add(1))?;
     let mut reports: Vec<ReplayReport> = models.iter().map(|m| ReplayReport::new(head, *m)).collect();
+    let definitions = DefinitionsVisible::of(&builder.definitions(mirror, head, opts, &named)?);
+    reports.iter_mut().for_each(|r| r.definitions = definitions);
     let mut newer: Option<(CommitId, Prepared)> = None;
     for pair in chain.windows(2) {
         let (child, parent) = (&pair[0], &pair[1]);
@@ -59,9 +64,6 @@ pub fn replay_with(
             Some((id, p)) if &id == child => p,
             _ => builder.prepare(&repo, child, opts, &tokens)?,
         };
-        if child == head {
-            reports.iter_mut().for_each(|r| r.definitions = at_child.definitions);
-        }
         let at_parent = builder.prepare(&repo, parent, opts, &tokens)?;
         let changed: HashSet<String> = mirror.changed_paths(parent, child)?.into_iter().map(|c| c.path).collect();
         let affected = at_parent.blocks.iter().filter(|b| b.path.as_ref().is_some_and(|p| changed.contains(p))).count();

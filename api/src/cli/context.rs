@@ -81,9 +81,12 @@ pub fn run(cmd: ContextCommand) -> anyhow::Result<()> {
                 for d in &all {
                     println!("{}\t{}\t{}", if d.visible { "visible" } else { "hidden" }, d.path, d.name);
                 }
-                let visible = all.iter().filter(|d| d.visible).count();
-                let share = if all.is_empty() { 100.0 } else { 100.0 * visible as f64 / all.len() as f64 };
-                println!("commit {commit}: {visible} of {} referenced definitions visible ({share:.1}%)", all.len());
+                let d = cachet_context::DefinitionsVisible::of(&all);
+                let share = 100.0 * d.share();
+                println!(
+                    "commit {commit}: {} of {} referenced definitions visible ({share:.1}%)",
+                    d.visible, d.referenced
+                );
                 return Ok(());
             }
             let ctx = builder.build(&mirror, &commit, &opts, &PlainTokens(&tok))?;

@@ -66,6 +66,69 @@ unsafe fn dot_u8i8(w: __m256i, x: __m256i) -> __m256i {
     _mm256_madd_epi16(_mm256_maddubs_epi16(w, x), _mm256_set1_epi16(1))
 }
 
+/// An `R`-row × `C`-token tile of dot products. Implementations compute each element with the
+/// same operations whatever `R` and `C`; the single dot product is the 1 × 1 tile.
+pub(super) trait TileKernel {
+    type W: Block;
+    type A: Sync;
+    /// Rows per tile (3 or 4), with up to 4 tokens.
+    const ROWS: usize;
+    unsafe fn tile<const R: usize, const C: usize>(w: [&[Self::W]; R], x: [&[Self::A]; C]) -> [[f32; C]; R];
+}
+
+/// The job in tiles of `T::ROWS` rows × 4 tokens, smaller at the edges; row by row when the job
+/// has one token, so the weights are one sequential stream.
+#[inline(always)]
+unsafe fn gemm<T: TileKernel>(job: &GemmJob<'_, T::W, T::A>) {
+    let (wpr, apr) = (job.wpr, job.apr);
+    let wrow = |r: usize| unsafe { job.w.get_unchecked(r * wpr..(r + 1) * wpr) };
+    let xrow = |t: usize| unsafe { job.x.get_unchecked(t * apr..(t + 1) * apr) };
+    macro_rules! tile {
+        ($r:expr, $t:expr, [$($i:literal),+], [$($j:literal),+]) => {{
+            let out = T::tile::<{ [$($i),+].len() }, { [$($j),+].len() }>([$(wrow($r + $i)),+], [$(xrow($t + $j)),+]);
+            for (i, row) in out.iter().enumerate() {
+                for (j, v) in row.iter().enumerate() {
+                    *job.out.add(($t + j) * job.ldo + $r + i) = *v;
+                }
+            }
+        }};
+    }
+    macro_rules! tokens {
+        ($r:expr, $t0:expr, $t1:expr, [$($i:literal),+]) => {{
+            let mut t = $t0;
+            while t < $t1 {
+                let tt = ($t1 - t).min(4);
+                match tt {
+                    4 => tile!($r, t, [$($i),+], [0, 1, 2, 3]),
+                    3 => tile!($r, t, [$($i),+], [0, 1, 2]),
+                    2 => tile!($r, t, [$($i),+], [0, 1]),
+                    _ => tile!($r, t, [$($i),+], [0]),
+                }
+                t += tt;
+            }
+        }};
+    }
+    unsafe {
+        let (t0, t1) = (job.toks.start, job.toks.end);
+        let mut r = job.rows.start;
+        while r < job.rows.end {
+            if job.rows.end - r >= T::ROWS && t1 - t0 > 1 {
+                if T::ROWS == 4 {
+                    tokens!(r, t0, t1, [0, 1, 2, 3]);
+                } else {
+                    tokens!(r, t0, t1, [0, 1, 2]);
+                }
+                r += T::ROWS;
+            } else {
+                for t in t0..t1 {
+                    tile!(r, t, [0], [0]);
+                }
+                r += 1;
+            }
+        }
+    }
+}
+
 #[target_feature(enable = "avx2,fma,f16c")]
 pub unsafe fn q4_0(w: &[BlockQ4_0], x: &[BlockQ8A]) -> f32 {
     let n = w.len().min(x.len());
@@ -74,7 +137,7 @@ pub unsafe fn q4_0(w: &[BlockQ4_0], x: &[BlockQ8A]) -> f32 {
 
 #[target_feature(enable = "avx2,fma,f16c")]
 pub unsafe fn gemm_q4_0(job: &GemmJob<'_, BlockQ4_0, BlockQ8A>) {
-    unsafe { q32::gemm32::<BlockQ4_0>(job) }
+    unsafe { gemm::<q32::Q32<BlockQ4_0>>(job) }
 }
 
 #[target_feature(enable = "avx2,fma,f16c")]
@@ -85,7 +148,7 @@ pub unsafe fn q5_0(w: &[BlockQ5_0], x: &[BlockQ8A]) -> f32 {
 
 #[target_feature(enable = "avx2,fma,f16c")]
 pub unsafe fn gemm_q5_0(job: &GemmJob<'_, BlockQ5_0, BlockQ8A>) {
-    unsafe { q32::gemm32::<BlockQ5_0>(job) }
+    unsafe { gemm::<q32::Q32<BlockQ5_0>>(job) }
 }
 
 #[target_feature(enable = "avx2,fma,f16c")]
@@ -96,7 +159,7 @@ pub unsafe fn q8_0(w: &[BlockQ8_0], x: &[BlockQ8A]) -> f32 {
 
 #[target_feature(enable = "avx2,fma,f16c")]
 pub unsafe fn gemm_q8_0(job: &GemmJob<'_, BlockQ8_0, BlockQ8A>) {
-    unsafe { q32::gemm32::<BlockQ8_0>(job) }
+    unsafe { gemm::<q32::Q32<BlockQ8_0>>(job) }
 }
 
 #[target_feature(enable = "avx2,fma,f16c")]
@@ -107,7 +170,7 @@ pub unsafe fn q4_k(w: &[BlockQ4K], x: &[BlockQ8K]) -> f32 {
 
 #[target_feature(enable = "avx2,fma,f16c")]
 pub unsafe fn gemm_q4_k(job: &GemmJob<'_, BlockQ4K, BlockQ8K>) {
-    unsafe { qk::gemmk::<BlockQ4K>(job) }
+    unsafe { gemm::<qk::QK<BlockQ4K>>(job) }
 }
 
 #[target_feature(enable = "avx2,fma,f16c")]
@@ -118,7 +181,7 @@ pub unsafe fn q5_k(w: &[BlockQ5K], x: &[BlockQ8K]) -> f32 {
 
 #[target_feature(enable = "avx2,fma,f16c")]
 pub unsafe fn gemm_q5_k(job: &GemmJob<'_, BlockQ5K, BlockQ8K>) {
-    unsafe { qk::gemmk::<BlockQ5K>(job) }
+    unsafe { gemm::<qk::QK<BlockQ5K>>(job) }
 }
 
 #[target_feature(enable = "avx2,fma,f16c")]
@@ -129,7 +192,7 @@ pub unsafe fn q6_k(w: &[BlockQ6K], x: &[BlockQ8K]) -> f32 {
 
 #[target_feature(enable = "avx2,fma,f16c")]
 pub unsafe fn gemm_q6_k(job: &GemmJob<'_, BlockQ6K, BlockQ8K>) {
-    unsafe { qk::gemmk::<BlockQ6K>(job) }
+    unsafe { gemm::<qk::QK<BlockQ6K>>(job) }
 }
 
 /// Dense dot with 8-wide FMA; `load(i)` widens the 8 weights at `i` to f32.

@@ -5,7 +5,6 @@
 //! for bit the same whatever the tile or batch.
 
 use super::*;
-use crate::cpu::dot::GemmJob;
 
 /// A 32-value block as the tile uses it.
 pub(super) trait Block32: Block {
@@ -13,7 +12,10 @@ pub(super) trait Block32: Block {
     type Prep: Copy;
     /// Subtracted from every weight's stored value (corrected with the activations' block sums).
     const OFFSET: i32;
-    /// Rows per tile (with 4 tokens): as many as the 16 vector registers hold without spilling.
+    /// Rows per tile (with 4 tokens): as many as the 16 vector registers hold without spilling
+    /// (on a 2-core Zen 3, `cargo bench -p cachet-kernels --bench kernels`, one noisy run each:
+    /// `Q5_0` 4 × 4 57–70 GFLOP/s, 3 × 4 64, 2 × 4 60, 4 × 3 47; `Q8_0`, which keeps two
+    /// registers per row, 3 × 4 54–64, 4 × 4 50).
     const ROWS: usize;
     fn d(&self) -> f16;
     unsafe fn zero() -> Self::Prep;
@@ -131,58 +133,15 @@ pub(super) unsafe fn tile32<B: Block32, const R: usize, const C: usize>(
     }
 }
 
-/// The job in tiles of `B::ROWS` rows × 4 tokens (on a 2-core Zen 3, `cargo bench -p
-/// cachet-kernels --bench kernels`, one noisy run each: `Q5_0` 4 × 4 57–70 GFLOP/s, 3 × 4 64,
-/// 2 × 4 60, 4 × 3 47; `Q8_0`, which keeps two registers per row, 3 × 4 54–64, 4 × 4 50), smaller
-/// at the edges; row by row when the job has one token, so the weights are one
-/// sequential stream.
-#[inline(always)]
-pub(super) unsafe fn gemm32<B: Block32>(job: &GemmJob<'_, B, BlockQ8A>) {
-    let (wpr, apr) = (job.wpr, job.apr);
-    let wrow = |r: usize| unsafe { job.w.get_unchecked(r * wpr..(r + 1) * wpr) };
-    let xrow = |t: usize| unsafe { job.x.get_unchecked(t * apr..(t + 1) * apr) };
-    macro_rules! tile {
-        ($r:expr, $t:expr, [$($i:literal),+], [$($j:literal),+]) => {{
-            let out = tile32::<B, { [$($i),+].len() }, { [$($j),+].len() }>([$(wrow($r + $i)),+], [$(xrow($t + $j)),+]);
-            for (i, row) in out.iter().enumerate() {
-                for (j, v) in row.iter().enumerate() {
-                    *job.out.add(($t + j) * job.ldo + $r + i) = *v;
-                }
-            }
-        }};
-    }
-    macro_rules! tokens {
-        ($r:expr, $t0:expr, $t1:expr, [$($i:literal),+]) => {{
-            let mut t = $t0;
-            while t < $t1 {
-                let tt = ($t1 - t).min(4);
-                match tt {
-                    4 => tile!($r, t, [$($i),+], [0, 1, 2, 3]),
-                    3 => tile!($r, t, [$($i),+], [0, 1, 2]),
-                    2 => tile!($r, t, [$($i),+], [0, 1]),
-                    _ => tile!($r, t, [$($i),+], [0]),
-                }
-                t += tt;
-            }
-        }};
-    }
-    unsafe {
-        let (t0, t1) = (job.toks.start, job.toks.end);
-        let mut r = job.rows.start;
-        while r < job.rows.end {
-            if job.rows.end - r >= B::ROWS && t1 - t0 > 1 {
-                if B::ROWS == 4 {
-                    tokens!(r, t0, t1, [0, 1, 2, 3]);
-                } else {
-                    tokens!(r, t0, t1, [0, 1, 2]);
-                }
-                r += B::ROWS;
-            } else {
-                for t in t0..t1 {
-                    tile!(r, t, [0], [0]);
-                }
-                r += 1;
-            }
-        }
+/// The 32-value formats as a tile kernel.
+pub(super) struct Q32<B>(std::marker::PhantomData<B>);
+
+impl<B: Block32> TileKernel for Q32<B> {
+    type W = B;
+    type A = BlockQ8A;
+    const ROWS: usize = B::ROWS;
+    #[inline(always)]
+    unsafe fn tile<const R: usize, const C: usize>(w: [&[B]; R], x: [&[BlockQ8A]; C]) -> [[f32; C]; R] {
+        unsafe { tile32(w, x) }
     }
 }

@@ -7,7 +7,6 @@
 //! tile or batch.
 
 use super::*;
-use crate::cpu::dot::GemmJob;
 
 /// One block's weights, unpacked: chunk `k` holds the values `32k..32k + 32` (unsigned) and the
 /// scale of each i16 lane of `maddubs`' result.
@@ -169,46 +168,15 @@ pub(super) unsafe fn tilek<B: KBlock, const R: usize, const C: usize>(
     out
 }
 
-/// The job in tiles of 4 rows × 4 tokens (smaller at the edges); row by row when the job has one
-/// token, so the weights are one sequential stream.
-#[inline(always)]
-pub(super) unsafe fn gemmk<B: KBlock>(job: &GemmJob<'_, B, BlockQ8K>) {
-    let (wpr, apr) = (job.wpr, job.apr);
-    let wrow = |r: usize| unsafe { job.w.get_unchecked(r * wpr..(r + 1) * wpr) };
-    let xrow = |t: usize| unsafe { job.x.get_unchecked(t * apr..(t + 1) * apr) };
-    macro_rules! tile {
-        ($r:expr, $t:expr, [$($i:literal),+], [$($j:literal),+]) => {{
-            let out = tilek::<B, { [$($i),+].len() }, { [$($j),+].len() }>([$(wrow($r + $i)),+], [$(xrow($t + $j)),+]);
-            for (i, row) in out.iter().enumerate() {
-                for (j, v) in row.iter().enumerate() {
-                    *job.out.add(($t + j) * job.ldo + $r + i) = *v;
-                }
-            }
-        }};
-    }
-    unsafe {
-        let (t0, t1) = (job.toks.start, job.toks.end);
-        let mut r = job.rows.start;
-        while r < job.rows.end {
-            if job.rows.end - r >= 4 && t1 - t0 > 1 {
-                let mut t = t0;
-                while t < t1 {
-                    let tt = (t1 - t).min(4);
-                    match tt {
-                        4 => tile!(r, t, [0, 1, 2, 3], [0, 1, 2, 3]),
-                        3 => tile!(r, t, [0, 1, 2, 3], [0, 1, 2]),
-                        2 => tile!(r, t, [0, 1, 2, 3], [0, 1]),
-                        _ => tile!(r, t, [0, 1, 2, 3], [0]),
-                    }
-                    t += tt;
-                }
-                r += 4;
-            } else {
-                for t in t0..t1 {
-                    tile!(r, t, [0], [0]);
-                }
-                r += 1;
-            }
-        }
+/// The K formats as a tile kernel.
+pub(super) struct QK<B>(std::marker::PhantomData<B>);
+
+impl<B: KBlock> TileKernel for QK<B> {
+    type W = B;
+    type A = BlockQ8K;
+    const ROWS: usize = 4;
+    #[inline(always)]
+    unsafe fn tile<const R: usize, const C: usize>(w: [&[B]; R], x: [&[BlockQ8K]; C]) -> [[f32; C]; R] {
+        unsafe { tilek(w, x) }
     }
 }
