@@ -74,6 +74,25 @@ pub struct ContextSettings {
     /// A session idle this long is closed and its cache stops being
     /// retained (the engine's retention of its prefix lasts as long).
     pub session_idle_secs: u64,
+    /// What a session's next turn sees after a push changed files in its context.
+    pub after_push: AfterPush,
+    /// With overlays, a session's rebase starts this long after the push (or the turn) that left
+    /// it behind: a burst of pushes rebases once, and the turns right after a push (which the
+    /// overlay serves warm) do not share the machine with it.
+    pub rebase_delay_ms: u64,
+}
+
+/// What a session's next turn sees after a push changed files of its repository context.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Deserialize, serde::Serialize, utoipa::ToSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum AfterPush {
+    /// The warm context as it was, with the changed files' new versions in an overlay after the
+    /// history (the turn is as fast as a warm one); the context is rebased in the background and
+    /// the session switches to it once it is warm.
+    #[default]
+    Overlay,
+    /// The context at the new head at once (the turn recomputes from the first changed block).
+    Rebuild,
 }
 
 impl Default for ContextSettings {
@@ -91,6 +110,8 @@ impl Default for ContextSettings {
             max_budget_tokens: 16384,
             outline_cache_entries: 100_000,
             session_idle_secs: 30 * 60,
+            after_push: AfterPush::default(),
+            rebase_delay_ms: 5000,
         }
     }
 }

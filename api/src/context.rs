@@ -3,7 +3,7 @@
 //! commit never changes. Everything here blocks (git, parsing, tokenizing):
 //! call it from `spawn_blocking`.
 
-use crate::config::ContextSettings;
+use crate::config::{AfterPush, ContextSettings};
 use cachet_context::{
     CommitId, ContextBuilder, ContextError, ContextOptions, FileRules, Mirror, RepoContext, RepoStore, SourcePolicy,
     TokenCounter,
@@ -25,6 +25,9 @@ pub struct RepoOptions {
     /// globs, `skip_vendored`, `skip_generated`).
     #[schema(value_type = Object)]
     pub rules: FileRules,
+    /// What a session's next turn sees after a push changed files in its context (default: the
+    /// server's `[context] after_push`).
+    pub after_push: Option<AfterPush>,
 }
 
 /// The engine's tokenizer as the context crate's token counter (special
@@ -110,12 +113,22 @@ impl Repos {
         }
     }
 
-    /// The context options of a repository.
-    pub fn options(&self, repo: &Repository) -> ContextOptions {
-        let stored: RepoOptions = serde_json::from_value(repo.options.clone()).unwrap_or_else(|e| {
+    /// What a repository's options say, read from the stored JSON.
+    fn stored(repo: &Repository) -> RepoOptions {
+        serde_json::from_value(repo.options.clone()).unwrap_or_else(|e| {
             tracing::warn!(repo = %repo.id, "stored context options unreadable ({e}); using defaults");
             RepoOptions::default()
-        });
+        })
+    }
+
+    /// What a session's next turn sees after a push to the repository.
+    pub fn after_push(&self, repo: &Repository) -> AfterPush {
+        Self::stored(repo).after_push.unwrap_or(self.settings.after_push)
+    }
+
+    /// The context options of a repository.
+    pub fn options(&self, repo: &Repository) -> ContextOptions {
+        let stored = Self::stored(repo);
         ContextOptions {
             budget_tokens: stored.budget_tokens.unwrap_or(self.settings.budget_tokens),
             rules: stored.rules,

@@ -234,6 +234,7 @@ impl Application {
             turns: Default::default(),
             replica: uuid::Uuid::new_v4(),
             branches_served: Default::default(),
+            bases: Default::default(),
             changes_applied: Default::default(),
             known_tasks: Default::default(),
             metrics_addr,

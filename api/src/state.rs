@@ -53,6 +53,8 @@ pub struct AppState {
     /// When this replica last assembled a prompt on each (repository, branch): a push another
     /// replica received is pre-warmed here only where this replica serves the branch.
     pub branches_served: Mutex<std::collections::HashMap<(uuid::Uuid, String), std::time::Instant>>,
+    /// Each session's base commit on this replica (overlay after a push: `crate::sessions::overlay`).
+    pub bases: crate::sessions::overlay::SessionBases,
     /// Changes made elsewhere (pushes other replicas received, deletions) applied here.
     pub changes_applied: std::sync::atomic::AtomicU64,
     /// Task ids checked against their tenants (see [`crate::auth::KnownIds`]).

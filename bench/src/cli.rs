@@ -32,6 +32,45 @@ pub enum Command {
     Run(RunArgs),
     /// Merges results files and renders the markdown and charts again.
     Report(ReportArgs),
+    /// A push during a session, on cachet: `after_push = "overlay"` and `"rebuild"` side by side
+    /// (writes push.json and push.md).
+    Push(PushArgs),
+}
+
+/// `cachet-bench push`.
+#[derive(Debug, Args)]
+pub struct PushArgs {
+    /// cachet's base URL (without /v1).
+    #[arg(long)]
+    pub url: String,
+    /// The model to request.
+    #[arg(long)]
+    pub model: String,
+    /// A tenant's bearer token.
+    #[arg(long, env = "CACHET_BENCH_API_KEY", hide_env_values = true)]
+    pub api_key: String,
+    /// The git repository to copy and push to (its HEAD branch; default: the current one).
+    #[arg(long, default_value = ".")]
+    pub source_repo: PathBuf,
+    /// Where the two copies go: a folder under the server's `[context] allowed_root`.
+    #[arg(long)]
+    pub work: PathBuf,
+    /// Rounds (each: a warm turn, a push and the turn right after it, then a turn once the
+    /// context is at the new head), alternating which mode goes first.
+    #[arg(long, default_value_t = 5)]
+    pub rounds: usize,
+    /// Tokens each turn generates.
+    #[arg(long, default_value_t = 8)]
+    pub max_tokens: u32,
+    /// Seconds to wait, once the session's context is at the new head, before the round's last turn.
+    #[arg(long, default_value_t = 5)]
+    pub settle_s: u64,
+    /// Per-request timeout (seconds).
+    #[arg(long, default_value_t = 600)]
+    pub timeout_s: u64,
+    /// Output directory.
+    #[arg(long)]
+    pub out: PathBuf,
 }
 
 /// `cachet-bench run`.
@@ -229,7 +268,34 @@ pub async fn main(cli: Cli) -> Result<(), BenchError> {
     match cli.command {
         Command::Run(args) => run(args).await,
         Command::Report(args) => report(args),
+        Command::Push(args) => push(args).await,
     }
+}
+
+async fn push(args: PushArgs) -> Result<(), BenchError> {
+    let mut target = parse_target(&format!("cachet={}", args.url), Some(&args.model))?;
+    target.api_key = Some(args.api_key.clone());
+    std::fs::create_dir_all(&args.work).map_err(|e| BenchError::io("creating", &args.work, e))?;
+    let opts = crate::push::PushOptions {
+        target,
+        source: args.source_repo.clone(),
+        work: args.work.canonicalize().map_err(|e| BenchError::io("reading", &args.work, e))?,
+        rounds: args.rounds.max(1),
+        max_tokens: args.max_tokens.max(1),
+        settle: Duration::from_secs(args.settle_s),
+        timeout: Duration::from_secs(args.timeout_s.max(1)),
+    };
+    let rounds = crate::push::run_push(&http_client()?, &opts).await?;
+    std::fs::create_dir_all(&args.out).map_err(|e| BenchError::io("creating", &args.out, e))?;
+    let json_path = args.out.join("push.json");
+    let json =
+        serde_json::to_string_pretty(&rounds).map_err(|e| BenchError::Json { path: json_path.clone(), source: e })?;
+    std::fs::write(&json_path, json).map_err(|e| BenchError::io("writing", &json_path, e))?;
+    let table = crate::push::markdown(&rounds);
+    let md_path = args.out.join("push.md");
+    std::fs::write(&md_path, &table).map_err(|e| BenchError::io("writing", &md_path, e))?;
+    print!("{table}");
+    Ok(())
 }
 
 async fn run(args: RunArgs) -> Result<(), BenchError> {

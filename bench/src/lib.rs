@@ -38,6 +38,7 @@ pub mod calibrate;
 pub mod cli;
 pub mod client;
 mod error;
+pub mod push;
 pub mod record;
 pub mod report;
 pub mod rng;

@@ -230,6 +230,24 @@ fn changed_paths_add_modify_delete_rename() {
 }
 
 #[test]
+fn a_file_diff_is_its_hunks_against_the_earlier_commit() {
+    let dir = tempfile::tempdir().unwrap();
+    let repo = TestRepo::init(dir.path()).unwrap();
+    let lines: String = (1..=20).map(|i| format!("line {i}\n")).collect();
+    let c1 = repo.commit(&[("a.txt", Some(&lines)), ("b.txt", Some("b\n")), ("bin", Some("x\0y"))], "1").unwrap();
+    let edited = lines.replace("line 10\n", "line ten\nline 10.5\n");
+    let c2 = repo.commit(&[("a.txt", Some(&edited)), ("bin", Some("x\0z"))], "2").unwrap();
+    let m = Mirror::open_path(repo.path()).unwrap();
+    let diff = m.file_diff(&c1, &c2, "a.txt", 1).unwrap().unwrap();
+    // The hunk header names the enclosing "function" line, as git does.
+    assert_eq!(diff, "@@ -9,3 +9,4 @@ line 8\n line 9\n-line 10\n+line ten\n+line 10.5\n line 11\n");
+    assert_eq!(m.file_diff(&c1, &c2, "b.txt", 1).unwrap(), None, "unchanged");
+    assert_eq!(m.file_diff(&c1, &c2, "bin", 1).unwrap(), None, "binary");
+    // A path is matched exactly, not as a pattern.
+    assert_eq!(m.file_diff(&c1, &c2, "*.txt", 1).unwrap(), None);
+}
+
+#[test]
 fn first_parent_follows_main_through_a_merge() {
     let dir = tempfile::tempdir().unwrap();
     let repo = TestRepo::init(dir.path()).unwrap();

@@ -14,10 +14,12 @@
 //! can be redelivered, a successful one is applied once. Other replicas on
 //! the same database hear of it at commit and apply it too (`crate::fanout`).
 
+use crate::config::AfterPush;
 use crate::context::tag_source;
 use crate::error::ApiError;
 use crate::openai::retention_key;
 use crate::sessions::assemble::session_prompt;
+use crate::sessions::overlay::At;
 use crate::state::{AppState, Served};
 use actix_web::{post, web, HttpRequest, HttpResponse};
 use cachet_context::CommitId;
@@ -222,7 +224,12 @@ pub(crate) async fn apply(
         return Ok(Applied { paths, evicted: 0, prewarmed: 0 });
     };
     let mut evicted = 0;
-    for path in &paths {
+    // With overlays, the sessions this replica serves on the branch keep using their warm
+    // prefix, stale blocks and all (their turns carry the new versions after it): nothing is
+    // evicted for them; what they no longer use after their rebase is ordinary cache.
+    let spare = state.repos.after_push(repo) == AfterPush::Overlay
+        && state.bases.serving(repo.id, branch, crate::sessions::idle(state));
+    for path in paths.iter().filter(|_| !spare) {
         let source = tag_source(repo.id, branch, path);
         evicted += served.engine.invalidate(&source, versions.get(path).map(String::as_str)).await.unwrap_or(0);
     }
@@ -251,12 +258,19 @@ async fn prewarm(
     let prompt = web::block(move || {
         let served = st.served()?;
         let commit: CommitId = st.repos.mirror(&r)?.branch_head(&b)?;
-        session_prompt(&st.repos, served, &r, &b, &commit, &[], None)
+        session_prompt(&st.repos, served, &r, &b, &At::head(commit), &[], None)
     })
     .await
     .map_err(|e| ApiError::Internal(e.to_string()))??;
+    // With overlays, the sessions this replica serves on the branch are rebased after it (their
+    // turns meanwhile start from their warm base, with the changes in an overlay).
+    let behind = match state.repos.after_push(repo) {
+        AfterPush::Overlay => state.bases.behind(repo.id, branch, &prompt.at.head, crate::sessions::idle(state)),
+        AfterPush::Rebuild => Vec::new(),
+    };
     let end = prompt.context_end;
     if end == 0 {
+        crate::sessions::rebase::spawn(state.clone(), repo.clone(), branch.to_string(), behind);
         return Ok(0);
     }
     let mut request = Request::new(
@@ -270,7 +284,12 @@ async fn prewarm(
     request.spans = prompt.spans.into_iter().filter(|s| s.range.end <= end).collect();
     request.retention = Some((retention_key(repo.tenant, latest.id), crate::sessions::idle(state)));
     let mut events = served.engine.submit(request);
-    // Dropping the stream would cancel the request: drain it.
-    tokio::spawn(async move { while events.next().await.is_some() {} });
+    // Dropping the stream would cancel the request: drain it; then the rebases, which start
+    // with this context.
+    let (st, r, b) = (state.clone(), repo.clone(), branch.to_string());
+    tokio::spawn(async move {
+        while events.next().await.is_some() {}
+        crate::sessions::rebase::spawn(st, r, b, behind);
+    });
     Ok(1)
 }

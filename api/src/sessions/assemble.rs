@@ -8,6 +8,7 @@
 //! message's content (Qwen's) puts them after the repository context: the
 //! context stays first, and what was pre-warmed without tools stays reusable.
 
+use super::overlay::{overlay, At, Overlay};
 use super::prompt::{assemble, block, Assembled, Kind, Message, Piece};
 use crate::context::{tag_source, Repos};
 use crate::error::ApiError;
@@ -57,7 +58,9 @@ pub struct TurnInput {
 /// A session prompt and what it was built from.
 #[derive(Debug)]
 pub struct SessionPrompt {
-    pub commit: CommitId,
+    /// The head it was built at, and the commit of its repository context (which differs, with
+    /// an overlay, while the session's rebase is not warm yet).
+    pub at: At,
     pub assembled: Assembled,
     /// The user turn's content as stored in the history.
     pub user_content: String,
@@ -202,19 +205,33 @@ fn tool_messages(turn: &TurnInput) -> Result<Vec<Message>, ApiError> {
 }
 
 /// Builds the prompt of a session turn (`turn = None`: the shared prefix
-/// only, for pre-warm).
+/// only, for pre-warm) from the repository context at `at.context`, with an
+/// overlay of what changed up to `at.head` when `at` asks for one (see
+/// [`super::overlay`]; an overlay too large to be worth it builds at the head).
 pub fn session_prompt(
     repos: &Repos,
     served: &Served,
     repo: &Repository,
     branch: &str,
-    commit: &CommitId,
+    at: &At,
     history: &[Turn],
     turn: Option<&TurnInput>,
 ) -> Result<SessionPrompt, ApiError> {
     let template = served.engine.chat_template().ok_or_else(|| ApiError::bad("the model has no chat template"))?;
     let mirror = repos.mirror(repo)?;
-    let context = repos.context(repo, &mirror, commit, served.engine.tokenizer())?;
+    let tokenizer = served.engine.tokenizer();
+    let mut at = at.clone();
+    let mut overlaid = None;
+    if let (Some(since), Some(_)) = (at.overlay_since.clone(), turn) {
+        let base = repos.context(repo, &mirror, &at.context, tokenizer)?;
+        let now = repos.context(repo, &mirror, &at.head, tokenizer)?;
+        match overlay(&mirror, &base, &at.context, &now, &since, &at.head)? {
+            Overlay::Nothing => {}
+            Overlay::TooLarge => at = At::head(at.head.clone()),
+            Overlay::Piece(piece) => overlaid = Some(piece),
+        }
+    }
+    let context = repos.context(repo, &mirror, &at.context, tokenizer)?;
     let mut system = Vec::new();
     if let Some((public, _)) = &served.public {
         // A piece ends with a newline when another follows (see `prompt`).
@@ -228,7 +245,11 @@ pub fn session_prompt(
     }
     messages.extend(history_messages(served, history));
     let (pieces, tool_messages) = match turn {
-        Some(turn) => (turn_pieces(&mirror, commit, turn)?, tool_messages(turn)?),
+        Some(turn) => {
+            let mut pieces = turn_pieces(&mirror, &at.head, turn)?;
+            pieces.splice(0..0, overlaid);
+            (pieces, tool_messages(turn)?)
+        }
         // Any user message: only the prefix before it is kept.
         None => (vec![Piece::text(Kind::Question, "?")], Vec::new()),
     };
@@ -260,7 +281,7 @@ pub fn session_prompt(
         (end > 0).then(|| PublicPrefix { template: "chat".into(), tokens: end })
     });
     let spans = spans(repo.id, branch, &assembled);
-    Ok(SessionPrompt { commit: commit.clone(), assembled, user_content, spans, public, context_end })
+    Ok(SessionPrompt { at, assembled, user_content, spans, public, context_end })
 }
 
 /// Cache tags for the repository pieces of a prompt.

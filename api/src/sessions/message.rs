@@ -1,8 +1,10 @@
 //! `POST /v1/sessions/{id}/messages`: one turn of a session.
 
 use super::assemble::{session_prompt, ToolOutput, ToolResult, TurnInput};
+use super::overlay::Owner;
 use super::{idle, open_session};
 use crate::auth::TenantAuth;
+use crate::config::AfterPush;
 use crate::error::ApiError;
 use crate::openai::tools::{self, ToolFields};
 use crate::openai::types::{reject_unknown, Sampling, ToolRequest, Unknown};
@@ -109,21 +111,26 @@ pub async fn post_message(
         },
         question: body.content.clone(),
     };
-    let (st, r, branch) = (state.clone(), repo.clone(), session.branch.clone());
+    let turns_before = history.len();
+    let (st, r, branch, sid) = (state.clone(), repo.clone(), session.branch.clone(), session.id);
     let prompt = web::block(move || {
         let served = st.served()?;
-        let commit = st.repos.mirror(&r)?.branch_head(&branch)?;
-        session_prompt(&st.repos, served, &r, &branch, &commit, &history, Some(&turn))
+        let head = st.repos.mirror(&r)?.branch_head(&branch)?;
+        // The warm base and an overlay of what changed since, or the head (see `overlay`).
+        let at = st.bases.plan(sid, &head, history.len(), st.repos.after_push(&r));
+        session_prompt(&st.repos, served, &r, &branch, &at, &history, Some(&turn))
     })
     .await
     .map_err(|e| ApiError::Internal(e.to_string()))??;
-    let commit = prompt.commit.to_string();
+    let commit = prompt.at.head.to_string();
+    let context_commit = prompt.at.context.to_string();
     state.note_branch_served(repo.id, &session.branch);
     if body.dry_run {
         return Ok(HttpResponse::Ok().json(json!({
             "object": "session.prompt",
             "session_id": session.id,
             "commit": commit,
+            "context_commit": context_commit,
             "prompt": prompt.assembled.text,
             "prompt_tokens": prompt.assembled.tokens.len(),
             "context_tokens": prompt.context_end,
@@ -148,9 +155,12 @@ pub async fn post_message(
 
     job.session = Some(BoundSession { id: session.id, retention: idle(&state) });
     job.spans = prompt.spans;
-    job.extra = Some(json!({"session_id": session.id, "commit": commit, "turn": seq}));
+    job.extra =
+        Some(json!({"session_id": session.id, "commit": commit, "context_commit": context_commit, "turn": seq}));
     job.headers = vec![("X-Cachet-Commit", commit.clone()), ("X-Cachet-Session", session.id.to_string())];
     let (store, model_id, session_id, request_id) = (state.store.clone(), served.id.clone(), session.id, job.id);
+    let (st, at, rebase_repo) = (state.clone(), prompt.at, repo.clone());
+    let owner = Owner { tenant, repo: repo.id, branch: session.branch.clone() };
     job.answer = Some(Box::new(move |answer: Answer| {
         Box::pin(async move {
             let mut turns: Vec<NewTurn<'_>> = results
@@ -170,8 +180,16 @@ pub async fn post_message(
                 request_id: Some(request_id),
                 ..NewTurn::new(Role::Assistant, &answer.text)
             });
-            if let Err(e) = store.append_turns(session_id, &turns).await {
-                tracing::error!(session = %session_id, "storing the turn failed: {e}");
+            match store.append_turns(session_id, &turns).await {
+                Err(e) => tracing::error!(session = %session_id, "storing the turn failed: {e}"),
+                // What the history has now seen; a session behind the head is rebased.
+                Ok(_) => {
+                    if let Some(behind) = st.bases.record(session_id, &owner, &at, turns_before + turns.len()) {
+                        if st.repos.after_push(&rebase_repo) == AfterPush::Overlay {
+                            super::rebase::spawn(st.clone(), rebase_repo, owner.branch.clone(), vec![behind]);
+                        }
+                    }
+                }
             }
             if let Err(e) = store.touch_session(session_id).await {
                 tracing::warn!(session = %session_id, "{e}");

@@ -4,7 +4,9 @@
 
 pub mod assemble;
 pub mod message;
+pub mod overlay;
 pub mod prompt;
+pub mod rebase;
 
 pub use message::{post_message, MessageRequest};
 
@@ -77,6 +79,7 @@ pub(crate) async fn open_session(state: &AppState, auth: &TenantAuth, id: Uuid) 
 
 async fn close(state: &AppState, tenant: cachet_tenants::TenantId, id: Uuid) -> Result<bool, ApiError> {
     let closed = state.store.close_session(tenant, id).await?;
+    state.bases.forget(id);
     if let Some(served) = state.served.get() {
         served.engine.release(retention_key(tenant, id));
     }

@@ -43,6 +43,9 @@ pub enum Kind {
     HistoryAssistant,
     /// A tool's result in the history.
     HistoryTool,
+    /// This turn: the new versions of files that changed since the repository context above
+    /// (`[context] after_push = "overlay"`).
+    Overlay,
     /// This turn: a file the message names, in full.
     TurnFile,
     /// This turn: tool output the message carries.

@@ -261,6 +261,43 @@ impl Mirror {
             .collect())
     }
 
+    /// The unified diff of one file from `before` to `after`, with `context` lines around each
+    /// change: its hunks (`@@ … @@` headers, then ` `, `-` and `+` lines), without the file
+    /// headers. `None` when the file is the same at both, or binary on either side.
+    pub fn file_diff(
+        &self,
+        before: &CommitId,
+        after: &CommitId,
+        path: &str,
+        context: u32,
+    ) -> Result<Option<String>, ContextError> {
+        let repo = self.repo()?;
+        let old = find_commit(&repo, before)?.tree()?;
+        let new = find_commit(&repo, after)?.tree()?;
+        let mut opts = git2::DiffOptions::new();
+        opts.pathspec(path).disable_pathspec_match(true).context_lines(context);
+        let diff = repo.diff_tree_to_tree(Some(&old), Some(&new), Some(&mut opts))?;
+        let (mut out, mut binary) = (String::new(), false);
+        diff.print(git2::DiffFormat::Patch, |_, _, line| {
+            let content = String::from_utf8_lossy(line.content());
+            match line.origin() {
+                c @ (' ' | '+' | '-') => {
+                    out.push(c);
+                    out.push_str(&content);
+                    if !content.ends_with('\n') {
+                        out.push('\n');
+                    }
+                }
+                'H' => out.push_str(&content),
+                'B' => binary = true,
+                // File headers, and the "no newline at end of file" markers.
+                _ => {}
+            }
+            true
+        })?;
+        Ok((!binary && !out.is_empty()).then_some(out))
+    }
+
     /// First-parent history from `head` back, newest first, at most `limit` commits (`head`
     /// included).
     pub fn first_parent(&self, head: &CommitId, limit: usize) -> Result<Vec<CommitId>, ContextError> {

@@ -136,6 +136,9 @@ impl PassModel {
     }
 }
 
+/// The share of the interactive TTFT target a pass of background work alone may take.
+const BACKGROUND_PASS_SHARE: f64 = 0.1;
+
 impl<B: Backend> Engine<B> {
     /// Tokens the next pass may carry. Without decoding requests (or with
     /// pacing off) that is the configured token budget; while requests decode
@@ -153,7 +156,16 @@ impl<B: Backend> Engine<B> {
             Some(fits) if fits <= decoders.count && !self.prompt_cannot_wait(decoders, now) => 0,
             _ => self.cfg.min_prefill_chunk,
         };
-        self.budget_with(decoders.count, fits, floor)
+        let budget = self.budget_with(decoders.count, fits, floor);
+        // Only background work (pre-warms): a pass cannot be interrupted, so it is kept short
+        // enough that a user's request arriving during it waits a small share of its TTFT target.
+        if self.running.iter().chain(&self.waiting).all(|s| s.req.prewarm) {
+            let short = self.pace.tokens_within(self.cfg.interactive.ttft.mul_f64(BACKGROUND_PASS_SHARE));
+            if let Some(short) = short {
+                return budget.min(short.max(self.cfg.min_prefill_chunk));
+            }
+        }
+        budget
     }
 
     /// The requests decoding now.

@@ -80,6 +80,27 @@ fn chunk_next_to(cfg: EngineConfig, cost: PassModel, a_tokens: usize) -> (usize,
 }
 
 #[test]
+fn background_work_alone_runs_in_passes_a_user_would_wait_little_for() {
+    let mut e = engine(cfg());
+    e.pace = pass_cost();
+    let params = GenerateParams { max_tokens: 1, ..Default::default() };
+    let tokens: Vec<u32> = (0..2000u32).map(|i| (i * 7 + 3) % 300).collect();
+    let mut warm = Request::new(TenantKey::new("t"), tokens, params);
+    warm.prewarm = true;
+    let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
+    std::mem::forget(rx);
+    let id = e.next_id;
+    e.submit(warm, tx);
+    // A tenth of the 3 s TTFT target: (0.3 − 0.01) / 0.002 = 145 tokens, not the 512 budget.
+    assert_eq!(e.step_budget(std::time::Instant::now()), 145);
+    e.step();
+    assert_eq!(computed(&e, id), 145);
+    // A user's request next to it: the usual budget.
+    submit(&mut e, 10, 4);
+    assert_eq!(e.step_budget(std::time::Instant::now()), 512);
+}
+
+#[test]
 fn a_prompt_next_to_a_decoder_comes_in_chunks_that_fit_the_inter_token_target() {
     let (chunk, _) = chunk_next_to_a_decoder(cfg(), pass_cost());
     // (250 − 10) / 2 = 120 tokens in the pass, one of them A's.

@@ -343,8 +343,19 @@ impl TestApp {
 
     /// Registers `source` (by path) for the tenant of `token`.
     pub async fn register(&self, token: &str, source: cachet_context::testing::TestRepo) -> Registered {
-        let url = source.path().display().to_string();
-        let r = self.post(token, "/v1/repos", json!({ "url": url })).await;
+        self.register_with(token, source, json!({})).await
+    }
+
+    /// Registers a repository with registration fields (`{"after_push": "rebuild"}`).
+    pub async fn register_with(
+        &self,
+        token: &str,
+        source: cachet_context::testing::TestRepo,
+        fields: Value,
+    ) -> Registered {
+        let mut body = fields;
+        body["url"] = json!(source.path().display().to_string());
+        let r = self.post(token, "/v1/repos", body).await;
         assert_eq!(r.status(), 201, "{}", r.text().await.unwrap());
         let v: Value = r.json().await.unwrap();
         Registered {

@@ -131,11 +131,13 @@ async fn after_a_push_the_prompt_has_the_new_file_and_reuses_the_prefix_before_i
     assert_eq!(cached(&v), block_start);
 }
 
+/// With `after_push = "rebuild"` (a repository's choice here), the turn after a push starts
+/// from the new head's context, which the push pre-warmed.
 #[tokio::test]
 async fn a_push_prewarms_the_context_of_active_sessions() {
     let app = spawn_app().await;
     let (_, token) = app.tenant("acme").await;
-    let repo = app.register(&token, shop(&app, "shop")).await;
+    let repo = app.register_with(&token, shop(&app, "shop"), json!({"after_push": "rebuild"})).await;
     let session = app.session(&token, &repo).await;
     ask(&app, &token, &session, "What does Cart do?").await;
     let after = repo.source.commit(&[("src/cart.rs", Some(CART_V3))], "cart: rename total").unwrap().to_string();
@@ -148,6 +150,75 @@ async fn a_push_prewarms_the_context_of_active_sessions() {
     let v = ask(&app, &token, &session, "And now?").await;
     assert_eq!(v["cachet"]["commit"], after);
     assert_eq!(cached(&v), context, "the whole new repository context was pre-warmed");
+}
+
+fn history_end(dry: &Value) -> u64 {
+    dry["segments"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|s| s["kind"].as_str().unwrap().starts_with("history"))
+        .map(|s| s["tokens"]["end"].as_u64().unwrap())
+        .max()
+        .unwrap()
+}
+
+fn context_blocks(dry: &Value) -> Vec<(String, String)> {
+    let blocks = dry["segments"].as_array().unwrap().iter();
+    blocks
+        .filter(|s| ["outline", "file"].contains(&s["kind"].as_str().unwrap()))
+        .map(|s| (s["path"].as_str().unwrap().to_string(), s["version"].as_str().unwrap().to_string()))
+        .collect()
+}
+
+/// Overlay after a push (the default): a warm session's next turn, sent at once after the
+/// webhook, keeps its warm context and history (all cached) and carries the changed file's new
+/// version after them; it is not refused. Once the background rebase is warm, turns start from
+/// the new head's context, in the order a new session gets, fully cached again.
+#[tokio::test]
+async fn after_a_push_the_next_turn_keeps_its_warm_prefix_and_carries_the_change_in_an_overlay() {
+    let app = spawn_with(|s| s.context.rebase_delay_ms = 3000).await;
+    let (_, token) = app.tenant("acme").await;
+    let repo = app.register(&token, shop(&app, "shop")).await;
+    let session = app.session(&token, &repo).await;
+    ask(&app, &token, &session, "What does Cart do?").await;
+    ask(&app, &token, &session, "And Price?").await;
+    let after = repo.source.commit(&[("src/cart.rs", Some(CART_V3))], "cart: rename total").unwrap().to_string();
+    let pushed: Value = app.push_hook(&repo, &repo.head, &after, None).await.json().await.unwrap();
+    assert_eq!(pushed["changed_paths"], json!(["src/cart.rs"]), "{pushed}");
+
+    // At once: the warm base, then the history, then the overlay with the new version.
+    let dry = app.dry_run(&token, &session, "Which methods does Cart have?").await;
+    assert_eq!((&dry["commit"], &dry["context_commit"]), (&json!(after), &json!(repo.head)), "{}", dry["prompt"]);
+    let overlay = dry["segments"].as_array().unwrap().iter().find(|s| s["kind"] == "overlay").expect("an overlay");
+    let text = &dry["prompt"].as_str().unwrap()
+        [overlay["text"]["start"].as_u64().unwrap() as usize..overlay["text"]["end"].as_u64().unwrap() as usize];
+    assert!(text.starts_with("### Repository changes since commit") && text.contains("total_cents"), "{text}");
+    assert!(overlay["tokens"]["start"].as_u64().unwrap() > history_end(&dry));
+    let v = ask(&app, &token, &session, "Which methods does Cart have?").await;
+    assert_eq!(v["cachet"]["context_commit"], repo.head);
+    assert!(cached(&v) >= history_end(&dry) - 1, "the warm prefix was not reused: {} cached", cached(&v));
+    // The overlay is the turn's: stored with it, repeated (cached) by the next turn, not shown twice.
+    let next = app.dry_run(&token, &session, "And now?").await;
+    assert_eq!(next["context_commit"], repo.head);
+    assert!(!next["segments"].as_array().unwrap().iter().any(|s| s["kind"] == "overlay"));
+    assert!(next["prompt"].as_str().unwrap().contains("total_cents"));
+
+    // The rebase: the context at the new head and the history, pre-warmed in the background.
+    let deadline = std::time::Instant::now() + Duration::from_secs(120);
+    let rebased = loop {
+        let dry = app.dry_run(&token, &session, "And now?").await;
+        if dry["context_commit"] == after {
+            break dry;
+        }
+        assert!(std::time::Instant::now() < deadline, "the session was never rebased");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    };
+    let fresh = app.session(&token, &repo).await;
+    assert_eq!(context_blocks(&rebased), context_blocks(&app.dry_run(&token, &fresh, "?").await));
+    let v = ask(&app, &token, &session, "And now?").await;
+    assert_eq!(v["cachet"]["context_commit"], after);
+    assert!(cached(&v) >= history_end(&rebased), "the rebase left {} of {} cached", cached(&v), history_end(&rebased));
 }
 
 #[tokio::test]
@@ -360,7 +431,8 @@ async fn a_push_to_one_replica_reaches_the_cache_of_another() {
     }
 
     let (tenant, token) = a.tenant("acme").await;
-    let repo = a.register(&token, shop(&a, "shop")).await;
+    // The turn after the push starts from the new head's context (no overlay).
+    let repo = a.register_with(&token, shop(&a, "shop"), json!({"after_push": "rebuild"})).await;
     let session = a.session(&token, &repo).await;
     // The session's turns run on B, so B's cache holds the repository context.
     ask(&b, &token, &session, "What does Cart do?").await;
