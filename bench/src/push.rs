@@ -45,6 +45,8 @@ pub struct Round {
     pub round: usize,
     pub file: String,
     pub warm_ttft_ms: f64,
+    pub warm_prompt_tokens: u64,
+    pub warm_cached_tokens: u64,
     pub push_ttft_ms: f64,
     pub push_prompt_tokens: u64,
     pub push_cached_tokens: u64,
@@ -90,9 +92,11 @@ pub async fn run_push(client: &reqwest::Client, opts: &PushOptions) -> Result<Ve
         for i in order {
             let r = one_round(client, opts, &copies[i], round).await?;
             eprintln!(
-                "round {round} {}: warm {:.0} ms, after the push {:.0} ms ({} of {} cached{}), rebased after {:.1} s, then {:.0} ms",
+                "round {round} {}: warm {:.0} ms ({} of {} cached), after the push {:.0} ms ({} of {} cached{}), rebased after {:.1} s, then {:.0} ms",
                 r.mode,
                 r.warm_ttft_ms,
+                r.warm_cached_tokens,
+                r.warm_prompt_tokens,
                 r.push_ttft_ms,
                 r.push_cached_tokens,
                 r.push_prompt_tokens,
@@ -286,7 +290,8 @@ async fn one_round(
     copy: &Side,
     round: usize,
 ) -> Result<Round, BenchError> {
-    let (warm_ttft_ms, _, _) = turn(client, opts, copy, &format!("Round {round}: what changed recently?")).await?;
+    let (warm_ttft_ms, warm_prompt_tokens, warm_cached_tokens) =
+        turn(client, opts, copy, &format!("Round {round}: what changed recently?")).await?;
     let dry = dry_run(client, opts, copy).await?;
     let file = pick_file(&dry).ok_or_else(|| bad("the context shows no Rust, Python, Go or JavaScript file"))?;
     let (text, name) = definition(&file, round).ok_or_else(|| bad("no definition for the file"))?;
@@ -317,6 +322,8 @@ async fn one_round(
         round,
         file,
         warm_ttft_ms,
+        warm_prompt_tokens,
+        warm_cached_tokens,
         push_ttft_ms,
         push_prompt_tokens,
         push_cached_tokens,
@@ -403,6 +410,8 @@ mod tests {
             round: 0,
             file: "a.rs".into(),
             warm_ttft_ms: warm,
+            warm_prompt_tokens: 100,
+            warm_cached_tokens: 99,
             push_ttft_ms: push,
             push_prompt_tokens: 100,
             push_cached_tokens: 90,
