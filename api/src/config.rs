@@ -245,6 +245,9 @@ pub struct EngineSettings {
     /// Prefill tokens a paced pass carries when the decoders alone fill the target (and an
     /// overdue prompt's share of a pass).
     pub min_prefill_chunk: usize,
+    /// A prompt is not kept waiting behind decoders past this multiple of its time alone, even
+    /// when its TTFT target would allow it (0: only the target counts).
+    pub prompt_slowdown: f64,
     /// Most requests running at once.
     pub max_running: usize,
     /// `slo` (fair share, deadlines, prefix), `fcfs` or `lpm`.
@@ -303,6 +306,7 @@ impl Default for EngineSettings {
             pace_prefill: d.pace_prefill,
             pace_margin: d.pace_margin,
             min_prefill_chunk: d.min_prefill_chunk,
+            prompt_slowdown: d.prompt_slowdown,
             max_running: d.max_running,
             policy: "slo".into(),
             overload_factor: d.overload_factor,
@@ -387,6 +391,7 @@ impl Settings {
             pace_prefill: e.pace_prefill,
             pace_margin: e.pace_margin,
             min_prefill_chunk: e.min_prefill_chunk,
+            prompt_slowdown: e.prompt_slowdown,
             max_running: e.max_running,
             policy: e.policy.parse().map_err(|m| format!("engine.policy: {m}"))?,
             interactive: SloTargets {

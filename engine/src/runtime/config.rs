@@ -77,6 +77,10 @@ pub struct EngineConfig {
     /// inter-token target, so prompts keep moving; also the share of every
     /// pass an overdue prompt gets (see the `slo` policy).
     pub min_prefill_chunk: usize,
+    /// A prompt that could wait for the decoders and still make its TTFT target is not kept
+    /// waiting past this multiple of what it takes alone either (0: only the target counts):
+    /// a target sized for long prompts would otherwise let short ones wait all of it.
+    pub prompt_slowdown: f64,
     /// Most requests running (holding KV and decoding) at once.
     pub max_running: usize,
     pub policy: Policy,
@@ -102,6 +106,7 @@ impl Default for EngineConfig {
             pace_prefill: true,
             pace_margin: 0.85,
             min_prefill_chunk: 16,
+            prompt_slowdown: 3.0,
             max_running: 64,
             policy: Policy::Slo,
             interactive: SloTargets { ttft: Duration::from_secs(3), itl: Duration::from_millis(250) },
@@ -132,6 +137,9 @@ impl EngineConfig {
         }
         if self.min_prefill_chunk == 0 {
             return Err("min_prefill_chunk must be at least 1".into());
+        }
+        if !self.prompt_slowdown.is_finite() || self.prompt_slowdown < 0.0 {
+            return Err("prompt_slowdown must be >= 0".into());
         }
         if self.max_running == 0 {
             return Err("max_running must be at least 1".into());

@@ -136,6 +136,11 @@ impl PassModel {
     }
 }
 
+/// The share of a pass its fixed cost may be once the pass is big enough that starting one more
+/// prompt in it would delay the others more than it saves (see
+/// [`Engine::efficient_prompt_tokens`]).
+const EFFICIENT_FIXED_SHARE: f64 = 0.1;
+
 /// The share of the interactive TTFT target a pass of background work alone may take.
 const BACKGROUND_PASS_SHARE: f64 = 0.1;
 
@@ -166,6 +171,28 @@ impl<B: Backend> Engine<B> {
             }
         }
         budget
+    }
+
+    /// The prompt tokens past which a pass starts no further prompt: where the pass's fixed cost
+    /// (reading every weight) is a tenth of it, so a bigger pass saves little time per token.
+    /// Packing more prompts into a pass delays the first of them by the others' compute and
+    /// gains the later ones almost nothing: four 96-token questions that arrive together on a
+    /// CPU get their first tokens after one, two, three and four prompts' time instead of all
+    /// after four. On a GPU, where the fixed cost is a pass of thousands of tokens, prompts are
+    /// packed as before. The token budget without a fit.
+    pub(super) fn efficient_prompt_tokens(&self) -> usize {
+        let max = self.cfg.token_budget;
+        match self.pace.fit() {
+            Some((fixed, per)) if fixed > 0.0 && per > 0.0 => {
+                let n = (EFFICIENT_FIXED_SHARE.recip() - 1.0) * fixed / per;
+                if n.is_finite() {
+                    (n.ceil() as usize).clamp(self.cfg.min_prefill_chunk.min(max), max)
+                } else {
+                    max
+                }
+            }
+            _ => max,
+        }
     }
 
     /// The requests decoding now.
@@ -199,6 +226,13 @@ impl<B: Backend> Engine<B> {
     /// to finish (their remaining tokens at the pace of decode-only passes, slow passes
     /// included) and were computed after that at the prompt rate without decoders. Prompts that
     /// cannot make their targets anyway count only once overdue (they are never starved).
+    ///
+    /// A lax target does not let a short prompt wait long either: it cannot wait past
+    /// `prompt_slowdown` × what it takes alone (its uncached work at the prompt rate). With an
+    /// operator's 20 s target sized for long prompts, a 96-token question beside four requests
+    /// each decoding 255 more tokens otherwise waited 12 s for a first token it could have had in
+    /// one second (the long-output scenario, docs/benchmarks.md), and an agent's follow-up on a
+    /// cached prefix 10–20 s.
     fn prompt_cannot_wait(&mut self, decoders: Decoders, now: Instant) -> bool {
         let Some(pass) = self.pace.seconds(decoders.count) else { return true };
         let left = |s: &super::seq::Seq| s.req.params.max_tokens.saturating_sub(s.generated());
@@ -206,8 +240,16 @@ impl<B: Backend> Engine<B> {
         let wait = Duration::from_secs_f64(longest as f64 * pass * self.pace.slow_factor());
         let rate = self.prefill_rate_for(Decoders::default());
         let waiting: Vec<usize> = (0..self.waiting.len()).map(|i| self.uncached(i)).collect();
-        let late = |s: &super::seq::Seq, work: usize, after: Duration| {
-            now + after + Duration::from_secs_f64(work as f64 / rate) > s.deadline
+        let slowdown = self.cfg.prompt_slowdown;
+        let alone = |work: usize| {
+            Duration::from_secs_f64(
+                self.pace.seconds(work).filter(|t| t.is_finite() && *t > 0.0).unwrap_or(work as f64 / rate),
+            )
+        };
+        let late = |s: &super::seq::Seq, work: usize, after: Duration| now + after + alone(work) > s.deadline;
+        // Waiting for the decoders would keep it past `prompt_slowdown` × its time alone.
+        let kept = |s: &super::seq::Seq, work: usize, after: Duration| {
+            slowdown > 0.0 && now + after + alone(work) > s.arrival + alone(work).mul_f64(slowdown)
         };
         let urgent = |s: &super::seq::Seq, work: usize| {
             if s.req.prewarm || s.first_token.is_some() {
@@ -217,7 +259,7 @@ impl<B: Backend> Engine<B> {
             if late(s, work, Duration::ZERO) {
                 return now.saturating_duration_since(s.arrival) >= self.patience(s);
             }
-            late(s, work, wait)
+            late(s, work, wait) || kept(s, work, wait)
         };
         if self.running.iter().any(|s| s.remaining() > 1 && urgent(s, s.remaining())) {
             return true;

@@ -48,20 +48,23 @@ impl<B: Backend> Engine<B> {
         // `sched`) get a bounded share first, then hopeful running prompts, then hopeful
         // admissions, then the hopeless running prompts, then the rest.
         let order = self.prefill_order(now);
+        // No new prompt starts in a pass that already carries an efficient pass's prompt tokens.
+        let decodes = plan.len();
+        let full = decodes + self.efficient_prompt_tokens();
         // The overdue prompts' share, all of them together (the earliest deadline first): a share
         // each would let a burst of them take every pass again.
         let share = self.cfg.min_prefill_chunk.min(budget);
         let mut left = share;
-        self.plan_prefills(order.overdue, &mut plan, &mut left, now);
-        let mut out_of_memory = self.admit_waiting(&mut plan, &mut left, now, Tier::Overdue);
+        self.plan_prefills(order.overdue, &mut plan, &mut left, full, now);
+        let mut out_of_memory = self.admit_waiting(&mut plan, &mut left, full, now, Tier::Overdue);
         budget -= share - left;
-        self.plan_prefills(order.hopeful, &mut plan, &mut budget, now);
+        self.plan_prefills(order.hopeful, &mut plan, &mut budget, full, now);
         if !out_of_memory {
-            out_of_memory = self.admit_waiting(&mut plan, &mut budget, now, Tier::Hopeful);
+            out_of_memory = self.admit_waiting(&mut plan, &mut budget, full, now, Tier::Hopeful);
         }
-        self.plan_prefills(order.hopeless, &mut plan, &mut budget, now);
+        self.plan_prefills(order.hopeless, &mut plan, &mut budget, full, now);
         if !out_of_memory {
-            self.admit_waiting(&mut plan, &mut budget, now, Tier::Any);
+            self.admit_waiting(&mut plan, &mut budget, full, now, Tier::Any);
         }
         if plan.is_empty() {
             // Nothing fits: running prefills are stuck on memory. Give one up
@@ -77,13 +80,24 @@ impl<B: Backend> Engine<B> {
     }
 
     /// Plans the next chunk of each listed running prompt while the budget lasts; a prompt
-    /// already in the plan gets its chunk extended.
-    fn plan_prefills(&mut self, order: Vec<Prompt>, plan: &mut Vec<Planned>, budget: &mut usize, now: Instant) {
+    /// already in the plan gets its chunk extended, one not in it starts only while the plan
+    /// holds fewer than `full` tokens.
+    fn plan_prefills(
+        &mut self,
+        order: Vec<Prompt>,
+        plan: &mut Vec<Planned>,
+        budget: &mut usize,
+        full: usize,
+        now: Instant,
+    ) {
         for (id, tenant) in order {
             if *budget == 0 {
                 break;
             }
             let planned = plan.iter().position(|p| p.seq == id);
+            if planned.is_none() && planned_tokens(plan) >= full {
+                continue;
+            }
             let left = self.running.iter().find(|s| s.id == id).map_or(0, |s| s.remaining());
             let remaining = left.saturating_sub(planned.map_or(0, |k| plan[k].len));
             let chunk = remaining.min(*budget);
@@ -106,8 +120,19 @@ impl<B: Backend> Engine<B> {
 
     /// Admits waiting requests of admission phase `tier` in policy order while budget, memory
     /// and `max_running` allow. True when memory ran out (admitting more this step is pointless).
-    fn admit_waiting(&mut self, plan: &mut Vec<Planned>, budget: &mut usize, now: Instant, tier: Tier) -> bool {
-        while *budget > 0 && self.running.len() < self.cfg.max_running && !self.waiting.is_empty() {
+    fn admit_waiting(
+        &mut self,
+        plan: &mut Vec<Planned>,
+        budget: &mut usize,
+        full: usize,
+        now: Instant,
+        tier: Tier,
+    ) -> bool {
+        while *budget > 0
+            && self.running.len() < self.cfg.max_running
+            && !self.waiting.is_empty()
+            && planned_tokens(plan) < full
+        {
             let Some(idx) = self.pick(now, tier) else { return false };
             let mut seq = self.waiting.swap_remove(idx);
             self.admit(&mut seq, now);
@@ -539,4 +564,9 @@ impl<B: Backend> Engine<B> {
             retractions: seq.retractions,
         }
     }
+}
+
+/// Tokens a plan carries.
+fn planned_tokens(plan: &[Planned]) -> usize {
+    plan.iter().map(|p| p.len).sum()
 }

@@ -322,3 +322,56 @@ fn an_overdue_prompt_moves_by_its_share_while_hopeful_ones_fill_the_passes() {
     }
     assert!(computed(&e, late) >= 5 * 8, "{} tokens after 5 passes", computed(&e, late));
 }
+
+/// A decodes (asking for `a_tokens`); a prompt of `b_prompt` tokens arrives; one step: the
+/// prompt's tokens computed in it.
+fn prompt_next_to(cfg: EngineConfig, cost: PassModel, a_tokens: usize, b_prompt: usize) -> usize {
+    let mut e = engine(cfg);
+    submit(&mut e, 10, a_tokens);
+    e.step();
+    let b = submit(&mut e, b_prompt, 4);
+    e.pace = cost;
+    e.step();
+    computed(&e, b)
+}
+
+#[test]
+fn a_lax_target_does_not_keep_a_short_prompt_waiting_long_beside_decoders() {
+    // A decode pass takes 302 ms, past the 250 ms inter-token target, and A has 28 tokens left
+    // (8.5 s). B's 100 tokens take 0.5 s alone: a 60 s target would let it wait for A, but
+    // that is 18 times its time alone; past 3 times it gets min_prefill_chunk beside A.
+    let lax = |prompt_slowdown| EngineConfig {
+        interactive: SloTargets { ttft: Duration::from_secs(60), itl: Duration::from_millis(250) },
+        prompt_slowdown,
+        ..cfg()
+    };
+    assert_eq!(prompt_next_to(lax(3.0), cost(0.300, 0.002), 30, 100), 8);
+    assert_eq!(prompt_next_to(lax(0.0), cost(0.300, 0.002), 30, 100), 0, "only the target counts");
+    // A long prompt (600 tokens, 1.5 s alone) moves too while A has 28 tokens left (8.5 + 1.5 s
+    // is past 3 × 1.5 s), and waits when A has 9 left (2.7 + 1.5 s is within it).
+    assert_eq!(prompt_next_to(lax(3.0), cost(0.300, 0.002), 30, 600), 8);
+    assert_eq!(prompt_next_to(lax(3.0), cost(0.300, 0.002), 10, 600), 0);
+}
+
+#[test]
+fn prompts_that_arrive_together_get_passes_of_their_own_once_a_pass_is_efficient() {
+    // 10 ms a pass and 2 ms a token: past 45 prompt tokens the fixed cost is under a tenth of
+    // the pass. Four 96-token prompts: the first pass carries the first alone, so it gets its
+    // first token after one prompt's time, not four.
+    let together = |cost: PassModel| {
+        let mut e = engine(cfg());
+        let ids: Vec<u64> = (0..4).map(|_| submit(&mut e, 96, 4)).collect();
+        e.pace = cost;
+        e.step();
+        ids.iter().map(|&id| computed(&e, id)).collect::<Vec<_>>()
+    };
+    assert_eq!(together(pass_cost()), [96, 0, 0, 0]);
+    // Short prompts share a pass until it is efficient: 30 + 30 tokens, then no third.
+    let mut e = engine(cfg());
+    let ids: Vec<u64> = (0..3).map(|_| submit(&mut e, 30, 4)).collect();
+    e.pace = pass_cost();
+    e.step();
+    assert_eq!(ids.iter().map(|&id| computed(&e, id)).collect::<Vec<_>>(), [30, 30, 0]);
+    // Where the fixed cost is a pass of thousands of tokens (a GPU), they are packed.
+    assert_eq!(together(cost(0.005, 0.000_01)), [96, 96, 96, 96]);
+}
