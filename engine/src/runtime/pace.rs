@@ -162,12 +162,18 @@ impl<B: Backend> Engine<B> {
             _ => self.cfg.min_prefill_chunk,
         };
         let budget = self.budget_with(decoders.count, fits, floor);
-        // Only background work (pre-warms): a pass cannot be interrupted, so it is kept short
-        // enough that a user's request arriving during it waits a small share of its TTFT target.
-        if self.running.iter().chain(&self.waiting).all(|s| s.req.prewarm) {
+        // Only background work (pre-warms), or prompts that miss their targets anyway: a pass
+        // cannot be interrupted, so it is kept short enough that a user's request arriving during
+        // it waits a small share of its TTFT target. (An agent's follow-up on a cached prefix
+        // waited out a 2.1 s pass of a long prompt that was late already, then shared the next
+        // one with it: 4.5 s for 70 tokens.)
+        if decoders.count == 0 && self.only_background_or_hopeless(now) {
             let short = self.pace.tokens_within(self.cfg.interactive.ttft.mul_f64(BACKGROUND_PASS_SHARE));
             if let Some(short) = short {
-                return budget.min(short.max(self.cfg.min_prefill_chunk));
+                let all_prewarm = self.running.iter().chain(&self.waiting).all(|s| s.req.prewarm);
+                // Users' prompts, late as they are, keep passes efficient.
+                let floor = if all_prewarm { self.cfg.min_prefill_chunk } else { self.efficient_prompt_tokens() };
+                return budget.min(short.max(floor));
             }
         }
         budget
@@ -193,6 +199,23 @@ impl<B: Backend> Engine<B> {
             }
             _ => max,
         }
+    }
+
+    /// Whether every request is a pre-warm or a prompt that cannot make its TTFT target even
+    /// served alone from now (under `slo`; no request at all counts too).
+    fn only_background_or_hopeless(&mut self, now: Instant) -> bool {
+        if self.running.iter().chain(&self.waiting).all(|s| s.req.prewarm) {
+            return true;
+        }
+        let rate = self.prefill_rate();
+        let running =
+            self.running.iter().all(|s| s.req.prewarm || (s.remaining() > 1 && self.late(s, s.remaining(), now, rate)));
+        running
+            && (0..self.waiting.len()).all(|i| {
+                let work = self.uncached(i);
+                let s = &self.waiting[i];
+                s.req.prewarm || self.late(s, work, now, rate)
+            })
     }
 
     /// The requests decoding now.

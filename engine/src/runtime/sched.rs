@@ -89,7 +89,7 @@ impl<B: Backend> Engine<B> {
 
     /// Whether a request is hopeless (see [`hopeless`]) under the `slo` policy: only that policy
     /// tells requests apart by whether they can still make their targets.
-    fn late(&self, seq: &Seq, work: usize, now: Instant, rate: f64) -> bool {
+    pub(super) fn late(&self, seq: &Seq, work: usize, now: Instant, rate: f64) -> bool {
         self.cfg.policy == Policy::Slo && hopeless(seq, work, now, rate)
     }
 

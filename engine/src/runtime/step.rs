@@ -48,9 +48,8 @@ impl<B: Backend> Engine<B> {
         // `sched`) get a bounded share first, then hopeful running prompts, then hopeful
         // admissions, then the hopeless running prompts, then the rest.
         let order = self.prefill_order(now);
-        // No new prompt starts in a pass that already carries an efficient pass's prompt tokens.
-        let decodes = plan.len();
-        let full = decodes + self.efficient_prompt_tokens();
+        // A pass that already carries an efficient pass's prompt tokens takes no other prompt.
+        let full = Fill { decodes: plan.len(), prompt_tokens: self.efficient_prompt_tokens() };
         // The overdue prompts' share, all of them together (the earliest deadline first): a share
         // each would let a burst of them take every pass again.
         let share = self.cfg.min_prefill_chunk.min(budget);
@@ -80,14 +79,14 @@ impl<B: Backend> Engine<B> {
     }
 
     /// Plans the next chunk of each listed running prompt while the budget lasts; a prompt
-    /// already in the plan gets its chunk extended, one not in it starts only while the plan
-    /// holds fewer than `full` tokens.
+    /// already in the plan gets its chunk extended; past `full`, only a prompt alone in the pass
+    /// gets more.
     fn plan_prefills(
         &mut self,
         order: Vec<Prompt>,
         plan: &mut Vec<Planned>,
         budget: &mut usize,
-        full: usize,
+        full: Fill,
         now: Instant,
     ) {
         for (id, tenant) in order {
@@ -95,7 +94,7 @@ impl<B: Backend> Engine<B> {
                 break;
             }
             let planned = plan.iter().position(|p| p.seq == id);
-            if planned.is_none() && planned_tokens(plan) >= full {
+            if full.closed_to(plan, id) {
                 continue;
             }
             let left = self.running.iter().find(|s| s.id == id).map_or(0, |s| s.remaining());
@@ -124,14 +123,14 @@ impl<B: Backend> Engine<B> {
         &mut self,
         plan: &mut Vec<Planned>,
         budget: &mut usize,
-        full: usize,
+        full: Fill,
         now: Instant,
         tier: Tier,
     ) -> bool {
         while *budget > 0
             && self.running.len() < self.cfg.max_running
             && !self.waiting.is_empty()
-            && planned_tokens(plan) < full
+            && !full.closed_to(plan, u64::MAX)
         {
             let Some(idx) = self.pick(now, tier) else { return false };
             let mut seq = self.waiting.swap_remove(idx);
@@ -566,7 +565,21 @@ impl<B: Backend> Engine<B> {
     }
 }
 
-/// Tokens a plan carries.
-fn planned_tokens(plan: &[Planned]) -> usize {
-    plan.iter().map(|p| p.len).sum()
+/// When a pass is full of prompts: its first `decodes` entries are decode tokens; once the
+/// prompts in it carry `prompt_tokens` ([`Engine::efficient_prompt_tokens`]), it takes no chunk
+/// of another prompt (an overdue prompt's share planned first is not extended past a follow-up
+/// that can still make its target, and no further prompt starts).
+#[derive(Clone, Copy, Debug)]
+struct Fill {
+    decodes: usize,
+    prompt_tokens: usize,
+}
+
+impl Fill {
+    /// Whether the plan takes no (more) tokens of prompt `id`: it is full and carries another
+    /// prompt.
+    fn closed_to(&self, plan: &[Planned], id: u64) -> bool {
+        let prompts = plan.get(self.decodes..).unwrap_or(&[]);
+        prompts.iter().map(|p| p.len).sum::<usize>() >= self.prompt_tokens && prompts.iter().any(|p| p.seq != id)
+    }
 }

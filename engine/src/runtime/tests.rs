@@ -375,3 +375,38 @@ fn prompts_that_arrive_together_get_passes_of_their_own_once_a_pass_is_efficient
     // Where the fixed cost is a pass of thousands of tokens (a GPU), they are packed.
     assert_eq!(together(cost(0.005, 0.000_01)), [96, 96, 96, 96]);
 }
+
+#[test]
+fn an_overdue_prompt_s_share_is_not_stretched_past_a_follow_up_that_can_make_it() {
+    // 50 ms a pass and 10 ms a token: past 45 prompt tokens a pass is efficient. `late` (600
+    // tokens, overdue) gets its share (8), `fine` (50) its prompt; the pass is then full, and
+    // `late` does not take the rest of the budget (it would make `fine` wait 4.5 s more).
+    let mut e = engine(EngineConfig { pace_prefill: false, ..cfg() });
+    let late = submit(&mut e, 600, 4);
+    age(&mut e, late, 10);
+    let fine = submit(&mut e, 50, 4);
+    e.pace = cost(0.050, 0.010);
+    e.step();
+    assert_eq!((computed(&e, late), computed(&e, fine)), (8, 50));
+    // Alone, it has the passes to itself again.
+    e.pace = cost(0.050, 0.010);
+    e.step();
+    assert_eq!(computed(&e, late), 8 + 511, "one token of the pass is fine's first decode step");
+}
+
+#[test]
+fn passes_of_prompts_that_are_late_anyway_are_kept_short_for_whoever_arrives_next() {
+    // 2000 tokens at about 500 a second: 4 s, past the 3 s target even alone. Its passes are
+    // kept to a tenth of the target (145 tokens), so a request arriving during one waits little.
+    let mut e = engine(cfg());
+    let late = submit(&mut e, 2000, 4);
+    e.pace = pass_cost();
+    assert_eq!(e.step_budget(std::time::Instant::now()), 145);
+    e.step();
+    assert_eq!(computed(&e, late), 145);
+    // One that can make its target gets full passes.
+    let mut e = engine(cfg());
+    submit(&mut e, 1000, 4);
+    e.pace = pass_cost();
+    assert_eq!(e.step_budget(std::time::Instant::now()), 512);
+}
