@@ -52,14 +52,27 @@ impl<B: Backend> Engine<B> {
         let full = Fill { decodes: plan.len(), prompt_tokens: self.efficient_prompt_tokens() };
         // The overdue prompts' share, all of them together (the earliest deadline first): a share
         // each would let a burst of them take every pass again.
-        let share = self.cfg.min_prefill_chunk.min(budget);
+        // When pacing leaves a pass little room (a decoder beside a long context), they get at
+        // most half of it: taking all of it, they kept an agent's 93-token follow-up, which could
+        // make its target, waiting 5.5 s for the decoder to finish.
+        let share = self.cfg.min_prefill_chunk.min(if self.waiting.is_empty() && order.hopeful.is_empty() {
+            budget
+        } else {
+            budget / 2
+        });
         let mut left = share;
         self.plan_prefills(order.overdue, &mut plan, &mut left, full, now);
         let mut out_of_memory = self.admit_waiting(&mut plan, &mut left, full, now, Tier::Overdue);
         budget -= share - left;
+        let hopeful_from = plan.len();
         self.plan_prefills(order.hopeful, &mut plan, &mut budget, full, now);
         if !out_of_memory {
             out_of_memory = self.admit_waiting(&mut plan, &mut budget, full, now, Tier::Hopeful);
+        }
+        // A prompt that can make its target gets its first token from this pass: what cannot is
+        // not added past an efficient pass (it made a 40-token remainder wait out a 1.9 s pass).
+        if plan[hopeful_from..].iter().any(|p| p.logits) {
+            budget = budget.min(full.prompt_tokens.saturating_sub(full.prompt_tokens_in(&plan)));
         }
         self.plan_prefills(order.hopeless, &mut plan, &mut budget, full, now);
         if !out_of_memory {
@@ -578,6 +591,10 @@ struct Fill {
 impl Fill {
     /// Whether the plan takes no (more) tokens of prompt `id`: it is full and carries another
     /// prompt.
+    fn prompt_tokens_in(&self, plan: &[Planned]) -> usize {
+        plan.get(self.decodes..).unwrap_or(&[]).iter().map(|p| p.len).sum()
+    }
+
     fn closed_to(&self, plan: &[Planned], id: u64) -> bool {
         let prompts = plan.get(self.decodes..).unwrap_or(&[]);
         prompts.iter().map(|p| p.len).sum::<usize>() >= self.prompt_tokens && prompts.iter().any(|p| p.seq != id)

@@ -410,3 +410,36 @@ fn passes_of_prompts_that_are_late_anyway_are_kept_short_for_whoever_arrives_nex
     e.pace = pass_cost();
     assert_eq!(e.step_budget(std::time::Instant::now()), 512);
 }
+
+#[test]
+fn in_a_paced_pass_with_little_room_an_overdue_prompt_takes_at_most_half() {
+    // A decodes; a pass of 230 ms plus 2 ms a token fits 10 tokens in the 250 ms target, 9
+    // beside A's. `late` (overdue) and `fine` (50 tokens, can make its target) share them.
+    let mut e = engine(cfg());
+    submit(&mut e, 10, 1000);
+    e.step();
+    let late = submit(&mut e, 600, 4);
+    age(&mut e, late, 10);
+    let fine = submit(&mut e, 50, 4);
+    e.pace = cost(0.230, 0.002);
+    e.step();
+    assert_eq!((computed(&e, late), computed(&e, fine)), (4, 5));
+}
+
+#[test]
+fn a_pass_that_finishes_a_prompt_that_can_make_it_is_not_padded_with_late_work() {
+    // `late` (600 tokens, overdue) and `fine` (20 tokens): with 10 ms a pass and 2 ms a token a
+    // pass is efficient past 45 prompt tokens. `late` gets its share (8), `fine` its 20, and
+    // `late` only the 17 more that keep the pass efficient, not the 36 left of the budget.
+    let mut e = engine(EngineConfig { pace_prefill: false, token_budget: 64, ..cfg() });
+    let late = submit(&mut e, 600, 4);
+    e.step();
+    assert_eq!(computed(&e, late), 64);
+    age(&mut e, late, 10);
+    let fine = submit(&mut e, 20, 4);
+    e.pace = pass_cost();
+    e.step();
+    assert_eq!(computed(&e, fine), 20);
+    // 45 by the line, 46 by the fit's rounding.
+    assert!((64 + 8 + 17..=64 + 8 + 18).contains(&computed(&e, late)), "{}", computed(&e, late));
+}
