@@ -167,10 +167,10 @@ impl<B: Backend> Engine<B> {
         // it waits a small share of its TTFT target. (An agent's follow-up on a cached prefix
         // waited out a 2.1 s pass of a long prompt that was late already, then shared the next
         // one with it: 4.5 s for 70 tokens.)
-        if decoders.count == 0 && self.only_background_or_hopeless(now) {
+        let all_prewarm = self.running.iter().chain(&self.waiting).all(|s| s.req.prewarm);
+        if decoders.count == 0 && (all_prewarm || self.all_late(now)) {
             let short = self.pace.tokens_within(self.cfg.interactive.ttft.mul_f64(BACKGROUND_PASS_SHARE));
             if let Some(short) = short {
-                let all_prewarm = self.running.iter().chain(&self.waiting).all(|s| s.req.prewarm);
                 // Users' prompts, late as they are, keep passes efficient.
                 let floor = if all_prewarm { self.cfg.min_prefill_chunk } else { self.efficient_prompt_tokens() };
                 return budget.min(short.max(floor));
@@ -202,11 +202,8 @@ impl<B: Backend> Engine<B> {
     }
 
     /// Whether every request is a pre-warm or a prompt that cannot make its TTFT target even
-    /// served alone from now (under `slo`; no request at all counts too).
-    fn only_background_or_hopeless(&mut self, now: Instant) -> bool {
-        if self.running.iter().chain(&self.waiting).all(|s| s.req.prewarm) {
-            return true;
-        }
+    /// served alone from now (under `slo`).
+    fn all_late(&mut self, now: Instant) -> bool {
         let rate = self.prefill_rate();
         let running =
             self.running.iter().all(|s| s.req.prewarm || (s.remaining() > 1 && self.late(s, s.remaining(), now, rate)));

@@ -106,10 +106,10 @@ impl<B: Backend> Engine<B> {
             if *budget == 0 {
                 break;
             }
-            let planned = plan.iter().position(|p| p.seq == id);
             if full.closed_to(plan, id) {
                 continue;
             }
+            let planned = plan.iter().position(|p| p.seq == id);
             let left = self.running.iter().find(|s| s.id == id).map_or(0, |s| s.remaining());
             let remaining = left.saturating_sub(planned.map_or(0, |k| plan[k].len));
             let chunk = remaining.min(*budget);
@@ -589,14 +589,19 @@ struct Fill {
 }
 
 impl Fill {
-    /// Whether the plan takes no (more) tokens of prompt `id`: it is full and carries another
-    /// prompt.
-    fn prompt_tokens_in(&self, plan: &[Planned]) -> usize {
-        plan.get(self.decodes..).unwrap_or(&[]).iter().map(|p| p.len).sum()
+    /// The plan's prompt chunks (its entries past the decode tokens).
+    fn prompts<'a>(&self, plan: &'a [Planned]) -> &'a [Planned] {
+        plan.get(self.decodes..).unwrap_or(&[])
     }
 
+    /// Prompt tokens the plan carries.
+    fn prompt_tokens_in(&self, plan: &[Planned]) -> usize {
+        self.prompts(plan).iter().map(|p| p.len).sum()
+    }
+
+    /// Whether the plan takes no (more) tokens of prompt `id` (for a prompt not in it yet, any
+    /// id not planned): it is full and carries another prompt.
     fn closed_to(&self, plan: &[Planned], id: u64) -> bool {
-        let prompts = plan.get(self.decodes..).unwrap_or(&[]);
-        prompts.iter().map(|p| p.len).sum::<usize>() >= self.prompt_tokens && prompts.iter().any(|p| p.seq != id)
+        self.prompt_tokens_in(plan) >= self.prompt_tokens && self.prompts(plan).iter().any(|p| p.seq != id)
     }
 }

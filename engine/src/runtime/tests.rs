@@ -260,20 +260,27 @@ fn age(e: &mut Engine<CpuBackend>, id: u64, secs: u64) {
     seq.deadline = seq.deadline.checked_sub(d).expect("the clock is older than that");
 }
 
+/// `late` (600 tokens) runs one pass of 64 tokens (the budget), then has waited past its
+/// patience; `fine` (`prompt` tokens) arrives; one step with `cost`. Returns (engine, late, fine).
+fn overdue_then_newcomer(prompt: usize, cost: PassModel) -> (Engine<CpuBackend>, u64, u64) {
+    let mut e = engine(EngineConfig { token_budget: 64, pace_prefill: false, ..cfg() });
+    let late = submit(&mut e, 600, 4);
+    e.step();
+    assert_eq!(computed(&e, late), 64);
+    age(&mut e, late, 10);
+    let fine = submit(&mut e, prompt, 4);
+    e.pace = cost;
+    e.step();
+    (e, late, fine)
+}
+
 #[test]
 fn an_overdue_prompt_gets_a_bounded_share_and_a_newcomer_that_can_make_it_the_rest() {
     // `late` (600 tokens, 6 s alone) has waited past its patience (3 s): it is not starved any
     // more, but its earlier deadline does not let it take whole passes from `fine` (50 tokens,
     // 0.5 s), which can still make its target. Before, `late` took all 64 tokens of the pass
     // and `fine` waited for its whole prompt; agents' short follow-ups waited a minute so.
-    let mut e = engine(EngineConfig { token_budget: 64, pace_prefill: false, ..cfg() });
-    let late = submit(&mut e, 600, 4);
-    e.step();
-    assert_eq!(computed(&e, late), 64);
-    age(&mut e, late, 10);
-    let fine = submit(&mut e, 50, 4);
-    e.pace = slow();
-    e.step();
+    let (e, late, fine) = overdue_then_newcomer(50, slow());
     // 8 (min_prefill_chunk) for `late` first, 50 for `fine`, the 6 left for `late` again.
     assert_eq!((computed(&e, late), computed(&e, fine)), (64 + 8 + 6, 50));
 
@@ -431,14 +438,7 @@ fn a_pass_that_finishes_a_prompt_that_can_make_it_is_not_padded_with_late_work()
     // `late` (600 tokens, overdue) and `fine` (20 tokens): with 10 ms a pass and 2 ms a token a
     // pass is efficient past 45 prompt tokens. `late` gets its share (8), `fine` its 20, and
     // `late` only the 17 more that keep the pass efficient, not the 36 left of the budget.
-    let mut e = engine(EngineConfig { pace_prefill: false, token_budget: 64, ..cfg() });
-    let late = submit(&mut e, 600, 4);
-    e.step();
-    assert_eq!(computed(&e, late), 64);
-    age(&mut e, late, 10);
-    let fine = submit(&mut e, 20, 4);
-    e.pace = pass_cost();
-    e.step();
+    let (e, late, fine) = overdue_then_newcomer(20, pass_cost());
     assert_eq!(computed(&e, fine), 20);
     // 45 by the line, 46 by the fit's rounding.
     assert!((64 + 8 + 17..=64 + 8 + 18).contains(&computed(&e, late)), "{}", computed(&e, late));
