@@ -17,7 +17,7 @@ mod report;
 
 use std::collections::HashSet;
 
-pub use report::{OrderShares, OrderSummary, ReplayReport, ReplayRow};
+pub use report::{Break, OrderShares, OrderSummary, ReplayReport, ReplayRow};
 
 use crate::builder::{arrange, Prepared};
 use crate::token_cache::Tokens;
@@ -82,7 +82,9 @@ pub fn replay_with(
                 if order == Order::Path {
                     row.context_changed = before.text != after.text;
                 }
-                row.push(order, &before, block_prefix(&before, &changed), common_prefix(&before.tokens, &after.tokens));
+                let common = common_prefix(&before.tokens, &after.tokens);
+                let cause = break_cause(&before, &after, common, &changed);
+                row.push(order, &before, block_prefix(&before, &changed), common, cause);
             }
             report.rows.push(row);
         }
@@ -158,6 +160,32 @@ fn block_prefix(ctx: &RepoContext, changed: &HashSet<String>) -> usize {
         .iter()
         .find(|s| s.path.as_ref().is_some_and(|p| changed.contains(p)))
         .map_or(ctx.tokens.len(), |s| s.tokens.start)
+}
+
+/// Why the common token prefix of `before` and `after` ends at token `at`; `None` when it does not
+/// end (the contexts are equal, or one is a prefix of the other at its end).
+fn break_cause(before: &RepoContext, after: &RepoContext, at: usize, changed: &HashSet<String>) -> Option<Break> {
+    let at_of = |c: &RepoContext| c.segments.iter().position(|s| s.tokens.contains(&at));
+    let (Some(i), Some(j)) = (at_of(before), at_of(after)) else {
+        return if before.tokens.len() == after.tokens.len() { None } else { Some(Break::Selection) };
+    };
+    let (b, a) = (&before.segments[i], &after.segments[j]);
+    let Some(path) = &b.path else { return Some(Break::Header) };
+    if changed.contains(path) {
+        return Some(Break::ChangedFile);
+    }
+    if a.path.as_ref().is_some_and(|p| changed.contains(p)) {
+        // A changed file's block now stands where this one did: it moved up.
+        return Some(Break::ChangedFile);
+    }
+    fn find<'a>(c: &'a RepoContext, p: &str) -> Option<&'a str> {
+        c.segments.iter().find(|s| s.path.as_deref() == Some(p)).map(|s| c.segment_text(s))
+    }
+    match (find(after, path), a.path.as_deref().map(|p| find(before, p))) {
+        (None, _) | (_, Some(None)) => Some(Break::Selection),
+        (Some(t), _) if t != before.segment_text(b) => Some(Break::UnchangedFileText),
+        _ => Some(Break::Moved),
+    }
 }
 
 fn common_prefix(a: &[u32], b: &[u32]) -> usize {

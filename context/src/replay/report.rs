@@ -56,6 +56,42 @@ pub struct OrderShares {
     pub block_prefix: f64,
     /// Longest common token prefix of the contexts at P and C.
     pub token_prefix: f64,
+    /// Why the common token prefix ends where it does (`None`: the contexts are equal).
+    pub cause: Option<Break>,
+}
+
+/// What ends the reusable token prefix after a push: the block at that point in P's context.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Break {
+    /// The header (the file list).
+    Header,
+    /// A block of a file the push changed (or such a block that moved up into its place).
+    ChangedFile,
+    /// A block of an unchanged file whose text changed (an outline showing what other files
+    /// reference, or a cap that moved with the budget).
+    UnchangedFileText,
+    /// The same blocks in another order: an unchanged block moved.
+    Moved,
+    /// A block of an unchanged file entered or left the context.
+    Selection,
+}
+
+impl Break {
+    /// All causes, in report order.
+    pub const ALL: [Break; 5] =
+        [Break::Header, Break::ChangedFile, Break::UnchangedFileText, Break::Moved, Break::Selection];
+
+    /// The cause as the report names it.
+    pub fn name(self) -> &'static str {
+        match self {
+            Break::Header => "header",
+            Break::ChangedFile => "changed file",
+            Break::UnchangedFileText => "unchanged file's text",
+            Break::Moved => "moved block",
+            Break::Selection => "selection",
+        }
+    }
 }
 
 /// Medians and means of one order's shares over all rows.
@@ -154,6 +190,25 @@ impl ReplayReport {
                 pct(o.changed_token_prefix_median, o.changed_token_prefix_mean)
             );
         }
+        s.push_str("\nWhere the token prefix ends when the text changed (commits):\n\n| order |");
+        for b in Break::ALL {
+            let _ = write!(s, " {} |", b.name());
+        }
+        s.push_str("\n|---|");
+        s.push_str(&"---:|".repeat(Break::ALL.len()));
+        for o in &self.summary {
+            let _ = write!(s, "\n| {} |", o.order.name());
+            for b in Break::ALL {
+                let n = self
+                    .rows
+                    .iter()
+                    .filter(|r| r.context_changed)
+                    .filter(|r| r.orders.iter().any(|x| x.order == o.order && x.cause == Some(b)))
+                    .count();
+                let _ = write!(s, " {n} |");
+            }
+        }
+        s.push('\n');
         s
     }
 }
@@ -172,11 +227,18 @@ impl ReplayRow {
         }
     }
 
-    pub(crate) fn push(&mut self, order: Order, before: &RepoContext, block_prefix: usize, token_prefix: usize) {
+    pub(crate) fn push(
+        &mut self,
+        order: Order,
+        before: &RepoContext,
+        block_prefix: usize,
+        token_prefix: usize,
+        cause: Option<Break>,
+    ) {
         let total = before.tokens.len();
         self.context_tokens = total;
         let share = |n: usize| if total == 0 { 0.0 } else { n as f64 / total as f64 };
-        self.orders.push(OrderShares { order, block_prefix: share(block_prefix), token_prefix: share(token_prefix) });
+        self.orders.push(OrderShares { order, block_prefix: share(block_prefix), token_prefix: share(token_prefix), cause });
     }
 }
 
