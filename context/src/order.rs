@@ -26,6 +26,8 @@ use crate::{ContextError, Order};
 #[derive(Clone, Debug, Default)]
 pub(crate) struct BlockAges {
     pub ages: HashMap<String, Vec<u32>>,
+    /// For outline blocks: the ages of the file's edits that left the outline as it was.
+    pub body_edits: HashMap<String, Vec<u32>>,
     pub epoch: u32,
 }
 
@@ -37,16 +39,19 @@ pub(crate) fn block_ages(
     refs: &References,
     blobs: &BlobCache,
 ) -> Result<BlockAges, ContextError> {
-    let mut out = BlockAges { ages: HashMap::new(), epoch: history.epoch };
+    let mut out = BlockAges { ages: HashMap::new(), body_edits: HashMap::new(), epoch: history.epoch };
     for b in blocks {
         let Some(path) = &b.path else { continue };
-        let mut ages = Vec::new();
+        let (mut ages, mut body) = (Vec::new(), Vec::new());
         for e in history.events(path) {
             if b.kind != SegmentKind::Outline || outline_changed(repo, path, e, refs, blobs)? {
                 ages.push(e.age);
+            } else {
+                body.push(e.age);
             }
         }
         out.ages.insert(path.clone(), ages);
+        out.body_edits.insert(path.clone(), body);
     }
     Ok(out)
 }
@@ -79,6 +84,8 @@ fn outline_changed(
 /// in the order they first changed (so the tail too keeps its order as the epoch goes on).
 pub(crate) fn order_blocks(blocks: &mut [Block], order: Order, ages: Option<&BlockAges>, model: &StabilityModel) {
     let of = |a: &BlockAges, b: &Block| a.ages.get(b.path.as_deref().unwrap_or("")).cloned().unwrap_or_default();
+    let body_of =
+        |a: &BlockAges, b: &Block| a.body_edits.get(b.path.as_deref().unwrap_or("")).cloned().unwrap_or_default();
     match (order, ages) {
         (Order::Stability, Some(a)) => {
             let key = |b: &Block| -> (u8, f64) {
@@ -90,7 +97,9 @@ pub(crate) fn order_blocks(blocks: &mut [Block], order: Order, ages: Option<&Blo
                     Some(first) => (1, -f64::from(first)),
                     None => {
                         let before: Vec<u32> = ages.iter().map(|&x| x - epoch).collect();
-                        (0, model.score(&before, b.kind, b.tokens.len()))
+                        let body: Vec<u32> =
+                            body_of(a, b).iter().filter(|&&x| x >= epoch).map(|&x| x - epoch).collect();
+                        (0, model.score(&before, &body, b.kind, b.tokens.len()))
                     }
                 }
             };

@@ -75,7 +75,14 @@ pub fn replay_with(
                 continue;
             }
             let mut row = ReplayRow::new(child, parent, changed.len(), affected);
-            row.selection_changed = selection_key(&at_parent, &changed) != selection_key(&at_child, &changed);
+            let (sel_p, sel_c) = (selection_key(&at_parent, &changed), selection_key(&at_child, &changed));
+            row.selection_changed = sel_p != sel_c;
+            row.selection_diff = sel_p
+                .iter()
+                .filter(|x| !sel_c.contains(x))
+                .map(|(p, k)| format!("-{p} ({k:?})"))
+                .chain(sel_c.iter().filter(|x| !sel_p.contains(x)).map(|(p, k)| format!("+{p} ({k:?})")))
+                .collect();
             for order in Order::ALL {
                 let before = arrange(parent, &at_parent, order, Some(&ages_parent), model);
                 let after = arrange(child, &at_child, order, Some(&ages_child), model);
@@ -117,7 +124,12 @@ pub fn variants() -> Vec<(&'static str, StabilityModel)> {
         ("no decay (count)", StabilityModel { half_life: f64::INFINITY, ..d }),
         ("outline weight 0.5", StabilityModel { outline_weight: 0.5, ..d }),
         ("+ recency 1.0/10", StabilityModel { recency_weight: 1.0, recency_half_life: 10.0, ..d }),
+        ("body edits 0.25", StabilityModel { body_edit_weight: 0.25, ..d }),
+        ("body edits 0.5", StabilityModel { body_edit_weight: 0.5, ..d }),
+        ("body edits 1", StabilityModel { body_edit_weight: 1.0, ..d }),
+        ("body edits 0.5, size prior 0.5", StabilityModel { body_edit_weight: 0.5, size_prior: Some(0.5), ..d }),
         ("size prior 0.5", StabilityModel { size_prior: Some(0.5), ..d }),
+        ("size prior 0.2", StabilityModel { size_prior: Some(0.2), ..d }),
         ("size prior 2", StabilityModel { size_prior: Some(2.0), ..d }),
         ("no size", StabilityModel { size_prior: None, ..d }),
         ("epochs", StabilityModel { epochs: true, ..d }),
@@ -162,26 +174,23 @@ fn block_prefix(ctx: &RepoContext, changed: &HashSet<String>) -> usize {
         .map_or(ctx.tokens.len(), |s| s.tokens.start)
 }
 
-/// Why the common token prefix of `before` and `after` ends at token `at`; `None` when it does not
-/// end (the contexts are equal, or one is a prefix of the other at its end).
+/// Why the common token prefix of `before` and `after` ends at token `at`: the block of `before`
+/// there, against what `after` has in its place. `None` when it does not end (`before` is a prefix
+/// of `after`).
 fn break_cause(before: &RepoContext, after: &RepoContext, at: usize, changed: &HashSet<String>) -> Option<Break> {
-    let at_of = |c: &RepoContext| c.segments.iter().position(|s| s.tokens.contains(&at));
-    let (Some(i), Some(j)) = (at_of(before), at_of(after)) else {
-        return if before.tokens.len() == after.tokens.len() { None } else { Some(Break::Selection) };
-    };
-    let (b, a) = (&before.segments[i], &after.segments[j]);
-    let Some(path) = &b.path else { return Some(Break::Header) };
-    if changed.contains(path) {
-        return Some(Break::ChangedFile);
-    }
-    if a.path.as_ref().is_some_and(|p| changed.contains(p)) {
-        // A changed file's block now stands where this one did: it moved up.
-        return Some(Break::ChangedFile);
-    }
     fn find<'a>(c: &'a RepoContext, p: &str) -> Option<&'a str> {
         c.segments.iter().find(|s| s.path.as_deref() == Some(p)).map(|s| c.segment_text(s))
     }
-    match (find(after, path), a.path.as_deref().map(|p| find(before, p))) {
+    let at_of = |c: &RepoContext| c.segments.iter().position(|s| s.tokens.contains(&at));
+    let b = &before.segments[at_of(before)?];
+    let a = at_of(after).map(|j| &after.segments[j]);
+    let Some(path) = &b.path else { return Some(Break::Header) };
+    let a_path = a.and_then(|a| a.path.as_deref());
+    if changed.contains(path) || a_path.is_some_and(|p| changed.contains(p)) {
+        // This block changed, or a changed file's block now stands in its place.
+        return Some(Break::ChangedFile);
+    }
+    match (find(after, path), a_path.map(|p| find(before, p))) {
         (None, _) | (_, Some(None)) => Some(Break::Selection),
         (Some(t), _) if t != before.segment_text(b) => Some(Break::UnchangedFileText),
         _ => Some(Break::Moved),

@@ -6,9 +6,12 @@ use crate::context::SegmentKind;
 
 /// The parameters of the stability score. Blocks are ordered by ascending score (ties by path):
 ///
-/// `score = kind_weight × Σ_changes 0.5^(age / half_life) + recency_weight × 0.5^(last_age / recency_half_life)`
+/// `score = kind_weight × Σ_changes 0.5^(age / half_life) + body_edit_weight × Σ_body_edits 0.5^(age / half_life)
+///          + recency_weight × 0.5^(last_age / recency_half_life)`
 ///
-/// where ages count first-parent commits back from the context's commit, `kind_weight` is
+/// where a block's changes are the commits that changed its text, and an outline block's body
+/// edits the commits that edited its file but left the outline as it was;
+/// ages count first-parent commits back from the context's commit, `kind_weight` is
 /// `outline_weight` for outline blocks and 1 for full files, and the recency term is 0 for a path
 /// that did not change in the window. With `size_aware`, the score is divided by the block's token
 /// count, so that among equally (un)stable blocks the larger ones come first (the expected reusable
@@ -34,6 +37,9 @@ pub struct StabilityModel {
     /// (which breaks the reusable prefix at the first of them); in tiers they swap only when one
     /// crosses a tier boundary. `None`: exact scores.
     pub tiers_per_doubling: Option<f64>,
+    /// Weight of an outline block's body edits (which leave its text, and so the reusable prefix,
+    /// as it was).
+    pub body_edit_weight: f64,
 }
 
 impl StabilityModel {
@@ -50,14 +56,16 @@ impl StabilityModel {
         size_prior: Some(0.05),
         epochs: false,
         tiers_per_doubling: None,
+        body_edit_weight: 0.0,
     };
 
     /// The score of a block (lower = more stable = earlier).
-    pub(crate) fn score(&self, ages: &[u32], kind: SegmentKind, tokens: usize) -> f64 {
+    pub(crate) fn score(&self, ages: &[u32], body_edits: &[u32], kind: SegmentKind, tokens: usize) -> f64 {
         let decayed: f64 = ages.iter().map(|&a| decay(a, self.half_life)).sum();
+        let body: f64 = body_edits.iter().map(|&a| decay(a, self.half_life)).sum();
         let kind_weight = if kind == SegmentKind::Outline { self.outline_weight } else { 1.0 };
         let recency = ages.first().map_or(0.0, |&a| decay(a, self.recency_half_life));
-        let score = kind_weight * decayed + self.recency_weight * recency;
+        let score = kind_weight * decayed + self.body_edit_weight * body + self.recency_weight * recency;
         let score = match self.size_prior {
             Some(prior) => (score + prior) / tokens.max(1) as f64,
             None => score,

@@ -2,9 +2,11 @@
 //! selection's last phase: manifests first (what the code builds with), then the top-level README,
 //! then source of languages without outlines, then documentation. Repository metadata and tool
 //! configuration (dotfiles and dot-directories such as `.github/` and `.cargo/`, licences,
-//! changelogs, CI, editor and lint settings, data and config formats that are not a manifest) never
-//! take the budget of files an agent works on; a repository that wants one in the context names it
-//! in its `include` rules.
+//! change logs wherever they are, CI, editor and lint settings, data and config formats that are not
+//! a manifest, empty files), and the plain-text files of test, example and documentation
+//! directories other than documentation pages (fixtures, `docs/Makefile`, an example's manifest)
+//! never take the budget of files an agent works on; a repository that wants one in the context
+//! names it in its `include` rules.
 
 /// The class of a plain-text file, in selection order (`Skip` is never selected).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
@@ -60,27 +62,46 @@ const METADATA_STEMS: [&str; 12] = [
     "code_of_conduct",
 ];
 
+/// File names (any case, any extension) of change logs, wherever they are: they change with
+/// nearly every commit and tell an agent nothing the code does not.
+const CHANGE_LOG_STEMS: [&str; 4] = ["changelog", "changes", "news", "contributing"];
+
+/// Directories whose plain-text files are test fixtures or examples' and documentation's own
+/// build files, not the project's: a template a test renders, `docs/Makefile`,
+/// `examples/x/pyproject.toml`. (Code files there are still outlined like any other.)
+const NOT_THE_PROJECTS: [&str; 10] =
+    ["test", "tests", "testdata", "fixtures", "__tests__", "__snapshots__", "docs", "doc", "examples", "example"];
+
 /// Extensions of documentation.
 const DOCS: [&str; 5] = ["md", "markdown", "rst", "txt", "adoc"];
 
 /// Extensions of configuration and data formats.
-const CONFIG: [&str; 12] =
-    ["toml", "yaml", "yml", "json", "ini", "cfg", "conf", "xml", "properties", "env", "lock", "csv"];
+const CONFIG: [&str; 13] =
+    ["toml", "yaml", "yml", "json", "ini", "cfg", "conf", "xml", "properties", "env", "lock", "csv", "in"];
 
 /// The class of a plain-text file at `path` of `size` bytes.
 pub(crate) fn text_class(path: &str, size: u64) -> TextClass {
     let name = path.rsplit('/').next().unwrap_or(path);
-    if path.split('/').any(|part| part.starts_with('.')) {
+    let dirs = || path.split('/').rev().skip(1);
+    if size == 0 || path.split('/').any(|part| part.starts_with('.')) {
         return TextClass::Skip;
-    }
-    if MANIFESTS.contains(&name) {
-        return if size <= MAX_MANIFEST_BYTES { TextClass::Manifest } else { TextClass::Skip };
     }
     let (stem, ext) = name.rsplit_once('.').unwrap_or((name, ""));
     let stem = stem.to_ascii_lowercase();
     let ext = ext.to_ascii_lowercase();
+    if CHANGE_LOG_STEMS.contains(&stem.as_str()) {
+        return TextClass::Skip;
+    }
+    let docs = || dirs().any(|d| matches!(d.to_ascii_lowercase().as_str(), "docs" | "doc"));
+    if dirs().any(|d| NOT_THE_PROJECTS.contains(&d.to_ascii_lowercase().as_str())) {
+        // Documentation pages are the project's, wherever they are; nothing else here is.
+        return if docs() && DOCS.contains(&ext.as_str()) { TextClass::Docs } else { TextClass::Skip };
+    }
+    if MANIFESTS.contains(&name) {
+        return if size <= MAX_MANIFEST_BYTES { TextClass::Manifest } else { TextClass::Skip };
+    }
     let metadata = |m: &&str| stem == *m || stem.strip_prefix(m).is_some_and(|r| r.starts_with(['-', '_']));
-    if !path.contains('/') && (METADATA_STEMS.iter().any(metadata) || stem == "contributing") {
+    if !path.contains('/') && METADATA_STEMS.iter().any(metadata) {
         return TextClass::Skip;
     }
     if !path.contains('/') && stem == "readme" {
@@ -127,6 +148,17 @@ mod tests {
             ("rustfmt.toml", 50, TextClass::Skip),
             ("tests/fixtures/data.json", 500, TextClass::Skip),
             ("docs/security.md", 500, TextClass::Docs),
+            ("docs/changes.rst", 500, TextClass::Skip),
+            ("docs/contributing.rst", 500, TextClass::Skip),
+            ("docs/Makefile", 500, TextClass::Skip),
+            ("doc/usage.txt", 500, TextClass::Docs),
+            ("examples/celery/pyproject.toml", 500, TextClass::Skip),
+            ("tests/templates/_macro.html", 100, TextClass::Skip),
+            ("tests/templates/mail.txt", 100, TextClass::Skip),
+            ("src/flask/py.typed", 0, TextClass::Skip),
+            ("MANIFEST.in", 300, TextClass::Skip),
+            ("requirements/dev.in", 300, TextClass::Skip),
+            ("NEWS", 300, TextClass::Skip),
         ];
         for (path, size, want) in cases {
             assert_eq!(text_class(path, size), want, "{path}");

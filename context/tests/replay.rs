@@ -2,7 +2,7 @@
 
 mod common;
 
-use cachet_context::replay::{replay, replay_with, StabilityModel};
+use cachet_context::replay::{replay, replay_with, Break, StabilityModel};
 use cachet_context::testing::TestRepo;
 use cachet_context::{ContextOptions, Mirror, Order};
 use common::synth::synthetic_repo;
@@ -22,6 +22,15 @@ fn stability_order_keeps_more_of_the_context_than_path_order() {
         assert_eq!(row.orders.len(), 3);
         for s in &row.orders {
             assert!((0.0..=1.0).contains(&s.block_prefix) && (0.0..=1.0).contains(&s.token_prefix));
+            // The prefix ends somewhere exactly when the text changed; a changed file's block ends
+            // it no later than the first changed block.
+            assert_eq!(s.cause.is_some(), row.context_changed && s.token_prefix < 1.0, "{row:?}");
+            if s.cause == Some(Break::ChangedFile) && s.order == Order::Path {
+                assert!(s.token_prefix >= s.block_prefix - 1e-9, "{row:?}");
+            }
+            if s.cause == Some(Break::Selection) {
+                assert!(row.selection_changed, "{row:?}");
+            }
         }
     }
     let stab = report.summary_of(Order::Stability).unwrap();
@@ -31,6 +40,7 @@ fn stability_order_keeps_more_of_the_context_than_path_order() {
     assert!(stab.block_prefix_median >= path.block_prefix_median, "{}", report.markdown());
     assert!(stab.token_prefix_median >= 0.5, "{}", report.markdown());
     assert!(report.markdown().contains("| stability |"));
+    assert!(report.markdown().contains("| order | header | changed file |"));
     let json = serde_json::to_value(&report).unwrap();
     assert!(json["rows"].as_array().is_some_and(|r| !r.is_empty()));
 }

@@ -40,6 +40,9 @@ pub struct ReplayRow {
     /// Whether the context at C includes a different set of unchanged files (or the same files as
     /// different kinds of block) than at P: a knock-on effect of ranking or of a changed file's size.
     pub selection_changed: bool,
+    /// The blocks of unchanged files that left (`-path (Kind)`) or entered (`+path (Kind)`) the
+    /// context.
+    pub selection_diff: Vec<String>,
     /// Whether the rendered context (in path order) differs between P and C. When it does not,
     /// every order keeps 100% of its tokens.
     pub context_changed: bool,
@@ -222,6 +225,7 @@ impl ReplayRow {
             changed_blocks,
             context_tokens: 0,
             selection_changed: false,
+            selection_diff: Vec::new(),
             context_changed: false,
             orders: Vec::new(),
         }
@@ -238,7 +242,12 @@ impl ReplayRow {
         let total = before.tokens.len();
         self.context_tokens = total;
         let share = |n: usize| if total == 0 { 0.0 } else { n as f64 / total as f64 };
-        self.orders.push(OrderShares { order, block_prefix: share(block_prefix), token_prefix: share(token_prefix), cause });
+        self.orders.push(OrderShares {
+            order,
+            block_prefix: share(block_prefix),
+            token_prefix: share(token_prefix),
+            cause,
+        });
     }
 }
 
