@@ -110,6 +110,12 @@ impl RadixCache {
     /// the node where a span starts is cut there, and it and its subtree
     /// become unreachable at once. Unlocked parts are freed now (returned);
     /// locked parts when their last lock goes ([`RadixCache::unlock`]).
+    ///
+    /// A span that another source declared too, with the same version at the
+    /// same place (the same file in a fork or another branch of the
+    /// repository, read by that source's requests), is still current for
+    /// that source: only `source`'s tag leaves it, and the tokens stay cached
+    /// for the other's requests (evicted by recency like any others).
     pub fn invalidate(&mut self, source: &str, keep_version: Option<&str>) -> Vec<SlotId> {
         let mut freed = Vec::new();
         let Some(sid) = self.sources.get(source) else { return freed };
@@ -118,22 +124,35 @@ impl RadixCache {
         nodes.sort();
         for id in nodes {
             // Earlier cuts may have freed or doomed this node.
-            let Some(&(_, _, offset)) = ({
-                let n = self.node(id);
-                if !n.alive || n.doomed {
-                    None
-                } else {
-                    n.tags.iter().filter(|t| t.0 == sid && Some(t.1) != keep).min_by_key(|t| t.2)
+            while let Some((_, version, offset)) = self.first_span_of(id, sid, keep) {
+                let n = self.node_mut(id);
+                if !n.tags.iter().any(|t| t.0 != sid && t.1 == version && t.2 == offset) {
+                    if offset > 0 {
+                        self.split(id, offset as usize);
+                    }
+                    self.detach(id, &mut freed);
+                    break;
                 }
-            }) else {
-                continue;
-            };
-            if offset > 0 {
-                self.split(id, offset as usize);
+                // Shared: only this source's tag goes.
+                n.tags.retain(|t| !(t.0 == sid && t.1 == version && t.2 == offset));
+                if !n.tags.iter().any(|t| t.0 == sid) {
+                    if let Some(set) = self.tagged.get_mut(&sid) {
+                        set.remove(&id);
+                    }
+                }
             }
-            self.detach(id, &mut freed);
         }
         freed
+    }
+
+    /// The first span of source `sid` (other than version `keep`) that starts on node `id`, if
+    /// the node is live.
+    fn first_span_of(&self, id: NodeId, sid: u32, keep: Option<u32>) -> Option<(u32, u32, u32)> {
+        let n = self.node(id);
+        if !n.alive || n.doomed {
+            return None;
+        }
+        n.tags.iter().filter(|t| t.0 == sid && Some(t.1) != keep).min_by_key(|t| t.2).copied()
     }
 
     /// Unhooks `id` from its parent. Everything below it that is not on a

@@ -256,6 +256,12 @@ fn run(keys: Vec<(Vec<u32>, u8, Vec<u32>)>, ops: Vec<Op>) -> Result<(), TestCase
             }
             Op::Invalidate { source } => {
                 let freed: HashSet<SlotId> = cache.invalidate(&sources[source as usize], None).into_iter().collect();
+                // A span the other source declared at the same place stays (both use one
+                // version here): only this source's tag goes. The others are cut.
+                let shared =
+                    |p: &Vec<KeyElem>, spans: &[(Vec<KeyElem>, u8)]| spans.iter().any(|(q, s)| *s != source && q == p);
+                let spans = m.spans.clone();
+                m.spans.retain(|(p, s)| !(*s == source && shared(p, &spans)));
                 // Outermost cuts of this source.
                 let mut cuts: Vec<Vec<KeyElem>> = m
                     .spans

@@ -171,6 +171,31 @@ fn invalidation_cuts_at_the_span_start() {
 }
 
 #[test]
+fn invalidating_one_source_keeps_a_span_another_source_shares() {
+    let mut f = fixture(100);
+    let k = prompt(&f, f.a, &[1], &[2, 3, 4, 5, 6]);
+    let span =
+        |source: &str, version: &str| Span { range: 5..6, tag: Tag { source: source.into(), version: version.into() } };
+    // The same file, unchanged, at the same place in two branches' contexts.
+    let spans = [span("repo:main:src/lib.rs", "v1"), span("repo:feature:src/lib.rs", "v1")];
+    f.cache.insert(&k, &slots_for(&k, 0), &InsertOpts { spans: &spans, retention: None });
+    // A push to `feature` changes the file: `main`'s requests still read it.
+    assert!(f.cache.invalidate("repo:feature:src/lib.rs", None).is_empty());
+    f.cache.check_integrity().unwrap();
+    assert_eq!(f.cache.match_prefix(&k, usize::MAX).slots.len(), 6);
+    // Invalidating `feature` again finds nothing of it left; `main`'s push cuts as ever.
+    assert!(f.cache.invalidate("repo:feature:src/lib.rs", None).is_empty());
+    assert_eq!(f.cache.invalidate("repo:main:src/lib.rs", None), vec![SlotId(3), SlotId(4), SlotId(5)]);
+    f.cache.check_integrity().unwrap();
+    // A different version at the same place is no reason to keep it.
+    let k2 = prompt(&f, f.b, &[1], &[7, 8, 9, 10]);
+    let spans = [span("x:main:f", "v1"), span("x:feature:f", "v2")];
+    f.cache.insert(&k2, &slots_for(&k2, 40), &InsertOpts { spans: &spans, retention: None });
+    assert_eq!(f.cache.invalidate("x:feature:f", None).len(), 2);
+    f.cache.check_integrity().unwrap();
+}
+
+#[test]
 fn invalidated_locked_nodes_go_on_release() {
     let mut f = fixture(100);
     let k = prompt(&f, f.a, &[], &[2, 3, 4, 5]);
