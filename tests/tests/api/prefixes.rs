@@ -196,3 +196,38 @@ async fn prefixes_from_the_configuration_and_the_command_line_are_in_force_and_p
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
 }
+
+/// The security suite's timing probe with a registered preamble in force: tenant A's 1,500
+/// private tokens after the preamble, guessed exactly by fresh tenants, reach them cold — each
+/// probe reuses the preamble and nothing after it, and takes well over A's warm turn.
+#[tokio::test]
+async fn with_a_registered_preamble_another_tenants_copy_of_a_private_prompt_is_still_cold() {
+    let app = spawn_with(|s| s.engine.pool_tokens = 16384).await;
+    let source = json!({"messages": [{"role": "system", "content":
+        "You are Coder, an agent that edits repositories. Read before you write; run the tests. ".repeat(6)}]});
+    let r = app.post(OPERATOR, "/admin/public-prefixes", json!({"name": "coder", "source": source})).await;
+    assert_eq!(r.status(), 201);
+    let public = r.json::<Value>().await.unwrap()["tokens"].as_u64().unwrap();
+    let (_, a) = app.tenant("victim").await;
+    let secret: String = (0..1500).map(|i| char::from(b'a' + (i * 7 % 26) as u8)).collect();
+    let body = json!({"model": app.model(), "max_tokens": 1, "temperature": 0,
+                      "messages": [source["messages"][0], {"role": "user", "content": secret}]});
+    let (_, cold) = first_token(&app, &a, body.clone()).await;
+    let prompt = cold["usage"]["prompt_tokens"].as_u64().unwrap();
+    assert!(prompt >= public + 1500, "{cold}");
+    assert_eq!(cold["usage"]["prompt_tokens_details"]["cached_tokens"], public, "A's first turn reuses the preamble");
+    let (mut warm, mut probe) = (Vec::new(), Vec::new());
+    for round in 0..5 {
+        let (ms, u) = first_token(&app, &a, body.clone()).await;
+        assert_eq!(u["usage"]["prompt_tokens_details"]["cached_tokens"].as_u64().unwrap(), prompt - 1);
+        warm.push(ms);
+        let (attacker, token) = app.tenant(&format!("attacker-{round}")).await;
+        let (ms, u) = first_token(&app, &token, body.clone()).await;
+        assert_eq!(u["usage"]["prompt_tokens_details"]["cached_tokens"], public, "only the preamble is shared");
+        probe.push(ms);
+        let rows = app.ledger(attacker).await;
+        assert_eq!(rows[0].computed_tokens as u64, prompt - public, "the probe computed the whole private part");
+    }
+    let (warm, probe) = (median(warm), median(probe));
+    assert!(probe > 2.0 * warm, "probe {probe:.1} ms vs the victim's warm turn {warm:.1} ms");
+}
