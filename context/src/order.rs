@@ -83,9 +83,9 @@ fn outline_changed(
 /// as of the epoch's start (ascending, ties by path); then the blocks that changed in the epoch,
 /// in the order they first changed (so the tail too keeps its order as the epoch goes on).
 pub(crate) fn order_blocks(blocks: &mut [Block], order: Order, ages: Option<&BlockAges>, model: &StabilityModel) {
-    let of = |a: &BlockAges, b: &Block| a.ages.get(b.path.as_deref().unwrap_or("")).cloned().unwrap_or_default();
-    let body_of =
-        |a: &BlockAges, b: &Block| a.body_edits.get(b.path.as_deref().unwrap_or("")).cloned().unwrap_or_default();
+    let get =
+        |m: &HashMap<String, Vec<u32>>, b: &Block| m.get(b.path.as_deref().unwrap_or("")).cloned().unwrap_or_default();
+    let of = |a: &BlockAges, b: &Block| get(&a.ages, b);
     match (order, ages) {
         (Order::Stability, Some(a)) => {
             let key = |b: &Block| -> (u8, f64) {
@@ -98,7 +98,7 @@ pub(crate) fn order_blocks(blocks: &mut [Block], order: Order, ages: Option<&Blo
                     None => {
                         let before: Vec<u32> = ages.iter().map(|&x| x - epoch).collect();
                         let body: Vec<u32> =
-                            body_of(a, b).iter().filter(|&&x| x >= epoch).map(|&x| x - epoch).collect();
+                            get(&a.body_edits, b).iter().filter(|&&x| x >= epoch).map(|&x| x - epoch).collect();
                         (0, model.score(&before, &body, b.kind, b.tokens.len()))
                     }
                 }

@@ -82,7 +82,6 @@ const CONFIG: [&str; 13] =
 /// The class of a plain-text file at `path` of `size` bytes.
 pub(crate) fn text_class(path: &str, size: u64) -> TextClass {
     let name = path.rsplit('/').next().unwrap_or(path);
-    let dirs = || path.split('/').rev().skip(1);
     if size == 0 || path.split('/').any(|part| part.starts_with('.')) {
         return TextClass::Skip;
     }
@@ -92,10 +91,11 @@ pub(crate) fn text_class(path: &str, size: u64) -> TextClass {
     if CHANGE_LOG_STEMS.contains(&stem.as_str()) {
         return TextClass::Skip;
     }
-    let docs = || dirs().any(|d| matches!(d.to_ascii_lowercase().as_str(), "docs" | "doc"));
-    if dirs().any(|d| NOT_THE_PROJECTS.contains(&d.to_ascii_lowercase().as_str())) {
+    let dirs: Vec<String> = path.split('/').rev().skip(1).map(str::to_ascii_lowercase).collect();
+    if dirs.iter().any(|d| NOT_THE_PROJECTS.contains(&d.as_str())) {
         // Documentation pages are the project's, wherever they are; nothing else here is.
-        return if docs() && DOCS.contains(&ext.as_str()) { TextClass::Docs } else { TextClass::Skip };
+        let docs = dirs.iter().any(|d| d == "docs" || d == "doc");
+        return if docs && DOCS.contains(&ext.as_str()) { TextClass::Docs } else { TextClass::Skip };
     }
     if MANIFESTS.contains(&name) {
         return if size <= MAX_MANIFEST_BYTES { TextClass::Manifest } else { TextClass::Skip };

@@ -278,6 +278,26 @@ pub async fn first_token(app: &TestApp, token: &str, mut body: Value) -> (f64, V
     (first.expect("a token"), json!({ "usage": usage }))
 }
 
+/// The cache-timing probe of a prefix-sharing attack, side by side and alternating five times: the
+/// victim's warm turn of `body` (a `prompt`-token prompt the victim already sent), then a fresh
+/// attacker tenant's exact copy of it, which must reuse only the `shared` public tokens and
+/// compute the rest. Returns the median TTFTs (victim's warm turn, attacker's probe) in ms.
+pub async fn timing_probe(app: &TestApp, victim: &str, body: &Value, prompt: u64, shared: u64) -> (f64, f64) {
+    let (mut warm, mut probe) = (Vec::new(), Vec::new());
+    for round in 0..5 {
+        let (ms, u) = first_token(app, victim, body.clone()).await;
+        assert_eq!(u["usage"]["prompt_tokens_details"]["cached_tokens"].as_u64().unwrap(), prompt - 1);
+        warm.push(ms);
+        let (attacker, token) = app.tenant(&format!("attacker-{round}")).await;
+        let (ms, u) = first_token(app, &token, body.clone()).await;
+        assert_eq!(u["usage"]["prompt_tokens_details"]["cached_tokens"], shared, "only the public prefix is shared");
+        probe.push(ms);
+        let rows = app.ledger(attacker).await;
+        assert_eq!(rows[0].computed_tokens as u64, prompt - shared, "the probe computed the whole private part");
+    }
+    (median(warm), median(probe))
+}
+
 /// The median of some milliseconds.
 pub fn median(mut v: Vec<f64>) -> f64 {
     v.sort_by(f64::total_cmp);

@@ -216,18 +216,6 @@ async fn with_a_registered_preamble_another_tenants_copy_of_a_private_prompt_is_
     let prompt = cold["usage"]["prompt_tokens"].as_u64().unwrap();
     assert!(prompt >= public + 1500, "{cold}");
     assert_eq!(cold["usage"]["prompt_tokens_details"]["cached_tokens"], public, "A's first turn reuses the preamble");
-    let (mut warm, mut probe) = (Vec::new(), Vec::new());
-    for round in 0..5 {
-        let (ms, u) = first_token(&app, &a, body.clone()).await;
-        assert_eq!(u["usage"]["prompt_tokens_details"]["cached_tokens"].as_u64().unwrap(), prompt - 1);
-        warm.push(ms);
-        let (attacker, token) = app.tenant(&format!("attacker-{round}")).await;
-        let (ms, u) = first_token(&app, &token, body.clone()).await;
-        assert_eq!(u["usage"]["prompt_tokens_details"]["cached_tokens"], public, "only the preamble is shared");
-        probe.push(ms);
-        let rows = app.ledger(attacker).await;
-        assert_eq!(rows[0].computed_tokens as u64, prompt - public, "the probe computed the whole private part");
-    }
-    let (warm, probe) = (median(warm), median(probe));
+    let (warm, probe) = timing_probe(&app, &a, &body, prompt, public).await;
     assert!(probe > 2.0 * warm, "probe {probe:.1} ms vs the victim's warm turn {warm:.1} ms");
 }

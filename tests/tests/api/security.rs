@@ -548,19 +548,7 @@ async fn another_tenants_identical_long_prompt_is_cold_and_only_the_public_prefi
     let prompt = cold["usage"]["prompt_tokens"].as_u64().unwrap();
     assert!(prompt >= 1500, "{cold}");
     // Side by side, alternating: the victim's warm turn, then a fresh attacker tenant's probe.
-    let (mut warm, mut probe) = (Vec::new(), Vec::new());
-    for round in 0..5 {
-        let (ms, u) = first_token(&app, &a, body.clone()).await;
-        assert_eq!(u["usage"]["prompt_tokens_details"]["cached_tokens"].as_u64().unwrap(), prompt - 1);
-        warm.push(ms);
-        let (attacker, token) = app.tenant(&format!("attacker-{round}")).await;
-        let (ms, u) = first_token(&app, &token, body.clone()).await;
-        assert_eq!(u["usage"]["prompt_tokens_details"]["cached_tokens"], public, "only the public prefix is shared");
-        probe.push(ms);
-        let rows = app.ledger(attacker).await;
-        assert_eq!(rows[0].computed_tokens as u64, prompt - public, "the probe computed the whole private part");
-    }
+    let (warm, probe) = timing_probe(&app, &a, &body, prompt, public).await;
     // What the attacker can time: a cold prompt, not the victim's cache hit.
-    let (warm, probe) = (median(warm), median(probe));
     assert!(probe > 2.0 * warm, "probe {probe:.1} ms vs the victim's warm turn {warm:.1} ms");
 }
