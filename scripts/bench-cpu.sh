@@ -3,10 +3,14 @@
 # GGUF with the same thread count, alternating the two for REPS rounds and
 # reporting medians (these machines are shared: only ratios from one run count).
 #
-#   scripts/bench-cpu.sh [THREADS=2] [REPS=5] [BATCH=1,4,16]   (environment variables)
+#   scripts/bench-cpu.sh [THREADS=2] [REPS=5] [BATCH=1,4,16] [LEVEL=native|avx2]   (environment)
 #
 # Needs llama-bench: $LLAMA_BIN, else ~/.cache/cachet-peer/llama.cpp/build/bin,
 # else it is built from the llama.cpp checkout at $LLAMA_SRC (scripts/llama-peer.sh).
+# Where llama-batched-bench is there too, each round also runs it at the batches above 1
+# (one prompt token per sequence, then GEN decode steps of all of them: what `cachet bench
+# --batch` measures). LEVEL=avx2 runs cachet with CACHET_SIMD=avx2 against a llama.cpp built
+# without AVX-512 (LLAMA_LEVEL=avx2 scripts/llama-peer.sh).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 THREADS=${THREADS:-2}
@@ -15,20 +19,29 @@ BATCH=${BATCH:-1,4,16}
 PROMPT=${PROMPT:-512}
 GEN=${GEN:-128}
 OUT=${OUT:-target/bench-cpu}
+LEVEL=${LEVEL:-native}
 mkdir -p "$OUT"
 
-BIN=$(scripts/llama-peer.sh)
+BIN=$(LLAMA_LEVEL=$LEVEL scripts/llama-peer.sh)
+if [ "$LEVEL" = avx2 ]; then export CACHET_SIMD=avx2; fi
+MULTI=$(echo "$BATCH" | tr ',' '\n' | awk '$1 > 1' | paste -sd, -)
+MAXB=$(echo "$BATCH" | tr ',' '\n' | sort -n | tail -n 1)
 cargo build -q --release -p cachet-api
 CACHET=target/release/cachet
 MODEL=$($CACHET models pull 2>/dev/null | tail -n 1)
 
 : > "$OUT/llama.jsonl"
 : > "$OUT/cachet.jsonl"
+: > "$OUT/batched.jsonl"
 for rep in $(seq "$REPS"); do
   echo "round $rep/$REPS" >&2
   "$BIN/llama-bench" -m "$MODEL" -t "$THREADS" -p "$PROMPT" -n "$GEN" -r 1 -o jsonl >> "$OUT/llama.jsonl" 2>/dev/null
   RUST_LOG=warn "$CACHET" bench --model "$MODEL" --threads "$THREADS" --prompt "$PROMPT" --gen "$GEN" \
     --batch "$BATCH" --reps 1 --json >> "$OUT/cachet.jsonl"
+  if [ -n "$MULTI" ] && [ -x "$BIN/llama-batched-bench" ]; then
+    "$BIN/llama-batched-bench" -m "$MODEL" -t "$THREADS" -c $((MAXB * (GEN + 1) + 16)) -npp 1 -ntg "$GEN" \
+      -npl "$MULTI" --output-format jsonl 2>/dev/null | grep '^{' >> "$OUT/batched.jsonl"
+  fi
 done
 
 python3 - "$OUT" "$THREADS" "$REPS" <<'PY'
@@ -39,6 +52,9 @@ for line in open(f"{out}/llama.jsonl"):
     r = json.loads(line)
     test = f"pp{r['n_prompt']}" if r["n_prompt"] else f"tg{r['n_gen']}"
     llama.setdefault((test, 1), []).append(r["avg_ts"])
+for line in open(f"{out}/batched.jsonl"):
+    r = json.loads(line)
+    llama.setdefault((f"tg{r['tg']}", r["pl"]), []).append(r["speed_tg"])
 for line in open(f"{out}/cachet.jsonl"):
     r = json.loads(line)
     read.append(r["read_gbs"]); copy.append(r["copy_gbs"]); step = r["step_bytes"]
@@ -57,6 +73,9 @@ for key in sorted(ours, key=lambda k: (k[0][:2] != "pp", k[1])):
     lc = f"{l:.1f}" if l else "–"
     ratio = f"{c / l:.2f}×" if l else "–"
     print(f"| {key[0]} | {key[1]} | {c:.1f} | {lc} | {ratio} | {frac} |")
+if any(k[1] > 1 for k in llama):
+    print("\nllama.cpp at more than one sequence: llama-batched-bench, one prompt token per sequence, "
+          "then the decode steps of all of them (its S_TG, aggregate tokens/s).")
 if ("tg128", 1) in llama:
     l = statistics.median(llama[("tg128", 1)])
     print(f"\nllama.cpp decode at the same bandwidth: {100 * l * step / 1e9 / bw:.0f}% of the limit.")

@@ -65,7 +65,10 @@ impl CpuBackend {
             .thread_name(|i| format!("cachet-cpu-{i}"))
             .build()
             .map_err(|e| BackendError::Unsupported(format!("thread pool: {e}")))?;
-        pool.broadcast(|_| attention::warm_thread());
+        pool.broadcast(|_| {
+            attention::warm_thread();
+            dot::warm_thread();
+        });
         Ok(CpuBackend { kernels, pool: Arc::new(pool), scratch: Mutex::new(MatmulScratch::default()), profile: None })
     }
 

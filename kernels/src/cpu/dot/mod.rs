@@ -13,6 +13,22 @@ use super::attention::{attend_scalar, Attend, AttendFn, Tile, TileFn, TileScratc
 use crate::quant::*;
 use half::{bf16, f16};
 
+/// Bytes of laid-out activations a worker thread holds for one-token (decode) jobs without
+/// allocating: about 3 bytes per value of a row at either x86 level, so rows of up to ~40,000
+/// values (a longer row's first decode step grows the buffer once).
+const GEMV_LAYOUT_BYTES: usize = 128 * 1024;
+
+/// Sizes this thread's kernel buffers; the CPU backend runs it on every worker thread when it
+/// starts, so that a decode step's first one-token job on a thread does not allocate (which
+/// thread runs which job is rayon's choice; `engine/tests/no_alloc.rs`).
+pub(crate) fn warm_thread() {
+    #[cfg(target_arch = "x86_64")]
+    {
+        avx2::reserve(GEMV_LAYOUT_BYTES);
+        avx512::reserve(GEMV_LAYOUT_BYTES);
+    }
+}
+
 /// A block of a matrix product: for `r` in `rows` and `t` in `toks`,
 /// `out[t * ldo + r] = dot(w row r, x row t)`. Rows of `w` are `wpr` blocks
 /// long, rows of `x` `apr` blocks.

@@ -13,6 +13,11 @@ use crate::quant::*;
 use half::{bf16, f16};
 use std::arch::x86_64::*;
 
+/// Gives this thread's decode buffers room for `bytes` (see `dot::warm_thread`).
+pub(super) fn reserve(bytes: usize) {
+    q32::reserve(bytes);
+}
+
 #[inline(always)]
 unsafe fn f16_to_f32(h: f16) -> f32 {
     _mm_cvtss_f32(_mm_cvtph_ps(_mm_cvtsi32_si128(h.to_bits() as i32)))
@@ -137,7 +142,7 @@ pub unsafe fn q4_0(w: &[BlockQ4_0], x: &[BlockQ8A]) -> f32 {
 
 #[target_feature(enable = "avx2,fma,f16c")]
 pub unsafe fn gemm_q4_0(job: &GemmJob<'_, BlockQ4_0, BlockQ8A>) {
-    unsafe { gemm::<q32::Q32<BlockQ4_0>>(job) }
+    unsafe { q32::gemm32::<BlockQ4_0>(job) }
 }
 
 #[target_feature(enable = "avx2,fma,f16c")]
@@ -148,7 +153,7 @@ pub unsafe fn q5_0(w: &[BlockQ5_0], x: &[BlockQ8A]) -> f32 {
 
 #[target_feature(enable = "avx2,fma,f16c")]
 pub unsafe fn gemm_q5_0(job: &GemmJob<'_, BlockQ5_0, BlockQ8A>) {
-    unsafe { gemm::<q32::Q32<BlockQ5_0>>(job) }
+    unsafe { q32::gemm32::<BlockQ5_0>(job) }
 }
 
 #[target_feature(enable = "avx2,fma,f16c")]
@@ -159,7 +164,7 @@ pub unsafe fn q8_0(w: &[BlockQ8_0], x: &[BlockQ8A]) -> f32 {
 
 #[target_feature(enable = "avx2,fma,f16c")]
 pub unsafe fn gemm_q8_0(job: &GemmJob<'_, BlockQ8_0, BlockQ8A>) {
-    unsafe { gemm::<q32::Q32<BlockQ8_0>>(job) }
+    unsafe { q32::gemm32::<BlockQ8_0>(job) }
 }
 
 #[target_feature(enable = "avx2,fma,f16c")]

@@ -145,3 +145,176 @@ impl<B: Block32> TileKernel for Q32<B> {
         unsafe { tile32(w, x) }
     }
 }
+
+thread_local! {
+    /// Laid-out activations (and `packed32`'s prepared weights), per thread: one buffer for both
+    /// paths, so that a prompt pass sizes it for the decode steps after it (no allocation in
+    /// steady-state decode, `engine/tests/no_alloc.rs`).
+    static PACKED: std::cell::RefCell<Vec<__m256i>> = const { std::cell::RefCell::new(Vec::new()) };
+}
+
+/// Gives this thread's buffer room for `bytes` (see `dot::warm_thread`).
+pub(super) fn reserve(bytes: usize) {
+    PACKED.with(|cell| {
+        let mut buf = cell.borrow_mut();
+        let want = bytes / std::mem::size_of::<__m256i>();
+        if buf.capacity() < want {
+            let len = buf.len();
+            buf.reserve(want - len);
+        }
+    });
+}
+
+/// The job: `gemv32` when it has one token, `packed32` when it has several tokens and rows to
+/// share the preparation over, else the tiles.
+#[inline(always)]
+pub(super) unsafe fn gemm32<B: Block32>(job: &GemmJob<'_, B, BlockQ8A>) {
+    unsafe {
+        if job.toks.len() == 1 {
+            gemv32(job)
+        } else if job.toks.len() >= 8 && job.rows.len() >= PACK_ROWS {
+            packed32(job)
+        } else {
+            gemm::<Q32<B>>(job)
+        }
+    }
+}
+
+/// Rows of `packed32`'s tiles: their accumulators and the token's operands fit the 16 vector
+/// registers, since the prepared weights are read from L1.
+const PACK_ROWS: usize = 3;
+
+/// A job of several tokens: each token's activations are laid out once for all the job's rows
+/// (as `gemv32` does) and each `PACK_ROWS`-row group's blocks prepared once for all its tokens;
+/// the tiles then only load them. The operations per element are `tile32`'s, in its order, so
+/// results are bit for bit the single dot product's.
+#[inline(always)]
+unsafe fn packed32<B: Block32>(job: &GemmJob<'_, B, BlockQ8A>) {
+    let (toks, n) = (job.toks.len(), job.wpr);
+    // A prepared block is one or two vectors (`Q8_0` keeps the absolute values too).
+    let words = std::mem::size_of::<B::Prep>() / 32;
+    debug_assert!(std::mem::size_of::<B::Prep>() % 32 == 0 && std::mem::align_of::<B::Prep>() <= 32);
+    let (act_len, w_len) = (toks * n * 3, PACK_ROWS * n * (words + 1));
+    let mut buf = PACKED.with(|cell| std::mem::take(&mut *cell.borrow_mut()));
+    if buf.len() < act_len + w_len {
+        buf.resize(act_len + w_len, unsafe { _mm256_setzero_si256() });
+    }
+    unsafe {
+        let (act, wts) = buf.split_at_mut(act_len);
+        for t in 0..toks {
+            let x = job.x.get_unchecked((job.toks.start + t) * job.apr..);
+            for i in 0..n {
+                let a = x.get_unchecked(i);
+                let at = act.as_mut_ptr().add(3 * (t * n + i));
+                *at = load256(a.qs.as_ptr().cast());
+                *at.add(1) = _mm256_setr_epi32(-B::OFFSET * a.sum, 0, 0, 0, 0, 0, 0, 0);
+                *at.add(2) = _mm256_castps_si256(_mm256_set1_ps(a.d));
+            }
+        }
+        // Prepared blocks first (row-major), then their scales.
+        let preps = wts.as_mut_ptr().cast::<B::Prep>();
+        let dws = wts.as_mut_ptr().add(PACK_ROWS * n * words).cast::<__m256>();
+        let mut r = job.rows.start;
+        while r + PACK_ROWS <= job.rows.end {
+            for j in 0..PACK_ROWS {
+                let w = job.w.get_unchecked((r + j) * n..(r + j + 1) * n);
+                for (i, b) in w.iter().enumerate() {
+                    *preps.add(j * n + i) = b.prep();
+                    *dws.add(j * n + i) = _mm256_set1_ps(f16_to_f32(b.d()));
+                }
+            }
+            let mut t = 0;
+            while t < toks {
+                let tt = (toks - t).min(4);
+                match tt {
+                    4 => packed_tile::<B, 4>(job, act, preps, dws, r, t),
+                    3 => packed_tile::<B, 3>(job, act, preps, dws, r, t),
+                    2 => packed_tile::<B, 2>(job, act, preps, dws, r, t),
+                    _ => packed_tile::<B, 1>(job, act, preps, dws, r, t),
+                }
+                t += tt;
+            }
+            r += PACK_ROWS;
+        }
+        if r < job.rows.end {
+            let rest = GemmJob { rows: r..job.rows.end, toks: job.toks.clone(), ..*job };
+            gemm::<Q32<B>>(&rest);
+        }
+    }
+    PACKED.with(|cell| *cell.borrow_mut() = buf);
+}
+
+/// Rows `r..r + PACK_ROWS` × job tokens `t..t + C` from the packed buffers.
+#[inline(always)]
+#[allow(clippy::needless_range_loop)] // `j` and `c` index several arrays in step
+unsafe fn packed_tile<B: Block32, const C: usize>(
+    job: &GemmJob<'_, B, BlockQ8A>,
+    act: &[__m256i],
+    preps: *const B::Prep,
+    dws: *const __m256,
+    r: usize,
+    t: usize,
+) {
+    const R: usize = PACK_ROWS;
+    let n = job.wpr;
+    let mut acc = [[_mm256_setzero_ps(); C]; R];
+    unsafe {
+        for i in 0..n {
+            for c in 0..C {
+                let at = act.as_ptr().add(3 * ((t + c) * n + i));
+                let (xq, correction, dx) = (*at, *at.add(1), _mm256_castsi256_ps(*at.add(2)));
+                for j in 0..R {
+                    let mut p = B::dot(*preps.add(j * n + i), xq);
+                    if B::OFFSET != 0 {
+                        p = _mm256_add_epi32(p, correction);
+                    }
+                    let dw = *dws.add(j * n + i);
+                    acc[j][c] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p), _mm256_mul_ps(dw, dx), acc[j][c]);
+                }
+            }
+        }
+        for j in 0..R {
+            for c in 0..C {
+                *job.out.add((job.toks.start + t + c) * job.ldo + r + j) = hsum_ps(acc[j][c]);
+            }
+        }
+    }
+}
+
+/// Decode (a job of one token): the token's activations are laid out once for all the job's rows
+/// (per block: the 32 values, the offset correction, the scale), then each row is one sequential
+/// stream of weights that only unpacks its blocks. The operations per element are `tile32`'s, in
+/// its order, so the result is bit for bit the 1 × 1 tile's.
+#[inline(always)]
+unsafe fn gemv32<B: Block32>(job: &GemmJob<'_, B, BlockQ8A>) {
+    let n = job.wpr;
+    let tok = job.toks.start;
+    let mut act = PACKED.with(|cell| std::mem::take(&mut *cell.borrow_mut()));
+    if act.len() < n * 3 {
+        act.resize(n * 3, unsafe { _mm256_setzero_si256() });
+    }
+    unsafe {
+        let x = job.x.get_unchecked(tok * job.apr..(tok + 1) * job.apr);
+        for (i, a) in x.iter().take(n).enumerate() {
+            let at = act.as_mut_ptr().add(3 * i);
+            *at = load256(a.qs.as_ptr().cast());
+            *at.add(1) = _mm256_setr_epi32(-B::OFFSET * a.sum, 0, 0, 0, 0, 0, 0, 0);
+            *at.add(2) = _mm256_castps_si256(_mm256_set1_ps(a.d));
+        }
+        for r in job.rows.clone() {
+            let w = job.w.get_unchecked(r * n..(r + 1) * n);
+            let mut acc = _mm256_setzero_ps();
+            for (i, b) in w.iter().enumerate() {
+                let at = act.as_ptr().add(3 * i);
+                let mut p = B::dot(b.prep(), *at);
+                if B::OFFSET != 0 {
+                    p = _mm256_add_epi32(p, *at.add(1));
+                }
+                let dw = _mm256_set1_ps(f16_to_f32(b.d()));
+                acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p), _mm256_mul_ps(dw, _mm256_castsi256_ps(*at.add(2))), acc);
+            }
+            *job.out.add(tok * job.ldo + r) = hsum_ps(acc);
+        }
+    }
+    PACKED.with(|cell| *cell.borrow_mut() = act);
+}

@@ -18,6 +18,11 @@ mod qk;
 use q32::Q32;
 use qk::QK;
 
+/// Gives this thread's decode buffers room for `bytes` (see `dot::warm_thread`).
+pub(super) fn reserve(bytes: usize) {
+    q32::reserve(bytes);
+}
+
 #[inline(always)]
 pub(super) unsafe fn f16_to_f32(h: f16) -> f32 {
     _mm_cvtss_f32(_mm_cvtph_ps(_mm_cvtsi32_si128(h.to_bits() as i32)))
