@@ -144,6 +144,7 @@ pub(super) unsafe fn tilek<B: KBlock, const R: usize, const C: usize>(
     let mut out = [[0f32; C]; R];
     unsafe {
         let mut prep = [Chunks { w: [_mm256_setzero_si256(); 8], sc: [_mm256_setzero_si256(); 8] }; R];
+        let mut iacc = [[_mm256_setzero_si256(); C]; R];
         for i in 0..n {
             for r in 0..R {
                 prep[r] = w[r].get_unchecked(i).chunks();
@@ -155,16 +156,39 @@ pub(super) unsafe fn tilek<B: KBlock, const R: usize, const C: usize>(
                     *v = load256(a.qs.as_ptr().add(32 * k).cast());
                 }
                 for r in 0..R {
-                    let mut iacc = _mm256_setzero_si256();
+                    let mut acc = _mm256_setzero_si256();
                     for (k, &xk) in xs.iter().enumerate() {
                         let p = _mm256_madd_epi16(_mm256_maddubs_epi16(prep[r].w[k], xk), prep[r].sc[k]);
-                        iacc = _mm256_add_epi32(iacc, p);
+                        acc = _mm256_add_epi32(acc, p);
                     }
-                    out[r][c] = w[r].get_unchecked(i).finish(out[r][c], a, hsum_epi32(iacc));
+                    iacc[r][c] = acc;
+                }
+            }
+            // The integer sums of a row's tokens reduced together, then each token's float steps
+            // in the single dot product's order.
+            for r in 0..R {
+                let sums = hsum4(&iacc[r]);
+                for c in 0..C {
+                    out[r][c] = w[r].get_unchecked(i).finish(out[r][c], x[c].get_unchecked(i), sums[c]);
                 }
             }
         }
     }
+    out
+}
+
+/// The lane sums of up to 4 vectors (exact: integer adds in any order give the same i32).
+#[inline(always)]
+unsafe fn hsum4<const C: usize>(v: &[__m256i; C]) -> [i32; 4] {
+    if C == 1 {
+        return [unsafe { hsum_epi32(v[0]) }, 0, 0, 0];
+    }
+    let mut at = [_mm256_setzero_si256(); 4];
+    at[..C].copy_from_slice(v);
+    let s = _mm256_hadd_epi32(_mm256_hadd_epi32(at[0], at[1]), _mm256_hadd_epi32(at[2], at[3]));
+    let s = _mm_add_epi32(_mm256_castsi256_si128(s), _mm256_extracti128_si256(s, 1));
+    let mut out = [0i32; 4];
+    unsafe { _mm_storeu_si128(out.as_mut_ptr().cast(), s) };
     out
 }
 
