@@ -29,6 +29,19 @@ pub(crate) fn warm_thread() {
     }
 }
 
+/// Gives a thread-local buffer room for `bytes` of its elements.
+#[cfg(target_arch = "x86_64")]
+fn reserve<T>(key: &'static std::thread::LocalKey<std::cell::RefCell<Vec<T>>>, bytes: usize) {
+    key.with(|cell| {
+        let mut buf = cell.borrow_mut();
+        let want = bytes / std::mem::size_of::<T>();
+        if buf.capacity() < want {
+            let len = buf.len();
+            buf.reserve(want - len);
+        }
+    });
+}
+
 /// A block of a matrix product: for `r` in `rows` and `t` in `toks`,
 /// `out[t * ldo + r] = dot(w row r, x row t)`. Rows of `w` are `wpr` blocks
 /// long, rows of `x` `apr` blocks.

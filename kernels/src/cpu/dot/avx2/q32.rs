@@ -155,14 +155,7 @@ thread_local! {
 
 /// Gives this thread's buffer room for `bytes` (see `dot::warm_thread`).
 pub(super) fn reserve(bytes: usize) {
-    PACKED.with(|cell| {
-        let mut buf = cell.borrow_mut();
-        let want = bytes / std::mem::size_of::<__m256i>();
-        if buf.capacity() < want {
-            let len = buf.len();
-            buf.reserve(want - len);
-        }
-    });
+    super::super::reserve(&PACKED, bytes);
 }
 
 /// The job: `gemv32` when it has one token, `packed32` when it has several tokens and rows to

@@ -180,14 +180,7 @@ thread_local! {
 
 /// Gives this thread's buffer room for `bytes` (see `dot::warm_thread`).
 pub(super) fn reserve(bytes: usize) {
-    PACKED.with(|cell| {
-        let mut buf = cell.borrow_mut();
-        let want = bytes / std::mem::size_of::<__m512i>();
-        if buf.capacity() < want {
-            let len = buf.len();
-            buf.reserve(want - len);
-        }
-    });
+    super::super::reserve(&PACKED, bytes);
 }
 
 /// The GEMM over 32-value blocks for jobs of several tokens. `tile32` decodes
