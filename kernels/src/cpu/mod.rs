@@ -67,7 +67,7 @@ impl CpuBackend {
             .map_err(|e| BackendError::Unsupported(format!("thread pool: {e}")))?;
         pool.broadcast(|_| {
             attention::warm_thread();
-            dot::warm_thread();
+            dot::warm_thread(level);
         });
         Ok(CpuBackend { kernels, pool: Arc::new(pool), scratch: Mutex::new(MatmulScratch::default()), profile: None })
     }

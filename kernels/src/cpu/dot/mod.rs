@@ -18,14 +18,16 @@ use half::{bf16, f16};
 /// values (a longer row's first decode step grows the buffer once).
 const GEMV_LAYOUT_BYTES: usize = 128 * 1024;
 
-/// Sizes this thread's kernel buffers; the CPU backend runs it on every worker thread when it
+/// Sizes this thread's buffers for `level`'s kernels; the CPU backend runs it on every worker thread when it
 /// starts, so that a decode step's first one-token job on a thread does not allocate (which
 /// thread runs which job is rayon's choice; `engine/tests/no_alloc.rs`).
-pub(crate) fn warm_thread() {
-    #[cfg(target_arch = "x86_64")]
-    {
-        avx2::reserve(GEMV_LAYOUT_BYTES);
-        avx512::reserve(GEMV_LAYOUT_BYTES);
+pub(crate) fn warm_thread(level: SimdLevel) {
+    match level {
+        #[cfg(target_arch = "x86_64")]
+        SimdLevel::Avx2 => avx2::reserve(GEMV_LAYOUT_BYTES),
+        #[cfg(target_arch = "x86_64")]
+        SimdLevel::Avx512 => avx512::reserve(GEMV_LAYOUT_BYTES),
+        _ => {}
     }
 }
 

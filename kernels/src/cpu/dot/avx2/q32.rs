@@ -196,13 +196,7 @@ unsafe fn packed32<B: Block32>(job: &GemmJob<'_, B, BlockQ8A>) {
         let (act, wts) = buf.split_at_mut(act_len);
         for t in 0..toks {
             let x = job.x.get_unchecked((job.toks.start + t) * job.apr..);
-            for i in 0..n {
-                let a = x.get_unchecked(i);
-                let at = act.as_mut_ptr().add(3 * (t * n + i));
-                *at = load256(a.qs.as_ptr().cast());
-                *at.add(1) = _mm256_setr_epi32(-B::OFFSET * a.sum, 0, 0, 0, 0, 0, 0, 0);
-                *at.add(2) = _mm256_castps_si256(_mm256_set1_ps(a.d));
-            }
+            lay_out::<B>(x, n, &mut act[3 * t * n..3 * (t + 1) * n]);
         }
         // Prepared blocks first (row-major), then their scales.
         let preps = wts.as_mut_ptr().cast::<B::Prep>();
@@ -274,6 +268,21 @@ unsafe fn packed_tile<B: Block32, const C: usize>(
     }
 }
 
+/// One token's `n` activation blocks laid out for the tiles: per block, the 32 values, the offset
+/// correction, the scale.
+#[inline(always)]
+unsafe fn lay_out<B: Block32>(x: &[BlockQ8A], n: usize, act: &mut [__m256i]) {
+    unsafe {
+        for i in 0..n {
+            let a = x.get_unchecked(i);
+            let at = act.as_mut_ptr().add(3 * i);
+            *at = load256(a.qs.as_ptr().cast());
+            *at.add(1) = _mm256_setr_epi32(-B::OFFSET * a.sum, 0, 0, 0, 0, 0, 0, 0);
+            *at.add(2) = _mm256_castps_si256(_mm256_set1_ps(a.d));
+        }
+    }
+}
+
 /// Decode (a job of one token): the token's activations are laid out once for all the job's rows
 /// (per block: the 32 values, the offset correction, the scale), then each row is one sequential
 /// stream of weights that only unpacks its blocks. The operations per element are `tile32`'s, in
@@ -288,12 +297,7 @@ unsafe fn gemv32<B: Block32>(job: &GemmJob<'_, B, BlockQ8A>) {
     }
     unsafe {
         let x = job.x.get_unchecked(tok * job.apr..(tok + 1) * job.apr);
-        for (i, a) in x.iter().take(n).enumerate() {
-            let at = act.as_mut_ptr().add(3 * i);
-            *at = load256(a.qs.as_ptr().cast());
-            *at.add(1) = _mm256_setr_epi32(-B::OFFSET * a.sum, 0, 0, 0, 0, 0, 0, 0);
-            *at.add(2) = _mm256_castps_si256(_mm256_set1_ps(a.d));
-        }
+        lay_out::<B>(x, n, &mut act);
         for r in job.rows.clone() {
             let w = job.w.get_unchecked(r * n..(r + 1) * n);
             let mut acc = _mm256_setzero_ps();

@@ -15,14 +15,27 @@ pub(super) trait Block32: Block {
     unsafe fn weights2(a: &Self, b: &Self) -> __m512i {
         unsafe { join(a.weights(), b.weights()) }
     }
-    /// Two blocks' scales, `a`'s in lanes 0..8 and `b`'s in 8..16 (exact, as `pair`).
-    #[inline(always)]
-    unsafe fn scales2(a: &Self, b: &Self) -> __m512 {
-        let bits = a.d().to_bits() as i32 | (b.d().to_bits() as i32) << 16;
-        let both = _mm_cvtph_ps(_mm_cvtsi32_si128(bits));
-        #[rustfmt::skip]
-        let idx = _mm512_setr_epi32(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1);
-        _mm512_permutexvar_ps(idx, _mm512_castps128_ps512(both))
+}
+
+/// Two blocks' scales, `a`'s in lanes 0..8 and `b`'s in 8..16 (exact, as `pair`).
+#[inline(always)]
+unsafe fn scales2<B: Block32>(a: &B, b: &B) -> __m512 {
+    let bits = a.d().to_bits() as i32 | (b.d().to_bits() as i32) << 16;
+    let both = _mm_cvtph_ps(_mm_cvtsi32_si128(bits));
+    #[rustfmt::skip]
+    let idx = _mm512_setr_epi32(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1);
+    _mm512_permutexvar_ps(idx, _mm512_castps128_ps512(both))
+}
+
+/// The odd last block of a row against a token's block, in one 256-bit step
+/// (`wv` is `b.weights()`): every path ends a row with exactly this.
+#[inline(always)]
+unsafe fn odd_block<B: Block32>(b: &B, wv: __m256i, a: &BlockQ8A) -> f32 {
+    unsafe {
+        let init = _mm256_setr_epi32(-B::OFFSET * a.sum, 0, 0, 0, 0, 0, 0, 0);
+        let p = _mm256_dpbusd_epi32(init, wv, load256(a.qs.as_ptr().cast()));
+        let d = _mm256_set1_ps(f16_to_f32(b.d()) * a.d);
+        hsum256(_mm256_mul_ps(_mm256_cvtepi32_ps(p), d))
     }
 }
 
@@ -120,7 +133,7 @@ pub(super) unsafe fn tile32<B: Block32, const R: usize, const C: usize>(
                 }
                 let (b0, b1) = (w[r].get_unchecked(i), w[r].get_unchecked(i + 1));
                 wv[r] = B::weights2(b0, b1);
-                sw[r] = B::scales2(b0, b1);
+                sw[r] = scales2(b0, b1);
             }
             for c in 0..C {
                 let (a0, a1) = (x[c].get_unchecked(i), x[c].get_unchecked(i + 1));
@@ -149,11 +162,7 @@ pub(super) unsafe fn tile32<B: Block32, const R: usize, const C: usize>(
                 let b = w[r].get_unchecked(i);
                 let wv = b.weights();
                 for c in 0..C {
-                    let a = x[c].get_unchecked(i);
-                    let init = _mm256_setr_epi32(-B::OFFSET * a.sum, 0, 0, 0, 0, 0, 0, 0);
-                    let p = _mm256_dpbusd_epi32(init, wv, load256(a.qs.as_ptr().cast()));
-                    let d = _mm256_set1_ps(f16_to_f32(b.d()) * a.d);
-                    out[r][c] += hsum256(_mm256_mul_ps(_mm256_cvtepi32_ps(p), d));
+                    out[r][c] += odd_block(b, wv, x[c].get_unchecked(i));
                 }
             }
         }
@@ -225,7 +234,7 @@ pub(super) unsafe fn gemm32<B: Block32>(job: &GemmJob<'_, B, BlockQ8A>) {
                         let (b0, b1) = (w.get_unchecked(2 * p), w.get_unchecked(2 * p + 1));
                         let wt = wts.as_mut_ptr().add((i * pairs + p) * 2);
                         *wt = B::weights2(b0, b1);
-                        *wt.add(1) = _mm512_castps_si512(B::scales2(b0, b1));
+                        *wt.add(1) = _mm512_castps_si512(scales2(b0, b1));
                     }
                 }
                 let mut t = 0;
@@ -295,7 +304,7 @@ unsafe fn gemv32<B: Block32>(job: &GemmJob<'_, B, BlockQ8A>) {
             let mut acc = _mm512_setzero_ps();
             for p in 0..pairs {
                 let (b0, b1) = (w.get_unchecked(2 * p), w.get_unchecked(2 * p + 1));
-                let (wv, sw) = (B::weights2(b0, b1), B::scales2(b0, b1));
+                let (wv, sw) = (B::weights2(b0, b1), scales2(b0, b1));
                 let at = act.as_ptr().add(p * 3);
                 let (xv, init, sx) = (*at, *at.add(1), _mm512_castsi512_ps(*at.add(2)));
                 let d = _mm512_dpbusd_epi32(init, wv, xv);
@@ -303,11 +312,8 @@ unsafe fn gemv32<B: Block32>(job: &GemmJob<'_, B, BlockQ8A>) {
             }
             let mut v = _mm512_reduce_add_ps(acc);
             if n % 2 == 1 {
-                let (b, a) = (w.get_unchecked(n - 1), x.get_unchecked(n - 1));
-                let init = _mm256_setr_epi32(-B::OFFSET * a.sum, 0, 0, 0, 0, 0, 0, 0);
-                let d = _mm256_dpbusd_epi32(init, b.weights(), load256(a.qs.as_ptr().cast()));
-                let s = _mm256_set1_ps(f16_to_f32(b.d()) * a.d);
-                v += hsum256(_mm256_mul_ps(_mm256_cvtepi32_ps(d), s));
+                let b = w.get_unchecked(n - 1);
+                v += odd_block(b, b.weights(), x.get_unchecked(n - 1));
             }
             *job.out.add(tok * job.ldo + r) = v;
         }
@@ -353,12 +359,8 @@ unsafe fn packed_tile<B: Block32, const C: usize>(
                 let tok = job.toks.start + t + c;
                 let mut v = _mm512_reduce_add_ps(acc[i][c]);
                 if n % 2 == 1 {
-                    // The odd last block, as `tile32` does it.
-                    let (b, a) = (w.get_unchecked(n - 1), job.x.get_unchecked(tok * job.apr + n - 1));
-                    let init = _mm256_setr_epi32(-B::OFFSET * a.sum, 0, 0, 0, 0, 0, 0, 0);
-                    let d = _mm256_dpbusd_epi32(init, b.weights(), load256(a.qs.as_ptr().cast()));
-                    let s = _mm256_set1_ps(f16_to_f32(b.d()) * a.d);
-                    v += hsum256(_mm256_mul_ps(_mm256_cvtepi32_ps(d), s));
+                    let b = w.get_unchecked(n - 1);
+                    v += odd_block(b, b.weights(), job.x.get_unchecked(tok * job.apr + n - 1));
                 }
                 *job.out.add(tok * job.ldo + r + i) = v;
             }
