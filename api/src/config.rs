@@ -5,6 +5,8 @@
 //! `CACHET_DATA_DIR` and plain `DATABASE_URL` are accepted too), then
 //! command-line flags. Every key is documented in `docs/configuration.md`.
 
+use crate::device::DeviceChoice;
+use cachet_engine::runtime::Policy;
 use cachet_tenants::jwt::JwtConfig;
 use cachet_tenants::Plan;
 use figment::providers::{Env, Format, Serialized, Toml};
@@ -28,7 +30,7 @@ pub struct Settings {
 
 /// Tasks.
 #[derive(Clone, Debug, Deserialize)]
-#[serde(default)]
+#[serde(default, deny_unknown_fields)]
 pub struct TaskSettings {
     /// An open task with no request for this long is marked abandoned.
     pub idle_secs: u64,
@@ -42,7 +44,7 @@ impl Default for TaskSettings {
 
 /// Repositories, their context, and sessions.
 #[derive(Clone, Debug, Deserialize)]
-#[serde(default)]
+#[serde(default, deny_unknown_fields)]
 pub struct ContextSettings {
     /// Where the bare mirrors live; empty: `<data_dir>/mirrors`.
     pub mirrors_dir: PathBuf,
@@ -117,7 +119,7 @@ impl Default for ContextSettings {
 }
 
 #[derive(Clone, Debug, Deserialize)]
-#[serde(default)]
+#[serde(default, deny_unknown_fields)]
 pub struct ServerSettings {
     /// Address to listen on.
     pub bind: String,
@@ -137,7 +139,7 @@ pub struct ServerSettings {
 }
 
 #[derive(Clone, Debug, Deserialize, Default)]
-#[serde(default)]
+#[serde(default, deny_unknown_fields)]
 pub struct DatabaseSettings {
     /// Postgres URL; empty: a private cluster in `<data_dir>/postgres`.
     pub url: String,
@@ -146,7 +148,7 @@ pub struct DatabaseSettings {
 }
 
 #[derive(Clone, Debug, Deserialize, Default)]
-#[serde(default)]
+#[serde(default, deny_unknown_fields)]
 pub struct ModelSettings {
     /// A .gguf file or Hugging Face directory; empty: the default model
     /// (pulled into the models folder if missing).
@@ -156,7 +158,8 @@ pub struct ModelSettings {
     /// Engine threads (0: one per core).
     pub threads: usize,
     /// `auto` (default: a CUDA GPU when one is usable, else the CPU), `cpu`, `cuda` or `cuda:N`.
-    pub device: String,
+    #[serde(deserialize_with = "from_str")]
+    pub device: DeviceChoice,
     /// On CUDA, multiply long prefills with cuBLAS on bf16 weight copies (faster; gives up
     /// batch invariance).
     pub cublas_prefill: bool,
@@ -231,7 +234,7 @@ impl SamplingDefaults {
 }
 
 #[derive(Clone, Debug, Deserialize)]
-#[serde(default)]
+#[serde(default, deny_unknown_fields)]
 pub struct EngineSettings {
     /// KV pool size in tokens; 0: the model's whole context twice over, within half the
     /// free memory (logged at start).
@@ -251,7 +254,8 @@ pub struct EngineSettings {
     /// Most requests running at once.
     pub max_running: usize,
     /// `slo` (fair share, deadlines, prefix), `fcfs` or `lpm`.
-    pub policy: String,
+    #[serde(deserialize_with = "from_str")]
+    pub policy: Policy,
     /// Refuse requests predicted to miss their TTFT target by more than this factor (0: never).
     pub overload_factor: f64,
     pub interactive_ttft_ms: u64,
@@ -263,7 +267,7 @@ pub struct EngineSettings {
 }
 
 #[derive(Clone, Debug, Deserialize, Default)]
-#[serde(default)]
+#[serde(default, deny_unknown_fields)]
 pub struct AuthSettings {
     /// JWT verification (and issuing) keys, issuer, audience. Without any
     /// key, an HS256 secret is generated into `<data_dir>/secrets/` on
@@ -275,7 +279,7 @@ pub struct AuthSettings {
 }
 
 #[derive(Clone, Debug, Deserialize)]
-#[serde(default)]
+#[serde(default, deny_unknown_fields)]
 pub struct TenantSettings {
     /// Plan of new tenants when none is given.
     pub default_plan: String,
@@ -308,7 +312,7 @@ impl Default for EngineSettings {
             min_prefill_chunk: d.min_prefill_chunk,
             prompt_slowdown: d.prompt_slowdown,
             max_running: d.max_running,
-            policy: "slo".into(),
+            policy: d.policy,
             overload_factor: d.overload_factor,
             interactive_ttft_ms: d.interactive.ttft.as_millis() as u64,
             interactive_itl_ms: d.interactive.itl.as_millis() as u64,
@@ -361,7 +365,9 @@ impl Settings {
             fig = fig.merge(Toml::file(file));
         }
         fig = fig.merge(Env::prefixed("CACHET_").split("__")).merge(short_env());
-        let mut s: Settings = fig.extract().map_err(|e| format!("configuration: {e}"))?;
+        // figment names keys under its profile ("default.engine.policy"): the key is what follows.
+        let mut s: Settings =
+            fig.extract().map_err(|e| format!("configuration: {e}").replace("key \"default.", "key \""))?;
         if let Some(b) = &overrides.bind {
             s.server.bind = b.clone();
         }
@@ -370,11 +376,27 @@ impl Settings {
             s.model.path = m.display().to_string();
         }
         if let Some(d) = &overrides.device {
-            s.model.device = d.clone();
+            s.model.device = d.parse().map_err(|m| format!("configuration: --device: {m}"))?;
         }
         s.server.data_dir = expand_home(&s.server.data_dir);
-        s.model.sampling.check()?;
+        s.check()?;
         Ok(s)
+    }
+
+    /// Everything that can be checked without the model or the database, so that a mistake
+    /// fails `cachet serve` at once with its key named (not a server that never becomes ready).
+    fn check(&self) -> Result<(), String> {
+        self.model.sampling.check()?;
+        self.engine_config().map_err(|m| format!("configuration: {m}"))?;
+        if self.plan(&self.tenants.default_plan).is_none() {
+            let names: Vec<String> = self.plans().into_iter().map(|p| p.name).collect();
+            return Err(format!(
+                "configuration: tenants.default_plan: no plan named {:?} ({})",
+                self.tenants.default_plan,
+                names.join(", ")
+            ));
+        }
+        Ok(())
     }
 
     /// The engine configuration these settings describe.
@@ -393,7 +415,7 @@ impl Settings {
             min_prefill_chunk: e.min_prefill_chunk,
             prompt_slowdown: e.prompt_slowdown,
             max_running: e.max_running,
-            policy: e.policy.parse().map_err(|m| format!("engine.policy: {m}"))?,
+            policy: e.policy,
             interactive: SloTargets {
                 ttft: Duration::from_millis(e.interactive_ttft_ms),
                 itl: Duration::from_millis(e.interactive_itl_ms),
@@ -424,6 +446,17 @@ impl Settings {
     pub fn plan(&self, name: &str) -> Option<Plan> {
         self.plans().into_iter().find(|p| p.name == name)
     }
+}
+
+/// Deserializes a value through its `FromStr` (the message names the accepted values; figment
+/// adds the key).
+fn from_str<'de, D, T>(d: D) -> Result<T, D::Error>
+where
+    D: serde::Deserializer<'de>,
+    T: std::str::FromStr<Err = String>,
+{
+    let s = String::deserialize(d)?;
+    s.parse().map_err(serde::de::Error::custom)
 }
 
 /// Short environment forms of the most used keys.
@@ -473,5 +506,57 @@ mod tests {
         assert!(e.contains("model.sampling.top_p"), "{e}");
         let e = load("[model.sampling]\ntemprature = 0.5\n").unwrap_err();
         assert!(e.contains("temprature"), "{e}");
+    }
+
+    /// `docs/configuration.md`'s "every key" block loads (no key there is unknown here) and holds
+    /// the defaults (the example public prefix aside).
+    #[test]
+    fn the_documented_keys_exist_and_hold_the_defaults() {
+        let doc = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../docs/configuration.md"))
+            .expect("docs/configuration.md");
+        let block = doc.split("## Every key, with its default\n\n```toml\n").nth(1).expect("the block");
+        let block = &block[..block.find("```").expect("its end")];
+        let mut s = load(block).expect("the documented keys load");
+        let d = Settings::default();
+        assert_eq!(s.model.public_prefixes.len(), 1);
+        s.model.public_prefixes.clear();
+        s.server.data_dir = d.server.data_dir.clone();
+        let sections = |s: &Settings| {
+            format!(
+                "{:?} {:?} {:?} {:?} {:?} {:?} {:?}",
+                s.server, s.database, s.model, s.engine, s.context, s.tasks, s.tenants
+            )
+        };
+        assert_eq!(sections(&s), sections(&d));
+    }
+
+    /// A mistake in a value with a fixed set of choices, or in a key's name, fails the load
+    /// with the key named (before the model or the database are touched).
+    #[test]
+    fn enum_like_values_and_unknown_keys_fail_the_load_with_the_key_named() {
+        let s = load("[engine]\npolicy = \"fcfs\"\n[model]\ndevice = \"cuda:1\"\n").expect("valid");
+        assert_eq!(s.engine.policy, Policy::Fcfs);
+        assert_eq!(s.model.device, DeviceChoice::Cuda(1));
+        assert_eq!(load("").expect("valid").engine.policy, Policy::Slo);
+        for (toml, key, value) in [
+            ("[engine]\npolicy = \"fsfc\"\n", "policy", "fsfc"),
+            ("[model]\ndevice = \"gpu0\"\n", "device", "gpu0"),
+            ("[context]\nafter_push = \"overlya\"\n", "after_push", "overlya"),
+            ("[tenants]\ndefault_plan = \"standrd\"\n", "tenants.default_plan", "standrd"),
+            ("[engine]\npolcy = \"fcfs\"\n", "polcy", ""),
+            ("[server]\nbnd = \"0.0.0.0:80\"\n", "bnd", ""),
+            ("[engine]\noverload_factor = -1.0\n", "overload_factor", ""),
+        ] {
+            let e = load(toml).expect_err(toml);
+            assert!(e.contains(key) && e.contains(value), "{toml}: {e}");
+        }
+        let dir = tempfile::tempdir().expect("a temp dir");
+        let e = Settings::load(&Overrides {
+            data_dir: Some(dir.path().into()),
+            device: Some("tpu".into()),
+            ..Overrides::default()
+        })
+        .unwrap_err();
+        assert!(e.contains("--device") && e.contains("tpu"), "{e}");
     }
 }

@@ -4,8 +4,9 @@
 use cachet_kernels::cuda::{probe, probe_device, CudaBackend, CudaDeviceInfo, CudaOptions};
 
 /// What the operator asked for.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
 pub enum DeviceChoice {
+    #[default]
     Auto,
     Cpu,
     Cuda(usize),

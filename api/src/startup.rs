@@ -395,7 +395,7 @@ fn load(settings: &Settings) -> anyhow::Result<Served> {
     } else {
         settings.model.id.clone()
     };
-    let choice: crate::device::DeviceChoice = settings.model.device.parse().map_err(anyhow::Error::msg)?;
+    let choice = settings.model.device;
     let config = settings.engine_config().map_err(anyhow::Error::msg)?;
     let engine = match crate::device::select(choice)? {
         crate::device::Device::Cpu => {

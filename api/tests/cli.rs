@@ -131,3 +131,31 @@ fn resident_memory_stays_within_budget() {
     eprintln!("peak RSS {} MiB, budget {} MiB", rss >> 20, budget >> 20);
     assert!(rss <= budget, "peak RSS {rss} > file {file} + KV {kv} + 300 MiB");
 }
+
+/// A mistake in the configuration fails `cachet serve` before anything starts (no Postgres
+/// cluster is created, no model is loaded), with the key named.
+#[test]
+fn serve_refuses_a_mistyped_setting_before_starting_anything() {
+    for (toml, needle) in [
+        ("[engine]\npolicy = \"fsfc\"\n", "engine.policy"),
+        ("[model]\ndevice = \"gpu0\"\n", "model.device"),
+        ("[context]\nafter_push = \"overlya\"\n", "context.after_push"),
+        ("[engine]\npolcy = \"fcfs\"\n", "polcy"),
+    ] {
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("cachet.toml");
+        std::fs::write(&file, toml).unwrap();
+        let data = dir.path().join("data");
+        let out = Command::new(env!("CARGO_BIN_EXE_cachet"))
+            .args(["serve", "--config", file.to_str().unwrap(), "--data-dir", data.to_str().unwrap()])
+            .env_remove("DATABASE_URL")
+            .env("RUST_LOG", "warn")
+            .output()
+            .unwrap();
+        let err = stderr(&out);
+        assert!(!out.status.success(), "{toml}: started");
+        assert!(err.contains(needle), "{toml}: {err}");
+        assert!(!err.contains("panicked"), "{toml}: {err}");
+        assert!(!data.join("postgres").exists(), "{toml}: a cluster was created before the check");
+    }
+}
