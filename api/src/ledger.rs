@@ -26,7 +26,9 @@ pub struct Ledger {
 
 #[derive(Debug)]
 enum Msg {
-    Row(Box<UsageRecord>),
+    /// A row, and the span it was recorded in (the request's: its `ledger row` line is logged
+    /// inside it once the row is durable).
+    Row(Box<UsageRecord>, tracing::Span),
     /// Flush, then answer how many rows are still waiting in the spool.
     Flush(oneshot::Sender<usize>),
 }
@@ -51,7 +53,7 @@ impl Ledger {
 
     /// Records a row (asynchronously).
     pub fn record(&self, row: UsageRecord) {
-        if self.tx.send(Msg::Row(Box::new(row))).is_err() {
+        if self.tx.send(Msg::Row(Box::new(row), tracing::Span::current())).is_err() {
             tracing::error!("the ledger writer has stopped; a usage row was not recorded");
         }
     }
@@ -87,11 +89,15 @@ async fn run(store: Store, spool: PathBuf, mut rx: mpsc::UnboundedReceiver<Msg>)
         };
         let Some(msg) = msg else { break };
         let mut rows = Vec::new();
+        let mut spans = Vec::new();
         let mut waiters = Vec::new();
         let mut next = Some(msg);
         while let Some(m) = next.take() {
             match m {
-                Msg::Row(r) => rows.push(*r),
+                Msg::Row(r, span) => {
+                    rows.push(*r);
+                    spans.push(span);
+                }
                 Msg::Flush(w) => waiters.push(w),
             }
             if rows.len() < BATCH {
@@ -99,7 +105,25 @@ async fn run(store: Store, spool: PathBuf, mut rx: mpsc::UnboundedReceiver<Msg>)
             }
         }
         if !rows.is_empty() {
-            if let Err(e) = append(&spool, &rows) {
+            let spooled = append(&spool, &rows);
+            if tracing::enabled!(tracing::Level::DEBUG) {
+                let durable = if spooled.is_ok() { "spool" } else { "none" };
+                for (row, span) in rows.iter().zip(&spans) {
+                    span.in_scope(|| {
+                        tracing::debug!(
+                            request_id = %row.id,
+                            status = %row.status,
+                            prompt_tokens = row.prompt_tokens,
+                            cached_tokens = row.cached_tokens,
+                            output_tokens = row.output_tokens,
+                            cost = row.cost,
+                            durable,
+                            "ledger row"
+                        )
+                    });
+                }
+            }
+            if let Err(e) = spooled {
                 // Without the spool the rows must go straight to Postgres.
                 tracing::error!("cannot write the ledger spool {}: {e}", spool.display());
                 if let Err(e) = store.insert_usage(&rows).await {

@@ -1,6 +1,14 @@
 //! Logging: `tracing` to stderr, human-readable or JSON, filtered by
 //! `RUST_LOG` (default `info`), and one span per HTTP request
 //! ([`RequestSpan`], through tracing-actix-web) whose end is the access log line.
+//!
+//! One request's lines share its id: the HTTP span's `request_id` is the id of the response
+//! (`chatcmpl-…`, `resp_…`) and of its ledger row; a model request fills in the span's `tenant`,
+//! `endpoint`, `session` and `task`, and the engine logs the request's events (`queued`,
+//! `admitted`, `first token`, `finished`, at debug) and the ledger its row (`ledger row`, at
+//! debug) inside a child span of it. `cachet --log-format json serve` with
+//! `RUST_LOG=info,cachet_engine=debug,cachet_api=debug` writes them all; select one request with
+//! `grep <request id>`.
 
 use actix_web::body::MessageBody;
 use actix_web::dev::{ServiceRequest, ServiceResponse};
@@ -31,6 +39,10 @@ impl RootSpanBuilder for RequestSpan {
             route = request.match_pattern().as_deref().unwrap_or("-"),
             client = %client,
             request_id = %request_id,
+            tenant = tracing::field::Empty,
+            endpoint = tracing::field::Empty,
+            session = tracing::field::Empty,
+            task = tracing::field::Empty,
         )
     }
 
@@ -53,6 +65,12 @@ impl RootSpanBuilder for RequestSpan {
             Err(e) => tracing::warn!(error = %e, "request failed"),
         }
     }
+}
+
+/// The id of an HTTP request (the one in its span, from tracing-actix-web): a model request's
+/// response and ledger row take it, so one id selects the request's log lines and its row.
+pub fn request_id(http: &actix_web::HttpRequest) -> uuid::Uuid {
+    http.extensions().get::<RequestId>().map_or_else(uuid::Uuid::new_v4, |id| **id)
 }
 
 /// Log line format.

@@ -110,13 +110,15 @@ pub async fn chat_completions(
     reject_unknown(&body.unknown)?;
     let served = model(&state, &body.model)?;
     let fields = ToolFields::of(&body.tooling, body.sampling.grammar.as_ref());
-    let job = job(served, messages(&body)?, fields, &body.sampling, Endpoint::Chat).await?;
+    let id = crate::telemetry::request_id(&http);
+    let job = job(id, served, messages(&body)?, fields, &body.sampling, Endpoint::Chat).await?;
     execute(&state, &http, auth, served, &body.sampling, job).await
 }
 
 /// Renders a conversation behind the public system prompt, plans its tools and
 /// grammar, and builds the request (chat completions and the Responses API).
 pub(crate) async fn job(
+    id: uuid::Uuid,
     served: &Served,
     messages: Vec<ChatMessage>,
     fields: ToolFields<'_>,
@@ -141,7 +143,7 @@ pub(crate) async fn job(
         .filter(|(_, ids)| tokens.starts_with(ids))
         .map(|(_, ids)| PublicPrefix { template: "chat".into(), tokens: ids.len() });
     let params = params(sampling, tokens.len(), served)?;
-    let mut job = Job::new(endpoint, tokens, public, params);
+    let mut job = Job::new(id, endpoint, tokens, public, params);
     job.grammar = tools::compile(&served.engine, &plan).await?;
     job.calls = plan.calls;
     Ok(job)

@@ -63,7 +63,7 @@ pub async fn completions(
         return Err(ApiError::bad_param("prompt", format!("token id {bad} is outside the vocabulary")));
     }
     let params = params(&body.sampling, tokens.len(), served)?;
-    let mut job = Job::new(Endpoint::Completions, tokens, None, params);
+    let mut job = Job::new(crate::telemetry::request_id(&http), Endpoint::Completions, tokens, None, params);
     let plan = tools::Plan { grammar: tools::custom_grammar(body.sampling.grammar.as_ref())?, ..Default::default() };
     job.grammar = tools::compile(&served.engine, &plan).await?;
     execute(&state, &http, auth, served, &body.sampling, job).await

@@ -248,9 +248,16 @@ pub(crate) struct Job {
 }
 
 impl Job {
-    pub fn new(endpoint: Endpoint, tokens: Vec<u32>, public: Option<PublicPrefix>, params: GenerateParams) -> Job {
+    /// A job with the request's id ([`crate::telemetry::request_id`]).
+    pub fn new(
+        id: Uuid,
+        endpoint: Endpoint,
+        tokens: Vec<u32>,
+        public: Option<PublicPrefix>,
+        params: GenerateParams,
+    ) -> Job {
         Job {
-            id: Uuid::new_v4(),
+            id,
             endpoint,
             tokens,
             public,
@@ -361,6 +368,15 @@ pub(crate) async fn execute(
         .map_err(|(message, retry_after)| ApiError::RateLimited { message, retry_after })?;
 
     let id = job.id;
+    let http_span = tracing::Span::current();
+    http_span.record("tenant", tracing::field::display(tenant.id));
+    http_span.record("endpoint", job.endpoint.name());
+    if let Some(s) = session {
+        http_span.record("session", tracing::field::display(s));
+    }
+    if let Some(t) = task {
+        http_span.record("task", tracing::field::display(t));
+    }
     let engine_tenant = TenantKey::new(tenant.id.to_string());
     // A prompt the client wrote may open with a registered public prefix (an agent's preamble);
     // a session's prompt is the server's own assembly (the system prompt, then tenant data).
@@ -456,6 +472,7 @@ pub(crate) async fn execute(
     request.on_complete = Some(hook);
     request.on_progress = Some(progress);
     request.grammar = job.grammar;
+    request.span = tracing::info_span!(parent: &http_span, "engine");
     let mut events = served.engine.submit(request);
     // The first event decides the status: an error before any token is an
     // HTTP error, not a 200 stream.

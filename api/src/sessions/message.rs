@@ -140,7 +140,8 @@ pub async fn post_message(
     }
     let params = params(&body.sampling, prompt.assembled.tokens.len(), served)?;
     crate::openai::count_results(Endpoint::SessionMessage, body.tool_results.len());
-    let mut job = Job::new(Endpoint::SessionMessage, prompt.assembled.tokens, prompt.public, params);
+    let id = crate::telemetry::request_id(&http);
+    let mut job = Job::new(id, Endpoint::SessionMessage, prompt.assembled.tokens, prompt.public, params);
     job.grammar = tools::compile(&served.engine, &plan).await?;
     job.calls = plan.calls;
     // This turn's tool results, then its user message (if it has one), then the answer: stored

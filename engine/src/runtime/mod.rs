@@ -319,6 +319,8 @@ impl<B: Backend> Engine<B> {
         let now = Instant::now();
         self.door_taken = self.door_taken.max(req.charge.seq);
         if let Err(e) = self.validate(&req) {
+            let _in = req.span.enter();
+            tracing::debug!(error = %e, "invalid request");
             if let Some(hook) = &req.on_complete {
                 let nothing = Completion { e2e: now.elapsed(), ..Completion::refused(req.tokens.len()) };
                 hook(Outcome::Failed, &nothing);
@@ -348,6 +350,9 @@ impl<B: Backend> Engine<B> {
             self.cache.retain(key, now + *ttl);
         }
         self.lift_vtc(&seq.req.tenant);
+        seq.req.span.in_scope(
+            || tracing::debug!(prompt_tokens = seq.prompt_len, slo = ?seq.req.slo, prewarm = seq.req.prewarm, "queued"),
+        );
         self.waiting.push(seq);
     }
 

@@ -73,6 +73,11 @@ pub struct Request {
     pub on_complete: Option<OnComplete>,
     /// The progress hook (see [`OnProgress`]).
     pub on_progress: Option<OnProgress>,
+    /// The request's tracing span: the engine logs this request's events (queued, admitted,
+    /// first token, finished, refused, retracted) and runs its hooks inside it, so they carry
+    /// the caller's fields (the HTTP layer's request id, tenant, session). `Span::none()` by
+    /// default.
+    pub span: tracing::Span,
     /// What admission at the door counted this request as (see `admission`), given back when
     /// the engine takes it in.
     pub(crate) charge: super::admission::Charge,
@@ -107,6 +112,7 @@ impl Request {
             grammar: None,
             on_complete: None,
             on_progress: None,
+            span: tracing::Span::none(),
             charge: Default::default(),
         }
     }

@@ -400,6 +400,7 @@ impl<B: Backend> Engine<B> {
             super::tenant_labels(self.cfg.tenant_labels, &seq.req.tenant)
         )
         .increment(1);
+        seq.req.span.in_scope(|| tracing::debug!(predicted_ms = predicted.as_millis() as u64, "refused: overloaded"));
         self.report(&seq, super::request::Outcome::Failed, crate::generate::FinishReason::Stop);
         seq.send(super::request::Event::Error(error));
     }

@@ -186,6 +186,13 @@ impl<B: Backend> Engine<B> {
             metrics::counter!("cachet:prefix_cache_hit_tokens_total", labels)
                 .increment(seq.computed.min(seq.prompt_len) as u64);
             metrics::histogram!("cachet:queue_time_seconds").record((now - seq.arrival).as_secs_f64());
+            let _in = seq.req.span.enter();
+            tracing::debug!(
+                queue_ms = (now - seq.arrival).as_millis() as u64,
+                prompt_tokens = seq.prompt_len,
+                cached_tokens = seq.computed.min(seq.prompt_len),
+                "admitted"
+            );
             if let Some(hook) = &seq.req.on_progress {
                 hook(&self.completion(seq, FinishReason::Stop));
             }
@@ -237,6 +244,7 @@ impl<B: Backend> Engine<B> {
         let mut seq = self.running.swap_remove(idx);
         self.release_kv(&mut seq, true);
         seq.retractions += 1;
+        seq.req.span.in_scope(|| tracing::debug!(retractions = seq.retractions, "retracted: out of KV memory"));
         self.stats.retractions += 1;
         metrics::counter!("cachet:retractions_total").increment(1);
         self.waiting.push(seq);
@@ -461,6 +469,9 @@ impl<B: Backend> Engine<B> {
             match seq.last_token {
                 None => {
                     seq.first_token = Some(t);
+                    seq.req
+                        .span
+                        .in_scope(|| tracing::debug!(ttft_ms = (t - seq.arrival).as_millis() as u64, "first token"));
                     let labels = super::tenant_labels(self.cfg.tenant_labels, &seq.req.tenant);
                     metrics::histogram!("cachet:time_to_first_token_seconds", labels)
                         .record((t - seq.arrival).as_secs_f64());
@@ -498,6 +509,7 @@ impl<B: Backend> Engine<B> {
         }
         for i in progressed {
             let seq = &self.running[i];
+            let _in = seq.req.span.enter();
             if let Some(hook) = &seq.req.on_progress {
                 hook(&self.completion(seq, FinishReason::Stop));
             }
@@ -548,6 +560,14 @@ impl<B: Backend> Engine<B> {
         let completion = self.completion(seq, reason);
         metrics::histogram!("cachet:e2e_request_latency_seconds").record(completion.e2e.as_secs_f64());
         self.stats.finished += 1;
+        let _in = seq.req.span.enter();
+        tracing::debug!(
+            reason = ?reason,
+            output_tokens = completion.output_tokens,
+            computed_prefill_tokens = completion.computed_prefill_tokens,
+            e2e_ms = completion.e2e.as_millis() as u64,
+            "finished"
+        );
         if let Some(hook) = &seq.req.on_complete {
             hook(super::request::Outcome::Finished, &completion);
         }
@@ -556,6 +576,8 @@ impl<B: Backend> Engine<B> {
 
     /// Runs the request's accounting hook (cancelled or failed requests).
     pub(super) fn report(&self, seq: &Seq, outcome: super::request::Outcome, reason: FinishReason) {
+        let _in = seq.req.span.enter();
+        tracing::debug!(outcome = ?outcome, output_tokens = seq.generated(), "ended");
         if let Some(hook) = &seq.req.on_complete {
             hook(outcome, &self.completion(seq, reason));
         }

@@ -492,7 +492,8 @@ pub async fn create_response(
     };
     let sampling = sampling(&body)?;
     let fields = ToolFields::of(&tooling, None);
-    let mut job = chat::job(served, messages, fields, &sampling, Endpoint::Responses).await?;
+    let id = crate::telemetry::request_id(&http);
+    let mut job = chat::job(id, served, messages, fields, &sampling, Endpoint::Responses).await?;
     job.echo = Some(Box::new(echo(&body, &served.sampling)));
     execute(&state, &http, auth, served, &sampling, job).await
 }
