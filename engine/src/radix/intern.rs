@@ -68,21 +68,27 @@ impl RadixCache {
     }
 
     /// Compacts the interning tables once they have grown to twice what the last compaction
-    /// kept (plus some slack): amortized constant time per entry interned.
-    pub fn compact_tables_if_grown(&mut self, now: Instant) {
+    /// kept (plus some slack): amortized constant time per entry interned. `held`: the scope
+    /// markers of keys held outside the tree (see [`RadixCache::compact_tables`]), read only if
+    /// the tables are compacted.
+    pub fn compact_tables_if_grown<I: IntoIterator<Item = KeyElem>>(&mut self, now: Instant, held: impl FnOnce() -> I) {
         if self.interned() > 2 * self.interned_kept + 256 {
-            self.compact_tables(now);
+            self.compact_tables(now, held());
         }
     }
 
     /// Frees every interned scope, source, version and retention key that no node refers to;
     /// retention keys that expired are dropped from the nodes first (they protect nothing any
-    /// more). Scope ids are not held outside the tree between calls (callers build keys anew),
-    /// so a freed id can be reused.
-    pub fn compact_tables(&mut self, now: Instant) {
+    /// more). Scopes in `held` stay: the markers of keys built once and kept outside the tree (a
+    /// queued request's), whose ids must not be given to another scope while they are held.
+    pub fn compact_tables(&mut self, now: Instant, held: impl IntoIterator<Item = KeyElem>) {
         self.retention_until.retain(|_, until| *until > now);
         let in_force: HashSet<u32> = self.retention_until.keys().copied().collect();
         let (mut scopes, mut sources, mut versions) = (HashSet::new(), HashSet::new(), HashSet::new());
+        scopes.extend(held.into_iter().filter_map(|e| match e {
+            KeyElem::Scope(id) => Some(id),
+            KeyElem::Token(_) => None,
+        }));
         for node in self.nodes.iter_mut().filter(|n| n.alive) {
             if let Some(&KeyElem::Scope(id)) = node.key.first() {
                 scopes.insert(id);

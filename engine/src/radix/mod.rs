@@ -153,6 +153,11 @@ pub struct RadixCache {
     retention_until: HashMap<u32, std::time::Instant>,
     /// Entries the interning tables kept at their last compaction.
     interned_kept: usize,
+    /// See [`RadixCache::generation`].
+    generation: u64,
+    /// Walks of [`RadixCache::peek_prefix`] (tests count them).
+    #[cfg(test)]
+    pub(crate) peeks: std::cell::Cell<usize>,
     /// Logical clock for LRU.
     clock: u64,
     /// Pool size, for shares.
@@ -178,6 +183,9 @@ impl RadixCache {
             retention_ids: Interner::default(),
             retention_until: HashMap::new(),
             interned_kept: 0,
+            generation: 0,
+            #[cfg(test)]
+            peeks: std::cell::Cell::new(0),
             clock: 0,
             capacity,
             default_share: default_share.clamp(0.0, 1.0),
@@ -221,6 +229,13 @@ impl RadixCache {
 
     fn node_mut(&mut self, id: NodeId) -> &mut Node {
         &mut self.nodes[id.0 as usize]
+    }
+
+    /// Changes whenever a token path is added to or taken from the tree (never when only
+    /// recency, locks, tags or retention change): a prefix length computed at one generation
+    /// ([`RadixCache::peek_prefix`]) holds as long as the generation stays.
+    pub fn generation(&self) -> u64 {
+        self.generation
     }
 
     fn tick(&mut self) -> u64 {
@@ -336,6 +351,8 @@ impl RadixCache {
     /// Token elements of the longest cached prefix of `key`, without
     /// changing anything (an estimate for admission control).
     pub fn peek_prefix(&self, key: &[KeyElem]) -> usize {
+        #[cfg(test)]
+        self.peeks.set(self.peeks.get() + 1);
         let mut node = self.root;
         let (mut i, mut tokens) = (0, 0);
         while i < key.len() {
@@ -376,6 +393,7 @@ impl RadixCache {
                 }
                 None => {
                     // New edges, cut so that scope markers only start one.
+                    self.generation += 1;
                     let mut start = i;
                     while start < key.len() {
                         let end =
@@ -487,6 +505,7 @@ impl RadixCache {
 
     /// Removes `id` from its parent's children (or detached list).
     fn unhook(&mut self, id: NodeId) {
+        self.generation += 1;
         let Some(parent) = self.node(id).parent else { return };
         let first = self.node(id).key[0];
         let p = self.node_mut(parent);
@@ -532,6 +551,7 @@ impl RadixCache {
 
     /// Removes a node's bookkeeping (owner usage, tags) and recycles it.
     fn release_node(&mut self, id: NodeId) {
+        self.generation += 1;
         let node = &mut self.nodes[id.0 as usize];
         node.alive = false;
         let (owner, n_slots) = (node.owner, node.slots.len());

@@ -291,7 +291,7 @@ fn interning_tables_shrink_back_to_what_the_tree_holds() {
     assert!(f.cache.interned() > 3000, "{}", f.cache.interned());
     let before = f.cache.cached_slots();
     f.cache.evict_for(before, now);
-    f.cache.compact_tables(now);
+    f.cache.compact_tables(now, []);
     f.cache.check_integrity().unwrap();
     // Left: the public scope, A's scope (still in the tree), kept.rs and its version.
     assert!(f.cache.interned() <= 6, "{}", f.cache.interned());

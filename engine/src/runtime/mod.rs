@@ -274,7 +274,9 @@ impl<B: Backend> Engine<B> {
                 }
             }
             self.step();
-            self.cache.compact_tables_if_grown(Instant::now());
+            // Queued and running requests hold their keys' scope markers.
+            let (running, waiting) = (&self.running, &self.waiting);
+            self.cache.compact_tables_if_grown(Instant::now(), || running.iter().chain(waiting).flat_map(Seq::scopes));
             self.publish_admission();
         }
     }
@@ -332,7 +334,7 @@ impl<B: Backend> Engine<B> {
         let output = Output::new(&req.params, &self.eos_ids);
         let id = self.next_id;
         self.next_id += 1;
-        let seq = Seq::new(id, req, tx, output, now, targets.ttft);
+        let seq = Seq::new(id, req, tx, output, now, targets.ttft, &mut self.cache);
         // An idle engine never refuses: with nothing ahead, waiting would not make the request
         // any faster (and a refusal would leave the throughput estimate without new passes).
         let idle = self.running.iter().chain(&self.waiting).all(|w| w.req.prewarm);

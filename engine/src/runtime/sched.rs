@@ -102,9 +102,8 @@ impl<B: Backend> Engine<B> {
     /// Whether a request would be refused even served alone from `now` (no queue ahead): its
     /// wait so far plus its own uncached prompt at the current rate already pass the refusal
     /// limit (TTFT target × `overload_factor`). Refusing it would not help it, so it is admitted.
-    pub(super) fn beyond_reach(&mut self, seq: &Seq, now: Instant) -> bool {
-        let key = seq.key(&mut self.cache, seq.tokens.len());
-        let own = seq.tokens.len() - self.cache.peek_prefix(&key).min(seq.tokens.len() - 1);
+    pub(super) fn beyond_reach(&self, seq: &Seq, now: Instant) -> bool {
+        let own = seq.tokens.len() - seq.cached_prefix(&self.cache).min(seq.tokens.len() - 1);
         let alone = Duration::from_secs_f64(own as f64 / self.prefill_rate());
         let limit = self.cfg.targets(seq.req.slo).ttft.mul_f64(self.cfg.overload_factor);
         now.saturating_duration_since(seq.arrival) + alone > limit
@@ -196,10 +195,8 @@ impl<B: Backend> Engine<B> {
         })
     }
 
-    fn cached_prefix(&mut self, i: usize) -> usize {
-        let seq = &self.waiting[i];
-        let key = seq.key(&mut self.cache, seq.tokens.len());
-        self.cache.peek_prefix(&key)
+    fn cached_prefix(&self, i: usize) -> usize {
+        self.waiting[i].cached_prefix(&self.cache)
     }
 
     /// Tokens waiting request `i` still has to compute before its first token.
@@ -308,8 +305,7 @@ impl<B: Backend> Engine<B> {
     /// requests that can no longer make their target do not count ahead of
     /// one that can, and one that cannot waits for all that can.
     pub(super) fn predict_ttft(&mut self, seq: &Seq, now: Instant) -> Duration {
-        let key = seq.key(&mut self.cache, seq.tokens.len());
-        let own = seq.tokens.len() - self.cache.peek_prefix(&key).min(seq.tokens.len() - 1);
+        let own = seq.tokens.len() - seq.cached_prefix(&self.cache).min(seq.tokens.len() - 1);
         let rate = self.prefill_rate();
         // Under `slo`, a request that can still make its target goes before every one that
         // cannot; one that cannot waits for all that can.

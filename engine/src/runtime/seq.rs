@@ -7,6 +7,8 @@ use crate::kv_pool::SlotId;
 use crate::output::Output;
 use crate::radix::{KeyElem, NodeId, RadixCache, Scope, Span};
 use crate::sampler::Sampler;
+use std::borrow::Cow;
+use std::cell::Cell;
 use std::time::{Duration, Instant};
 use tokio::sync::mpsc::UnboundedSender;
 
@@ -16,6 +18,11 @@ pub(super) struct Seq {
     /// Prompt, then generated tokens.
     pub tokens: Vec<u32>,
     pub prompt_len: usize,
+    /// The cache key of the whole prompt, built once (its scope markers are held: see
+    /// [`RadixCache::compact_tables`]).
+    key: Vec<KeyElem>,
+    /// The cached prefix of `tokens` last found: (cache generation, tokens, cached tokens).
+    peeked: Cell<Option<(u64, usize, usize)>>,
     pub tx: UnboundedSender<Event>,
     pub sampler: Sampler,
     pub output: Output,
@@ -42,13 +49,34 @@ pub(super) struct Seq {
 }
 
 impl Seq {
-    pub fn new(id: u64, req: Request, tx: UnboundedSender<Event>, output: Output, now: Instant, ttft: Duration) -> Seq {
+    /// A sequence for `req`; its prompt's cache key is built here, once.
+    pub fn new(
+        id: u64,
+        req: Request,
+        tx: UnboundedSender<Event>,
+        output: Output,
+        now: Instant,
+        ttft: Duration,
+        cache: &mut RadixCache,
+    ) -> Seq {
         let sampler = Sampler::new(req.params.sampling.clone(), &req.tokens);
         let tokens = req.tokens.clone();
         let constraint = req.grammar.as_ref().map(|g| g.start());
+        let public = req.public.as_ref().filter(|p| p.tokens > 0);
+        let mut key = Vec::with_capacity(tokens.len() + 2);
+        let mut split = 0;
+        if let Some(p) = public {
+            key.push(cache.scope(&Scope::Public { template: p.template.clone() }));
+            split = p.tokens.min(tokens.len());
+            key.extend(tokens[..split].iter().map(|&t| KeyElem::Token(t)));
+        }
+        key.push(cache.scope(&Scope::Tenant { tenant: req.tenant.clone(), salt: req.salt.clone() }));
+        key.extend(tokens[split..].iter().map(|&t| KeyElem::Token(t)));
         Seq {
             id,
             prompt_len: tokens.len(),
+            key,
+            peeked: Cell::new(None),
             tokens,
             req,
             tx,
@@ -94,18 +122,44 @@ impl Seq {
     }
 
     /// The cache key of the first `n` tokens:
-    /// `[Scope(Public) public-tokens] Scope(Tenant) rest`.
-    pub fn key(&self, cache: &mut RadixCache, n: usize) -> Vec<KeyElem> {
-        let mut key = Vec::with_capacity(n + 2);
-        let mut split = 0;
-        if let (Some(p), Some(public)) = (self.public_len(), &self.req.public) {
-            key.push(cache.scope(&Scope::Public { template: public.template.clone() }));
-            split = p.min(n);
-            key.extend(self.tokens[..split].iter().map(|&t| KeyElem::Token(t)));
+    /// `[Scope(Public) public-tokens] Scope(Tenant) rest`. Within the prompt (past its public
+    /// part) a slice of the key built at submission; past it, that key and the output so far.
+    pub fn key(&self, n: usize) -> Cow<'_, [KeyElem]> {
+        match self.public_len() {
+            // Inside the public part: the public tokens so far, then the tenant's marker.
+            Some(p) if n < p => {
+                let mut key = self.key[..n + 1].to_vec();
+                key.push(self.key[p + 1]);
+                Cow::Owned(key)
+            }
+            Some(_) if n <= self.prompt_len => Cow::Borrowed(&self.key[..n + 2]),
+            None if n <= self.prompt_len => Cow::Borrowed(&self.key[..n + 1]),
+            _ => {
+                let mut key = self.key.clone();
+                key.extend(self.tokens[self.prompt_len..n].iter().map(|&t| KeyElem::Token(t)));
+                Cow::Owned(key)
+            }
         }
-        key.push(cache.scope(&Scope::Tenant { tenant: self.req.tenant.clone(), salt: self.req.salt.clone() }));
-        key.extend(self.tokens[split..n].iter().map(|&t| KeyElem::Token(t)));
-        key
+    }
+
+    /// The scope markers of this sequence's key (held while it lives).
+    pub fn scopes(&self) -> impl Iterator<Item = KeyElem> + '_ {
+        self.key.iter().copied().filter(|e| !e.is_token())
+    }
+
+    /// Tokens of `tokens` (prompt and output so far) the cache holds now; found again only when the cache changed ([`RadixCache::generation`]) or the
+    /// sequence grew, so that judging a queue of waiting requests costs nothing per prompt token
+    /// while the cache stays as it is.
+    pub fn cached_prefix(&self, cache: &RadixCache) -> usize {
+        let (generation, len) = (cache.generation(), self.tokens.len());
+        if let Some((g, l, cached)) = self.peeked.get() {
+            if (g, l) == (generation, len) {
+                return cached;
+            }
+        }
+        let cached = cache.peek_prefix(&self.key(len));
+        self.peeked.set(Some((generation, len, cached)));
+        cached
     }
 
     /// The provenance spans within the first `n` tokens, in key positions.
@@ -134,5 +188,99 @@ impl Seq {
     /// Whether the caller dropped its stream.
     pub fn cancelled(&self) -> bool {
         self.tx.is_closed()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::generate::GenerateParams;
+    use crate::radix::{InsertOpts, TenantKey};
+    use crate::runtime::PublicPrefix;
+
+    fn seq(cache: &mut RadixCache, tokens: Vec<u32>, public: usize) -> Seq {
+        let mut req = Request::new(TenantKey::new("a"), tokens, GenerateParams::default());
+        req.public = (public > 0).then(|| PublicPrefix { template: "chat".into(), tokens: public });
+        let (tx, _) = tokio::sync::mpsc::unbounded_channel();
+        let output = Output::new(&req.params, &[]);
+        Seq::new(0, req, tx, output, Instant::now(), Duration::from_secs(1), cache)
+    }
+
+    fn slots(n: usize) -> Vec<SlotId> {
+        (0..n as u32).map(SlotId).collect()
+    }
+
+    /// The key built at submission, sliced, is the key the cache was always given: the public
+    /// tokens under the public marker, the rest under the tenant's.
+    #[test]
+    fn keys_are_slices_of_the_prompt_key() {
+        let mut cache = RadixCache::new(10_000, 1.0);
+        let mut s = seq(&mut cache, (100..110).collect(), 4);
+        let public = cache.scope(&Scope::Public { template: "chat".into() });
+        let tenant = cache.scope(&Scope::Tenant { tenant: TenantKey::new("a"), salt: None });
+        let t = |r: std::ops::Range<u32>| r.map(KeyElem::Token).collect::<Vec<_>>();
+        let expect = |a: Vec<KeyElem>, b: Vec<KeyElem>| [vec![public], a, vec![tenant], b].concat();
+        assert_eq!(&*s.key(10), &expect(t(100..104), t(104..110))[..]);
+        assert_eq!(&*s.key(6), &expect(t(100..104), t(104..106))[..]);
+        assert_eq!(&*s.key(4), &expect(t(100..104), vec![])[..]);
+        assert_eq!(&*s.key(2), &expect(t(100..102), vec![])[..]);
+        s.tokens.extend([7, 8]);
+        assert_eq!(&*s.key(12), &expect(t(100..104), [t(104..110), t(7..9)].concat())[..]);
+        assert_eq!(s.scopes().collect::<Vec<_>>(), vec![public, tenant]);
+        let plain = seq(&mut cache, (100..110).collect(), 0);
+        assert_eq!(&*plain.key(3), &[vec![tenant], t(100..103)].concat()[..]);
+    }
+
+    /// Judging a waiting request walks the tree once per change of the cache, not once per
+    /// look: a queue judged again and again while the cache stays costs nothing per token.
+    #[test]
+    fn the_cached_prefix_is_found_again_only_when_the_cache_changed() {
+        let mut cache = RadixCache::new(100_000, 1.0);
+        let long = seq(&mut cache, (0..20_000).collect(), 0);
+        let other = seq(&mut cache, (50_000..50_100).collect(), 0);
+        assert_eq!(long.cached_prefix(&cache), 0);
+        for _ in 0..100 {
+            assert_eq!(long.cached_prefix(&cache), 0);
+        }
+        assert_eq!(cache.peeks.get(), 1);
+        // Another request's prompt enters the cache: found again, still nothing of this one.
+        let key = other.key(100).into_owned();
+        cache.insert(&key, &slots(100), &InsertOpts::default());
+        assert_eq!(long.cached_prefix(&cache), 0);
+        assert_eq!(cache.peeks.get(), 2);
+        // Its own first 5,000 tokens do.
+        let key = long.key(5_000).into_owned();
+        let ins = cache.insert(&key, &slots(5_000), &InsertOpts::default());
+        assert_eq!(long.cached_prefix(&cache), 5_000);
+        // Matching, locking and tagging change no path: no new walk.
+        let before = cache.peeks.get();
+        let m = cache.match_prefix(&key, 2_500);
+        cache.lock(m.node);
+        cache.unlock(m.node);
+        cache.lock(ins.node);
+        assert_eq!(long.cached_prefix(&cache), 5_000);
+        assert_eq!(cache.peeks.get(), before);
+        // Eviction does.
+        cache.unlock(ins.node);
+        let freed = cache.evict(10_000, Instant::now(), None);
+        assert_eq!(freed.len(), 5_100);
+        assert_eq!(long.cached_prefix(&cache), 0);
+        assert_eq!(cache.peeks.get(), before + 1);
+    }
+
+    /// A queued request's key keeps its scope ids through a compaction of the tables: given to
+    /// another scope, the key would match that scope's cache (another tenant's).
+    #[test]
+    fn a_held_keys_scopes_survive_compaction() {
+        let mut cache = RadixCache::new(1_000, 1.0);
+        let waiting = seq(&mut cache, vec![1, 2, 3], 0);
+        let mine = waiting.scopes().next().unwrap();
+        cache.compact_tables(Instant::now(), waiting.scopes());
+        let theirs = cache.scope(&Scope::Tenant { tenant: TenantKey::new("b"), salt: None });
+        assert_ne!(theirs, mine);
+        // Not held, the id is free for the next scope.
+        cache.compact_tables(Instant::now(), []);
+        let third = cache.scope(&Scope::Tenant { tenant: TenantKey::new("c"), salt: None });
+        assert!(third == mine || third == theirs, "{third:?}");
     }
 }

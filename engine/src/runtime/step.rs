@@ -167,7 +167,7 @@ impl<B: Backend> Engine<B> {
     /// Matches the longest cached prefix (leaving at least one token to
     /// compute, for the logits) and locks it.
     fn admit(&mut self, seq: &mut Seq, now: Instant) {
-        let key = seq.key(&mut self.cache, seq.tokens.len());
+        let key = seq.key(seq.tokens.len());
         let m = self.cache.match_prefix(&key, seq.tokens.len() - 1);
         self.cache.lock(m.node);
         // The reused prefix now carries this request's provenance, so an
@@ -289,7 +289,7 @@ impl<B: Backend> Engine<B> {
         };
         let n = if keep { live } else { 0 };
         if n > 0 {
-            let key = seq.key(&mut self.cache, n);
+            let key = seq.key(n);
             let spans = seq.spans(n);
             let retention = seq.req.retention.as_ref().map(|(k, _)| k.clone());
             let opts = InsertOpts { spans: &spans, retention: retention.as_ref() };
@@ -318,7 +318,7 @@ impl<B: Backend> Engine<B> {
             return;
         }
         let mut seq = self.running.swap_remove(i);
-        let key = seq.key(&mut self.cache, n);
+        let key = seq.key(n);
         let spans = seq.spans(n);
         let retention = seq.req.retention.as_ref().map(|(k, _)| k.clone());
         let opts = InsertOpts { spans: &spans, retention: retention.as_ref() };
