@@ -29,15 +29,15 @@ CACHET=target/release/cachet
 MODEL=$($CACHET models pull 2>/dev/null | tail -n 1)
 
 step "parity tests: every op and a tiny-model forward, CPU vs CUDA"
-if REQUIRE_GPU=1 cargo test --release -p cachet-kernels --test cuda_parity -- --nocapture > "$OUT/parity.log" 2>&1 &&
-   REQUIRE_GPU=1 cargo test --release -p cachet-engine --test cuda_parity -- --nocapture >> "$OUT/parity.log" 2>&1; then
+if REQUIRE_GPU=1 cargo test --release -p cachet-kernels --test kernels cuda_parity -- --nocapture > "$OUT/parity.log" 2>&1 &&
+   REQUIRE_GPU=1 cargo test --release -p cachet-engine --test engine cuda_parity -- --nocapture >> "$OUT/parity.log" 2>&1; then
   echo "parity: passed" | tee -a "$OUT/summary.md"
 else
   echo "parity: FAILED (see parity.log)" | tee -a "$OUT/summary.md"; status=1
 fi
 
 step "fidelity of the default model on CUDA (vs the transformers fixtures)"
-if REQUIRE_MODEL=1 REQUIRE_GPU=1 cargo test --release -p cachet-engine --test fidelity_qwen cuda_ -- --nocapture \
+if REQUIRE_MODEL=1 REQUIRE_GPU=1 cargo test --release -p cachet-engine --test engine fidelity_qwen::cuda_ -- --nocapture \
     > "$OUT/fidelity.log" 2>&1; then
   echo "fidelity: passed" | tee -a "$OUT/summary.md"
 else

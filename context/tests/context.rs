@@ -1,6 +1,6 @@
 //! Building repository contexts from real repositories.
 
-mod common;
+use crate::common;
 
 use std::collections::BTreeSet;
 

@@ -1,6 +1,6 @@
 //! The replay measurement on a synthetic history.
 
-mod common;
+use crate::common;
 
 use cachet_context::replay::{replay, replay_with, Break, StabilityModel};
 use cachet_context::testing::TestRepo;

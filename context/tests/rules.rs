@@ -1,6 +1,6 @@
 //! Which files are eligible: built-in skips and FileRules.
 
-mod common;
+use crate::common;
 
 use std::collections::BTreeSet;
 

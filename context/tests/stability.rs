@@ -1,6 +1,6 @@
 //! Stability ordering: files that change often go last, so a push keeps the prefix before them.
 
-mod common;
+use crate::common;
 
 use cachet_context::testing::TestRepo;
 use cachet_context::{CommitId, ContextBuilder, ContextOptions, Mirror, Order, RepoContext};

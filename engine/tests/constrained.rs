@@ -3,7 +3,7 @@
 //! batch, survives retraction unchanged, and a grammar that allows nothing ends
 //! the request with a clear error.
 
-mod common;
+use crate::common;
 use common::{pool, tiny_engine, tokens};
 
 use cachet_engine::constraint::{Grammar, GrammarSource};

@@ -16,7 +16,7 @@
 //! bounds (each side is within its own of the reference; tiny_models.rs holds
 //! the CPU to its bound).
 
-mod common;
+use crate::common;
 
 use cachet_engine::gguf::GgufFile;
 use cachet_kernels::cpu::CpuBackend;

@@ -2,7 +2,7 @@
 //! generated token's log-probability and its step's alternatives are the
 //! log-softmax of the model's logits after the penalties, before any grammar mask.
 
-mod common;
+use crate::common;
 
 use cachet_engine::constraint::GrammarSource;
 use cachet_engine::generate::GenerateParams;

@@ -3,7 +3,7 @@
 //! its time-to-first-token target. Its own test binary, so no other test in
 //! the process competes for the CPU while it measures.
 
-mod common;
+use crate::common;
 use common::tokens;
 
 use cachet_engine::generate::GenerateParams;

@@ -2,7 +2,7 @@
 //! invariance, prefix reuse, tenant isolation, shares, invalidation,
 //! retention, retraction, cancellation and overload.
 
-mod common;
+use crate::common;
 use common::{pool, tiny_engine, tokens};
 
 use cachet_engine::generate::GenerateParams;

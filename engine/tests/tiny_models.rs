@@ -3,7 +3,7 @@
 //! an independent f64 reference; and the batch/chunk invariance of the
 //! forward pass, demanded exactly.
 
-mod common;
+use crate::common;
 
 use cachet_engine::config::ModelConfig;
 use cachet_engine::gguf::GgufFile;

@@ -3,7 +3,7 @@
 //! after the listening connection is killed the listener reconnects and catches up on what was
 //! recorded meanwhile. Also the session turn lease that keeps one turn at a time across replicas.
 
-mod common;
+use crate::common;
 
 use cachet_tenants::store::fanout::{Change, ChangeListener};
 use cachet_tenants::store::{Invalidation, NewRepository};

@@ -1,7 +1,7 @@
 //! Usage reports against a seeded ledger: every aggregate is checked against numbers worked out
 //! by hand (costs are multiples of 1/1024, so sums are exact in binary floating point).
 
-mod common;
+use crate::common;
 
 use cachet_tenants::report::{GroupBy, Report, ReportRow};
 use cachet_tenants::store::{NewRepository, TaskStatus};

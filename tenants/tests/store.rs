@@ -1,7 +1,7 @@
 //! The Postgres store and the migrations, against a real Postgres (a private cluster per test
 //! binary, a fresh database per test).
 
-mod common;
+use crate::common;
 
 use std::time::{Duration, Instant};
 

@@ -1,0 +1,11 @@
+//! The integration tests of `cachet-engine`, in one binary (one link instead of one per file).
+
+mod common;
+mod constrained;
+mod cuda_parity;
+mod fidelity_qwen;
+mod logprobs;
+mod overload;
+mod runtime;
+mod tiny_models;
+mod tokenizer_reference;

@@ -1,0 +1,6 @@
+//! The integration tests of `cachet-kernels`, in one binary (one link instead of one per file).
+
+mod cuda_parity;
+mod dequant_fixture;
+mod nvrtc_compile;
+mod simd_paths;
