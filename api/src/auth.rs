@@ -54,7 +54,7 @@ impl TenantCache {
                 self.entries.lock().unwrap_or_else(|e| e.into_inner()).insert(id, (live.clone(), Instant::now()));
                 Ok(live)
             }
-            Err(StoreError::Unavailable(m)) => match cached {
+            Err(StoreError::Unavailable { message: m, .. }) => match cached {
                 Some((t, _)) => Ok(t),
                 None => Err(ApiError::NotReady(format!("the tenant database is unreachable: {m}"))),
             },

@@ -140,7 +140,9 @@ impl From<cachet_tenants::StoreError> for ApiError {
             StoreError::Conflict(m) => ApiError::Conflict(m),
             StoreError::Invalid(m) => ApiError::bad(m),
             StoreError::NotFound(m) => ApiError::NotFound(m),
-            StoreError::Unavailable(m) => ApiError::NotReady(format!("the database is unreachable: {m}")),
+            StoreError::Unavailable { message: m, .. } => {
+                ApiError::NotReady(format!("the database is unreachable: {m}"))
+            }
             other => ApiError::Internal(other.to_string()),
         }
     }
@@ -154,7 +156,7 @@ impl From<cachet_context::ContextError> for ApiError {
             ContextError::BadPath(m) => ApiError::bad(m),
             ContextError::UnknownRef(m) => ApiError::bad_param("branch", m),
             ContextError::NotFound(m) => ApiError::NotFound(m),
-            ContextError::Git(m) => ApiError::Upstream(format!("git: {m}")),
+            e @ ContextError::Git(_) => ApiError::Upstream(e.to_string()),
             ContextError::Fetch(m) => {
                 // What answered and how (refused, reset, not a repository, TLS) is for the
                 // operator: told to the tenant, it would make the server a port scanner.
@@ -166,7 +168,7 @@ impl From<cachet_context::ContextError> for ApiError {
                 )
             }
             ContextError::BadOptions(m) => ApiError::bad_param("rules", m),
-            ContextError::Io(m) => ApiError::Internal(m),
+            e @ ContextError::Io(_) => ApiError::Internal(e.to_string()),
             ContextError::TooLarge(m) => ApiError::bad(m),
             other => ApiError::Internal(other.to_string()),
         }

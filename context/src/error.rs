@@ -25,17 +25,17 @@ pub enum ContextError {
     /// A file larger than the caller's limit (found from its header, without reading it).
     #[error("too large: {0}")]
     TooLarge(String),
-    /// A libgit2 failure: corrupt repository, …
-    #[error("git: {0}")]
-    Git(String),
+    /// A libgit2 failure: corrupt repository, … (libgit2's error kept as the source).
+    #[error("git: {}", .0.message())]
+    Git(#[from] git2::Error),
     /// Fetching from the remote failed (unreachable, refused, not a repository, timed out). The
     /// message is libgit2's: it names what answered and how, so it is for the operator's log;
     /// a tenant learns only that the fetch failed (a tenant's URL must not make a port scanner).
     #[error("fetch: {0}")]
     Fetch(String),
-    /// A file-system failure on our side.
+    /// A file-system failure on our side (the I/O error kept as the source).
     #[error("io: {0}")]
-    Io(String),
+    Io(#[from] std::io::Error),
 }
 
 impl ContextError {
@@ -54,14 +54,20 @@ impl ContextError {
     }
 }
 
-impl From<git2::Error> for ContextError {
-    fn from(e: git2::Error) -> Self {
-        Self::Git(e.message().to_string())
-    }
-}
+#[cfg(test)]
+mod tests {
+    use super::ContextError;
+    use std::error::Error;
 
-impl From<std::io::Error> for ContextError {
-    fn from(e: std::io::Error) -> Self {
-        Self::Io(e.to_string())
+    /// libgit2's and the file system's errors stay reachable as sources (an operator's log of
+    /// `{:#}` shows the chain), and the message keeps libgit2's text alone.
+    #[test]
+    fn sources_are_kept() {
+        let e = ContextError::from(git2::Error::from_str("object not found"));
+        assert_eq!(e.to_string(), "git: object not found");
+        assert!(e.source().and_then(|s| s.downcast_ref::<git2::Error>()).is_some());
+        let e = ContextError::from(std::io::Error::new(std::io::ErrorKind::PermissionDenied, "denied"));
+        assert_eq!(e.to_string(), "io: denied");
+        assert!(e.source().and_then(|s| s.downcast_ref::<std::io::Error>()).is_some());
     }
 }

@@ -105,5 +105,7 @@ fn blob_info(bytes: &[u8], lang: Option<Lang>) -> BlobInfo {
 
 /// The text of an eligible blob (eligible blobs are UTF-8).
 pub(crate) fn blob_text(repo: &Repository, oid: Oid) -> Result<String, ContextError> {
-    String::from_utf8(blob_bytes(repo, oid)?).map_err(|_| ContextError::Io(format!("blob {oid} is not UTF-8")))
+    String::from_utf8(blob_bytes(repo, oid)?).map_err(|_| {
+        ContextError::Io(std::io::Error::new(std::io::ErrorKind::InvalidData, format!("blob {oid} is not UTF-8")))
+    })
 }

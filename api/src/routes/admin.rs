@@ -30,7 +30,7 @@ fn store_error(e: StoreError) -> ApiError {
         StoreError::Conflict(m) => ApiError::bad_param("name", m),
         StoreError::Invalid(m) => ApiError::bad(m),
         StoreError::NotFound(m) => ApiError::NotFound(m),
-        StoreError::Unavailable(m) => ApiError::NotReady(format!("the database is unreachable: {m}")),
+        StoreError::Unavailable { message: m, .. } => ApiError::NotReady(format!("the database is unreachable: {m}")),
         other => ApiError::Internal(other.to_string()),
     }
 }

@@ -37,7 +37,7 @@ pub struct CandidateQuery {
 fn store_error(e: StoreError) -> ApiError {
     match e {
         StoreError::Conflict(m) => ApiError::Conflict(m),
-        StoreError::Unavailable(m) => ApiError::NotReady(format!("the database is unreachable: {m}")),
+        StoreError::Unavailable { message: m, .. } => ApiError::NotReady(format!("the database is unreachable: {m}")),
         other => ApiError::Internal(other.to_string()),
     }
 }

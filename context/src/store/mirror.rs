@@ -62,7 +62,9 @@ impl Mirror {
     pub fn open_path(path: &Path) -> Result<Mirror, ContextError> {
         let mirror = Mirror { path: path.to_path_buf(), guard: None };
         mirror.repo().map_err(|e| match e {
-            ContextError::Git(m) => ContextError::NotFound(format!("no repository at {}: {m}", path.display())),
+            ContextError::Git(e) => {
+                ContextError::NotFound(format!("no repository at {}: {}", path.display(), e.message()))
+            }
             other => other,
         })?;
         Ok(mirror)

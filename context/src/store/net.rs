@@ -29,7 +29,7 @@ pub fn set_network_timeouts() -> Result<(), ContextError> {
         .map_err(|e| e.message().to_string())
     })
     .clone()
-    .map_err(ContextError::Git)
+    .map_err(|m| ContextError::Git(git2::Error::from_str(&m)))
 }
 
 /// The host and port a remote URL connects to; None for anything that is not a remote URL.

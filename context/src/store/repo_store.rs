@@ -31,13 +31,15 @@ impl RepoStore {
         // Tenants' source code: only this user reads it.
         std::fs::set_permissions(&dir, std::os::unix::fs::PermissionsExt::from_mode(0o700))?;
         let mirrors_dir = dir.canonicalize()?;
-        let allowed_root =
-            match policy.allowed_root {
-                Some(root) => Some(root.canonicalize().map_err(|e| {
-                    ContextError::Io(format!("allowed root {} cannot be resolved: {e}", root.display()))
-                })?),
-                None => None,
-            };
+        let allowed_root = match policy.allowed_root {
+            Some(root) => Some(root.canonicalize().map_err(|e| {
+                ContextError::Io(std::io::Error::new(
+                    e.kind(),
+                    format!("allowed root {} cannot be resolved: {e}", root.display()),
+                ))
+            })?),
+            None => None,
+        };
         let policy = Arc::new(SourcePolicy { allowed_root: allowed_root.clone(), ..policy });
         let inner = Inner { mirrors_dir, allowed_root, policy };
         Ok(RepoStore { inner: Arc::new(inner) })

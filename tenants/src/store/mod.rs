@@ -45,11 +45,21 @@ const USAGE_ROWS_PER_STATEMENT: usize = 1000;
 pub enum StoreError {
     /// Postgres cannot be reached: connection refused or lost, a timeout, the server shutting
     /// down, or the pool closed. Retrying later may succeed (HTTP 503).
-    #[error("database unavailable: {0}")]
-    Unavailable(String),
+    #[error("database unavailable: {message}")]
+    Unavailable {
+        message: String,
+        /// sqlx's error, where there was one.
+        #[source]
+        source: Option<sqlx::Error>,
+    },
     /// Postgres answered with an error that is not one of the kinds below.
-    #[error("database error: {0}")]
-    Database(String),
+    #[error("database error: {message}")]
+    Database {
+        message: String,
+        /// sqlx's (or a stored value's decoding) error.
+        #[source]
+        source: Option<Box<dyn std::error::Error + Send + Sync>>,
+    },
     /// A row the operation needs does not exist (e.g. usage for an unknown tenant).
     #[error("not found: {0}")]
     NotFound(String),
@@ -67,7 +77,7 @@ pub enum StoreError {
 impl StoreError {
     /// Whether this is [`StoreError::Unavailable`]: the database is down or unreachable.
     pub fn is_unavailable(&self) -> bool {
-        matches!(self, StoreError::Unavailable(_))
+        matches!(self, StoreError::Unavailable { .. })
     }
 }
 
@@ -78,22 +88,29 @@ impl From<sqlx::Error> for StoreError {
             | sqlx::Error::PoolClosed
             | sqlx::Error::Io(_)
             | sqlx::Error::Tls(_)
-            | sqlx::Error::WorkerCrashed => StoreError::Unavailable(err.to_string()),
+            | sqlx::Error::WorkerCrashed => StoreError::Unavailable { message: err.to_string(), source: Some(err) },
             sqlx::Error::RowNotFound => StoreError::NotFound(err.to_string()),
             sqlx::Error::Migrate(e) => StoreError::from(*e),
             sqlx::Error::Database(db) => {
                 let code = db.code().unwrap_or_default().into_owned();
                 let message = db.message().to_owned();
-                match db.kind() {
+                let kind = db.kind();
+                let err = sqlx::Error::Database(db);
+                match kind {
                     ErrorKind::UniqueViolation => StoreError::Conflict(message),
                     ErrorKind::ForeignKeyViolation => StoreError::NotFound(message),
                     ErrorKind::CheckViolation | ErrorKind::NotNullViolation => StoreError::Invalid(message),
                     // Class 08: connection exception; 57P0x: admin/crash shutdown, cannot connect now.
-                    _ if code.starts_with("08") || code.starts_with("57P") => StoreError::Unavailable(message),
-                    _ => StoreError::Database(format!("{message} (SQLSTATE {code})")),
+                    _ if code.starts_with("08") || code.starts_with("57P") => {
+                        StoreError::Unavailable { message, source: Some(err) }
+                    }
+                    _ => StoreError::Database {
+                        message: format!("{message} (SQLSTATE {code})"),
+                        source: Some(Box::new(err)),
+                    },
                 }
             }
-            other => StoreError::Database(other.to_string()),
+            other => StoreError::Database { message: other.to_string(), source: Some(Box::new(other)) },
         }
     }
 }
@@ -102,7 +119,7 @@ impl From<MigrateError> for StoreError {
     fn from(err: MigrateError) -> StoreError {
         match err {
             MigrateError::Execute(e) | MigrateError::ExecuteMigration(e, _) => match StoreError::from(e) {
-                StoreError::Unavailable(message) => StoreError::Unavailable(message),
+                unavailable @ StoreError::Unavailable { .. } => unavailable,
                 other => StoreError::Migration(other.to_string()),
             },
             other => StoreError::Migration(other.to_string()),
@@ -401,5 +418,22 @@ impl Store {
                 .fetch_optional(&self.pool)
                 .await?;
         Ok(row.map(UsageRecord::from))
+    }
+}
+
+#[cfg(test)]
+mod error_tests {
+    use super::StoreError;
+    use std::error::Error;
+
+    /// sqlx's error stays reachable as the source (an operator's `{:#}` shows the chain).
+    #[test]
+    fn sqlx_errors_are_kept_as_sources() {
+        let e = StoreError::from(sqlx::Error::PoolTimedOut);
+        assert!(e.is_unavailable());
+        assert!(e.source().and_then(|s| s.downcast_ref::<sqlx::Error>()).is_some(), "{e:?}");
+        let e = StoreError::from(sqlx::Error::ColumnNotFound("x".into()));
+        assert!(matches!(e, StoreError::Database { .. }), "{e:?}");
+        assert!(e.source().and_then(|s| s.downcast_ref::<sqlx::Error>()).is_some(), "{e:?}");
     }
 }

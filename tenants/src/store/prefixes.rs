@@ -33,7 +33,8 @@ struct Row {
 impl TryFrom<Row> for PublicPrefixRow {
     type Error = StoreError;
     fn try_from(r: Row) -> Result<PublicPrefixRow, StoreError> {
-        let source = serde_json::from_str(&r.source).map_err(|e| StoreError::Database(e.to_string()))?;
+        let source = serde_json::from_str(&r.source)
+            .map_err(|e| StoreError::Database { message: e.to_string(), source: Some(Box::new(e)) })?;
         Ok(PublicPrefixRow { id: r.id, name: r.name, source, prewarm: r.prewarm, created_at: r.created_at })
     }
 }
