@@ -331,7 +331,7 @@ impl Application {
         let releasing = state.turns.lock().unwrap_or_else(|e| e.into_inner()).releasing();
         for (session, holder) in releasing {
             if let Err(e) = state.store.end_turn(session, holder).await {
-                tracing::warn!(%session, "releasing a turn lease at shutdown (it expires by itself): {e}");
+                tracing::warn!(session = %session.id(), "releasing a turn lease at shutdown (it expires by itself): {e}");
             }
         }
         let waiting = state.ledger.flush().await;

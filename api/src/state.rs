@@ -7,6 +7,7 @@ use crate::ledger::Ledger;
 use crate::ratelimit::RateLimiter;
 use cachet_engine::runtime::EngineHandle;
 use cachet_tenants::jwt::Jwt;
+use cachet_tenants::store::OwnedSession;
 use cachet_tenants::store::Store;
 use cachet_tenants::Secret;
 use metrics_exporter_prometheus::PrometheusHandle;
@@ -71,8 +72,8 @@ pub struct AppState {
 /// next message never waits for that release).
 #[derive(Debug, Default)]
 pub struct Turns {
-    running: std::collections::HashSet<uuid::Uuid>,
-    releasing: std::collections::HashMap<uuid::Uuid, uuid::Uuid>,
+    running: std::collections::HashSet<OwnedSession>,
+    releasing: std::collections::HashMap<OwnedSession, uuid::Uuid>,
 }
 
 /// Holds a session's one turn in progress; dropping it ends the turn. Within a replica
@@ -81,7 +82,7 @@ pub struct Turns {
 #[derive(Debug)]
 pub struct TurnGuard {
     turns: std::sync::Arc<Mutex<Turns>>,
-    session: uuid::Uuid,
+    session: OwnedSession,
     holder: uuid::Uuid,
     store: Store,
     renew: tokio::task::JoinHandle<()>,
@@ -103,7 +104,7 @@ impl Drop for TurnGuard {
             let (turns, store, session, holder) = (self.turns.clone(), self.store.clone(), self.session, self.holder);
             rt.spawn(async move {
                 if let Err(e) = store.end_turn(session, holder).await {
-                    tracing::warn!(%session, "releasing the turn lease (it expires by itself): {e}");
+                    tracing::warn!(session = %session.id(), "releasing the turn lease (it expires by itself): {e}");
                 }
                 let mut turns = turns.lock().unwrap_or_else(|e| e.into_inner());
                 if turns.releasing.get(&session) == Some(&holder) {
@@ -116,7 +117,7 @@ impl Drop for TurnGuard {
 
 impl Turns {
     /// Turn leases given back but maybe not yet released in the database: `(session, holder)`.
-    pub fn releasing(&self) -> Vec<(uuid::Uuid, uuid::Uuid)> {
+    pub fn releasing(&self) -> Vec<(OwnedSession, uuid::Uuid)> {
         self.releasing.iter().map(|(s, h)| (*s, *h)).collect()
     }
 }
@@ -151,7 +152,7 @@ impl AppState {
 
     /// Starts a turn of `session`; `None` if one is already in progress, here or on another
     /// replica.
-    pub async fn begin_turn(&self, session: uuid::Uuid) -> Result<Option<TurnGuard>, cachet_tenants::StoreError> {
+    pub async fn begin_turn(&self, session: OwnedSession) -> Result<Option<TurnGuard>, cachet_tenants::StoreError> {
         let ended_here = {
             let mut turns = self.turns.lock().unwrap_or_else(|e| e.into_inner());
             if !turns.running.insert(session) {
@@ -178,10 +179,13 @@ impl AppState {
                 match store.renew_turn(session, holder, TURN_LEASE).await {
                     Ok(true) => {}
                     Ok(false) => {
-                        tracing::warn!(%session, "the turn lease was lost (it expired); another turn may start");
+                        tracing::warn!(
+                            session = %session.id(),
+                            "the turn lease was lost (it expired); another turn may start"
+                        );
                         return;
                     }
-                    Err(e) => tracing::warn!(%session, "renewing the turn lease: {e}"),
+                    Err(e) => tracing::warn!(session = %session.id(), "renewing the turn lease: {e}"),
                 }
             }
         });

@@ -152,7 +152,7 @@ async fn deletions_missed_while_disconnected_are_caught_up() {
 async fn a_session_turn_lease_is_exclusive_renewable_and_expires() {
     let store = fresh_store().await;
     let (tenant, repo) = repo_of(&store, "acme").await;
-    let session = store.create_session(tenant, repo, "main").await.unwrap().id;
+    let session = store.create_session(tenant, repo, "main").await.unwrap().owned();
     let (a, b) = (Uuid::new_v4(), Uuid::new_v4());
     let short = Duration::from_millis(300);
     assert!(store.begin_turn(session, a, short, None).await.unwrap());

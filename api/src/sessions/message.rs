@@ -87,7 +87,7 @@ pub async fn post_message(
     let guard = if body.dry_run {
         None
     } else {
-        Some(state.begin_turn(session.id).await?.ok_or_else(|| {
+        Some(state.begin_turn(session.owned()).await?.ok_or_else(|| {
             ApiError::Conflict(format!("a turn of session {} is in progress; wait for its answer", session.id))
         })?)
     };
@@ -97,7 +97,7 @@ pub async fn post_message(
         .repository(tenant, session.repo)
         .await?
         .ok_or_else(|| ApiError::Conflict("the session's repository was deleted".into()))?;
-    let history = state.store.turns(session.id).await?;
+    let history = state.store.turns(session.owned()).await?;
     // The turn lease (`guard`) keeps other turns out: this turn's rows come next.
     let next_seq = history.last().map_or(0, |t| t.seq + 1);
     let turn = TurnInput {
@@ -152,7 +152,7 @@ pub async fn post_message(
     let user = (!prompt.user_content.is_empty()).then(|| prompt.user_content.clone());
     let before_answer = results.len() + usize::from(user.is_some());
     let seq = if before_answer == 0 { 0 } else { next_seq + before_answer as i32 - 1 };
-    state.store.touch_session(session.id).await?;
+    state.store.touch_session(session.owned()).await?;
 
     job.session = Some(BoundSession { id: session.id, retention: idle(&state) });
     job.spans = prompt.spans;
@@ -160,6 +160,7 @@ pub async fn post_message(
         Some(json!({"session_id": session.id, "commit": commit, "context_commit": context_commit, "turn": seq}));
     job.headers = vec![("X-Cachet-Commit", commit.clone()), ("X-Cachet-Session", session.id.to_string())];
     let (store, model_id, session_id, request_id) = (state.store.clone(), served.id.clone(), session.id, job.id);
+    let owned = session.owned();
     let (st, at, rebase_repo) = (state.clone(), prompt.at, repo.clone());
     let owner = Owner { tenant, repo: repo.id, branch: session.branch.clone() };
     job.answer = Some(Box::new(move |answer: Answer| {
@@ -181,7 +182,7 @@ pub async fn post_message(
                 request_id: Some(request_id),
                 ..NewTurn::new(Role::Assistant, &answer.text)
             });
-            match store.append_turns(session_id, &turns).await {
+            match store.append_turns(owned, &turns).await {
                 Err(e) => tracing::error!(session = %session_id, "storing the turn failed: {e}"),
                 // What the history has now seen; a session behind the head is rebased.
                 Ok(_) => {
@@ -192,7 +193,7 @@ pub async fn post_message(
                     }
                 }
             }
-            if let Err(e) = store.touch_session(session_id).await {
+            if let Err(e) = store.touch_session(owned).await {
                 tracing::warn!(session = %session_id, "{e}");
             }
             drop(guard);

@@ -137,7 +137,7 @@ pub async fn get_session(
         state.store.session(auth.0.id, id).await?.ok_or_else(|| ApiError::NotFound(format!("session {id}")))?;
     let turns: Vec<_> = state
         .store
-        .turns(id)
+        .turns(session.owned())
         .await?
         .into_iter()
         .map(|t| {

@@ -51,7 +51,11 @@ async fn rebase(
     behind: &Behind,
 ) -> Result<bool, ApiError> {
     let served = state.served()?;
-    let history = state.store.turns(behind.session).await?;
+    // The session as the store finds it for the repository's tenant (gone: nothing to rebase).
+    let Some(session) = state.store.session(repo.tenant, behind.session).await? else {
+        return Ok(false);
+    };
+    let history = state.store.turns(session.owned()).await?;
     let turns = history.len();
     if !state.bases.rebasing(behind.session, &behind.head, turns) {
         return Ok(false);

@@ -25,7 +25,7 @@ mod tasks;
 
 pub use prefixes::PublicPrefixRow;
 pub use repos::{Invalidation, NewRepository, RepoStatus, Repository};
-pub use sessions::{NewTurn, Role, Session, Turn};
+pub use sessions::{NewTurn, OwnedSession, Role, Session, Turn};
 pub use sign_in::SignInSubject;
 pub use tasks::{OutcomeError, Task, TaskStatus};
 

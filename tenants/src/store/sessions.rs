@@ -7,7 +7,9 @@ use uuid::Uuid;
 use super::{Store, StoreError};
 use crate::model::TenantId;
 
-/// A session: a tenant working on one branch of one repository.
+/// A session: a tenant working on one branch of one repository. Only the store makes one (a
+/// private field), from a row it read: [`Session::owned`] is therefore a session of
+/// [`Session::tenant`].
 #[derive(Clone, Debug, PartialEq)]
 pub struct Session {
     pub id: Uuid,
@@ -17,6 +19,35 @@ pub struct Session {
     pub created_at: DateTime<Utc>,
     pub last_active_at: DateTime<Utc>,
     pub closed_at: Option<DateTime<Utc>>,
+    read: (),
+}
+
+impl Session {
+    /// The handle that opens the session's history and turn lease.
+    pub fn owned(&self) -> OwnedSession {
+        OwnedSession { tenant: self.tenant, id: self.id }
+    }
+}
+
+/// A session whose tenant the store has checked: the key to its history ([`Store::turns`],
+/// [`Store::append_turns`]), its turn lease ([`Store::begin_turn`] …) and its activity
+/// ([`Store::touch_session`]). Only a [`Session`] the store read gives one, so these methods,
+/// which take no tenant id, still act only on a session of the tenant that found it. It is
+/// `Copy`: a turn's lease and its background work carry it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct OwnedSession {
+    tenant: TenantId,
+    id: Uuid,
+}
+
+impl OwnedSession {
+    pub fn id(self) -> Uuid {
+        self.id
+    }
+
+    pub fn tenant(self) -> TenantId {
+        self.tenant
+    }
 }
 
 /// Who said a turn.
@@ -105,6 +136,7 @@ impl From<SessionRow> for Session {
             created_at: r.created_at,
             last_active_at: r.last_active_at,
             closed_at: r.closed_at,
+            read: (),
         }
     }
 }
@@ -167,8 +199,12 @@ impl Store {
     }
 
     /// Marks a session active now.
-    pub async fn touch_session(&self, id: Uuid) -> Result<(), StoreError> {
-        sqlx::query("UPDATE sessions SET last_active_at = now() WHERE id = $1").bind(id).execute(self.pool()).await?;
+    pub async fn touch_session(&self, session: OwnedSession) -> Result<(), StoreError> {
+        sqlx::query("UPDATE sessions SET last_active_at = now() WHERE id = $1 AND tenant_id = $2")
+            .bind(session.id)
+            .bind(session.tenant.0)
+            .execute(self.pool())
+            .await?;
         Ok(())
     }
 
@@ -218,13 +254,13 @@ impl Store {
     /// Appends a turn at the end of the session's history and returns its sequence number. Two
     /// appends racing for one number cannot both succeed (primary key): the loser gets
     /// [`StoreError::Conflict`].
-    pub async fn append_turn(&self, session: Uuid, turn: &NewTurn<'_>) -> Result<i32, StoreError> {
+    pub async fn append_turn(&self, session: OwnedSession, turn: &NewTurn<'_>) -> Result<i32, StoreError> {
         let seqs = self.append_turns(session, std::slice::from_ref(turn)).await?;
         Ok(seqs[0])
     }
 
     /// Appends turns in order, all or none (one transaction); returns their sequence numbers.
-    pub async fn append_turns(&self, session: Uuid, turns: &[NewTurn<'_>]) -> Result<Vec<i32>, StoreError> {
+    pub async fn append_turns(&self, session: OwnedSession, turns: &[NewTurn<'_>]) -> Result<Vec<i32>, StoreError> {
         let mut tx = self.pool().begin().await?;
         let mut seqs = Vec::with_capacity(turns.len());
         for turn in turns {
@@ -234,7 +270,7 @@ impl Store {
                  SELECT $1, COALESCE(MAX(seq) + 1, 0), $2, $3, $4, $5, $6, $7, $8 FROM turns WHERE session_id = $1 \
                  RETURNING seq",
             )
-            .bind(session)
+            .bind(session.id)
             .bind(turn.role.as_str())
             .bind(turn.content)
             .bind(tokens)
@@ -255,48 +291,52 @@ impl Store {
     /// replica runs it). False when another turn holds it.
     pub async fn begin_turn(
         &self,
-        session: Uuid,
+        session: OwnedSession,
         holder: Uuid,
         lease: Duration,
         replacing: Option<Uuid>,
     ) -> Result<bool, StoreError> {
         let done = sqlx::query(
             "UPDATE sessions SET turn_holder = $2, turn_lease_until = now() + $3 * interval '1 millisecond' \
-             WHERE id = $1 AND (turn_lease_until IS NULL OR turn_lease_until < now() OR turn_holder = $4)",
+             WHERE id = $1 AND tenant_id = $5 \
+             AND (turn_lease_until IS NULL OR turn_lease_until < now() OR turn_holder = $4)",
         )
-        .bind(session)
+        .bind(session.id)
         .bind(holder)
         .bind(lease.as_millis() as f64)
         .bind(replacing)
+        .bind(session.tenant.0)
         .execute(self.pool())
         .await?;
         Ok(done.rows_affected() == 1)
     }
 
     /// Extends `holder`'s lease to `lease` from now; false if another turn holds it now.
-    pub async fn renew_turn(&self, session: Uuid, holder: Uuid, lease: Duration) -> Result<bool, StoreError> {
+    pub async fn renew_turn(&self, session: OwnedSession, holder: Uuid, lease: Duration) -> Result<bool, StoreError> {
         self.begin_turn(session, holder, lease, Some(holder)).await
     }
 
     /// Gives up `holder`'s lease (nothing if it no longer holds it).
-    pub async fn end_turn(&self, session: Uuid, holder: Uuid) -> Result<(), StoreError> {
+    pub async fn end_turn(&self, session: OwnedSession, holder: Uuid) -> Result<(), StoreError> {
         sqlx::query(
-            "UPDATE sessions SET turn_holder = NULL, turn_lease_until = NULL WHERE id = $1 AND turn_holder = $2",
+            "UPDATE sessions SET turn_holder = NULL, turn_lease_until = NULL \
+             WHERE id = $1 AND tenant_id = $3 AND turn_holder = $2",
         )
-        .bind(session)
+        .bind(session.id)
         .bind(holder)
+        .bind(session.tenant.0)
         .execute(self.pool())
         .await?;
         Ok(())
     }
 
     /// A session's history in order.
-    pub async fn turns(&self, session: Uuid) -> Result<Vec<Turn>, StoreError> {
+    pub async fn turns(&self, session: OwnedSession) -> Result<Vec<Turn>, StoreError> {
         let rows: Vec<TurnRow> = sqlx::query_as(
             "SELECT seq, role, content, tokens, model, commit, request_id, tool_call_id, created_at FROM turns \
              WHERE session_id = $1 ORDER BY seq",
         )
-        .bind(session)
+        .bind(session.id)
         .fetch_all(self.pool())
         .await?;
         Ok(rows

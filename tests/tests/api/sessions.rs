@@ -502,20 +502,22 @@ async fn a_push_to_one_replica_reaches_the_cache_of_another() {
 async fn one_turn_at_a_time_per_session_across_replicas() {
     let a = spawn_app().await;
     let b = spawn_replica(&a).await;
-    let (_, token) = a.tenant("acme").await;
+    let (tenant, token) = a.tenant("acme").await;
     let repo = a.register(&token, shop(&a, "shop")).await;
     let session = a.session(&token, &repo).await;
     let id: uuid::Uuid = session.parse().unwrap();
+    // The store's handle to the session: only a session it found for the tenant gives one.
+    let owned = a.state.store.session(tenant, id).await.unwrap().expect("the tenant's session").owned();
 
     // Turns one after another on one replica never wait for the last one's lease release.
     for _ in 0..5 {
-        drop(a.state.begin_turn(id).await.unwrap().expect("the last turn ended"));
+        drop(a.state.begin_turn(owned).await.unwrap().expect("the last turn ended"));
     }
     // A turn runs on A (held here as its guard): B refuses a second one, A too.
-    let guard = a.state.begin_turn(id).await.unwrap().expect("no turn in progress");
+    let guard = a.state.begin_turn(owned).await.unwrap().expect("no turn in progress");
     let refused = error(b.message(&token, &session, json!({ "content": "q" })).await, 409).await;
     assert!(refused.to_string().contains("in progress"), "{refused}");
-    assert!(a.state.begin_turn(id).await.unwrap().is_none());
+    assert!(a.state.begin_turn(owned).await.unwrap().is_none());
     // A dry run only looks: allowed meanwhile.
     b.dry_run(&token, &session, "q").await;
 
@@ -534,7 +536,7 @@ async fn one_turn_at_a_time_per_session_across_replicas() {
     // And the lease B took for that turn is gone again.
     let mut taken = None;
     for _ in 0..250 {
-        taken = a.state.begin_turn(id).await.unwrap();
+        taken = a.state.begin_turn(owned).await.unwrap();
         if taken.is_some() {
             break;
         }
