@@ -7,10 +7,11 @@ use uuid::Uuid;
 use super::{Store, StoreError};
 use crate::model::TenantId;
 
-/// A session: a tenant working on one branch of one repository. Only the store makes one (a
-/// private field), from a row it read: [`Session::owned`] is therefore a session of
-/// [`Session::tenant`].
+/// A session: a tenant working on one branch of one repository. Only the store makes one
+/// (`non_exhaustive`: no struct literal outside this crate), from a row it read:
+/// [`Session::owned`] is therefore a session of [`Session::tenant`].
 #[derive(Clone, Debug, PartialEq)]
+#[non_exhaustive]
 pub struct Session {
     pub id: Uuid,
     pub tenant: TenantId,
@@ -19,7 +20,6 @@ pub struct Session {
     pub created_at: DateTime<Utc>,
     pub last_active_at: DateTime<Utc>,
     pub closed_at: Option<DateTime<Utc>>,
-    read: (),
 }
 
 impl Session {
@@ -136,7 +136,6 @@ impl From<SessionRow> for Session {
             created_at: r.created_at,
             last_active_at: r.last_active_at,
             closed_at: r.closed_at,
-            read: (),
         }
     }
 }
