@@ -62,41 +62,24 @@ fn layout(config: &ModelConfig, slots: usize) -> KvLayout {
 #[error("KV pool integrity: {0}")]
 pub struct IntegrityError(pub String);
 
-/// K/V storage and its slot allocator.
-pub struct KvPool<B: Backend> {
-    storage: B::Kv,
-    layout: KvLayout,
+/// The allocator of a pool's slots, apart from their storage: what the scheduler owns (the
+/// storage goes to the model runner).
+#[derive(Debug)]
+pub struct Slots {
     /// Free slots; allocation pops from the end (lowest indices first).
     free: Vec<SlotId>,
     in_use: Vec<bool>,
 }
 
-impl<B: Backend> std::fmt::Debug for KvPool<B> {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("KvPool").field("layout", &self.layout).field("free", &self.free.len()).finish()
-    }
-}
-
-impl<B: Backend> KvPool<B> {
-    /// Allocates a pool of `size` for `config` on backend `b`.
-    pub fn new(b: &B, config: &ModelConfig, size: PoolSize) -> Result<KvPool<B>, BackendError> {
-        let slots = size.slots(config);
-        if slots == 0 || slots > u32::MAX as usize {
-            return Err(BackendError::Unsupported(format!("a KV pool of {slots} slots")));
-        }
-        let layout = layout(config, slots);
-        let storage = b.kv(layout)?;
-        Ok(KvPool { storage, layout, free: (0..slots as u32).rev().map(SlotId).collect(), in_use: vec![false; slots] })
-    }
-
-    /// The pool's shape.
-    pub fn layout(&self) -> KvLayout {
-        self.layout
+impl Slots {
+    /// `n` slots, all free.
+    pub fn new(n: usize) -> Slots {
+        Slots { free: (0..n as u32).rev().map(SlotId).collect(), in_use: vec![false; n] }
     }
 
     /// Total slots.
     pub fn capacity(&self) -> usize {
-        self.layout.slots
+        self.in_use.len()
     }
 
     /// Slots not in use.
@@ -152,7 +135,7 @@ impl<B: Backend> KvPool<B> {
 
     /// Checks that every slot is exactly once either free or in use.
     pub fn check_integrity(&self) -> Result<(), IntegrityError> {
-        let mut seen = vec![false; self.layout.slots];
+        let mut seen = vec![false; self.capacity()];
         for s in &self.free {
             let i = s.0 as usize;
             if i >= seen.len() {
@@ -167,19 +150,91 @@ impl<B: Backend> KvPool<B> {
             seen[i] = true;
         }
         let used = self.in_use.iter().filter(|&&u| u).count();
-        if used + self.free.len() != self.layout.slots {
+        if used + self.free.len() != self.capacity() {
             return Err(IntegrityError(format!(
                 "{used} in use + {} free != {} slots",
                 self.free.len(),
-                self.layout.slots
+                self.capacity()
             )));
         }
         Ok(())
+    }
+}
+
+/// K/V storage and its slot allocator.
+pub struct KvPool<B: Backend> {
+    storage: B::Kv,
+    layout: KvLayout,
+    slots: Slots,
+}
+
+impl<B: Backend> std::fmt::Debug for KvPool<B> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("KvPool").field("layout", &self.layout).field("free", &self.slots.free_slots()).finish()
+    }
+}
+
+impl<B: Backend> KvPool<B> {
+    /// Allocates a pool of `size` for `config` on backend `b`.
+    pub fn new(b: &B, config: &ModelConfig, size: PoolSize) -> Result<KvPool<B>, BackendError> {
+        let slots = size.slots(config);
+        if slots == 0 || slots > u32::MAX as usize {
+            return Err(BackendError::Unsupported(format!("a KV pool of {slots} slots")));
+        }
+        let layout = layout(config, slots);
+        let storage = b.kv(layout)?;
+        Ok(KvPool { storage, layout, slots: Slots::new(slots) })
+    }
+
+    /// The pool's shape.
+    pub fn layout(&self) -> KvLayout {
+        self.layout
+    }
+
+    /// Total slots.
+    pub fn capacity(&self) -> usize {
+        self.slots.capacity()
+    }
+
+    /// Slots not in use.
+    pub fn free_slots(&self) -> usize {
+        self.slots.free_slots()
+    }
+
+    /// Whether `n` slots can be allocated now.
+    pub fn can_allocate(&self, n: usize) -> bool {
+        self.slots.can_allocate(n)
+    }
+
+    /// Takes `n` slots, or fails without taking any.
+    pub fn allocate(&mut self, n: usize) -> Result<Vec<SlotId>, EngineError> {
+        self.slots.allocate(n)
+    }
+
+    /// Takes `n` slots and appends them to `out`, or fails without taking any.
+    pub fn allocate_into(&mut self, n: usize, out: &mut Vec<SlotId>) -> Result<(), EngineError> {
+        self.slots.allocate_into(n, out)
+    }
+
+    /// Returns slots to the pool (see [`Slots::free`]).
+    pub fn free(&mut self, slots: &[SlotId]) -> Result<(), IntegrityError> {
+        self.slots.free(slots)
+    }
+
+    /// Checks that every slot is exactly once either free or in use.
+    pub fn check_integrity(&self) -> Result<(), IntegrityError> {
+        self.slots.check_integrity()
     }
 
     /// The backend storage, for the forward pass.
     pub fn storage_mut(&mut self) -> &mut B::Kv {
         &mut self.storage
+    }
+
+    /// The allocator and the storage apart (the engine's scheduler takes one, its runner the
+    /// other).
+    pub fn into_parts(self) -> (Slots, B::Kv) {
+        (self.slots, self.storage)
     }
 }
 

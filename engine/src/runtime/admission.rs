@@ -5,7 +5,7 @@
 //! and the uncached prompt work it holds, split as its prediction splits it — and
 //! [`super::EngineHandle::submit`] refuses at once what that already condemns.
 //!
-//! The door predicts as the engine does ([`super::Engine::predict_ttft`]), which under the `slo`
+//! The door predicts as the engine does ([`super::Scheduler::predict_ttft`]), which under the `slo`
 //! policy puts a request that can still make its target behind its own tenant's earlier such
 //! requests and every prompt being computed for one, and a request that cannot behind
 //! everything that can, everything being computed and its own tenant's earlier ones; then its

@@ -6,10 +6,9 @@
 use super::request::RequestError;
 use super::seq::Seq;
 use super::step::Planned;
-use super::Engine;
+use super::Scheduler;
 use crate::constraint::Constraint;
 use crate::sampler::{log_softmax_top, TokenLogprobs};
-use cachet_kernels::backend::Backend;
 use llguidance::toktrie::SimpleVob;
 use std::collections::HashMap;
 use std::time::Instant;
@@ -41,39 +40,55 @@ pub(super) fn join(
     Some(Computed { masks, secs, wait: forward_done.elapsed().as_secs_f64() })
 }
 
-impl<B: Backend> Engine<B> {
-    /// Takes the constraints of the planned sequences that sample this step.
-    pub(super) fn take_constraints(&mut self, plan: &[Planned], index: &[usize]) -> Vec<(u64, Constraint)> {
-        plan.iter()
-            .zip(index)
-            .filter(|(p, _)| p.logits)
-            .filter_map(|(p, &i)| self.running[i].constraint.take().map(|c| (p.seq, c)))
-            .collect()
-    }
+/// How a step's masks went: how many, the time computing them (beside the forward pass), and
+/// the time the step waited for them after its forward pass.
+pub(super) struct Timing {
+    pub masks: usize,
+    pub secs: f64,
+    pub wait: f64,
+}
 
-    /// Gives the constraints back to their sequences; returns their masks by sequence id.
-    pub(super) fn give_back(
-        &mut self,
-        constrained: Vec<(u64, Constraint)>,
-        computed: Option<Computed>,
-    ) -> HashMap<u64, Mask> {
-        let mut computed_masks = Vec::new().into_iter();
-        if let Some(c) = computed {
-            metrics::histogram!("cachet:grammar_mask_seconds").record(c.secs);
-            metrics::histogram!("cachet:grammar_mask_wait_seconds").record(c.wait);
-            self.stats.grammar_steps += 1;
-            self.stats.grammar_masks += c.masks.len() as u64;
-            self.stats.grammar_mask_seconds += c.secs;
-            self.stats.grammar_wait_seconds += c.wait;
-            computed_masks = c.masks.into_iter();
-        }
-        let mut masks = HashMap::with_capacity(constrained.len());
-        for (id, c) in constrained {
-            let i = self.running.iter().position(|s| s.id == id).expect("planned sequences are running");
-            self.running[i].constraint = Some(c);
-            masks.insert(id, computed_masks.next().unwrap_or_else(|| Err("the grammar engine failed".into())));
-        }
-        masks
+/// Takes the constraints of the planned sequences that sample this step (`index`: each planned
+/// chunk's sequence in `running`).
+pub(super) fn take(plan: &[Planned], index: &[usize], running: &mut [Seq]) -> Vec<(u64, Constraint)> {
+    plan.iter()
+        .zip(index)
+        .filter(|(p, _)| p.logits)
+        .filter_map(|(p, &i)| running[i].constraint.take().map(|c| (p.seq, c)))
+        .collect()
+}
+
+/// Gives the constraints back to their sequences; returns their masks by sequence id, and how
+/// computing them went.
+pub(super) fn give_back(
+    running: &mut [Seq],
+    constrained: Vec<(u64, Constraint)>,
+    computed: Option<Computed>,
+) -> (HashMap<u64, Mask>, Option<Timing>) {
+    let mut computed_masks = Vec::new().into_iter();
+    let mut timing = None;
+    if let Some(c) = computed {
+        timing = Some(Timing { masks: c.masks.len(), secs: c.secs, wait: c.wait });
+        computed_masks = c.masks.into_iter();
+    }
+    let mut masks = HashMap::with_capacity(constrained.len());
+    for (id, c) in constrained {
+        let i = running.iter().position(|s| s.id == id).expect("planned sequences are running");
+        running[i].constraint = Some(c);
+        masks.insert(id, computed_masks.next().unwrap_or_else(|| Err("the grammar engine failed".into())));
+    }
+    (masks, timing)
+}
+
+impl Scheduler {
+    /// Counts a step's grammar work.
+    pub(super) fn record_grammar(&mut self, t: &Timing) {
+        metrics::histogram!("cachet:grammar_mask_seconds").record(t.secs);
+        metrics::histogram!("cachet:grammar_mask_wait_seconds").record(t.wait);
+        self.stats.grammar_steps += 1;
+        self.stats.grammar_masks += t.masks as u64;
+        self.stats.grammar_mask_seconds += t.secs;
+        self.stats.grammar_wait_seconds += t.wait;
     }
 }
 

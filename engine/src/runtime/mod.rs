@@ -1,8 +1,13 @@
 //! The engine loop. One thread owns the model, the KV pool, the radix cache
 //! and every running request by value; everything else talks to it through
 //! an [`EngineHandle`] (a channel in, one channel out per request). Each
-//! iteration takes the commands that arrived, plans one batch (decode tokens
-//! first, then prefill chunks), runs one forward pass and hands out tokens.
+//! iteration takes the commands that arrived and runs one step in three parts:
+//! the [`Scheduler`] plans a batch (decode tokens first, then prefill chunks,
+//! then admissions), the [`runner::Runner`] runs one forward pass over it and
+//! samples, and the scheduler hands out the tokens and does the accounting.
+//!
+//! The scheduler knows no model: its queues, admission, ordering, pacing, fair
+//! share, KV slots and prefix cache are tested without one (`sched_tests.rs`).
 
 mod admission;
 mod config;
@@ -10,12 +15,13 @@ mod handle;
 mod masks;
 mod pace;
 mod request;
+mod runner;
 mod sched;
+#[cfg(test)]
+mod sched_tests;
 mod seq;
 mod stats;
 mod step;
-#[cfg(test)]
-mod tests;
 
 pub use config::{EngineConfig, Policy, SloClass, SloTargets};
 pub use handle::{EngineHandle, RequestStream};
@@ -24,9 +30,9 @@ pub use request::{
 };
 pub use stats::Snapshot;
 
-use crate::kv_pool::{KvPool, PoolSize};
+use crate::kv_pool::{KvPool, PoolSize, Slots};
 use crate::loader::LoadedModel;
-use crate::model::{ForwardScratch, LogitsFor, Model, SeqChunk};
+use crate::model::{LogitsFor, SeqChunk};
 use crate::output::Output;
 use crate::radix::{RadixCache, RetentionKey, TenantKey};
 use crate::tokenizer::Tokenizer;
@@ -71,21 +77,28 @@ pub(crate) enum Command {
     Halt,
 }
 
-/// Everything the engine thread owns.
+/// Everything the engine thread owns: the scheduler and the model runner.
 pub(crate) struct Engine<B: Backend> {
+    sched: Scheduler,
+    runner: runner::Runner<B>,
+}
+
+/// Queues, admission, ordering, pacing, fair share, KV slots and the prefix cache: everything of
+/// a step but the model. Tokens come in from the runner ([`Scheduler::postprocess`]).
+pub(crate) struct Scheduler {
     /// Admission at the door: what this engine publishes for [`EngineHandle::submit`].
     door: Arc<admission::Door>,
     /// The last submission (the door's sequence number) this engine has taken in.
     door_taken: u64,
     cfg: EngineConfig,
-    backend: B,
-    model: Model<B>,
     tokenizer: Tokenizer,
     eos_ids: Vec<u32>,
-    pool: KvPool<B>,
+    /// Token ids the model knows.
+    vocab_size: usize,
+    /// The longest sequence: the model's context, within the pool.
+    max_context: usize,
+    slots: Slots,
     cache: RadixCache,
-    scratch: ForwardScratch<B>,
-    logits: Vec<f32>,
     waiting: Vec<Seq>,
     running: Vec<Seq>,
     next_id: u64,
@@ -168,33 +181,47 @@ impl<B: Backend> Engine<B> {
             }
         }
         let pool = KvPool::new(&backend, &config, cfg.pool).map_err(|e| StartError::Backend(e.to_string()))?;
-        let cache = RadixCache::new(pool.capacity(), cfg.default_share);
-        let scratch = ForwardScratch::new(&backend);
-        let eos_ids = loaded.tokenizer.eos_ids();
+        let (slots, kv) = pool.into_parts();
+        let max_context = config.max_context.min(slots.capacity());
         let tokenizer = std::sync::Arc::new(loaded.tokenizer.clone());
-        let door = Arc::new(admission::Door::default());
+        let sched = Scheduler::new(cfg.clone(), loaded.tokenizer, config.vocab_size, max_context, slots);
         let info = handle::Info {
             model_name: loaded.name.clone(),
             grammars: std::sync::Arc::new(crate::constraint::Grammars::new(tokenizer.clone(), config.vocab_size)),
             tokenizer,
             chat_template: loaded.chat_template.map(std::sync::Arc::new),
-            max_context: config.max_context.min(pool.capacity()),
+            max_context,
             vocab_size: config.vocab_size,
-            config: cfg.clone(),
-            door: door.clone(),
+            config: cfg,
+            door: sched.door.clone(),
         };
-        let mut engine = Engine {
-            door,
+        let mut engine = Engine { sched, runner: runner::Runner::new(backend, loaded.model, kv) };
+        engine.warm_up().map_err(StartError::Backend)?;
+        engine.sched.publish_admission();
+        Ok((engine, info))
+    }
+}
+
+impl Scheduler {
+    /// A scheduler for a model of `vocab_size` tokens and sequences shorter than `max_context`,
+    /// over a pool of `slots` (the K/V storage is the runner's).
+    pub(crate) fn new(
+        cfg: EngineConfig,
+        tokenizer: Tokenizer,
+        vocab_size: usize,
+        max_context: usize,
+        slots: Slots,
+    ) -> Scheduler {
+        Scheduler {
+            door: Arc::new(admission::Door::default()),
             door_taken: 0,
+            cache: RadixCache::new(slots.capacity(), cfg.default_share),
             cfg,
-            backend,
-            model: loaded.model,
-            tokenizer: loaded.tokenizer,
-            eos_ids,
-            pool,
-            cache,
-            scratch,
-            logits: Vec::new(),
+            eos_ids: tokenizer.eos_ids(),
+            tokenizer,
+            vocab_size,
+            max_context,
+            slots,
             waiting: Vec::new(),
             running: Vec::new(),
             next_id: 0,
@@ -202,10 +229,7 @@ impl<B: Backend> Engine<B> {
             rate: 0.0,
             pace: pace::PassModel::default(),
             stats: stats::Stats::default(),
-        };
-        engine.warm_up().map_err(StartError::Backend)?;
-        engine.publish_admission();
-        Ok((engine, info))
+        }
     }
 }
 
@@ -223,9 +247,10 @@ impl<B: Backend> Engine<B> {
     /// One forward pass over a short prompt: faults the weights in, sizes the
     /// buffers and gives admission control its first throughput estimate.
     fn warm_up(&mut self) -> Result<(), String> {
-        let n = 64.min(self.pool.capacity().saturating_sub(1)).min(self.model.config().max_context - 1).max(1);
-        let slots = self.pool.allocate(n + 1).map_err(|e| e.to_string())?;
-        let tokens: Vec<u32> = (0..=n as u32).map(|i| i % self.model.config().vocab_size as u32).collect();
+        let s = &mut self.sched;
+        let n = 64.min(s.max_context - 1).max(1);
+        let slots = s.slots.allocate(n + 1).map_err(|e| e.to_string())?;
+        let tokens: Vec<u32> = (0..=n as u32).map(|i| i % s.vocab_size as u32).collect();
         let raw = crate::kv_pool::SlotId::raw(&slots);
         let prompt = [SeqChunk { tokens: &tokens[..n], start_pos: 0, slots: &raw[..n], logits: LogitsFor::Last }];
         // The first pass faults the weights in and sizes the buffers; the second, warm one gives
@@ -235,38 +260,49 @@ impl<B: Backend> Engine<B> {
         let mut r = Ok(());
         for (i, pass) in [&prompt, &prompt, &decode].into_iter().enumerate() {
             let start = Instant::now();
-            r = self.model.forward(&self.backend, self.pool.storage_mut(), pass, &mut self.scratch, &mut self.logits);
+            r = self.runner.forward(pass);
             let secs = start.elapsed().as_secs_f64();
             if r.is_err() {
                 break;
             }
             let tokens = pass[0].tokens.len();
             if tokens == n {
-                self.rate = n as f64 / secs.max(1e-6);
+                s.rate = n as f64 / secs.max(1e-6);
             }
             if i > 0 {
-                self.pace.observe(tokens, secs);
+                s.pace.observe(tokens, secs);
             }
         }
-        self.pool.free(&slots).map_err(|e| e.to_string())?;
+        s.slots.free(&slots).map_err(|e| e.to_string())?;
         r.map_err(|e| e.to_string())
+    }
+
+    /// One step: the scheduler plans, the runner runs the forward pass and samples, the
+    /// scheduler hands out what came of it.
+    fn step(&mut self) {
+        let now = Instant::now();
+        if let Some(plan) = self.sched.schedule(now) {
+            let ran = self.runner.run(&plan, &mut self.sched.running);
+            self.sched.postprocess(&plan, ran, now);
+        }
+        self.sched.publish_stats();
     }
 
     fn run(mut self, rx: Receiver<Command>) {
         loop {
-            if self.running.is_empty() && self.waiting.is_empty() {
+            if self.sched.idle() {
                 match rx.recv() {
                     Ok(Command::Halt) | Err(_) => return,
-                    Ok(cmd) => self.command(cmd),
+                    Ok(cmd) => self.sched.command(cmd),
                 }
             }
             loop {
                 match rx.try_recv() {
                     Ok(Command::Halt) => return,
-                    Ok(cmd) => self.command(cmd),
+                    Ok(cmd) => self.sched.command(cmd),
                     Err(std::sync::mpsc::TryRecvError::Empty) => break,
                     Err(std::sync::mpsc::TryRecvError::Disconnected) => {
-                        if self.running.is_empty() && self.waiting.is_empty() {
+                        if self.sched.idle() {
                             return;
                         }
                         break;
@@ -274,11 +310,23 @@ impl<B: Backend> Engine<B> {
                 }
             }
             self.step();
-            // Queued and running requests hold their keys' scope markers.
-            let (running, waiting) = (&self.running, &self.waiting);
-            self.cache.compact_tables_if_grown(Instant::now(), || running.iter().chain(waiting).flat_map(Seq::scopes));
-            self.publish_admission();
+            self.sched.after_step();
         }
+    }
+}
+
+impl Scheduler {
+    /// Nothing queued or running.
+    fn idle(&self) -> bool {
+        self.running.is_empty() && self.waiting.is_empty()
+    }
+
+    /// Housekeeping after a step: the interning tables, and what the door needs.
+    fn after_step(&mut self) {
+        // Queued and running requests hold their keys' scope markers.
+        let (running, waiting) = (&self.running, &self.waiting);
+        self.cache.compact_tables_if_grown(Instant::now(), || running.iter().chain(waiting).flat_map(Seq::scopes));
+        self.publish_admission();
     }
 
     fn command(&mut self, cmd: Command) {
@@ -310,7 +358,7 @@ impl<B: Backend> Engine<B> {
     }
 
     fn free_slots(&mut self, slots: &[crate::kv_pool::SlotId]) {
-        if let Err(e) = self.pool.free(slots) {
+        if let Err(e) = self.slots.free(slots) {
             tracing::error!("{e}");
         }
     }
@@ -359,15 +407,14 @@ impl<B: Backend> Engine<B> {
     }
 
     fn validate(&self, req: &Request) -> Result<(), RequestError> {
-        let config = self.model.config();
-        let limit = config.max_context.min(self.pool.capacity());
+        let limit = self.max_context;
         if req.tokens.is_empty() {
             return Err(RequestError::Invalid("the prompt is empty".into()));
         }
-        if let Some(&t) = req.tokens.iter().find(|&&t| t as usize >= config.vocab_size) {
+        if let Some(&t) = req.tokens.iter().find(|&&t| t as usize >= self.vocab_size) {
             return Err(RequestError::Invalid(format!(
                 "token id {t} is outside the vocabulary ({} tokens)",
-                config.vocab_size
+                self.vocab_size
             )));
         }
         if req.tokens.len() >= limit {
@@ -389,7 +436,7 @@ impl<B: Backend> Engine<B> {
     /// Checks the pool, the cache, and that every slot in use belongs to
     /// exactly one of: the cache, or one running sequence.
     fn check_integrity(&self) -> Result<(), String> {
-        self.pool.check_integrity().map_err(|e| e.to_string())?;
+        self.slots.check_integrity().map_err(|e| e.to_string())?;
         self.cache.check_integrity().map_err(|e| e.to_string())?;
         let mut owned = HashSet::new();
         for s in self.running.iter().chain(&self.waiting) {
@@ -403,7 +450,7 @@ impl<B: Backend> Engine<B> {
             }
         }
         let cached = self.cache.cached_slots();
-        let in_use = self.pool.capacity() - self.pool.free_slots();
+        let in_use = self.slots.capacity() - self.slots.free_slots();
         if cached + owned.len() != in_use {
             return Err(format!("{in_use} slots in use, but the cache holds {cached} and sequences {}", owned.len()));
         }

@@ -15,8 +15,7 @@
 //! (an online 95th percentile of actual ÷ predicted) and sizes passes so that
 //! the slow ones, not the average ones, fit the target.
 
-use super::Engine;
-use cachet_kernels::backend::Backend;
+use super::Scheduler;
 use std::time::{Duration, Instant};
 
 /// Weight of the past per observed pass: about the last 1 / (1 − λ) = 20
@@ -138,13 +137,13 @@ impl PassModel {
 
 /// The share of a pass its fixed cost may be once the pass is big enough that starting one more
 /// prompt in it would delay the others more than it saves (see
-/// [`Engine::efficient_prompt_tokens`]).
+/// [`Scheduler::efficient_prompt_tokens`]).
 const EFFICIENT_FIXED_SHARE: f64 = 0.1;
 
 /// The share of the interactive TTFT target a pass of background work alone may take.
 const BACKGROUND_PASS_SHARE: f64 = 0.1;
 
-impl<B: Backend> Engine<B> {
+impl Scheduler {
     /// Tokens the next pass may carry. Without decoding requests (or with
     /// pacing off) that is the configured token budget; while requests decode
     /// it is what fits, slow passes included, in `pace_margin` times the
@@ -152,7 +151,7 @@ impl<B: Backend> Engine<B> {
     /// target, not at it), never more than the token budget. When the decoders
     /// alone fill that, a pass carries prompt tokens (`min_prefill_chunk`) only
     /// if some prompt cannot wait for the decoders to finish (see
-    /// [`Engine::prompt_cannot_wait`]); otherwise it decodes alone and the
+    /// [`Scheduler::prompt_cannot_wait`]); otherwise it decodes alone and the
     /// prompts wait, within their TTFT targets, for passes that have room.
     pub(super) fn step_budget(&mut self, now: Instant) -> usize {
         let decoders = self.decoders();
@@ -221,7 +220,7 @@ impl<B: Backend> Engine<B> {
         decoding.fold(Decoders::default(), |d, s| d.and(1, self.cfg.targets(s.req.slo).itl))
     }
 
-    /// [`Engine::step_budget`] with these decoders when prompts cannot wait: what admission
+    /// [`Scheduler::step_budget`] with these decoders when prompts cannot wait: what admission
     /// control counts on (a prompt admitted now gets at least `min_prefill_chunk` a pass once it
     /// is short of time).
     pub(super) fn budget_for(&self, decoders: Decoders) -> usize {

@@ -28,9 +28,8 @@
 use super::admission::Work;
 use super::config::Policy;
 use super::seq::Seq;
-use super::Engine;
+use super::Scheduler;
 use crate::radix::TenantKey;
-use cachet_kernels::backend::Backend;
 use std::cmp::Reverse;
 use std::time::{Duration, Instant};
 
@@ -41,11 +40,11 @@ const SHARED_PREFILL: usize = 256;
 /// A running prompt: its sequence id and tenant.
 pub(super) type Prompt = (u64, TenantKey);
 
-/// Which waiting requests an admission phase of a step takes (see [`Engine::pick`]).
+/// Which waiting requests an admission phase of a step takes (see [`Scheduler::pick`]).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(super) enum Tier {
     /// Under `slo`, requests that cannot meet their TTFT target and have waited their
-    /// [`Engine::patience`]: admitted first, within the overdue prompts' bounded share.
+    /// [`Scheduler::patience`]: admitted first, within the overdue prompts' bounded share.
     Overdue,
     /// Requests that can still meet their TTFT target (every request under `fcfs` and `lpm`).
     Hopeful,
@@ -53,7 +52,7 @@ pub(super) enum Tier {
     Any,
 }
 
-/// Running prompts in the order their next chunks are planned (see [`Engine::prefill_order`]).
+/// Running prompts in the order their next chunks are planned (see [`Scheduler::prefill_order`]).
 pub(super) struct PrefillOrder {
     /// Hopeless and overdue: a bounded share for all of them, before everything else.
     pub overdue: Vec<Prompt>,
@@ -73,7 +72,7 @@ fn hopeless(seq: &Seq, work: usize, now: Instant, rate: f64) -> bool {
     now + Duration::from_secs_f64(work as f64 / rate) > seq.deadline
 }
 
-impl<B: Backend> Engine<B> {
+impl Scheduler {
     /// How long a request may wait before the queue, not its own size, is what makes it late:
     /// its TTFT target times `overload_factor` (at least the target).
     pub(super) fn patience(&self, seq: &Seq) -> Duration {
@@ -93,7 +92,7 @@ impl<B: Backend> Engine<B> {
         self.cfg.policy == Policy::Slo && hopeless(seq, work, now, rate)
     }
 
-    /// Whether a hopeless request has waited its [`Engine::patience`]: from then on every pass
+    /// Whether a hopeless request has waited its [`Scheduler::patience`]: from then on every pass
     /// gives it a bounded share, so it is never starved.
     fn overdue(&self, seq: &Seq, now: Instant) -> bool {
         now.saturating_duration_since(seq.arrival) >= self.patience(seq)
@@ -211,7 +210,7 @@ impl<B: Backend> Engine<B> {
         self.prefill_rate_for(self.decoders())
     }
 
-    /// [`Engine::prefill_rate`] with these decoders.
+    /// [`Scheduler::prefill_rate`] with these decoders.
     pub(super) fn prefill_rate_for(&self, decoders: super::pace::Decoders) -> f64 {
         let decoding = decoders.count;
         let budget = self.budget_for(decoders);
@@ -353,7 +352,7 @@ impl<B: Backend> Engine<B> {
     }
 }
 
-impl<B: Backend> Engine<B> {
+impl Scheduler {
     /// Refuses queued requests that can no longer start in time: re-checked
     /// every step with the current throughput, so a slow-down turns into
     /// early refusals instead of late answers. Requests that already started

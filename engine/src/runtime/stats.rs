@@ -1,8 +1,7 @@
 //! Engine counters: exported as metrics (through the `metrics` facade, which
 //! the service installs an exporter for) and readable as a [`Snapshot`].
 
-use super::Engine;
-use cachet_kernels::backend::Backend;
+use super::Scheduler;
 
 #[derive(Debug, Default)]
 pub(super) struct Stats {
@@ -56,13 +55,13 @@ pub struct Snapshot {
     pub grammar_wait_seconds: f64,
 }
 
-impl<B: Backend> Engine<B> {
+impl Scheduler {
     pub(super) fn snapshot(&self) -> Snapshot {
         Snapshot {
             running: self.running.len(),
             waiting: self.waiting.len(),
-            kv_used: self.pool.capacity() - self.pool.free_slots(),
-            kv_capacity: self.pool.capacity(),
+            kv_used: self.slots.capacity() - self.slots.free_slots(),
+            kv_capacity: self.slots.capacity(),
             cached_slots: self.cache.cached_slots(),
             interned: self.cache.interned(),
             prefix_query_tokens: self.stats.query_tokens,
@@ -84,8 +83,8 @@ impl<B: Backend> Engine<B> {
     }
 
     pub(super) fn publish_stats(&self) {
-        let used = self.pool.capacity() - self.pool.free_slots();
-        metrics::gauge!("cachet:kv_cache_usage_ratio").set(used as f64 / self.pool.capacity().max(1) as f64);
+        let used = self.slots.capacity() - self.slots.free_slots();
+        metrics::gauge!("cachet:kv_cache_usage_ratio").set(used as f64 / self.slots.capacity().max(1) as f64);
         metrics::gauge!("cachet:num_requests_running").set(self.running.len() as f64);
         metrics::gauge!("cachet:num_requests_waiting").set(self.waiting.len() as f64);
     }

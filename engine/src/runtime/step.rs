@@ -1,18 +1,16 @@
-//! One scheduler step: plan a batch within the token budget (decode tokens
-//! first, then prefill chunks of running sequences, then newly admitted ones),
-//! find memory for it (evict unlocked cache, else retract the running request
-//! with the least progress), run one forward pass, hand out the tokens.
+//! The scheduler's half of a step: plan a batch within the token budget (decode tokens first,
+//! then prefill chunks of running sequences, then newly admitted ones), find memory for it
+//! (evict unlocked cache, else retract the running request with the least progress); once the
+//! runner has run it, hand out the tokens and do the accounting.
 
-use super::masks;
 use super::request::{Completion, Event, RequestError};
+use super::runner::Ran;
 use super::sched::{Prompt, Tier};
 use super::seq::Seq;
-use super::Engine;
+use super::Scheduler;
 use crate::generate::FinishReason;
 use crate::kv_pool::SlotId;
-use crate::model::{LogitsFor, SeqChunk};
 use crate::radix::{InsertOpts, TenantKey};
-use cachet_kernels::backend::Backend;
 use std::time::Instant;
 
 /// One planned chunk: `len` tokens of running sequence `seq` (by id).
@@ -22,9 +20,10 @@ pub(super) struct Planned {
     pub logits: bool,
 }
 
-impl<B: Backend> Engine<B> {
-    pub(super) fn step(&mut self) {
-        let now = Instant::now();
+impl Scheduler {
+    /// Plans the step that starts `now`; `None` when nothing can run (a running prompt stuck on
+    /// memory may have been retracted).
+    pub(super) fn schedule(&mut self, now: Instant) -> Option<Vec<Planned>> {
         self.drop_cancelled();
         self.preempt_prewarms();
         self.refuse_late(now);
@@ -35,7 +34,7 @@ impl<B: Backend> Engine<B> {
         self.make_room_for_decode(now);
         for seq in &mut self.running {
             if seq.remaining() == 1 && budget > 0 {
-                if self.pool.allocate_into(1, &mut seq.slots).is_err() {
+                if self.slots.allocate_into(1, &mut seq.slots).is_err() {
                     continue;
                 }
                 plan.push(Planned { seq: seq.id, len: 1, logits: true });
@@ -84,11 +83,9 @@ impl<B: Backend> Engine<B> {
             if !self.running.is_empty() {
                 self.retract_one();
             }
-            self.publish_stats();
-            return;
+            return None;
         }
-        self.run_plan(&plan, now);
-        self.publish_stats();
+        Some(plan)
     }
 
     /// Plans the next chunk of each listed running prompt while the budget lasts; a prompt
@@ -117,7 +114,7 @@ impl<B: Backend> Engine<B> {
                 continue;
             }
             let seq = self.running.iter_mut().find(|s| s.id == id).expect("listed above");
-            self.pool.allocate_into(chunk, &mut seq.slots).expect("ensure_free made room");
+            self.slots.allocate_into(chunk, &mut seq.slots).expect("ensure_free made room");
             let logits = chunk == remaining;
             match planned {
                 Some(k) => {
@@ -156,7 +153,7 @@ impl<B: Backend> Engine<B> {
                 self.waiting.push(seq);
                 return true;
             }
-            self.pool.allocate_into(chunk, &mut seq.slots).expect("ensure_free made room");
+            self.slots.allocate_into(chunk, &mut seq.slots).expect("ensure_free made room");
             plan.push(Planned { seq: seq.id, len: chunk, logits: chunk == seq.remaining() });
             *budget -= chunk;
             self.running.push(seq);
@@ -204,14 +201,14 @@ impl<B: Backend> Engine<B> {
     /// Frees pool slots for `n` tokens of `tenant`'s request by evicting
     /// unlocked cache. False if that is not enough.
     fn ensure_free(&mut self, n: usize, tenant: &TenantKey, now: Instant) -> bool {
-        if self.pool.free_slots() >= n {
+        if self.slots.free_slots() >= n {
             return true;
         }
-        let freed = self.cache.evict(n - self.pool.free_slots(), now, Some(tenant));
+        let freed = self.cache.evict(n - self.slots.free_slots(), now, Some(tenant));
         self.stats.evicted_slots += freed.len() as u64;
         metrics::counter!("cachet:evicted_tokens_total").increment(freed.len() as u64);
         self.free_slots(&freed);
-        self.pool.free_slots() >= n
+        self.slots.free_slots() >= n
     }
 
     /// Every decoding sequence needs one slot: evict, then retract the
@@ -219,13 +216,13 @@ impl<B: Backend> Engine<B> {
     fn make_room_for_decode(&mut self, now: Instant) {
         loop {
             let need = self.running.iter().filter(|s| s.remaining() == 1).count();
-            if self.pool.free_slots() >= need {
+            if self.slots.free_slots() >= need {
                 return;
             }
-            let freed = self.cache.evict(need - self.pool.free_slots(), now, None);
+            let freed = self.cache.evict(need - self.slots.free_slots(), now, None);
             self.stats.evicted_slots += freed.len() as u64;
             self.free_slots(&freed);
-            if self.pool.free_slots() >= need || self.running.is_empty() {
+            if self.slots.free_slots() >= need || self.running.is_empty() {
                 return;
             }
             self.retract_one();
@@ -307,7 +304,7 @@ impl<B: Backend> Engine<B> {
         seq.computed = 0;
     }
 
-    /// Puts the computed prompt of running sequence `i` in the cache (as [`Engine::release_kv`]
+    /// Puts the computed prompt of running sequence `i` in the cache (as [`Scheduler::release_kv`]
     /// puts a finished one) and moves its lock there; the sequence keeps running on the same
     /// K/V (where the cache already held a position under other slots, on the cache's).
     fn publish_prompt(&mut self, i: usize) {
@@ -366,51 +363,27 @@ impl<B: Backend> Engine<B> {
         }
     }
 
-    fn run_plan(&mut self, plan: &[Planned], now: Instant) {
+    /// Hands out what the runner made of `plan` (planned at `now`): computed positions,
+    /// sampled tokens and their text, first-token and inter-token timing, finished and failed
+    /// requests, prompts published to the cache, the throughput estimate and pacing.
+    pub(super) fn postprocess(&mut self, plan: &[Planned], ran: Ran, now: Instant) {
         let total: usize = plan.iter().map(|p| p.len).sum();
         let index: Vec<usize> =
             plan.iter().map(|p| self.running.iter().position(|s| s.id == p.seq).expect("planned")).collect();
-        // Whether requests past their first token wait for this pass: its length is their gap.
+        // Whether requests past their first token waited for this pass: its length is their gap.
         let decoding = index.iter().filter(|&&i| self.running[i].first_token.is_some()).count();
         let decoders_wait = decoding > 0;
-        // Grammars: the masks of the sequences that sample this step are computed on another
-        // thread while the forward pass runs; the step waits only for what is not ready.
-        let mut constrained = self.take_constraints(plan, &index);
-        let chunks: Vec<SeqChunk<'_>> = plan
-            .iter()
-            .zip(&index)
-            .map(|(p, &i)| {
-                let s = &self.running[i];
-                SeqChunk {
-                    tokens: &s.tokens[s.computed..s.computed + p.len],
-                    start_pos: s.computed,
-                    slots: SlotId::raw(&s.slots[..s.computed + p.len]),
-                    logits: if p.logits { LogitsFor::Last } else { LogitsFor::None },
-                }
-            })
-            .collect();
-        let start = Instant::now();
-        let (result, computed) = std::thread::scope(|scope| {
-            let job = (!constrained.is_empty()).then(|| scope.spawn(|| masks::compute(&mut constrained)));
-            let result = self.model.forward(
-                &self.backend,
-                self.pool.storage_mut(),
-                &chunks,
-                &mut self.scratch,
-                &mut self.logits,
-            );
-            (result, masks::join(job, Instant::now()))
-        });
-        let secs = start.elapsed().as_secs_f64();
-        drop(chunks);
-        let mut masks = self.give_back(constrained, computed);
-        if let Err(e) = result {
+        if let Some(t) = &ran.grammar {
+            self.record_grammar(t);
+        }
+        let secs = ran.secs;
+        if let Some(e) = ran.failed {
             tracing::error!("forward pass failed: {e}");
             let mut failed: Vec<usize> = index.clone();
             failed.sort_unstable();
             for &i in failed.iter().rev() {
                 let mut seq = self.running.swap_remove(i);
-                seq.send(Event::Error(RequestError::Engine(e.to_string())));
+                seq.send(Event::Error(RequestError::Engine(e.clone())));
                 self.release_kv(&mut seq, false);
                 self.report(&seq, super::request::Outcome::Failed, FinishReason::Stop);
             }
@@ -422,9 +395,8 @@ impl<B: Backend> Engine<B> {
         }
         metrics::histogram!("cachet:forward_pass_tokens").record(total as f64);
         metrics::histogram!("cachet:forward_pass_seconds").record(secs);
-        let vocab = self.model.config().vocab_size;
-        let max_context = self.model.config().max_context.min(self.pool.capacity());
-        let mut row = 0;
+        let max_context = self.max_context;
+        let mut sampled = ran.sampled.into_iter();
         let mut finished = Vec::new();
         let mut failed = Vec::new();
         let mut prompted = Vec::new();
@@ -441,16 +413,15 @@ impl<B: Backend> Engine<B> {
                 seq.computed_prefill += p.len;
             }
             *self.vtc.entry(seq.req.tenant.clone()).or_default() += p.len as f64;
+            let token = sampled.next().flatten();
             if !p.logits {
                 continue;
             }
-            let logits = &mut self.logits[row * vocab..(row + 1) * vocab];
-            row += 1;
             if seq.req.prewarm {
                 finished.push((seq.id, FinishReason::Length));
                 continue;
             }
-            let (token, logprobs) = match masks::sample(seq, logits, masks.remove(&seq.id)) {
+            let (token, logprobs) = match token.expect("the runner samples every chunk with logits") {
                 Ok(sampled) => sampled,
                 Err(e) => {
                     failed.push((seq.id, e));
@@ -601,7 +572,7 @@ impl<B: Backend> Engine<B> {
 }
 
 /// When a pass is full of prompts: its first `decodes` entries are decode tokens; once the
-/// prompts in it carry `prompt_tokens` ([`Engine::efficient_prompt_tokens`]), it takes no chunk
+/// prompts in it carry `prompt_tokens` ([`Scheduler::efficient_prompt_tokens`]), it takes no chunk
 /// of another prompt (an overdue prompt's share planned first is not extended past a follow-up
 /// that can still make its target, and no further prompt starts).
 #[derive(Clone, Copy, Debug)]

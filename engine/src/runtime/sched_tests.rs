@@ -1,23 +1,58 @@
-//! The engine itself (no thread), stepped by hand on a tiny random-weight model, with a made-up
-//! pass cost so that chunk sizes and admission order are exact.
+//! The scheduler alone — no model, no thread: stepped by hand with a fake runner (every
+//! sequence that samples gets the same token) and a made-up pass cost, so that chunk sizes and
+//! admission order are exact.
 
 use super::pace::PassModel;
-use super::{request::Request, Engine, EngineConfig, Policy, SloTargets};
+use super::runner::Ran;
+use super::{request::Request, EngineConfig, Policy, Scheduler, SloTargets};
 use crate::generate::GenerateParams;
-use crate::kv_pool::PoolSize;
+use crate::kv_pool::{PoolSize, Slots};
 use crate::radix::TenantKey;
-use crate::testing::{Tiny, TinyArch};
-use cachet_kernels::cpu::CpuBackend;
-use cachet_kernels::quant::DType;
-use std::time::Duration;
+use crate::tokenizer::{GgufTokenizerSpec, Tokenizer};
+use std::time::{Duration, Instant};
 
-fn engine(cfg: EngineConfig) -> Engine<CpuBackend> {
-    let dir = tempfile::tempdir().unwrap();
-    let path = dir.path().join("tiny.gguf");
-    Tiny::random(TinyArch::Qwen2, 5, false).write_gguf(DType::Q8_0, &path).unwrap();
-    let backend = CpuBackend::new(1).unwrap();
-    let loaded = crate::loader::load(&path, &backend).unwrap();
-    Engine::build(backend, loaded, cfg).unwrap().0
+/// Byte tokens, an end-of-sequence token and padding: 320 ids, as the tiny test models have.
+fn tokenizer() -> Tokenizer {
+    let mut spec = GgufTokenizerSpec::byte_alphabet("gpt2", Some("qwen2"));
+    let eos = spec.push_token("<|im_end|>", GgufTokenizerSpec::TOKEN_CONTROL);
+    while spec.tokens.len() < 320 {
+        let pad = format!("[PAD{}]", spec.tokens.len());
+        spec.push_token(&pad, GgufTokenizerSpec::TOKEN_UNUSED);
+    }
+    spec.eos_token_id = Some(eos);
+    Tokenizer::from_gguf(spec).unwrap()
+}
+
+/// A scheduler over 4,096 slots for a model of 320 tokens and a 4,096-token context, with the
+/// throughput estimate a first pass would have given it.
+fn engine(cfg: EngineConfig) -> Scheduler {
+    let mut s = Scheduler::new(cfg, tokenizer(), 320, 4096, Slots::new(4096));
+    s.rate = 10_000.0;
+    s
+}
+
+/// The token the fake runner samples (a byte: no stop, no end of sequence).
+const TOKEN: u32 = 65;
+
+impl Scheduler {
+    /// One step with a fake runner: what the scheduler plans "runs" at once and every sequence
+    /// that samples gets [`TOKEN`].
+    fn step(&mut self) {
+        let now = Instant::now();
+        if let Some(plan) = self.schedule(now) {
+            let running = &self.running;
+            let sampled = plan
+                .iter()
+                .map(|p| {
+                    let prewarm = running.iter().find(|s| s.id == p.seq).is_some_and(|s| s.req.prewarm);
+                    (p.logits && !prewarm).then_some(Ok((TOKEN, None)))
+                })
+                .collect();
+            self.postprocess(&plan, Ran { secs: 0.001, failed: None, sampled, grammar: None }, now);
+        }
+        self.publish_stats();
+        self.after_step();
+    }
 }
 
 fn cfg() -> EngineConfig {
@@ -46,7 +81,7 @@ fn pass_cost() -> PassModel {
 }
 
 /// Queues a request of `prompt` tokens (its event stream is dropped: nobody listens).
-fn submit(e: &mut Engine<CpuBackend>, prompt: usize, max_tokens: usize) -> u64 {
+fn submit(e: &mut Scheduler, prompt: usize, max_tokens: usize) -> u64 {
     let params = GenerateParams { max_tokens, ignore_eos: true, ..Default::default() };
     let tokens = (0..prompt as u32).map(|i| (i * 7 + 3 + prompt as u32) % 300).collect();
     let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
@@ -56,7 +91,7 @@ fn submit(e: &mut Engine<CpuBackend>, prompt: usize, max_tokens: usize) -> u64 {
     id
 }
 
-fn computed(e: &Engine<CpuBackend>, id: u64) -> usize {
+fn computed(e: &Scheduler, id: u64) -> usize {
     e.running.iter().find(|s| s.id == id).map_or(0, |s| s.computed)
 }
 
@@ -253,7 +288,7 @@ fn admission_control_does_not_count_hopeless_requests_ahead_of_one_that_can_make
 }
 
 /// Moves a request's arrival (and so its deadline) `secs` into the past.
-fn age(e: &mut Engine<CpuBackend>, id: u64, secs: u64) {
+fn age(e: &mut Scheduler, id: u64, secs: u64) {
     let d = Duration::from_secs(secs);
     let seq = e.running.iter_mut().chain(e.waiting.iter_mut()).find(|s| s.id == id).expect("queued or running");
     seq.arrival = seq.arrival.checked_sub(d).expect("the clock is older than that");
@@ -262,7 +297,7 @@ fn age(e: &mut Engine<CpuBackend>, id: u64, secs: u64) {
 
 /// `late` (600 tokens) runs one pass of 64 tokens (the budget), then has waited past its
 /// patience; `fine` (`prompt` tokens) arrives; one step with `cost`. Returns (engine, late, fine).
-fn overdue_then_newcomer(prompt: usize, cost: PassModel) -> (Engine<CpuBackend>, u64, u64) {
+fn overdue_then_newcomer(prompt: usize, cost: PassModel) -> (Scheduler, u64, u64) {
     let mut e = engine(EngineConfig { token_budget: 64, pace_prefill: false, ..cfg() });
     let late = submit(&mut e, 600, 4);
     e.step();

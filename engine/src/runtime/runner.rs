@@ -1,0 +1,107 @@
+//! The model side of a step: one forward pass over the planned chunks, the grammar masks of the
+//! sequences that sample computed on another thread beside it, and a token sampled for each of
+//! them. Owns the backend, the model, the K/V storage and the forward buffers; knows nothing of
+//! queues, tenants or the prefix cache (that is the [`super::Scheduler`]'s).
+
+use super::masks;
+use super::request::RequestError;
+use super::seq::Seq;
+use super::step::Planned;
+use crate::kv_pool::SlotId;
+use crate::model::{ForwardScratch, LogitsFor, Model, SeqChunk};
+use crate::sampler::TokenLogprobs;
+use crate::EngineError;
+use cachet_kernels::backend::Backend;
+use std::time::Instant;
+
+/// A sampled token and, if the request asked, its log-probabilities.
+pub(super) type Sampled = Result<(u32, Option<Box<TokenLogprobs>>), RequestError>;
+
+/// What one pass gave the scheduler.
+pub(super) struct Ran {
+    /// Seconds the forward pass took.
+    pub secs: f64,
+    /// Why the forward pass failed (every planned sequence fails with it).
+    pub failed: Option<String>,
+    /// Per planned chunk, in plan order: its sampled token where it sampled (a chunk with logits
+    /// of a request that is not a pre-warm).
+    pub sampled: Vec<Option<Sampled>>,
+    /// How the grammar masks went, when some sequence was constrained.
+    pub grammar: Option<masks::Timing>,
+}
+
+pub(super) struct Runner<B: Backend> {
+    backend: B,
+    model: Model<B>,
+    kv: B::Kv,
+    scratch: ForwardScratch<B>,
+    logits: Vec<f32>,
+}
+
+impl<B: Backend> Runner<B> {
+    pub fn new(backend: B, model: Model<B>, kv: B::Kv) -> Runner<B> {
+        let scratch = ForwardScratch::new(&backend);
+        Runner { backend, model, kv, scratch, logits: Vec::new() }
+    }
+
+    /// One forward pass (the logits stay in the runner).
+    pub fn forward(&mut self, chunks: &[SeqChunk<'_>]) -> Result<(), EngineError> {
+        self.model.forward(&self.backend, &mut self.kv, chunks, &mut self.scratch, &mut self.logits)
+    }
+
+    /// Runs `plan` over the `running` sequences it names: the forward pass, then a token for each
+    /// chunk that samples (the sequences' samplers and grammars advance; their tokens, computed
+    /// positions and accounting are the scheduler's to update).
+    pub fn run(&mut self, plan: &[Planned], running: &mut [Seq]) -> Ran {
+        let index: Vec<usize> =
+            plan.iter().map(|p| running.iter().position(|s| s.id == p.seq).expect("planned")).collect();
+        // Grammars: the masks of the sequences that sample this step are computed on another
+        // thread while the forward pass runs; the step waits only for what is not ready.
+        let mut constrained = masks::take(plan, &index, running);
+        let chunks: Vec<SeqChunk<'_>> = plan
+            .iter()
+            .zip(&index)
+            .map(|(p, &i)| {
+                let s = &running[i];
+                SeqChunk {
+                    tokens: &s.tokens[s.computed..s.computed + p.len],
+                    start_pos: s.computed,
+                    slots: SlotId::raw(&s.slots[..s.computed + p.len]),
+                    logits: if p.logits { LogitsFor::Last } else { LogitsFor::None },
+                }
+            })
+            .collect();
+        let start = Instant::now();
+        let (backend, model, kv, scratch, logits) =
+            (&self.backend, &self.model, &mut self.kv, &mut self.scratch, &mut self.logits);
+        let (result, computed) = std::thread::scope(|scope| {
+            let job = (!constrained.is_empty()).then(|| scope.spawn(|| masks::compute(&mut constrained)));
+            let result = model.forward(backend, kv, &chunks, scratch, logits);
+            (result, masks::join(job, Instant::now()))
+        });
+        let secs = start.elapsed().as_secs_f64();
+        drop(chunks);
+        let (mut masks, grammar) = masks::give_back(running, constrained, computed);
+        let mut sampled: Vec<Option<Sampled>> = Vec::with_capacity(plan.len());
+        if let Err(e) = result {
+            return Ran { secs, failed: Some(e.to_string()), sampled, grammar };
+        }
+        let vocab = self.model.config().vocab_size;
+        let mut row = 0;
+        for (p, &i) in plan.iter().zip(&index) {
+            if !p.logits {
+                sampled.push(None);
+                continue;
+            }
+            let logits = &mut self.logits[row * vocab..(row + 1) * vocab];
+            row += 1;
+            let seq = &mut running[i];
+            if seq.req.prewarm {
+                sampled.push(None);
+                continue;
+            }
+            sampled.push(Some(masks::sample(seq, logits, masks.remove(&seq.id))));
+        }
+        Ran { secs, failed: None, sampled, grammar }
+    }
+}
