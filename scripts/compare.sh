@@ -13,7 +13,9 @@
 # ITL 250 ms) and its own calibrated one, with open-loop arrivals scaled to the machine's
 # capacity (bench/src/calibrate.rs, docs/benchmarks.md).
 #
-#   scripts/compare.sh          (environment: THREADS=2 CTX=16384 SLOTS=4 SCENARIOS=all
+#   scripts/compare.sh          (CACHET_BIN=path runs that cachet binary instead of this tree's,
+#                                to compare two builds against the same llama-server;
+#                                environment: THREADS=2 CTX=16384 SLOTS=4 SCENARIOS=all
 #                                SCALE=1 SEED=1 OUT=target/compare EXPERIMENT=1 SIDE_BY_SIDE=1
 #                                CALIBRATE=1; CACHET_RUST_LOG=warn is cachet's log filter:
 #                                warn,cachet::pass=trace logs every forward pass)
@@ -40,7 +42,7 @@ OUT=$(cd "$OUT" && pwd)
 
 BIN=$(scripts/llama-peer.sh)
 cargo build -q --release -p cachet-api -p cachet-bench
-CACHET=$PWD/target/release/cachet
+CACHET=${CACHET_BIN:-$PWD/target/release/cachet}
 BENCH=$PWD/target/release/cachet-bench
 MODEL=$($CACHET models pull 2>/dev/null | tail -n 1)
 MODEL_ID=$(basename "$MODEL" .gguf)

@@ -10,7 +10,6 @@ use crate::routes::webhooks::{apply, Push, Received};
 use crate::state::AppState;
 use actix_web::web;
 use cachet_context::ContextError;
-use cachet_engine::radix::TenantKey;
 use cachet_tenants::store::fanout::Change;
 use cachet_tenants::store::Invalidation;
 use std::time::Duration;
@@ -43,7 +42,7 @@ pub async fn run(state: web::Data<AppState>) {
                             state.tenants.forget(*tenant);
                             state.shares.lock().unwrap_or_else(|e| e.into_inner()).remove(tenant);
                             if let Some(served) = state.served.get() {
-                                served.engine.purge_tenant(TenantKey::new(tenant.to_string()));
+                                served.engine.purge_tenant(crate::state::engine_tenant(*tenant));
                             }
                             tracing::info!(%tenant, "a deleted tenant's cache purged");
                             "tenant_deleted"

@@ -122,6 +122,13 @@ impl Turns {
     }
 }
 
+/// The engine's key for a tenant: its cache scope, fair share and KV share. The one place the
+/// service makes it, so every request, pre-warm, share and purge of a tenant names the same
+/// scope.
+pub fn engine_tenant(id: cachet_tenants::TenantId) -> cachet_engine::radix::TenantKey {
+    cachet_engine::radix::TenantKey::new(id.to_string())
+}
+
 impl std::fmt::Debug for AppState {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("AppState").field("served", &self.served.get().map(|s| &s.id)).finish_non_exhaustive()
@@ -146,7 +153,7 @@ impl AppState {
         let mut shares = self.shares.lock().unwrap_or_else(|e| e.into_inner());
         if shares.get(&tenant.id) != Some(&tenant.plan.kv_share) {
             shares.insert(tenant.id, tenant.plan.kv_share);
-            served.engine.set_share(cachet_engine::radix::TenantKey::new(tenant.id.to_string()), tenant.plan.kv_share);
+            served.engine.set_share(engine_tenant(tenant.id), tenant.plan.kv_share);
         }
     }
 

@@ -17,7 +17,7 @@ use crate::error::ApiError;
 use crate::state::{AppState, Served};
 use actix_web::{get, web, HttpRequest, HttpResponse};
 use cachet_engine::generate::{FinishReason, GenerateParams};
-use cachet_engine::radix::{RetentionKey, TenantKey};
+use cachet_engine::radix::RetentionKey;
 use cachet_engine::runtime::{
     Completion, Event, OnComplete, OnProgress, Outcome, PublicPrefix, Request, RequestError, RequestStream, SloClass,
     TokenSpan,
@@ -377,7 +377,7 @@ pub(crate) async fn execute(
     if let Some(t) = task {
         http_span.record("task", tracing::field::display(t));
     }
-    let engine_tenant = TenantKey::new(tenant.id.to_string());
+    let engine_tenant = crate::state::engine_tenant(tenant.id);
     // A prompt the client wrote may open with a registered public prefix (an agent's preamble);
     // a session's prompt is the server's own assembly (the system prompt, then tenant data).
     let (public, matched) = match job.endpoint {

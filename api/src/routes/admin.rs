@@ -86,7 +86,7 @@ pub async fn delete_tenant(
     }
     state.tenants.forget(id);
     if let Some(served) = state.served.get() {
-        served.engine.purge_tenant(cachet_engine::radix::TenantKey::new(id.to_string()));
+        served.engine.purge_tenant(crate::state::engine_tenant(id));
     }
     Ok(HttpResponse::NoContent().finish())
 }

@@ -24,7 +24,6 @@ use crate::state::{AppState, Served};
 use actix_web::{post, web, HttpRequest, HttpResponse};
 use cachet_context::CommitId;
 use cachet_engine::generate::GenerateParams;
-use cachet_engine::radix::TenantKey;
 use cachet_engine::runtime::{Request, SloClass};
 use cachet_tenants::store::{Invalidation, Repository, Store};
 use hmac::{Hmac, Mac};
@@ -274,7 +273,7 @@ async fn prewarm(
         return Ok(0);
     }
     let mut request = Request::new(
-        TenantKey::new(repo.tenant.to_string()),
+        crate::state::engine_tenant(repo.tenant),
         prompt.assembled.tokens[..end].to_vec(),
         GenerateParams::default(),
     );

@@ -9,7 +9,6 @@ use crate::openai::retention_key;
 use crate::state::AppState;
 use actix_web::web;
 use cachet_engine::generate::GenerateParams;
-use cachet_engine::radix::TenantKey;
 use cachet_engine::runtime::{Event, Request, SloClass};
 use cachet_tenants::store::Repository;
 
@@ -75,7 +74,7 @@ async fn rebase(
         return Err(ApiError::Internal("the session's prompt has no context or history to pre-warm".into()));
     }
     let mut request = Request::new(
-        TenantKey::new(behind.tenant.to_string()),
+        crate::state::engine_tenant(behind.tenant),
         prompt.assembled.tokens[..end].to_vec(),
         GenerateParams::default(),
     );
