@@ -19,6 +19,8 @@ pub(super) type Sampled = Result<(u32, Option<Box<TokenLogprobs>>), RequestError
 
 /// What one pass gave the scheduler.
 pub(super) struct Ran {
+    /// Per planned chunk, its sequence's index in `running` (the runner leaves the order as it is).
+    pub index: Vec<usize>,
     /// Seconds the forward pass took.
     pub secs: f64,
     /// Why the forward pass failed (every planned sequence fails with it).
@@ -84,7 +86,7 @@ impl<B: Backend> Runner<B> {
         let (mut masks, grammar) = masks::give_back(running, constrained, computed);
         let mut sampled: Vec<Option<Sampled>> = Vec::with_capacity(plan.len());
         if let Err(e) = result {
-            return Ran { secs, failed: Some(e.to_string()), sampled, grammar };
+            return Ran { index, secs, failed: Some(e.to_string()), sampled, grammar };
         }
         let vocab = self.model.config().vocab_size;
         let mut row = 0;
@@ -102,6 +104,6 @@ impl<B: Backend> Runner<B> {
             }
             sampled.push(Some(masks::sample(seq, logits, masks.remove(&seq.id))));
         }
-        Ran { secs, failed: None, sampled, grammar }
+        Ran { index, secs, failed: None, sampled, grammar }
     }
 }

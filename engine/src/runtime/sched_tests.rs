@@ -41,6 +41,7 @@ impl Scheduler {
         let now = Instant::now();
         if let Some(plan) = self.schedule(now) {
             let running = &self.running;
+            let index = plan.iter().map(|p| running.iter().position(|s| s.id == p.seq).expect("planned")).collect();
             let sampled = plan
                 .iter()
                 .map(|p| {
@@ -48,7 +49,7 @@ impl Scheduler {
                     (p.logits && !prewarm).then_some(Ok((TOKEN, None)))
                 })
                 .collect();
-            self.postprocess(&plan, Ran { secs: 0.001, failed: None, sampled, grammar: None }, now);
+            self.postprocess(&plan, Ran { index, secs: 0.001, failed: None, sampled, grammar: None }, now);
         }
         self.publish_stats();
         self.after_step();

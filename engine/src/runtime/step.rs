@@ -368,8 +368,7 @@ impl Scheduler {
     /// requests, prompts published to the cache, the throughput estimate and pacing.
     pub(super) fn postprocess(&mut self, plan: &[Planned], ran: Ran, now: Instant) {
         let total: usize = plan.iter().map(|p| p.len).sum();
-        let index: Vec<usize> =
-            plan.iter().map(|p| self.running.iter().position(|s| s.id == p.seq).expect("planned")).collect();
+        let index = ran.index;
         // Whether requests past their first token waited for this pass: its length is their gap.
         let decoding = index.iter().filter(|&&i| self.running[i].first_token.is_some()).count();
         let decoders_wait = decoding > 0;
