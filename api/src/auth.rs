@@ -9,7 +9,7 @@ use actix_web::dev::Payload;
 use actix_web::{web, FromRequest, HttpRequest};
 use cachet_tenants::jwt::Role;
 use cachet_tenants::store::StoreError;
-use cachet_tenants::{Tenant, TenantId};
+use cachet_tenants::{TaskId, Tenant, TenantId};
 use std::collections::HashMap;
 use std::future::Future;
 use std::pin::Pin;
@@ -68,7 +68,7 @@ impl TenantCache {
 /// than taken on trust, because taking it would let a request claim another tenant's task.
 #[derive(Debug, Default)]
 pub struct KnownIds {
-    entries: Mutex<HashMap<(TenantId, uuid::Uuid), Instant>>,
+    entries: Mutex<HashMap<(TenantId, TaskId), Instant>>,
 }
 
 /// How long a checked id stays known, and how many are kept.
@@ -77,7 +77,7 @@ const KNOWN_MAX: usize = 100_000;
 
 impl KnownIds {
     /// Remembers that `id` is `tenant`'s.
-    pub fn insert(&self, tenant: TenantId, id: uuid::Uuid) {
+    pub fn insert(&self, tenant: TenantId, id: TaskId) {
         let mut m = self.entries.lock().unwrap_or_else(|e| e.into_inner());
         if m.len() >= KNOWN_MAX {
             m.retain(|_, at| at.elapsed() < KNOWN_FOR);
@@ -93,7 +93,7 @@ impl KnownIds {
     }
 
     /// Whether `id` was checked as `tenant`'s recently.
-    pub fn contains(&self, tenant: TenantId, id: uuid::Uuid) -> bool {
+    pub fn contains(&self, tenant: TenantId, id: TaskId) -> bool {
         let m = self.entries.lock().unwrap_or_else(|e| e.into_inner());
         m.get(&(tenant, id)).is_some_and(|at| at.elapsed() < KNOWN_FOR)
     }

@@ -10,10 +10,10 @@ use cachet_context::{
 };
 use cachet_engine::tokenizer::Tokenizer;
 use cachet_tenants::store::Repository;
+use cachet_tenants::RepoId;
 use serde::{Deserialize, Serialize};
 use std::path::Path;
 use std::sync::Arc;
-use uuid::Uuid;
 
 /// What a tenant may set for a repository at registration.
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
@@ -63,7 +63,7 @@ impl TokenCounter for PlainTokens<'_> {
 pub struct Repos {
     pub store: RepoStore,
     builder: ContextBuilder,
-    contexts: moka::sync::Cache<(Uuid, CommitId), Arc<RepoContext>>,
+    contexts: moka::sync::Cache<(RepoId, CommitId), Arc<RepoContext>>,
     settings: ContextSettings,
 }
 
@@ -175,12 +175,12 @@ impl Repos {
 }
 
 /// A repository's mirror name.
-pub fn mirror_id(repo: Uuid) -> String {
+pub fn mirror_id(repo: RepoId) -> String {
     repo.simple().to_string()
 }
 
 /// The cache tag source of a repository file as a branch's prompts hold
 /// it: a push to one branch does not evict what other branches use alone.
-pub fn tag_source(repo: Uuid, branch: &str, path: &str) -> String {
+pub fn tag_source(repo: RepoId, branch: &str, path: &str) -> String {
     format!("repo:{}:{branch}:{path}", repo.simple())
 }

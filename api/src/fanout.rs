@@ -93,7 +93,7 @@ async fn apply_push(state: &web::Data<AppState>, inv: &Invalidation) {
 }
 
 /// Removes a deleted repository's mirror here, if this replica has one.
-async fn remove_mirror(state: &web::Data<AppState>, repo: uuid::Uuid) {
+async fn remove_mirror(state: &web::Data<AppState>, repo: cachet_tenants::RepoId) {
     let repos = state.repos.clone();
     match web::block(move || repos.store.remove(&mirror_id(repo))).await {
         Ok(Ok(())) => tracing::info!(%repo, "a deleted repository's mirror removed"),

@@ -259,12 +259,12 @@ mod tests {
 
     fn row(n: u8) -> UsageRecord {
         UsageRecord {
-            id: uuid::Uuid::from_bytes([n; 16]),
+            id: cachet_tenants::RequestId(uuid::Uuid::from_bytes([n; 16])),
             tenant: cachet_tenants::TenantId(uuid::Uuid::from_bytes([1; 16])),
             session_id: None,
             task_id: None,
             model: "m".into(),
-            endpoint: "chat.completions".into(),
+            endpoint: cachet_tenants::Endpoint::ChatCompletions,
             prompt_tokens: 3,
             cached_tokens: 1,
             computed_tokens: 2,
@@ -274,10 +274,10 @@ mod tests {
             e2e_ms: 3.0,
             compute_seconds: 0.5,
             cost: 0.1,
-            status: "ok".into(),
-            finish_reason: Some("stop".into()),
+            status: cachet_tenants::RequestStatus::Ok,
+            finish_reason: Some(cachet_tenants::FinishReason::Stop),
             created_at: chrono::Utc::now(),
-            slo_class: Some("interactive".into()),
+            slo_class: Some(cachet_tenants::SloClass::Interactive),
             slo_met: Some(true),
         }
     }

@@ -195,6 +195,13 @@ fn json_error(err: JsonPayloadError, _req: &HttpRequest) -> actix_web::Error {
     api.into()
 }
 
+/// A path segment that is not what the route takes (an id that is not a UUID): the resource
+/// does not exist, said in JSON with the reason.
+fn path_error(err: actix_web::error::PathError, _req: &HttpRequest) -> actix_web::Error {
+    let actix_web::error::PathError::Deserialize(e) = &err else { return err.into() };
+    ApiError::NotFound(e.to_string()).into()
+}
+
 impl Application {
     /// Connects everything and binds (`127.0.0.1:0` picks a free port); the
     /// model loads in the background.
@@ -257,6 +264,7 @@ impl Application {
                 .app_data(app_state.clone())
                 .app_data(web::JsonConfig::default().limit(limit).error_handler(json_error))
                 .app_data(web::PayloadConfig::new(limit))
+                .app_data(web::PathConfig::default().error_handler(path_error))
                 .configure(crate::routes::configure)
                 .default_service(web::to(|| async {
                     actix_web::HttpResponse::NotFound().json(error_body(

@@ -9,7 +9,7 @@ use cachet_engine::runtime::EngineHandle;
 use cachet_tenants::jwt::Jwt;
 use cachet_tenants::store::OwnedSession;
 use cachet_tenants::store::Store;
-use cachet_tenants::Secret;
+use cachet_tenants::{RepoId, Secret};
 use metrics_exporter_prometheus::PrometheusHandle;
 use std::sync::{Mutex, OnceLock};
 
@@ -53,7 +53,7 @@ pub struct AppState {
     pub replica: uuid::Uuid,
     /// When this replica last assembled a prompt on each (repository, branch): a push another
     /// replica received is pre-warmed here only where this replica serves the branch.
-    pub branches_served: Mutex<std::collections::HashMap<(uuid::Uuid, String), std::time::Instant>>,
+    pub branches_served: Mutex<std::collections::HashMap<(RepoId, String), std::time::Instant>>,
     /// Each session's base commit on this replica (overlay after a push: `crate::sessions::overlay`).
     pub bases: crate::sessions::overlay::SessionBases,
     /// Changes made elsewhere (pushes other replicas received, deletions) applied here.
@@ -137,13 +137,13 @@ impl std::fmt::Debug for AppState {
 
 impl AppState {
     /// Notes that this replica served a prompt on `branch` of `repo`.
-    pub fn note_branch_served(&self, repo: uuid::Uuid, branch: &str) {
+    pub fn note_branch_served(&self, repo: RepoId, branch: &str) {
         let mut served = self.branches_served.lock().unwrap_or_else(|e| e.into_inner());
         served.insert((repo, branch.to_string()), std::time::Instant::now());
     }
 
     /// Whether this replica served a prompt on `branch` of `repo` within `within`.
-    pub fn served_branch_within(&self, repo: uuid::Uuid, branch: &str, within: std::time::Duration) -> bool {
+    pub fn served_branch_within(&self, repo: RepoId, branch: &str, within: std::time::Duration) -> bool {
         let served = self.branches_served.lock().unwrap_or_else(|e| e.into_inner());
         served.get(&(repo, branch.to_string())).is_some_and(|t| t.elapsed() <= within)
     }

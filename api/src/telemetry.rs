@@ -69,8 +69,8 @@ impl RootSpanBuilder for RequestSpan {
 
 /// The id of an HTTP request (the one in its span, from tracing-actix-web): a model request's
 /// response and ledger row take it, so one id selects the request's log lines and its row.
-pub fn request_id(http: &actix_web::HttpRequest) -> uuid::Uuid {
-    http.extensions().get::<RequestId>().map_or_else(uuid::Uuid::new_v4, |id| **id)
+pub fn request_id(http: &actix_web::HttpRequest) -> cachet_tenants::RequestId {
+    cachet_tenants::RequestId(http.extensions().get::<RequestId>().map_or_else(uuid::Uuid::new_v4, |id| **id))
 }
 
 /// Log line format.

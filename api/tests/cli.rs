@@ -93,19 +93,7 @@ fn bad_input_gives_clear_errors() {
 /// stays within the file size + the KV pool + 300 MiB.
 #[test]
 fn resident_memory_stays_within_budget() {
-    let models = std::env::var_os("CACHET_MODELS_DIR")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| PathBuf::from(std::env::var_os("HOME").unwrap_or_default()).join(".cache/cachet/models"));
-    let path = models.join("qwen2.5-coder-0.5b-instruct-q4_k_m.gguf");
-    if !path.exists() {
-        assert!(
-            std::env::var("REQUIRE_MODEL").as_deref() != Ok("1"),
-            "REQUIRE_MODEL=1 but {} is missing",
-            path.display()
-        );
-        eprintln!("skipping: {} not found", path.display());
-        return;
-    }
+    let Some(path) = cachet_engine::testing::default_model() else { return };
     let prompt = "Explain, with a short Rust example, how ownership and borrowing work. ".repeat(20);
     let out = cachet(&[
         "generate",

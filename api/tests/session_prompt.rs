@@ -15,19 +15,7 @@ use cachet_engine::tokenizer::Tokenizer;
 use std::path::PathBuf;
 
 fn real_model() -> Option<(Tokenizer, ChatTemplate)> {
-    let models = std::env::var_os("CACHET_MODELS_DIR")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| PathBuf::from(std::env::var_os("HOME").unwrap_or_default()).join(".cache/cachet/models"));
-    let path = models.join("qwen2.5-coder-0.5b-instruct-q4_k_m.gguf");
-    if !path.exists() {
-        assert!(
-            std::env::var("REQUIRE_MODEL").as_deref() != Ok("1"),
-            "REQUIRE_MODEL=1 but {} is missing",
-            path.display()
-        );
-        eprintln!("skipping: {} not found", path.display());
-        return None;
-    }
+    let path = cachet_engine::testing::default_model()?;
     let file = GgufFile::open(&path).unwrap();
     let tokenizer = Tokenizer::from_gguf_file(&file).unwrap();
     let source = file.get_str("tokenizer.chat_template").unwrap().unwrap().to_string();

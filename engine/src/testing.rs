@@ -5,6 +5,7 @@
 use crate::gguf::{GgufWriter, Value, ValueType};
 use crate::weights::TensorName;
 use cachet_kernels::quant::{quantize_row, DType};
+pub use cachet_kernels::testing::Lcg;
 use std::path::Path;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -43,14 +44,6 @@ pub struct Tiny {
     pub tensors: Vec<(TensorName, Vec<usize>, Vec<f32>)>,
 }
 
-struct Lcg(u64);
-impl Lcg {
-    fn next(&mut self) -> f32 {
-        self.0 = self.0.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
-        ((self.0 >> 40) as f32 / (1u64 << 24) as f32) * 2.0 - 1.0
-    }
-}
-
 impl Tiny {
     pub fn random(arch: TinyArch, seed: u64, tied: bool) -> Tiny {
         let (vocab, hidden, inter, layers, heads, kv_heads, head_dim) = (320, 256, 512, 2, 4, 2, 64);
@@ -58,7 +51,7 @@ impl Tiny {
         let mut tensors = Vec::new();
         let mut add = |name: TensorName, shape: Vec<usize>, scale: f32, offset: f32| {
             let n = shape.iter().product();
-            let v = (0..n).map(|_| offset + scale * rng.next()).collect();
+            let v = (0..n).map(|_| offset + scale * rng.f()).collect();
             tensors.push((name, shape, v));
         };
         use TensorName::*;
@@ -266,4 +259,25 @@ pub fn byte_alphabet() -> Vec<char> {
         out[*b as usize] = char::from_u32(c).unwrap();
     }
     out
+}
+
+/// The default model's file name (what `cachet models pull` fetches by default).
+pub const DEFAULT_MODEL_FILE: &str = "qwen2.5-coder-0.5b-instruct-q4_k_m.gguf";
+
+/// The default model, for the tests that run the real one: `$CACHET_MODELS_DIR/<file>`, else
+/// `~/.cache/cachet/models/<file>`. Absent, the test is skipped (`None`, with a line saying so)
+/// unless `REQUIRE_MODEL=1` (as `scripts/test.sh` sets), where absence is a failure.
+pub fn default_model() -> Option<std::path::PathBuf> {
+    use std::path::PathBuf;
+    let dir = std::env::var_os("CACHET_MODELS_DIR")
+        .filter(|d| !d.is_empty())
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from(std::env::var_os("HOME").unwrap_or_default()).join(".cache/cachet/models"));
+    let path = dir.join(DEFAULT_MODEL_FILE);
+    if path.is_file() {
+        return Some(path);
+    }
+    assert!(std::env::var("REQUIRE_MODEL").as_deref() != Ok("1"), "REQUIRE_MODEL=1 but {} is missing", path.display());
+    eprintln!("skipping: {} not found (run `cachet models pull`, or set CACHET_MODELS_DIR)", path.display());
+    None
 }

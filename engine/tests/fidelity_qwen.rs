@@ -18,8 +18,6 @@ use serde::Deserialize;
 use std::path::PathBuf;
 use std::sync::{Mutex, OnceLock};
 
-const MODEL_FILE: &str = "qwen2.5-coder-0.5b-instruct-q4_k_m.gguf";
-
 #[derive(Deserialize)]
 struct Reference {
     tokenizer: Vec<TokCase>,
@@ -64,16 +62,7 @@ fn reference() -> Reference {
 }
 
 fn model_path() -> Option<PathBuf> {
-    let dir = std::env::var_os("CACHET_MODELS_DIR")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| PathBuf::from(std::env::var_os("HOME").unwrap_or_default()).join(".cache/cachet/models"));
-    let path = dir.join(MODEL_FILE);
-    if path.exists() {
-        return Some(path);
-    }
-    assert!(std::env::var("REQUIRE_MODEL").as_deref() != Ok("1"), "REQUIRE_MODEL=1 but {} is missing", path.display());
-    eprintln!("skipping: {} not found (run `cachet models pull`)", path.display());
-    None
+    cachet_engine::testing::default_model()
 }
 
 fn generator() -> Option<&'static Mutex<Generator<CpuBackend>>> {

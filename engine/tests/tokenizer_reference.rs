@@ -13,7 +13,6 @@ use cachet_engine::gguf::GgufFile;
 use cachet_engine::tokenizer::{GgufTokenizerSpec, IncrementalDecoder, Tokenizer};
 use serde_json::Value;
 
-const MODEL_FILE: &str = "qwen2.5-coder-0.5b-instruct-q4_k_m.gguf";
 const FIXTURE: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/fixtures/qwen2.5-coder-0.5b-instruct/reference.json");
 
 struct Qwen {
@@ -22,22 +21,7 @@ struct Qwen {
 }
 
 fn model_path() -> Option<PathBuf> {
-    let mut candidates = Vec::new();
-    if let Some(dir) = std::env::var_os("CACHET_MODELS_DIR") {
-        candidates.push(PathBuf::from(dir).join(MODEL_FILE));
-    }
-    if let Some(home) = std::env::var_os("HOME") {
-        candidates.push(PathBuf::from(home).join(".cache/cachet/models").join(MODEL_FILE));
-    }
-    let found = candidates.iter().find(|p| p.is_file()).cloned();
-    if found.is_none() {
-        assert!(
-            std::env::var("REQUIRE_MODEL").as_deref() != Ok("1"),
-            "REQUIRE_MODEL=1 but {MODEL_FILE} is in none of {candidates:?}"
-        );
-        println!("skipping: {MODEL_FILE} not found (set CACHET_MODELS_DIR, or REQUIRE_MODEL=1 to fail)");
-    }
-    found
+    cachet_engine::testing::default_model()
 }
 
 /// The model's tokenizer and template, loaded once; `None` when the model is absent.

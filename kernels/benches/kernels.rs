@@ -33,15 +33,7 @@ fn best(reps: usize, mut f: impl FnMut()) -> Duration {
 }
 
 fn random(n: usize, seed: u64) -> Vec<f32> {
-    let mut s = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
-    (0..n)
-        .map(|_| {
-            s ^= s << 13;
-            s ^= s >> 7;
-            s ^= s << 17;
-            ((s >> 40) as f32 / (1u64 << 24) as f32) * 2.0 - 1.0
-        })
-        .collect()
+    cachet_kernels::testing::Lcg::new(seed).vec(n, 1.0)
 }
 
 fn matrix(cpu: &CpuBackend, dtype: DType, rows: usize, cols: usize) -> cachet_kernels::cpu::CpuMatrix {

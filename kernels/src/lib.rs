@@ -11,6 +11,7 @@
 //! - [`cuda::CudaBackend`]: the same ops on an NVIDIA GPU (kernels compiled by
 //!   NVRTC at run time, cuBLAS for prefill); always built, and
 //!   [`cuda::probe`] says whether a device is there.
+//! - [`testing`]: the deterministic generator every crate's tests draw random inputs from.
 //!
 //! ```
 //! use cachet_kernels::backend::Backend;
@@ -36,3 +37,4 @@ pub mod cpu;
 pub mod cuda;
 pub mod quant;
 pub mod tensor;
+pub mod testing;

@@ -63,16 +63,7 @@ fn cpu() -> CpuBackend {
     CpuBackend::new(2).unwrap()
 }
 
-struct Lcg(u64);
-impl Lcg {
-    fn f(&mut self) -> f32 {
-        self.0 = self.0.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
-        ((self.0 >> 40) as f32 / (1u64 << 24) as f32) * 2.0 - 1.0
-    }
-    fn vec(&mut self, n: usize, scale: f32) -> Vec<f32> {
-        (0..n).map(|_| self.f() * scale).collect()
-    }
-}
+use cachet_kernels::testing::Lcg;
 
 /// A `rows × cols` tensor of `dtype` from random values, and the values it stores.
 fn tensor(dtype: DType, rows: usize, cols: usize, rng: &mut Lcg, scale: f32) -> (HostTensor, Vec<f32>) {

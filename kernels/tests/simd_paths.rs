@@ -9,16 +9,7 @@ use cachet_kernels::quant::*;
 use cachet_kernels::tensor::{Bytes, HostTensor};
 use half::{bf16, f16};
 
-struct Lcg(u64);
-impl Lcg {
-    fn f(&mut self) -> f32 {
-        self.0 = self.0.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
-        ((self.0 >> 40) as f32 / (1u64 << 24) as f32) * 2.0 - 1.0
-    }
-    fn vec(&mut self, n: usize, scale: f32) -> Vec<f32> {
-        (0..n).map(|_| self.f() * scale).collect()
-    }
-}
+use cachet_kernels::testing::Lcg;
 
 fn levels() -> Vec<Kernels> {
     let v: Vec<Kernels> = SimdLevel::ALL.iter().filter_map(|&l| Kernels::for_level(l)).collect();

@@ -13,7 +13,7 @@ use jsonwebtoken::{Algorithm, DecodingKey, EncodingKey, Header, Validation};
 use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value};
 
-use crate::model::TenantId;
+use crate::ids::TenantId;
 use crate::secret::Secret;
 
 /// Longer tokens are rejected before any parsing.

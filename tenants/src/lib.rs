@@ -1,7 +1,8 @@
 //! cachet-tenants: tenants, plans and prices, JWT verification, and the Postgres store of
 //! everything a tenant owns.
 //!
-//! - The domain: [`TenantId`], [`Plan`] with its [`Prices`] and
+//! - The domain: typed ids ([`TenantId`], [`RepoId`], [`SessionId`], [`TaskId`],
+//!   [`RequestId`]), the words rows store ([`Endpoint`], [`RequestStatus`], …), [`Plan`] with its [`Prices`] and
 //!   [`RateLimits`], [`Tenant`], and the ledger's [`UsageRecord`].
 //! - [`jwt`]: bearer tokens (HS256, RS256, EdDSA) carrying the tenant id.
 //! - [`store`]: the Postgres [`store::Store`] (sqlx) and its migrations (`migrations/`): tenants,
@@ -28,12 +29,16 @@
 //! ```
 
 pub mod cluster;
+mod ids;
 pub mod jwt;
 mod model;
 pub mod report;
 mod secret;
 pub mod store;
+mod words;
 
-pub use model::{ParseTenantIdError, Plan, Prices, RateLimits, Tenant, TenantId, UsageRecord, DEFAULT_PLAN};
+pub use ids::{ParseIdError, ParseTenantIdError, RepoId, RequestId, SessionId, TaskId, TenantId};
+pub use model::{Plan, Prices, RateLimits, Tenant, UsageRecord, DEFAULT_PLAN};
 pub use secret::{random_hex, Secret};
 pub use store::{Store, StoreError};
+pub use words::{Endpoint, FinishReason, RequestStatus, SloClass, UnknownWord};

@@ -7,19 +7,19 @@ use crate::common;
 
 use cachet_tenants::store::fanout::{Change, ChangeListener};
 use cachet_tenants::store::{Invalidation, NewRepository};
-use cachet_tenants::{Plan, Store, TenantId};
+use cachet_tenants::{Plan, RepoId, Store, TenantId};
 use common::fresh_store;
 use std::time::Duration;
 use uuid::Uuid;
 
-async fn repo(store: &Store) -> Uuid {
+async fn repo(store: &Store) -> RepoId {
     repo_of(store, "acme").await.1
 }
 
-async fn repo_of(store: &Store, name: &str) -> (TenantId, Uuid) {
+async fn repo_of(store: &Store, name: &str) -> (TenantId, RepoId) {
     let tenant = store.create_tenant(name, &Plan::default()).await.unwrap();
     let new = NewRepository {
-        id: Uuid::new_v4(),
+        id: RepoId::random(),
         tenant: tenant.id,
         name: "shop",
         source: "/srv/git/shop",
@@ -30,7 +30,7 @@ async fn repo_of(store: &Store, name: &str) -> (TenantId, Uuid) {
     (tenant.id, store.create_repository(&new).await.unwrap().id)
 }
 
-fn push(repo: Uuid, delivery: &str) -> Invalidation {
+fn push(repo: RepoId, delivery: &str) -> Invalidation {
     Invalidation {
         repo,
         delivery_id: delivery.into(),

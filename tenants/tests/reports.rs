@@ -5,10 +5,11 @@ use crate::common;
 
 use cachet_tenants::report::{GroupBy, Report, ReportRow};
 use cachet_tenants::store::{NewRepository, TaskStatus};
-use cachet_tenants::{Plan, Store, TenantId, UsageRecord};
+use cachet_tenants::{
+    Endpoint, Plan, RepoId, RequestId, RequestStatus, SessionId, SloClass, Store, TaskId, TenantId, UsageRecord,
+};
 use chrono::{DateTime, TimeZone, Utc};
 use common::fresh_store;
-use uuid::Uuid;
 
 fn at(day: u32, hour: u32) -> DateTime<Utc> {
     Utc.with_ymd_and_hms(2026, 11, day, hour, 0, 0).unwrap()
@@ -17,8 +18,8 @@ fn at(day: u32, hour: u32) -> DateTime<Utc> {
 const K: f64 = 1.0 / 1024.0;
 
 struct Req {
-    session: Option<Uuid>,
-    task: Option<Uuid>,
+    session: Option<SessionId>,
+    task: Option<TaskId>,
     when: DateTime<Utc>,
     tokens: [i64; 4], // prompt, cached, computed, output
     cost: f64,
@@ -28,12 +29,12 @@ struct Req {
 
 fn record(tenant: TenantId, r: &Req) -> UsageRecord {
     UsageRecord {
-        id: Uuid::new_v4(),
+        id: RequestId::random(),
         tenant,
         session_id: r.session,
         task_id: r.task,
         model: "m".into(),
-        endpoint: "sessions.messages".into(),
+        endpoint: Endpoint::SessionMessages,
         prompt_tokens: r.tokens[0],
         cached_tokens: r.tokens[1],
         computed_tokens: r.tokens[2],
@@ -43,17 +44,17 @@ fn record(tenant: TenantId, r: &Req) -> UsageRecord {
         e2e_ms: 1000.0,
         compute_seconds: 0.5,
         cost: r.cost,
-        status: if r.slo_met.is_some() { "ok" } else { "cancelled" }.into(),
+        status: if r.slo_met.is_some() { RequestStatus::Ok } else { RequestStatus::Cancelled },
         finish_reason: None,
         created_at: r.when,
-        slo_class: Some("interactive".into()),
+        slo_class: Some(SloClass::Interactive),
         slo_met: r.slo_met,
     }
 }
 
-async fn repo(store: &Store, tenant: TenantId, name: &str) -> Uuid {
+async fn repo(store: &Store, tenant: TenantId, name: &str) -> RepoId {
     let new = NewRepository {
-        id: Uuid::new_v4(),
+        id: RepoId::random(),
         tenant,
         name,
         source: "/srv/git/x",
@@ -68,10 +69,10 @@ async fn repo(store: &Store, tenant: TenantId, name: &str) -> Uuid {
 async fn task(
     store: &Store,
     tenant: TenantId,
-    session: Option<Uuid>,
+    session: Option<SessionId>,
     created: DateTime<Utc>,
     outcome: Option<(TaskStatus, DateTime<Utc>)>,
-) -> Uuid {
+) -> TaskId {
     let t = store.create_task(tenant, session, "a task").await.unwrap();
     if let Some((status, _)) = outcome {
         store.close_task(tenant, t.id, status, None).await.unwrap();
@@ -89,10 +90,10 @@ async fn task(
 struct Seed {
     tenant: TenantId,
     other: TenantId,
-    r1: Uuid,
-    r2: Uuid,
-    t1: Uuid,
-    t4: Uuid,
+    r1: RepoId,
+    r2: RepoId,
+    t1: TaskId,
+    t4: TaskId,
 }
 
 async fn seed(store: &Store) -> Seed {
@@ -306,7 +307,7 @@ async fn an_outcome_is_recorded_once_and_idle_tasks_are_abandoned() {
     assert!(matches!(again, Err(cachet_tenants::store::OutcomeError::AlreadyClosed("succeeded"))));
     let foreign = store.close_task(s.other, s.t4, TaskStatus::Failed, None).await;
     assert!(matches!(foreign, Err(cachet_tenants::store::OutcomeError::NotFound)));
-    assert!(store.create_task(s.tenant, Some(Uuid::new_v4()), "x").await.is_err(), "unknown session");
+    assert!(store.create_task(s.tenant, Some(SessionId::random()), "x").await.is_err(), "unknown session");
     assert!(store.create_task(s.tenant, None, "  ").await.is_err(), "empty title");
     // Task 4 has been open since the 2nd.
     assert_eq!(store.abandon_idle_tasks(at(10, 0)).await.unwrap(), 1);

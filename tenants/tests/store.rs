@@ -3,10 +3,12 @@
 
 use crate::common;
 
-use cachet_tenants::{Plan, StoreError, Tenant, TenantId, UsageRecord};
+use cachet_tenants::{
+    Endpoint, FinishReason, Plan, RequestId, RequestStatus, SessionId, SloClass, StoreError, Tenant, TenantId,
+    UsageRecord,
+};
 use chrono::{DateTime, Utc};
 use common::fresh_store;
-use uuid::Uuid;
 
 /// Now, at the microsecond precision Postgres keeps.
 fn now() -> DateTime<Utc> {
@@ -16,12 +18,12 @@ fn now() -> DateTime<Utc> {
 fn usage(tenant: TenantId, seconds_ago: i64) -> UsageRecord {
     let plan = Plan::default();
     UsageRecord {
-        id: Uuid::new_v4(),
+        id: RequestId::random(),
         tenant,
-        session_id: Some(Uuid::new_v4()),
+        session_id: Some(SessionId::random()),
         task_id: None,
         model: "qwen2.5-coder-0.5b-instruct".into(),
-        endpoint: "chat.completions".into(),
+        endpoint: Endpoint::ChatCompletions,
         prompt_tokens: 2000,
         cached_tokens: 1500,
         computed_tokens: 500,
@@ -31,10 +33,10 @@ fn usage(tenant: TenantId, seconds_ago: i64) -> UsageRecord {
         e2e_ms: 900.0,
         compute_seconds: 0.75,
         cost: plan.cost(500, 1500, 120, 0.75),
-        status: "ok".into(),
-        finish_reason: Some("stop".into()),
+        status: RequestStatus::Ok,
+        finish_reason: Some(FinishReason::Stop),
         created_at: now() - chrono::Duration::seconds(seconds_ago),
-        slo_class: Some("interactive".into()),
+        slo_class: Some(SloClass::Interactive),
         slo_met: Some(true),
     }
 }
@@ -101,6 +103,52 @@ async fn usage_inserts_are_idempotent() {
     let many: Vec<UsageRecord> = (0..2500).map(|i| usage(tenant, i)).collect();
     assert_eq!(store.insert_usage(&many).await.unwrap(), 2500);
     assert_eq!(store.insert_usage(&many).await.unwrap(), 0);
+}
+
+/// Every word of the ledger's enums is written and read back as itself; the database refuses a
+/// word none of them has (a row it could not read back), whoever writes it.
+#[tokio::test]
+async fn every_ledger_word_round_trips_and_no_other_word_is_stored() {
+    let store = fresh_store().await;
+    let tenant = store.create_tenant("acme", &Plan::default()).await.unwrap().id;
+    let finishes = [None, Some(FinishReason::Stop), Some(FinishReason::Length)];
+    let classes = [None, Some(SloClass::Interactive), Some(SloClass::Batch)];
+    let mut rows = Vec::new();
+    for (i, &status) in RequestStatus::ALL.iter().enumerate() {
+        for (j, &endpoint) in Endpoint::ALL.iter().enumerate() {
+            let mut row = usage(tenant, (i * 10 + j) as i64);
+            row.status = status;
+            row.endpoint = endpoint;
+            row.finish_reason = finishes[(i + j) % 3];
+            row.slo_class = classes[(i + 2 * j) % 3];
+            rows.push(row);
+        }
+    }
+    assert_eq!(store.insert_usage(&rows).await.unwrap(), rows.len() as u64);
+    for row in &rows {
+        assert_eq!(store.usage_by_id(tenant, row.id).await.unwrap().as_ref(), Some(row));
+    }
+    // A row that is valid but for `column = word`.
+    let raw = |column: &str, word: &str| {
+        let mut words =
+            [("endpoint", "completions"), ("status", "ok"), ("finish_reason", "stop"), ("slo_class", "batch")];
+        words.iter_mut().filter(|(c, _)| *c == column).for_each(|(_, w)| *w = word);
+        let (columns, values): (Vec<&str>, Vec<String>) = words.iter().map(|(c, w)| (*c, format!("'{w}'"))).unzip();
+        format!(
+            "INSERT INTO requests (id, tenant_id, model, prompt_tokens, cached_tokens, computed_tokens, \
+             output_tokens, queue_ms, e2e_ms, compute_seconds, cost, {}) \
+             VALUES (gen_random_uuid(), '{tenant}', 'm', 0, 0, 0, 0, 0, 0, 0, 0, {})",
+            columns.join(", "),
+            values.join(", ")
+        )
+    };
+    sqlx::query(&raw("endpoint", "responses")).execute(store.pool()).await.expect("the same row with known words");
+    for (column, word) in [("endpoint", "chat"), ("status", "done"), ("finish_reason", "eos"), ("slo_class", "fast")] {
+        let err = sqlx::query(&raw(column, word)).execute(store.pool()).await.unwrap_err();
+        let code = err.as_database_error().and_then(|e| e.code()).map(|c| c.into_owned());
+        assert_eq!(code.as_deref(), Some("23514"), "{column} = {word:?} must be refused: {err}");
+    }
+    assert_eq!(store.usage(tenant, 1000).await.unwrap().len(), rows.len() + 1, "nothing else was stored");
 }
 
 #[tokio::test]

@@ -111,14 +111,14 @@ pub async fn chat_completions(
     let served = model(&state, &body.model)?;
     let fields = ToolFields::of(&body.tooling, body.sampling.grammar.as_ref());
     let id = crate::telemetry::request_id(&http);
-    let job = job(id, served, messages(&body)?, fields, &body.sampling, Endpoint::Chat).await?;
+    let job = job(id, served, messages(&body)?, fields, &body.sampling, Endpoint::ChatCompletions).await?;
     execute(&state, &http, auth, served, &body.sampling, job).await
 }
 
 /// Renders a conversation behind the public system prompt, plans its tools and
 /// grammar, and builds the request (chat completions and the Responses API).
 pub(crate) async fn job(
-    id: uuid::Uuid,
+    id: cachet_tenants::RequestId,
     served: &Served,
     messages: Vec<ChatMessage>,
     fields: ToolFields<'_>,

@@ -23,37 +23,16 @@ use cachet_engine::runtime::{
     TokenSpan,
 };
 use cachet_engine::sampler::SamplingParams;
-use cachet_tenants::UsageRecord;
+pub(crate) use cachet_tenants::Endpoint;
+use cachet_tenants::{RequestId, RequestStatus, SessionId, UsageRecord};
 use std::sync::Arc;
 use std::time::Duration;
 use types::{ModelCard, ModelList, Sampling};
-use uuid::Uuid;
 
-/// Which endpoint a request came through.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(crate) enum Endpoint {
-    Chat,
-    Completions,
-    /// `POST /v1/sessions/{id}/messages` (answers like chat completions).
-    SessionMessage,
-    /// `POST /v1/responses` (answers as the Responses API).
-    Responses,
-}
-
-impl Endpoint {
-    fn name(self) -> &'static str {
-        match self {
-            Endpoint::Chat => "chat.completions",
-            Endpoint::Completions => "completions",
-            Endpoint::SessionMessage => "sessions.messages",
-            Endpoint::Responses => "responses",
-        }
-    }
-
-    /// Whether answers take the chat completion shape.
-    fn is_chat(self) -> bool {
-        matches!(self, Endpoint::Chat | Endpoint::SessionMessage)
-    }
+/// Whether an endpoint's answers take the chat completion shape (a session's messages answer
+/// like chat completions; the Responses API builds its own objects from the completion shape).
+fn chat_shaped(endpoint: Endpoint) -> bool {
+    matches!(endpoint, Endpoint::ChatCompletions | Endpoint::SessionMessages)
 }
 
 /// The models this server serves.
@@ -206,25 +185,23 @@ fn logit_bias(
 }
 
 /// A session or task id from the body, else from its `X-Cachet-*` header.
-fn id_from(req: &HttpRequest, body: Option<Uuid>, header: &str) -> Result<Option<Uuid>, ApiError> {
+fn id_from<T>(req: &HttpRequest, body: Option<T>, header: &str) -> Result<Option<T>, ApiError>
+where
+    T: std::str::FromStr,
+    T::Err: std::fmt::Display,
+{
     if body.is_some() {
         return Ok(body);
     }
-    match req.headers().get(header) {
-        None => Ok(None),
-        Some(v) => v
-            .to_str()
-            .ok()
-            .and_then(|s| s.trim().parse().ok())
-            .map(Some)
-            .ok_or_else(|| ApiError::bad(format!("the {header} header must be a UUID"))),
-    }
+    let Some(value) = req.headers().get(header) else { return Ok(None) };
+    let text = value.to_str().map_err(|_| ApiError::bad(format!("the {header} header must be a UUID")))?;
+    text.parse().map(Some).map_err(|e| ApiError::bad(format!("the {header} header: {e}")))
 }
 
 /// What [`execute`] needs beyond the body.
 pub(crate) struct Job {
     /// The request id (the ledger row's).
-    pub id: Uuid,
+    pub id: RequestId,
     pub endpoint: Endpoint,
     pub tokens: Vec<u32>,
     pub public: Option<PublicPrefix>,
@@ -250,7 +227,7 @@ pub(crate) struct Job {
 impl Job {
     /// A job with the request's id ([`crate::telemetry::request_id`]).
     pub fn new(
-        id: Uuid,
+        id: RequestId,
         endpoint: Endpoint,
         tokens: Vec<u32>,
         public: Option<PublicPrefix>,
@@ -276,7 +253,7 @@ impl Job {
 
 /// A server-managed session: its id and how long its prefix stays retained.
 pub(crate) struct BoundSession {
-    pub id: Uuid,
+    pub id: SessionId,
     pub retention: Duration,
 }
 
@@ -291,14 +268,14 @@ pub(crate) struct Answer {
 pub(crate) type AnswerSink = Box<dyn FnOnce(Answer) -> futures_util::future::BoxFuture<'static, ()> + Send>;
 
 /// The retention key of a tenant's session.
-pub(crate) fn retention_key(tenant: cachet_tenants::TenantId, session: Uuid) -> RetentionKey {
+pub(crate) fn retention_key(tenant: cachet_tenants::TenantId, session: SessionId) -> RetentionKey {
     RetentionKey(format!("{tenant}:{session}").into())
 }
 
 /// Counts the tool calls answers returned (`cachet:tool_calls_total`).
 pub(crate) fn count_calls(endpoint: Endpoint, n: usize) {
     if n > 0 {
-        metrics::counter!("cachet:tool_calls_total", "endpoint" => endpoint.name()).increment(n as u64);
+        metrics::counter!("cachet:tool_calls_total", "endpoint" => endpoint.as_str()).increment(n as u64);
     }
 }
 
@@ -306,14 +283,19 @@ pub(crate) fn count_calls(endpoint: Endpoint, n: usize) {
 /// results after the last assistant turn, not those of the history before it.
 pub(crate) fn count_results(endpoint: Endpoint, n: usize) {
     if n > 0 {
-        metrics::counter!("cachet:tool_results_total", "endpoint" => endpoint.name()).increment(n as u64);
+        metrics::counter!("cachet:tool_results_total", "endpoint" => endpoint.as_str()).increment(n as u64);
     }
 }
 
 fn finish_reason(r: FinishReason) -> &'static str {
+    ledger_finish(r).as_str()
+}
+
+/// The ledger's word for why generation stopped.
+fn ledger_finish(r: FinishReason) -> cachet_tenants::FinishReason {
     match r {
-        FinishReason::Stop => "stop",
-        FinishReason::Length => "length",
+        FinishReason::Stop => cachet_tenants::FinishReason::Stop,
+        FinishReason::Length => cachet_tenants::FinishReason::Length,
     }
 }
 
@@ -321,7 +303,11 @@ fn finish_reason(r: FinishReason) -> &'static str {
 /// the client's choosing, except another tenant's session (404, as for an unknown task). While
 /// the database is unreachable the label is taken as it is: it only groups the tenant's own
 /// ledger rows.
-async fn check_session_label(state: &AppState, tenant: cachet_tenants::TenantId, id: Uuid) -> Result<(), ApiError> {
+async fn check_session_label(
+    state: &AppState,
+    tenant: cachet_tenants::TenantId,
+    id: SessionId,
+) -> Result<(), ApiError> {
     match state.store.is_foreign_session(tenant, id).await {
         Ok(true) => Err(ApiError::NotFound(format!("session {id}"))),
         Ok(false) => Ok(()),
@@ -370,7 +356,7 @@ pub(crate) async fn execute(
     let id = job.id;
     let http_span = tracing::Span::current();
     http_span.record("tenant", tracing::field::display(tenant.id));
-    http_span.record("endpoint", job.endpoint.name());
+    http_span.record("endpoint", job.endpoint.as_str());
     if let Some(s) = session {
         http_span.record("session", tracing::field::display(s));
     }
@@ -381,7 +367,7 @@ pub(crate) async fn execute(
     // A prompt the client wrote may open with a registered public prefix (an agent's preamble);
     // a session's prompt is the server's own assembly (the system prompt, then tenant data).
     let (public, matched) = match job.endpoint {
-        Endpoint::SessionMessage => (job.public.clone(), None),
+        Endpoint::SessionMessages => (job.public.clone(), None),
         _ => {
             served.prefixes.observe(&engine_tenant.to_string(), &job.tokens);
             served.prefixes.public_for(&job.tokens, job.public.clone())
@@ -409,11 +395,14 @@ pub(crate) async fn execute(
         SloClass::Batch => targets.batch,
     };
     let slo_class = match slo {
-        SloClass::Interactive => "interactive",
-        SloClass::Batch => "batch",
+        SloClass::Interactive => cachet_tenants::SloClass::Interactive,
+        SloClass::Batch => cachet_tenants::SloClass::Batch,
     };
     let (tenant_id, plan, model_id, endpoint) = (tenant.id, tenant.plan.clone(), served.id.clone(), job.endpoint);
-    let row = move |status: &str, finish: Option<String>, c: &Completion, slo_met: Option<bool>| {
+    let row = move |status: RequestStatus,
+                    finish: Option<cachet_tenants::FinishReason>,
+                    c: &Completion,
+                    slo_met: Option<bool>| {
         let uncached = c.prompt_tokens.saturating_sub(c.cached_tokens) as u64;
         UsageRecord {
             id,
@@ -421,7 +410,7 @@ pub(crate) async fn execute(
             session_id: session,
             task_id: task,
             model: model_id.clone(),
-            endpoint: endpoint.name().into(),
+            endpoint,
             prompt_tokens: c.prompt_tokens as i64,
             cached_tokens: c.cached_tokens as i64,
             computed_tokens: c.computed_prefill_tokens as i64,
@@ -431,10 +420,10 @@ pub(crate) async fn execute(
             e2e_ms: c.e2e.as_secs_f64() * 1e3,
             compute_seconds: c.compute_seconds,
             cost: plan.cost(uncached, c.cached_tokens as u64, c.output_tokens as u64, c.compute_seconds),
-            status: status.into(),
+            status,
             finish_reason: finish,
             created_at: chrono::Utc::now(),
-            slo_class: Some(slo_class.into()),
+            slo_class: Some(slo_class),
             slo_met,
         }
     };
@@ -443,13 +432,13 @@ pub(crate) async fn execute(
     // the end replaces it.
     let progress: OnProgress = {
         let (row, ledger) = (row.clone(), ledger.clone());
-        Arc::new(move |c: &Completion| ledger.record(row("running", None, c, None)))
+        Arc::new(move |c: &Completion| ledger.record(row(RequestStatus::Running, None, c, None)))
     };
     let hook: OnComplete = Arc::new(move |outcome: Outcome, c: &Completion| {
         let status = match outcome {
-            Outcome::Finished => "ok",
-            Outcome::Cancelled => "cancelled",
-            Outcome::Failed => "error",
+            Outcome::Finished => RequestStatus::Ok,
+            Outcome::Cancelled => RequestStatus::Cancelled,
+            Outcome::Failed => RequestStatus::Error,
         };
         if public_tokens > 0 {
             // Prompt tokens a public prefix covered, and those of them read from the cache
@@ -459,7 +448,7 @@ pub(crate) async fn execute(
             metrics::counter!("cachet:public_prefix_cached_tokens_total", public_labels.clone())
                 .increment(c.cached_tokens.min(public_tokens) as u64);
         }
-        let finish = (outcome == Outcome::Finished).then(|| finish_reason(c.finish_reason).to_string());
+        let finish = (outcome == Outcome::Finished).then(|| ledger_finish(c.finish_reason));
         ledger.record(row(status, finish, c, slo_verdict(outcome, c, &targets)));
     });
     let lp_engine = job.params.logprobs.map(|_| served.engine.clone());
@@ -495,7 +484,7 @@ pub(crate) async fn execute(
         return Ok(responses::answer::whole(builder, job.calls, &text, &entries, &completion));
     }
     let ctx = stream::Context {
-        id: format!("{}-{}", if job.endpoint.is_chat() { "chatcmpl" } else { "cmpl" }, id.simple()),
+        id: format!("{}-{}", if chat_shaped(job.endpoint) { "chatcmpl" } else { "cmpl" }, id.simple()),
         created: chrono::Utc::now().timestamp(),
         model: served.id.clone(),
         endpoint: job.endpoint,

@@ -61,7 +61,7 @@ fn fingerprint() -> String {
 pub(crate) fn whole(ctx: &Context, text: String, entries: &[Entry], c: &Completion) -> HttpResponse {
     let lp = ctx.logprobs.as_ref().map(|_| entries);
     let usage = Usage::from(c);
-    let mut body = if ctx.endpoint.is_chat() {
+    let mut body = if super::chat_shaped(ctx.endpoint) {
         let (content, tool_calls) = match &ctx.calls {
             Some(tools) => split(tools, &text),
             None => (text, Vec::new()),
@@ -154,7 +154,7 @@ impl Context {
                    "system_fingerprint": fingerprint(), "choices": [choice]})
         };
         match self.endpoint {
-            Endpoint::Chat | Endpoint::SessionMessage => base(
+            Endpoint::ChatCompletions | Endpoint::SessionMessages => base(
                 "chat.completion.chunk",
                 json!({"index": 0, "delta": delta, "logprobs": null, "finish_reason": reason}),
             ),
@@ -166,7 +166,7 @@ impl Context {
     }
 
     fn usage_chunk(&self, c: &Completion) -> serde_json::Value {
-        let object = if self.endpoint.is_chat() { "chat.completion.chunk" } else { "text_completion" };
+        let object = if super::chat_shaped(self.endpoint) { "chat.completion.chunk" } else { "text_completion" };
         json!({"id": self.id, "object": object, "created": self.created, "model": self.model,
                "system_fingerprint": fingerprint(), "choices": [], "usage": Usage::from(c)})
     }
@@ -229,7 +229,7 @@ pub(crate) fn respond(
             let (bytes, next) = match phase {
                 Phase::Start(first) => {
                     let mut out = Vec::new();
-                    if ctx.endpoint.is_chat() {
+                    if super::chat_shaped(ctx.endpoint) {
                         let mut role = ctx.chunk(Some(""), true, None);
                         if let Some(extra) = &ctx.extra {
                             role["cachet"] = extra.clone();

@@ -3,9 +3,9 @@
 //! nobody defined are collected in `unknown` and refused (OpenAI's own
 //! "Unrecognized request argument supplied"), never silently dropped.
 
+use cachet_tenants::{SessionId, TaskId};
 use serde::{Deserialize, Serialize};
 use utoipa::ToSchema;
-use uuid::Uuid;
 
 /// `stop`: one string or several.
 #[derive(Clone, Debug, Deserialize, ToSchema)]
@@ -100,10 +100,12 @@ pub struct Sampling {
     /// cachet extension: the session this request belongs to (or the
     /// `X-Cachet-Session` header); keeps its prefix warm between turns.
     #[serde(default)]
-    pub session_id: Option<Uuid>,
+    #[schema(value_type = Option<Uuid>)]
+    pub session_id: Option<SessionId>,
     /// cachet extension: the task (or `X-Cachet-Task`).
     #[serde(default)]
-    pub task_id: Option<Uuid>,
+    #[schema(value_type = Option<Uuid>)]
+    pub task_id: Option<TaskId>,
     /// cachet extension (as vLLM's and llama-server's): keep generating past the end-of-sequence
     /// token, up to `max_tokens` (for benchmarks).
     #[serde(default)]

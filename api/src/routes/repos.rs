@@ -11,10 +11,10 @@ use crate::state::AppState;
 use actix_web::http::header;
 use actix_web::{delete, get, post, web, HttpResponse};
 use cachet_tenants::store::{NewRepository, RepoStatus, Repository};
+use cachet_tenants::RepoId;
 use serde::Deserialize;
 use serde_json::json;
 use std::time::Duration;
-use uuid::Uuid;
 
 /// `POST /v1/repos`.
 #[derive(Clone, Debug, Deserialize, utoipa::ToSchema)]
@@ -54,7 +54,7 @@ fn repo_json(r: &Repository) -> serde_json::Value {
 }
 
 /// The push webhook to configure at the git host (its secret is shown only in this answer).
-fn webhook_json(repo: Uuid, secret: &str) -> serde_json::Value {
+fn webhook_json(repo: RepoId, secret: &str) -> serde_json::Value {
     json!({"url": format!("/v1/webhooks/git/{repo}"), "secret": secret,
            "content_type": "application/json", "events": ["push"]})
 }
@@ -89,7 +89,7 @@ pub async fn create_repo(
     let options = serde_json::to_value(&body.options).unwrap_or_default();
     let name = body.name.clone().unwrap_or_else(|| name_from(&body.url));
     let new = NewRepository {
-        id: Uuid::new_v4(),
+        id: RepoId::random(),
         tenant: auth.0.id,
         name: &name,
         source: &body.url,
@@ -131,7 +131,7 @@ pub async fn create_repo(
 pub async fn rotate_webhook_secret(
     state: web::Data<AppState>,
     auth: TenantAuth,
-    id: web::Path<Uuid>,
+    id: web::Path<RepoId>,
 ) -> Result<HttpResponse, ApiError> {
     let id = id.into_inner();
     let secret = new_secret()?;
@@ -158,7 +158,7 @@ pub async fn list_repos(state: web::Data<AppState>, auth: TenantAuth) -> Result<
 pub async fn get_repo(
     state: web::Data<AppState>,
     auth: TenantAuth,
-    id: web::Path<Uuid>,
+    id: web::Path<RepoId>,
 ) -> Result<HttpResponse, ApiError> {
     let id = id.into_inner();
     let repo =
@@ -181,7 +181,7 @@ pub async fn get_repo(
 pub async fn delete_repo(
     state: web::Data<AppState>,
     auth: TenantAuth,
-    id: web::Path<Uuid>,
+    id: web::Path<RepoId>,
 ) -> Result<HttpResponse, ApiError> {
     let id = id.into_inner();
     let closed = state

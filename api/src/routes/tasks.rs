@@ -7,9 +7,9 @@ use crate::error::ApiError;
 use crate::state::AppState;
 use actix_web::{get, post, web, HttpResponse};
 use cachet_tenants::store::{OutcomeError, Task, TaskStatus};
+use cachet_tenants::{SessionId, TaskId};
 use serde::Deserialize;
 use serde_json::json;
-use uuid::Uuid;
 
 /// `POST /v1/tasks`.
 #[derive(Clone, Debug, Deserialize, utoipa::ToSchema)]
@@ -17,7 +17,8 @@ use uuid::Uuid;
 pub struct NewTask {
     /// The session the task runs in (optional).
     #[serde(default)]
-    pub session_id: Option<Uuid>,
+    #[schema(value_type = Option<uuid::Uuid>)]
+    pub session_id: Option<SessionId>,
     pub title: String,
 }
 
@@ -66,7 +67,7 @@ pub async fn create_task(
 pub async fn get_task(
     state: web::Data<AppState>,
     auth: TenantAuth,
-    id: web::Path<Uuid>,
+    id: web::Path<TaskId>,
 ) -> Result<HttpResponse, ApiError> {
     let id = id.into_inner();
     let task = state.store.task(auth.0.id, id).await?.ok_or_else(|| ApiError::NotFound(format!("task {id}")))?;
@@ -88,7 +89,7 @@ pub async fn get_task(
 pub async fn task_outcome(
     state: web::Data<AppState>,
     auth: TenantAuth,
-    id: web::Path<Uuid>,
+    id: web::Path<TaskId>,
     body: web::Json<Outcome>,
 ) -> Result<HttpResponse, ApiError> {
     let id = id.into_inner();
@@ -113,15 +114,15 @@ pub async fn task_outcome(
 
 /// Checks a task id a request carries: the tenant's, and open. While the database is unreachable
 /// the request goes on (its ledger row keeps the id).
-pub(crate) async fn check_task(state: &AppState, tenant: cachet_tenants::TenantId, id: Uuid) -> Result<(), ApiError> {
+pub(crate) async fn check_task(state: &AppState, tenant: cachet_tenants::TenantId, id: TaskId) -> Result<(), ApiError> {
     match state.store.task(tenant, id).await {
         Ok(None) => Err(ApiError::NotFound(format!("task {id}"))),
         Ok(Some(t)) if t.status != TaskStatus::Open => {
             Err(ApiError::Conflict(format!("task {id} is closed ({})", t.status.as_str())))
         }
-        Ok(Some(_)) => {
+        Ok(Some(t)) => {
             state.known_tasks.insert(tenant, id);
-            if let Err(e) = state.store.touch_task(id).await {
+            if let Err(e) = state.store.touch_task(t.owned()).await {
                 tracing::warn!(task = %id, "{e}");
             }
             Ok(())

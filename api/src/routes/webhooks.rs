@@ -26,6 +26,7 @@ use cachet_context::CommitId;
 use cachet_engine::generate::GenerateParams;
 use cachet_engine::runtime::{Request, SloClass};
 use cachet_tenants::store::{Invalidation, Repository, Store};
+use cachet_tenants::RepoId;
 use hmac::{Hmac, Mac};
 use serde::Deserialize;
 use serde_json::json;
@@ -95,13 +96,13 @@ pub async fn git_webhook(
     repo: web::Path<String>,
     body: web::Bytes,
 ) -> Result<HttpResponse, ApiError> {
-    let found = match repo.parse::<Uuid>() {
+    let found = match repo.parse::<RepoId>() {
         Ok(id) => state.store.repository_for_webhook(id).await?,
         Err(_) => None,
     };
     // An unknown repository is checked against a secret nobody has: the same work and the same
     // 401 as a wrong signature.
-    let secret = found.as_ref().map_or_else(unknown_secret, |r| r.webhook_secret.clone());
+    let secret = found.as_ref().map_or_else(unknown_secret, |r| r.webhook_secret.expose().to_owned());
     verify(&secret, &body, header(&req, "x-hub-signature-256"))?;
     let repo = found.ok_or_else(|| ApiError::Unauthorized("missing or invalid X-Hub-Signature-256".into()))?;
 

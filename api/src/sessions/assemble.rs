@@ -17,8 +17,8 @@ use cachet_context::{CommitId, Mirror, RepoContext, SegmentKind};
 use cachet_engine::radix::Tag;
 use cachet_engine::runtime::{PublicPrefix, TokenSpan};
 use cachet_tenants::store::{Repository, Role, Turn};
+use cachet_tenants::RepoId;
 use serde::Deserialize;
-use uuid::Uuid;
 
 /// The largest file a message may name, in bytes.
 pub const MAX_NAMED_FILE_BYTES: usize = 512 * 1024;
@@ -285,7 +285,7 @@ pub fn session_prompt(
 }
 
 /// Cache tags for the repository pieces of a prompt.
-fn spans(repo: Uuid, branch: &str, assembled: &Assembled) -> Vec<TokenSpan> {
+fn spans(repo: RepoId, branch: &str, assembled: &Assembled) -> Vec<TokenSpan> {
     assembled
         .segments
         .iter()

@@ -12,9 +12,9 @@ use crate::openai::{execute, model, params, Answer, BoundSession, Endpoint, Job}
 use crate::state::AppState;
 use actix_web::{post, web, HttpRequest, HttpResponse};
 use cachet_tenants::store::{NewTurn, Role};
+use cachet_tenants::SessionId;
 use serde::Deserialize;
 use serde_json::json;
-use uuid::Uuid;
 
 /// One or several.
 #[derive(Clone, Debug, Deserialize)]
@@ -73,7 +73,7 @@ pub async fn post_message(
     state: web::Data<AppState>,
     http: HttpRequest,
     auth: TenantAuth,
-    id: web::Path<Uuid>,
+    id: web::Path<SessionId>,
     body: web::Json<MessageRequest>,
 ) -> Result<HttpResponse, ApiError> {
     let body = body.into_inner();
@@ -139,9 +139,9 @@ pub async fn post_message(
         })));
     }
     let params = params(&body.sampling, prompt.assembled.tokens.len(), served)?;
-    crate::openai::count_results(Endpoint::SessionMessage, body.tool_results.len());
+    crate::openai::count_results(Endpoint::SessionMessages, body.tool_results.len());
     let id = crate::telemetry::request_id(&http);
-    let mut job = Job::new(id, Endpoint::SessionMessage, prompt.assembled.tokens, prompt.public, params);
+    let mut job = Job::new(id, Endpoint::SessionMessages, prompt.assembled.tokens, prompt.public, params);
     job.grammar = tools::compile(&served.engine, &plan).await?;
     job.calls = plan.calls;
     // This turn's tool results, then its user message (if it has one), then the answer: stored

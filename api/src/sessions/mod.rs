@@ -16,17 +16,18 @@ use crate::openai::retention_key;
 use crate::state::AppState;
 use actix_web::{delete, get, post, web, HttpResponse};
 use cachet_tenants::store::Session;
+use cachet_tenants::{RepoId, SessionId};
 use serde::{Deserialize, Serialize};
 use serde_json::json;
 use std::time::Duration;
-use uuid::Uuid;
 
 /// `POST /v1/sessions`.
 #[derive(Clone, Debug, Deserialize, utoipa::ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct NewSession {
     /// The repository id.
-    pub repo: Uuid,
+    #[schema(value_type = uuid::Uuid)]
+    pub repo: RepoId,
     /// The branch (default: the repository's default branch).
     #[serde(default)]
     pub branch: Option<String>,
@@ -34,9 +35,9 @@ pub struct NewSession {
 
 #[derive(Debug, Serialize)]
 struct SessionOut<'a> {
-    id: Uuid,
+    id: SessionId,
     object: &'static str,
-    repo: Uuid,
+    repo: RepoId,
     branch: &'a str,
     created_at: chrono::DateTime<chrono::Utc>,
     last_active_at: chrono::DateTime<chrono::Utc>,
@@ -62,7 +63,7 @@ pub(crate) fn idle(state: &AppState) -> Duration {
 
 /// A session of the tenant that is open: 404 if unknown (or another
 /// tenant's), 409 if closed or idled out (which closes it).
-pub(crate) async fn open_session(state: &AppState, auth: &TenantAuth, id: Uuid) -> Result<Session, ApiError> {
+pub(crate) async fn open_session(state: &AppState, auth: &TenantAuth, id: SessionId) -> Result<Session, ApiError> {
     let tenant = &auth.0;
     let session =
         state.store.session(tenant.id, id).await?.ok_or_else(|| ApiError::NotFound(format!("session {id}")))?;
@@ -77,7 +78,7 @@ pub(crate) async fn open_session(state: &AppState, auth: &TenantAuth, id: Uuid) 
     Ok(session)
 }
 
-async fn close(state: &AppState, tenant: cachet_tenants::TenantId, id: Uuid) -> Result<bool, ApiError> {
+async fn close(state: &AppState, tenant: cachet_tenants::TenantId, id: SessionId) -> Result<bool, ApiError> {
     let closed = state.store.close_session(tenant, id).await?;
     state.bases.forget(id);
     if let Some(served) = state.served.get() {
@@ -130,7 +131,7 @@ pub async fn create_session(
 pub async fn get_session(
     state: web::Data<AppState>,
     auth: TenantAuth,
-    id: web::Path<Uuid>,
+    id: web::Path<SessionId>,
 ) -> Result<HttpResponse, ApiError> {
     let id = id.into_inner();
     let session =
@@ -162,7 +163,7 @@ pub async fn get_session(
 pub async fn delete_session(
     state: web::Data<AppState>,
     auth: TenantAuth,
-    id: web::Path<Uuid>,
+    id: web::Path<SessionId>,
 ) -> Result<HttpResponse, ApiError> {
     let id = id.into_inner();
     if state.store.session(auth.0.id, id).await?.is_none() {

@@ -24,11 +24,10 @@ use super::prompt::{block, Kind, Piece};
 use crate::config::AfterPush;
 use crate::error::ApiError;
 use cachet_context::{ChangeKind, CommitId, ContextError, Mirror, RepoContext, Segment};
-use cachet_tenants::TenantId;
+use cachet_tenants::{RepoId, SessionId, TenantId};
 use std::collections::HashMap;
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
-use uuid::Uuid;
 
 /// The largest changed file an overlay shows in full when the new context does not show it.
 pub const OVERLAY_FILE_BYTES: u64 = 16 * 1024;
@@ -71,7 +70,7 @@ struct Rebase {
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Owner {
     pub tenant: TenantId,
-    pub repo: Uuid,
+    pub repo: RepoId,
     pub branch: String,
 }
 
@@ -89,7 +88,7 @@ struct Base {
 /// A session the push left behind: rebase it onto `head`.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Behind {
-    pub session: Uuid,
+    pub session: SessionId,
     pub tenant: TenantId,
     pub head: CommitId,
 }
@@ -97,17 +96,17 @@ pub struct Behind {
 /// Each session's base on this replica.
 #[derive(Debug, Default)]
 pub struct SessionBases {
-    inner: Mutex<HashMap<Uuid, Base>>,
+    inner: Mutex<HashMap<SessionId, Base>>,
 }
 
 impl SessionBases {
-    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<Uuid, Base>> {
+    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<SessionId, Base>> {
         // The map holds plain values: a panic elsewhere cannot leave it half-updated.
         self.inner.lock().unwrap_or_else(|e| e.into_inner())
     }
 
     /// Where the next turn of `session` (whose history has `turns` turns) starts from.
-    pub fn plan(&self, session: Uuid, head: &CommitId, turns: usize, mode: AfterPush) -> At {
+    pub fn plan(&self, session: SessionId, head: &CommitId, turns: usize, mode: AfterPush) -> At {
         if mode == AfterPush::Rebuild {
             return At::head(head.clone());
         }
@@ -130,7 +129,7 @@ impl SessionBases {
     /// Records a stored turn (the history now has `turns` turns) that started from `at`; says
     /// whether the session should be rebased onto the head (it is behind it, and no rebase of
     /// this history is under way).
-    pub fn record(&self, session: Uuid, owner: &Owner, at: &At, turns: usize) -> Option<Behind> {
+    pub fn record(&self, session: SessionId, owner: &Owner, at: &At, turns: usize) -> Option<Behind> {
         let mut map = self.lock();
         if map.len() >= MAX_SESSIONS && !map.contains_key(&session) {
             if let Some(oldest) = map.iter().min_by_key(|(_, b)| b.touched).map(|(id, _)| *id) {
@@ -161,7 +160,7 @@ impl SessionBases {
 
     /// The sessions of a branch this replica knows that are behind `head` and were active
     /// within `idle` (a push): each is marked as being rebased.
-    pub fn behind(&self, repo: Uuid, branch: &str, head: &CommitId, idle: Duration) -> Vec<Behind> {
+    pub fn behind(&self, repo: RepoId, branch: &str, head: &CommitId, idle: Duration) -> Vec<Behind> {
         let mut map = self.lock();
         let now = Instant::now();
         map.retain(|_, b| now.duration_since(b.touched) < idle);
@@ -178,7 +177,7 @@ impl SessionBases {
 
     /// Whether a session of the branch was active here within `idle`: its warm prefix (the base
     /// context and its history) is what its next turns reuse, so a push must not evict it.
-    pub fn serving(&self, repo: Uuid, branch: &str, idle: Duration) -> bool {
+    pub fn serving(&self, repo: RepoId, branch: &str, idle: Duration) -> bool {
         let now = Instant::now();
         self.lock()
             .values()
@@ -187,7 +186,7 @@ impl SessionBases {
 
     /// A rebase of `session` onto `commit` pre-warms a history of `turns` turns; false if the
     /// session is no longer known or another rebase replaced this one.
-    pub fn rebasing(&self, session: Uuid, commit: &CommitId, turns: usize) -> bool {
+    pub fn rebasing(&self, session: SessionId, commit: &CommitId, turns: usize) -> bool {
         let mut map = self.lock();
         let Some(r) = map.get_mut(&session).and_then(|b| b.rebase.as_mut()) else { return false };
         if r.commit != *commit || r.warm {
@@ -198,7 +197,7 @@ impl SessionBases {
     }
 
     /// The rebase of `session` onto `commit` over `turns` turns is warm: the next turn starts from it.
-    pub fn warm(&self, session: Uuid, commit: &CommitId, turns: usize) {
+    pub fn warm(&self, session: SessionId, commit: &CommitId, turns: usize) {
         let mut map = self.lock();
         if let Some(r) = map.get_mut(&session).and_then(|b| b.rebase.as_mut()) {
             if r.commit == *commit && r.turns == turns {
@@ -208,7 +207,7 @@ impl SessionBases {
     }
 
     /// A rebase that failed or was cancelled: a later turn starts another.
-    pub fn abandon(&self, session: Uuid, commit: &CommitId) {
+    pub fn abandon(&self, session: SessionId, commit: &CommitId) {
         let mut map = self.lock();
         if let Some(b) = map.get_mut(&session) {
             if b.rebase.as_ref().is_some_and(|r| r.commit == *commit && !r.warm) {
@@ -218,7 +217,7 @@ impl SessionBases {
     }
 
     /// A closed session.
-    pub fn forget(&self, session: Uuid) {
+    pub fn forget(&self, session: SessionId) {
         self.lock().remove(&session);
     }
 }
@@ -306,13 +305,13 @@ mod tests {
     }
 
     fn owner() -> Owner {
-        Owner { tenant: TenantId(Uuid::nil()), repo: Uuid::max(), branch: "main".into() }
+        Owner { tenant: TenantId(uuid::Uuid::nil()), repo: RepoId(uuid::Uuid::max()), branch: "main".into() }
     }
 
     #[test]
     fn a_session_stays_on_its_base_until_its_rebase_of_this_history_is_warm() {
         let bases = SessionBases::default();
-        let s = Uuid::new_v4();
+        let s = SessionId::random();
         let (c0, c1) = (commit(1), commit(2));
         // Unknown: the head.
         assert_eq!(bases.plan(s, &c0, 0, AfterPush::Overlay), At::head(c0.clone()));
@@ -345,7 +344,7 @@ mod tests {
     #[test]
     fn a_rebase_warm_onto_an_older_commit_switches_with_an_overlay_since_it() {
         let bases = SessionBases::default();
-        let s = Uuid::new_v4();
+        let s = SessionId::random();
         let (c0, c1, c2) = (commit(1), commit(2), commit(3));
         bases.record(s, &owner(), &At::head(c0.clone()), 2);
         assert_eq!(bases.behind(owner().repo, "main", &c1, Duration::from_secs(60)).len(), 1);

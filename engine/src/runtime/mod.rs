@@ -10,6 +10,7 @@
 //! share, KV slots and prefix cache are tested without one (`sched_tests.rs`).
 
 mod admission;
+mod clock;
 mod config;
 mod handle;
 mod masks;
@@ -109,6 +110,8 @@ pub(crate) struct Scheduler {
     /// Pass time against pass size, for pacing prefill around decode.
     pace: pace::PassModel,
     stats: stats::Stats,
+    /// What "now" is for every decision and reported time.
+    clock: clock::Clock,
 }
 
 /// Starts the engine thread for a loaded model; the handle is its only door.
@@ -229,6 +232,7 @@ impl Scheduler {
             rate: 0.0,
             pace: pace::PassModel::default(),
             stats: stats::Stats::default(),
+            clock: clock::Clock::System,
         }
     }
 }
@@ -280,7 +284,7 @@ impl<B: Backend> Engine<B> {
     /// One step: the scheduler plans, the runner runs the forward pass and samples, the
     /// scheduler hands out what came of it.
     fn step(&mut self) {
-        let now = Instant::now();
+        let now = self.sched.clock.now();
         if let Some(plan) = self.sched.schedule(now) {
             let ran = self.runner.run(&plan, &mut self.sched.running);
             self.sched.postprocess(&plan, ran, now);
@@ -325,7 +329,7 @@ impl Scheduler {
     fn after_step(&mut self) {
         // Queued and running requests hold their keys' scope markers.
         let (running, waiting) = (&self.running, &self.waiting);
-        self.cache.compact_tables_if_grown(Instant::now(), || running.iter().chain(waiting).flat_map(Seq::scopes));
+        self.cache.compact_tables_if_grown(self.clock.now(), || running.iter().chain(waiting).flat_map(Seq::scopes));
         self.publish_admission();
     }
 
@@ -366,13 +370,14 @@ impl Scheduler {
     /// Validates a request, refuses it if the engine cannot meet its
     /// latency target, else queues it.
     fn submit(&mut self, req: Request, tx: UnboundedSender<Event>) {
-        let now = Instant::now();
+        let now = self.clock.now();
         self.door_taken = self.door_taken.max(req.charge.seq);
         if let Err(e) = self.validate(&req) {
             let _in = req.span.enter();
             tracing::debug!(error = %e, "invalid request");
             if let Some(hook) = &req.on_complete {
-                let nothing = Completion { e2e: now.elapsed(), ..Completion::refused(req.tokens.len()) };
+                let e2e = self.clock.now().saturating_duration_since(now);
+                let nothing = Completion { e2e, ..Completion::refused(req.tokens.len()) };
                 hook(Outcome::Failed, &nothing);
             }
             let _ = tx.send(Event::Error(e));

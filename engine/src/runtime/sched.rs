@@ -246,7 +246,7 @@ impl Scheduler {
     /// class (those that can still make their targets apart from those that cannot), and what
     /// is left of the prompts being computed.
     pub(super) fn publish_admission(&mut self) {
-        let now = Instant::now();
+        let now = self.clock.now();
         let decoders = self.decoders();
         // Requests let in start decoding once their prompts are done: a later request's prompt
         // shares its passes with them. They are counted with the tightest inter-token target.

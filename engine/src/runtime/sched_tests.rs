@@ -1,10 +1,12 @@
 //! The scheduler alone — no model, no thread: stepped by hand with a fake runner (every
-//! sequence that samples gets the same token) and a made-up pass cost, so that chunk sizes and
-//! admission order are exact.
+//! sequence that samples gets the same token; a pass takes 1 ms of a manual clock) and a
+//! made-up pass cost, so that chunk sizes, admission order and reported times are exact.
 
+use super::clock::Clock;
 use super::pace::PassModel;
+use super::request::{Completion, Outcome, Request};
 use super::runner::Ran;
-use super::{request::Request, EngineConfig, Policy, Scheduler, SloTargets};
+use super::{EngineConfig, Policy, Scheduler, SloTargets};
 use crate::generate::GenerateParams;
 use crate::kv_pool::{PoolSize, Slots};
 use crate::radix::TenantKey;
@@ -28,17 +30,21 @@ fn tokenizer() -> Tokenizer {
 fn engine(cfg: EngineConfig) -> Scheduler {
     let mut s = Scheduler::new(cfg, tokenizer(), 320, 4096, Slots::new(4096));
     s.rate = 10_000.0;
+    s.clock = Clock::Manual(Instant::now());
     s
 }
 
 /// The token the fake runner samples (a byte: no stop, no end of sequence).
 const TOKEN: u32 = 65;
 
+/// How long the fake runner's pass takes on the manual clock.
+const PASS: Duration = Duration::from_millis(1);
+
 impl Scheduler {
     /// One step with a fake runner: what the scheduler plans "runs" at once and every sequence
     /// that samples gets [`TOKEN`].
     fn step(&mut self) {
-        let now = Instant::now();
+        let now = self.clock.now();
         if let Some(plan) = self.schedule(now) {
             let running = &self.running;
             let index = plan.iter().map(|p| running.iter().position(|s| s.id == p.seq).expect("planned")).collect();
@@ -49,7 +55,9 @@ impl Scheduler {
                     (p.logits && !prewarm).then_some(Ok((TOKEN, None)))
                 })
                 .collect();
-            self.postprocess(&plan, Ran { index, secs: 0.001, failed: None, sampled, grammar: None }, now);
+            self.clock.advance(PASS);
+            let secs = PASS.as_secs_f64();
+            self.postprocess(&plan, Ran { index, secs, failed: None, sampled, grammar: None }, now);
         }
         self.publish_stats();
         self.after_step();
@@ -112,7 +120,7 @@ fn chunk_next_to(cfg: EngineConfig, cost: PassModel, a_tokens: usize) -> (usize,
     let before = e.running[0].generated();
     e.step();
     assert_eq!(e.running.iter().find(|s| s.id == a).unwrap().generated(), before + 1, "A got its token");
-    (computed(&e, b), e.step_budget(std::time::Instant::now()))
+    (computed(&e, b), e.step_budget(e.clock.now()))
 }
 
 #[test]
@@ -128,12 +136,12 @@ fn background_work_alone_runs_in_passes_a_user_would_wait_little_for() {
     let id = e.next_id;
     e.submit(warm, tx);
     // A tenth of the 3 s TTFT target: (0.3 − 0.01) / 0.002 = 145 tokens, not the 512 budget.
-    assert_eq!(e.step_budget(std::time::Instant::now()), 145);
+    assert_eq!(e.step_budget(e.clock.now()), 145);
     e.step();
     assert_eq!(computed(&e, id), 145);
     // A user's request next to it: the usual budget.
     submit(&mut e, 10, 4);
-    assert_eq!(e.step_budget(std::time::Instant::now()), 512);
+    assert_eq!(e.step_budget(e.clock.now()), 512);
 }
 
 #[test]
@@ -444,14 +452,14 @@ fn passes_of_prompts_that_are_late_anyway_are_kept_short_for_whoever_arrives_nex
     let mut e = engine(cfg());
     let late = submit(&mut e, 2000, 4);
     e.pace = pass_cost();
-    assert_eq!(e.step_budget(std::time::Instant::now()), 145);
+    assert_eq!(e.step_budget(e.clock.now()), 145);
     e.step();
     assert_eq!(computed(&e, late), 145);
     // One that can make its target gets full passes.
     let mut e = engine(cfg());
     submit(&mut e, 1000, 4);
     e.pace = pass_cost();
-    assert_eq!(e.step_budget(std::time::Instant::now()), 512);
+    assert_eq!(e.step_budget(e.clock.now()), 512);
 }
 
 #[test]
@@ -478,4 +486,30 @@ fn a_pass_that_finishes_a_prompt_that_can_make_it_is_not_padded_with_late_work()
     assert_eq!(computed(&e, fine), 20);
     // 45 by the line, 46 by the fit's rounding.
     assert!((64 + 8 + 17..=64 + 8 + 18).contains(&computed(&e, late)), "{}", computed(&e, late));
+}
+
+/// Reported times are the scheduler's clock's: a request that waited 2 s reports exactly 2 s in
+/// the queue, and its first token one pass later.
+#[test]
+fn queue_time_and_time_to_first_token_are_read_from_the_scheduler_s_clock() {
+    let mut e = engine(cfg());
+    let seen = std::sync::Arc::new(std::sync::Mutex::new(None::<(Outcome, Completion)>));
+    let params = GenerateParams { max_tokens: 2, ignore_eos: true, ..Default::default() };
+    let mut req = Request::new(TenantKey::new("t"), (0..40).map(|i| i % 300).collect(), params);
+    let hook = seen.clone();
+    req.on_complete = Some(std::sync::Arc::new(move |o: Outcome, c: &Completion| {
+        *hook.lock().unwrap() = Some((o, c.clone()));
+    }));
+    let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
+    std::mem::forget(rx);
+    e.submit(req, tx);
+    e.clock.advance(Duration::from_secs(2));
+    for _ in 0..10 {
+        e.step();
+    }
+    let (outcome, c) = seen.lock().unwrap().clone().expect("the request finished");
+    assert_eq!(outcome, Outcome::Finished);
+    assert_eq!(c.queue_time, Duration::from_secs(2));
+    assert_eq!(c.ttft, Some(Duration::from_secs(2) + PASS), "one pass computes the prompt and samples");
+    assert_eq!(c.e2e, Duration::from_secs(2) + 2 * PASS, "two tokens, two passes");
 }

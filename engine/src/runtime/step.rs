@@ -435,7 +435,7 @@ impl Scheduler {
                     continue;
                 }
             };
-            let t = Instant::now();
+            let t = self.clock.now();
             match seq.last_token {
                 None => {
                     seq.first_token = Some(t);
@@ -504,7 +504,7 @@ impl Scheduler {
         }
         // Pacing fits the whole step, not the forward pass alone: what a decoding request waits
         // between two tokens includes planning, sampling, grammars and sending.
-        let step = now.elapsed().as_secs_f64();
+        let step = self.clock.now().saturating_duration_since(now).as_secs_f64();
         if tracing::enabled!(target: "cachet::pass", tracing::Level::TRACE) {
             tracing::trace!(
                 target: "cachet::pass",
@@ -554,7 +554,7 @@ impl Scheduler {
     }
 
     fn completion(&self, seq: &Seq, reason: FinishReason) -> Completion {
-        let end = Instant::now();
+        let end = self.clock.now();
         Completion {
             finish_reason: reason,
             prompt_tokens: seq.prompt_len,

@@ -134,11 +134,8 @@ mod tests {
         let (tok, ids) = tiny();
         let symbols = byte_to_char();
         let specials = [ids.im_start, ids.im_end, ids.tool_call, ids.the, ids.unused];
-        let mut state = 0x2545_f491_u64;
-        let mut next = || {
-            state = state.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
-            (state >> 33) as u32
-        };
+        let mut rng = cachet_kernels::testing::Lcg::new(0x2545_f491);
+        let mut next = || rng.next_u32();
         for round in 0..300 {
             let len = (next() % 24) as usize;
             let seq: Vec<u32> = (0..len)

@@ -21,7 +21,7 @@
 
 use super::repos::InvalidationRow;
 use super::{Invalidation, Store, StoreError};
-use crate::model::TenantId;
+use crate::ids::{RepoId, TenantId};
 use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
 use sqlx::postgres::PgListener;
@@ -35,8 +35,8 @@ pub const CHANNEL: &str = "cachet_changes";
 #[serde(tag = "kind", rename_all = "snake_case")]
 pub(super) enum Notice {
     Invalidation { id: i64, origin: Uuid },
-    TenantDeleted { tenant: Uuid },
-    RepositoryDeleted { repo: Uuid },
+    TenantDeleted { tenant: TenantId },
+    RepositoryDeleted { repo: RepoId },
     PublicPrefixes,
 }
 
@@ -56,7 +56,7 @@ pub enum Change {
     /// A push that another replica received and applied to its own cache.
     Invalidation(Invalidation),
     TenantDeleted(TenantId),
-    RepositoryDeleted(Uuid),
+    RepositoryDeleted(RepoId),
     /// The registered public prefixes changed (or may have, while the listener was away).
     PublicPrefixes,
 }
@@ -130,16 +130,16 @@ impl Store {
             .fetch_all(self.pool())
             .await?;
         let top = rows.last().map_or(last_id, |r| r.id);
-        let tenants: Vec<Uuid> = sqlx::query_scalar("SELECT id FROM tenants WHERE deleted_at >= $1")
+        let tenants: Vec<TenantId> = sqlx::query_scalar("SELECT id FROM tenants WHERE deleted_at >= $1")
             .bind(since)
             .fetch_all(self.pool())
             .await?;
-        let repos: Vec<Uuid> = sqlx::query_scalar("SELECT id FROM repositories WHERE deleted_at >= $1")
+        let repos: Vec<RepoId> = sqlx::query_scalar("SELECT id FROM repositories WHERE deleted_at >= $1")
             .bind(since)
             .fetch_all(self.pool())
             .await?;
         let mut changes: Vec<Change> = rows.into_iter().map(|r| Change::Invalidation(r.into())).collect();
-        changes.extend(tenants.into_iter().map(|t| Change::TenantDeleted(TenantId(t))));
+        changes.extend(tenants.into_iter().map(Change::TenantDeleted));
         changes.extend(repos.into_iter().map(Change::RepositoryDeleted));
         // Reloading the public prefixes costs one small query: do it whenever notices may have been missed.
         changes.push(Change::PublicPrefixes);
@@ -190,7 +190,7 @@ impl ChangeListener {
                 }
             };
             match notice {
-                Notice::TenantDeleted { tenant } => return Ok(vec![Change::TenantDeleted(TenantId(tenant))]),
+                Notice::TenantDeleted { tenant } => return Ok(vec![Change::TenantDeleted(tenant)]),
                 Notice::RepositoryDeleted { repo } => return Ok(vec![Change::RepositoryDeleted(repo)]),
                 Notice::PublicPrefixes => return Ok(vec![Change::PublicPrefixes]),
                 Notice::Invalidation { id, origin } => {

@@ -11,9 +11,10 @@ use sqlx::migrate::MigrateError;
 use sqlx::postgres::PgPoolOptions;
 use sqlx::types::Json;
 use sqlx::{PgPool, Postgres, QueryBuilder};
-use uuid::Uuid;
 
-use crate::model::{Plan, Tenant, TenantId, UsageRecord};
+use crate::ids::{RequestId, SessionId, TaskId, TenantId};
+use crate::model::{Plan, Tenant, UsageRecord};
+use crate::words::{Endpoint, FinishReason, RequestStatus, SloClass};
 
 pub mod fanout;
 mod prefixes;
@@ -27,7 +28,7 @@ pub use prefixes::PublicPrefixRow;
 pub use repos::{Invalidation, NewRepository, RepoStatus, Repository};
 pub use sessions::{NewTurn, OwnedSession, Role, Session, Turn};
 pub use sign_in::SignInSubject;
-pub use tasks::{OutcomeError, Task, TaskStatus};
+pub use tasks::{OutcomeError, OwnedTask, Task, TaskStatus};
 
 /// How long an operation waits for a connection before the store reports Postgres as unavailable.
 pub const ACQUIRE_TIMEOUT: Duration = Duration::from_secs(3);
@@ -135,7 +136,7 @@ pub struct Store {
 
 #[derive(sqlx::FromRow)]
 struct TenantRow {
-    id: Uuid,
+    id: TenantId,
     name: String,
     plan: Json<Plan>,
     created_at: DateTime<Utc>,
@@ -144,24 +145,18 @@ struct TenantRow {
 
 impl From<TenantRow> for Tenant {
     fn from(row: TenantRow) -> Tenant {
-        Tenant {
-            id: TenantId(row.id),
-            name: row.name,
-            plan: row.plan.0,
-            created_at: row.created_at,
-            deleted_at: row.deleted_at,
-        }
+        Tenant { id: row.id, name: row.name, plan: row.plan.0, created_at: row.created_at, deleted_at: row.deleted_at }
     }
 }
 
 #[derive(sqlx::FromRow)]
 struct UsageRow {
-    id: Uuid,
-    tenant_id: Uuid,
-    session_id: Option<Uuid>,
-    task_id: Option<Uuid>,
+    id: RequestId,
+    tenant_id: TenantId,
+    session_id: Option<SessionId>,
+    task_id: Option<TaskId>,
     model: String,
-    endpoint: String,
+    endpoint: Endpoint,
     prompt_tokens: i64,
     cached_tokens: i64,
     computed_tokens: i64,
@@ -171,10 +166,10 @@ struct UsageRow {
     e2e_ms: f64,
     compute_seconds: f64,
     cost: f64,
-    status: String,
-    finish_reason: Option<String>,
+    status: RequestStatus,
+    finish_reason: Option<FinishReason>,
     created_at: DateTime<Utc>,
-    slo_class: Option<String>,
+    slo_class: Option<SloClass>,
     slo_met: Option<bool>,
 }
 
@@ -182,7 +177,7 @@ impl From<UsageRow> for UsageRecord {
     fn from(r: UsageRow) -> UsageRecord {
         UsageRecord {
             id: r.id,
-            tenant: TenantId(r.tenant_id),
+            tenant: r.tenant_id,
             session_id: r.session_id,
             task_id: r.task_id,
             model: r.model,
@@ -262,7 +257,7 @@ impl Store {
         let row: TenantRow = sqlx::query_as(&format!(
             "INSERT INTO tenants (id, name, plan) VALUES ($1, $2, $3) RETURNING {TENANT_COLUMNS}"
         ))
-        .bind(Uuid::new_v4())
+        .bind(TenantId::random())
         .bind(name)
         .bind(Json(plan))
         .fetch_one(&self.pool)
@@ -305,7 +300,7 @@ impl Store {
         if done.rows_affected() != 1 {
             return Ok(false);
         }
-        fanout::notify(&mut tx, &fanout::Notice::TenantDeleted { tenant: id.0 }).await?;
+        fanout::notify(&mut tx, &fanout::Notice::TenantDeleted { tenant: id }).await?;
         tx.commit().await?;
         Ok(true)
     }
@@ -363,7 +358,7 @@ impl Store {
                     .push_bind(r.session_id)
                     .push_bind(r.task_id)
                     .push_bind(&r.model)
-                    .push_bind(&r.endpoint)
+                    .push_bind(r.endpoint)
                     .push_bind(r.prompt_tokens)
                     .push_bind(r.cached_tokens)
                     .push_bind(r.computed_tokens)
@@ -373,10 +368,10 @@ impl Store {
                     .push_bind(r.e2e_ms)
                     .push_bind(r.compute_seconds)
                     .push_bind(r.cost)
-                    .push_bind(&r.status)
-                    .push_bind(&r.finish_reason)
+                    .push_bind(r.status)
+                    .push_bind(r.finish_reason)
                     .push_bind(r.created_at)
-                    .push_bind(&r.slo_class)
+                    .push_bind(r.slo_class)
                     .push_bind(r.slo_met);
             });
             // A row still open ('running', or 'interrupted' by the sweeper) takes the newer state;
@@ -410,7 +405,7 @@ impl Store {
     }
 
     /// One ledger row of this tenant; `None` if it does not exist or belongs to another tenant.
-    pub async fn usage_by_id(&self, tenant: TenantId, id: Uuid) -> Result<Option<UsageRecord>, StoreError> {
+    pub async fn usage_by_id(&self, tenant: TenantId, id: RequestId) -> Result<Option<UsageRecord>, StoreError> {
         let row: Option<UsageRow> =
             sqlx::query_as(&format!("SELECT {USAGE_COLUMNS} FROM requests WHERE tenant_id = $1 AND id = $2"))
                 .bind(tenant.0)

@@ -5,7 +5,7 @@
 use std::collections::BTreeMap;
 
 use super::{Store, StoreError};
-use crate::model::TenantId;
+use crate::ids::TenantId;
 use crate::report::{GroupBy, Report, ReportRow};
 use chrono::{DateTime, Duration, NaiveDate, Utc};
 use uuid::Uuid;

@@ -8,12 +8,14 @@ use sqlx::types::Json;
 use uuid::Uuid;
 
 use super::{Store, StoreError};
-use crate::model::TenantId;
+use crate::ids::{RepoId, SessionId, TenantId};
+use crate::words::text_enum;
+use crate::Secret;
 
 /// A registered repository.
 #[derive(Clone, Debug, PartialEq)]
 pub struct Repository {
-    pub id: Uuid,
+    pub id: RepoId,
     pub tenant: TenantId,
     pub name: String,
     /// The clone URL or local path as registered.
@@ -22,7 +24,7 @@ pub struct Repository {
     /// ready.
     pub default_branch: Option<String>,
     /// The push webhook's HMAC key (given to the tenant once, at registration).
-    pub webhook_secret: String,
+    pub webhook_secret: Secret,
     /// How the repository's context is built (the context crate's options, as JSON).
     pub options: serde_json::Value,
     pub created_at: DateTime<Utc>,
@@ -32,40 +34,23 @@ pub struct Repository {
     pub error: Option<String>,
 }
 
-/// Where a repository's registration stands: it is a job that outlives its HTTP request.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum RepoStatus {
-    /// Its mirror is being fetched.
-    Fetching,
-    /// Usable.
-    Ready,
-    /// The fetch failed; the row stays so the tenant sees why, the name is free again.
-    Failed,
-}
-
-impl RepoStatus {
-    pub fn as_str(self) -> &'static str {
-        match self {
-            RepoStatus::Fetching => "fetching",
-            RepoStatus::Ready => "ready",
-            RepoStatus::Failed => "failed",
-        }
+text_enum!(
+    /// Where a repository's registration stands: it is a job that outlives its HTTP request.
+    RepoStatus, "repository status" {
+        /// Its mirror is being fetched.
+        Fetching = "fetching",
+        /// Usable.
+        Ready = "ready",
+        /// The fetch failed; the row stays so the tenant sees why, the name is free again.
+        Failed = "failed",
     }
-
-    fn parse(s: &str) -> RepoStatus {
-        match s {
-            "fetching" => RepoStatus::Fetching,
-            "ready" => RepoStatus::Ready,
-            _ => RepoStatus::Failed,
-        }
-    }
-}
+);
 
 /// What [`Store::create_repository`] needs.
 #[derive(Clone, Debug)]
 pub struct NewRepository<'a> {
     /// Chosen by the caller (the mirror is named after it).
-    pub id: Uuid,
+    pub id: RepoId,
     pub tenant: TenantId,
     pub name: &'a str,
     pub source: &'a str,
@@ -78,7 +63,7 @@ pub struct NewRepository<'a> {
 /// One push's effect on the cache.
 #[derive(Clone, Debug, PartialEq)]
 pub struct Invalidation {
-    pub repo: Uuid,
+    pub repo: RepoId,
     pub delivery_id: String,
     pub git_ref: String,
     pub before: String,
@@ -90,15 +75,15 @@ pub struct Invalidation {
 
 #[derive(sqlx::FromRow)]
 struct RepoRow {
-    id: Uuid,
-    tenant_id: Uuid,
+    id: RepoId,
+    tenant_id: TenantId,
     name: String,
     source: String,
     default_branch: Option<String>,
     webhook_secret: String,
     options: Json<serde_json::Value>,
     created_at: DateTime<Utc>,
-    status: String,
+    status: RepoStatus,
     error: Option<String>,
 }
 
@@ -106,14 +91,14 @@ impl From<RepoRow> for Repository {
     fn from(r: RepoRow) -> Repository {
         Repository {
             id: r.id,
-            tenant: TenantId(r.tenant_id),
+            tenant: r.tenant_id,
             name: r.name,
             source: r.source,
             default_branch: r.default_branch,
-            webhook_secret: r.webhook_secret,
+            webhook_secret: Secret::new(r.webhook_secret),
             options: r.options.0,
             created_at: r.created_at,
-            status: RepoStatus::parse(&r.status),
+            status: r.status,
             error: r.error,
         }
     }
@@ -152,7 +137,7 @@ impl Store {
     }
 
     /// A live repository of this tenant (`None` for another tenant's).
-    pub async fn repository(&self, tenant: TenantId, id: Uuid) -> Result<Option<Repository>, StoreError> {
+    pub async fn repository(&self, tenant: TenantId, id: RepoId) -> Result<Option<Repository>, StoreError> {
         let row: Option<RepoRow> = sqlx::query_as(&format!(
             "SELECT {REPO_COLUMNS} FROM repositories WHERE id = $1 AND tenant_id = $2 AND deleted_at IS NULL"
         ))
@@ -165,7 +150,7 @@ impl Store {
 
     /// A registration's fetch is done: the repository is ready with this default branch. False
     /// if it was not fetching any more (deleted meanwhile, or failed).
-    pub async fn repository_fetched(&self, id: Uuid, default_branch: &str) -> Result<bool, StoreError> {
+    pub async fn repository_fetched(&self, id: RepoId, default_branch: &str) -> Result<bool, StoreError> {
         let done = sqlx::query(
             "UPDATE repositories SET status = 'ready', default_branch = $2, updated_at = now() \
              WHERE id = $1 AND status = 'fetching' AND deleted_at IS NULL",
@@ -179,7 +164,7 @@ impl Store {
 
     /// A registration's fetch failed, for `error` (words the tenant may see). The row stays (the
     /// tenant sees why), its name is free again.
-    pub async fn repository_failed(&self, id: Uuid, error: &str) -> Result<(), StoreError> {
+    pub async fn repository_failed(&self, id: RepoId, error: &str) -> Result<(), StoreError> {
         let error: String = error.chars().take(1000).collect();
         sqlx::query(
             "UPDATE repositories SET status = 'failed', error = $2, updated_at = now() \
@@ -209,7 +194,7 @@ impl Store {
     }
 
     /// A live repository by id alone, for the webhook (which proves itself with the secret).
-    pub async fn repository_for_webhook(&self, id: Uuid) -> Result<Option<Repository>, StoreError> {
+    pub async fn repository_for_webhook(&self, id: RepoId) -> Result<Option<Repository>, StoreError> {
         let row: Option<RepoRow> = sqlx::query_as(&format!(
             "SELECT {REPO_COLUMNS} FROM repositories r WHERE id = $1 AND deleted_at IS NULL \
              AND EXISTS (SELECT 1 FROM tenants t WHERE t.id = r.tenant_id AND t.deleted_at IS NULL)"
@@ -234,7 +219,7 @@ impl Store {
     /// Soft-deletes a repository and closes its open sessions; returns the ids of the sessions
     /// it closed, or `None` if the repository is unknown, deleted or another tenant's. Every
     /// replica hears of it at commit (`fanout`) and removes its mirror.
-    pub async fn delete_repository(&self, tenant: TenantId, id: Uuid) -> Result<Option<Vec<Uuid>>, StoreError> {
+    pub async fn delete_repository(&self, tenant: TenantId, id: RepoId) -> Result<Option<Vec<SessionId>>, StoreError> {
         let mut tx = self.pool().begin().await?;
         let done = sqlx::query(
             "UPDATE repositories SET deleted_at = now() WHERE id = $1 AND tenant_id = $2 AND deleted_at IS NULL",
@@ -246,7 +231,7 @@ impl Store {
         if done.rows_affected() != 1 {
             return Ok(None);
         }
-        let closed: Vec<(Uuid,)> = sqlx::query_as(
+        let closed: Vec<(SessionId,)> = sqlx::query_as(
             "UPDATE sessions SET closed_at = now() WHERE repo_id = $1 AND closed_at IS NULL RETURNING id",
         )
         .bind(id)
@@ -257,13 +242,9 @@ impl Store {
         Ok(Some(closed.into_iter().map(|(id,)| id).collect()))
     }
 
-    /// Records a webhook delivery inside `tx`. Returns `false` if this delivery id was already
-    /// recorded for the repository (a redelivery). Concurrent duplicates wait for the first
-    /// transaction and then see it, so committing the transaction only after the push has been
-    /// applied makes a failed attempt retryable and a successful one happen once.
     /// Replaces the webhook secret of the tenant's repository; false if the repository is
     /// unknown, deleted or another tenant's.
-    pub async fn set_webhook_secret(&self, tenant: TenantId, id: Uuid, secret: &str) -> Result<bool, StoreError> {
+    pub async fn set_webhook_secret(&self, tenant: TenantId, id: RepoId, secret: &str) -> Result<bool, StoreError> {
         let done = sqlx::query(
             "UPDATE repositories SET webhook_secret = $3 WHERE id = $1 AND tenant_id = $2 AND deleted_at IS NULL",
         )
@@ -277,7 +258,7 @@ impl Store {
 
     /// Whether a delivery of `repo` was recorded already (a webhook checks before applying a
     /// push; [`Store::record_delivery`] decides for good afterwards).
-    pub async fn delivery_recorded(&self, repo: Uuid, delivery_id: &str) -> Result<bool, StoreError> {
+    pub async fn delivery_recorded(&self, repo: RepoId, delivery_id: &str) -> Result<bool, StoreError> {
         let seen: bool = sqlx::query_scalar(
             "SELECT EXISTS (SELECT 1 FROM webhook_deliveries WHERE repo_id = $1 AND delivery_id = $2)",
         )
@@ -288,9 +269,13 @@ impl Store {
         Ok(seen)
     }
 
+    /// Records a webhook delivery inside `tx`. Returns `false` if this delivery id was already
+    /// recorded for the repository (a redelivery). Concurrent duplicates wait for the first
+    /// transaction and then see it, so committing the transaction only after the push has been
+    /// applied makes a failed attempt retryable and a successful one happen once.
     pub async fn record_delivery(
         tx: &mut sqlx::PgConnection,
-        repo: Uuid,
+        repo: RepoId,
         delivery_id: &str,
         event: &str,
     ) -> Result<bool, StoreError> {
@@ -337,7 +322,7 @@ impl Store {
     pub async fn invalidations(
         &self,
         tenant: TenantId,
-        repo: Uuid,
+        repo: RepoId,
         limit: i64,
     ) -> Result<Vec<Invalidation>, StoreError> {
         let rows: Vec<InvalidationRow> = sqlx::query_as(
@@ -357,7 +342,7 @@ impl Store {
 #[derive(sqlx::FromRow)]
 pub(super) struct InvalidationRow {
     pub id: i64,
-    repo_id: Uuid,
+    repo_id: RepoId,
     delivery_id: String,
     git_ref: String,
     before: String,

@@ -5,7 +5,8 @@ use std::time::Duration;
 use uuid::Uuid;
 
 use super::{Store, StoreError};
-use crate::model::TenantId;
+use crate::ids::{RepoId, RequestId, SessionId, TenantId};
+use crate::words::text_enum;
 
 /// A session: a tenant working on one branch of one repository. Only the store makes one
 /// (`non_exhaustive`: no struct literal outside this crate), from a row it read:
@@ -13,9 +14,9 @@ use crate::model::TenantId;
 #[derive(Clone, Debug, PartialEq)]
 #[non_exhaustive]
 pub struct Session {
-    pub id: Uuid,
+    pub id: SessionId,
     pub tenant: TenantId,
-    pub repo: Uuid,
+    pub repo: RepoId,
     pub branch: String,
     pub created_at: DateTime<Utc>,
     pub last_active_at: DateTime<Utc>,
@@ -37,11 +38,11 @@ impl Session {
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub struct OwnedSession {
     tenant: TenantId,
-    id: Uuid,
+    id: SessionId,
 }
 
 impl OwnedSession {
-    pub fn id(self) -> Uuid {
+    pub fn id(self) -> SessionId {
         self.id
     }
 
@@ -50,33 +51,15 @@ impl OwnedSession {
     }
 }
 
-/// Who said a turn.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Role {
-    User,
-    Assistant,
-    /// A tool's result, answering one of the previous assistant turn's calls.
-    Tool,
-}
-
-impl Role {
-    /// The role's name (as chat templates and the API spell it).
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Role::User => "user",
-            Role::Assistant => "assistant",
-            Role::Tool => "tool",
-        }
+text_enum!(
+    /// Who said a turn (spelt as chat templates and the API spell it).
+    Role, "turn role" {
+        User = "user",
+        Assistant = "assistant",
+        /// A tool's result, answering one of the previous assistant turn's calls.
+        Tool = "tool",
     }
-
-    fn parse(s: &str) -> Role {
-        match s {
-            "assistant" => Role::Assistant,
-            "tool" => Role::Tool,
-            _ => Role::User,
-        }
-    }
-}
+);
 
 /// One turn of a session's history.
 #[derive(Clone, Debug, PartialEq)]
@@ -90,7 +73,7 @@ pub struct Turn {
     pub model: Option<String>,
     /// User turns: the commit of the repository context.
     pub commit: Option<String>,
-    pub request_id: Option<Uuid>,
+    pub request_id: Option<RequestId>,
     /// Tool turns: the id of the call this result answers.
     pub tool_call_id: Option<String>,
     pub created_at: DateTime<Utc>,
@@ -104,7 +87,7 @@ pub struct NewTurn<'a> {
     pub tokens: Option<&'a [u32]>,
     pub model: Option<&'a str>,
     pub commit: Option<&'a str>,
-    pub request_id: Option<Uuid>,
+    pub request_id: Option<RequestId>,
     pub tool_call_id: Option<&'a str>,
 }
 
@@ -117,9 +100,9 @@ impl<'a> NewTurn<'a> {
 
 #[derive(sqlx::FromRow)]
 struct SessionRow {
-    id: Uuid,
-    tenant_id: Uuid,
-    repo_id: Uuid,
+    id: SessionId,
+    tenant_id: TenantId,
+    repo_id: RepoId,
     branch: String,
     created_at: DateTime<Utc>,
     last_active_at: DateTime<Utc>,
@@ -130,7 +113,7 @@ impl From<SessionRow> for Session {
     fn from(r: SessionRow) -> Session {
         Session {
             id: r.id,
-            tenant: TenantId(r.tenant_id),
+            tenant: r.tenant_id,
             repo: r.repo_id,
             branch: r.branch,
             created_at: r.created_at,
@@ -143,12 +126,12 @@ impl From<SessionRow> for Session {
 #[derive(sqlx::FromRow)]
 struct TurnRow {
     seq: i32,
-    role: String,
+    role: Role,
     content: String,
     tokens: Option<Vec<i32>>,
     model: Option<String>,
     commit: Option<String>,
-    request_id: Option<Uuid>,
+    request_id: Option<RequestId>,
     tool_call_id: Option<String>,
     created_at: DateTime<Utc>,
 }
@@ -158,14 +141,14 @@ const SESSION_COLUMNS: &str = "id, tenant_id, repo_id, branch, created_at, last_
 impl Store {
     /// Opens a session on a live repository of the tenant; [`StoreError::NotFound`] if the
     /// repository is unknown, deleted or another tenant's.
-    pub async fn create_session(&self, tenant: TenantId, repo: Uuid, branch: &str) -> Result<Session, StoreError> {
+    pub async fn create_session(&self, tenant: TenantId, repo: RepoId, branch: &str) -> Result<Session, StoreError> {
         let row: Option<SessionRow> = sqlx::query_as(&format!(
             "INSERT INTO sessions (id, tenant_id, repo_id, branch) \
              SELECT $1, $2, $3, $4 WHERE EXISTS \
                (SELECT 1 FROM repositories WHERE id = $3 AND tenant_id = $2 AND deleted_at IS NULL) \
              RETURNING {SESSION_COLUMNS}"
         ))
-        .bind(Uuid::new_v4())
+        .bind(SessionId::random())
         .bind(tenant.0)
         .bind(repo)
         .bind(branch)
@@ -175,7 +158,7 @@ impl Store {
     }
 
     /// A session of this tenant, open or closed (`None` for another tenant's).
-    pub async fn session(&self, tenant: TenantId, id: Uuid) -> Result<Option<Session>, StoreError> {
+    pub async fn session(&self, tenant: TenantId, id: SessionId) -> Result<Option<Session>, StoreError> {
         let row: Option<SessionRow> =
             sqlx::query_as(&format!("SELECT {SESSION_COLUMNS} FROM sessions WHERE id = $1 AND tenant_id = $2"))
                 .bind(id)
@@ -187,7 +170,7 @@ impl Store {
 
     /// Whether `id` names a session of another tenant than `tenant` (a request may label itself
     /// with a session id of its own choosing, never with another tenant's session).
-    pub async fn is_foreign_session(&self, tenant: TenantId, id: Uuid) -> Result<bool, StoreError> {
+    pub async fn is_foreign_session(&self, tenant: TenantId, id: SessionId) -> Result<bool, StoreError> {
         let (foreign,): (bool,) =
             sqlx::query_as("SELECT EXISTS (SELECT 1 FROM sessions WHERE id = $1 AND tenant_id <> $2)")
                 .bind(id)
@@ -209,7 +192,7 @@ impl Store {
 
     /// Closes an open session of the tenant; `false` if it is unknown, another tenant's or
     /// already closed.
-    pub async fn close_session(&self, tenant: TenantId, id: Uuid) -> Result<bool, StoreError> {
+    pub async fn close_session(&self, tenant: TenantId, id: SessionId) -> Result<bool, StoreError> {
         let done =
             sqlx::query("UPDATE sessions SET closed_at = now() WHERE id = $1 AND tenant_id = $2 AND closed_at IS NULL")
                 .bind(id)
@@ -234,7 +217,7 @@ impl Store {
     /// Open sessions on a repository's branch active since `since`, most recently active first.
     pub async fn active_sessions(
         &self,
-        repo: Uuid,
+        repo: RepoId,
         branch: &str,
         since: DateTime<Utc>,
     ) -> Result<Vec<Session>, StoreError> {
@@ -270,7 +253,7 @@ impl Store {
                  RETURNING seq",
             )
             .bind(session.id)
-            .bind(turn.role.as_str())
+            .bind(turn.role)
             .bind(turn.content)
             .bind(tokens)
             .bind(turn.model)
@@ -342,7 +325,7 @@ impl Store {
             .into_iter()
             .map(|r| Turn {
                 seq: r.seq,
-                role: Role::parse(&r.role),
+                role: r.role,
                 content: r.content,
                 tokens: r.tokens.map(|t| t.into_iter().map(|id| id as u32).collect()),
                 model: r.model,

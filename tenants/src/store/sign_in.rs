@@ -3,7 +3,7 @@
 //! only each code's SHA-256, so its rows are useless to whoever reads them.
 
 use super::{Store, StoreError};
-use crate::model::TenantId;
+use crate::ids::TenantId;
 use chrono::{DateTime, Utc};
 use std::time::Duration;
 use uuid::Uuid;

@@ -1,48 +1,29 @@
 //! Tasks: a unit of work an agent attempts, closed once with its outcome.
 
-use chrono::{DateTime, Utc};
-use serde::{Deserialize, Serialize};
-use uuid::Uuid;
-
 use super::{Store, StoreError};
-use crate::model::TenantId;
+use crate::ids::{SessionId, TaskId, TenantId};
+use crate::words::text_enum;
+use chrono::{DateTime, Utc};
+use serde::Serialize;
 
-/// Where a task stands.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum TaskStatus {
-    Open,
-    Succeeded,
-    Failed,
-    Abandoned,
-}
-
-impl TaskStatus {
-    pub fn as_str(self) -> &'static str {
-        match self {
-            TaskStatus::Open => "open",
-            TaskStatus::Succeeded => "succeeded",
-            TaskStatus::Failed => "failed",
-            TaskStatus::Abandoned => "abandoned",
-        }
+text_enum!(
+    /// Where a task stands: open, then its outcome.
+    TaskStatus, "task status" {
+        Open = "open",
+        Succeeded = "succeeded",
+        Failed = "failed",
+        Abandoned = "abandoned",
     }
+);
 
-    fn parse(s: &str) -> TaskStatus {
-        match s {
-            "succeeded" => TaskStatus::Succeeded,
-            "failed" => TaskStatus::Failed,
-            "abandoned" => TaskStatus::Abandoned,
-            _ => TaskStatus::Open,
-        }
-    }
-}
-
-/// A task.
+/// A task. Only the store makes one (`non_exhaustive`), from a row it read for its tenant:
+/// [`Task::owned`] is therefore a task of [`Task::tenant`].
 #[derive(Clone, Debug, PartialEq, Serialize)]
+#[non_exhaustive]
 pub struct Task {
-    pub id: Uuid,
+    pub id: TaskId,
     pub tenant: TenantId,
-    pub session_id: Option<Uuid>,
+    pub session_id: Option<SessionId>,
     pub title: String,
     pub status: TaskStatus,
     pub evidence: Option<serde_json::Value>,
@@ -51,13 +32,38 @@ pub struct Task {
     pub closed_at: Option<DateTime<Utc>>,
 }
 
+impl Task {
+    /// The handle that marks the task active ([`Store::touch_task`]).
+    pub fn owned(&self) -> OwnedTask {
+        OwnedTask { tenant: self.tenant, id: self.id }
+    }
+}
+
+/// A task whose tenant the store has checked (see [`crate::store::OwnedSession`]): only a
+/// [`Task`] the store read gives one.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct OwnedTask {
+    tenant: TenantId,
+    id: TaskId,
+}
+
+impl OwnedTask {
+    pub fn id(self) -> TaskId {
+        self.id
+    }
+
+    pub fn tenant(self) -> TenantId {
+        self.tenant
+    }
+}
+
 #[derive(sqlx::FromRow)]
 struct TaskRow {
-    id: Uuid,
-    tenant_id: Uuid,
-    session_id: Option<Uuid>,
+    id: TaskId,
+    tenant_id: TenantId,
+    session_id: Option<SessionId>,
     title: String,
-    status: String,
+    status: TaskStatus,
     evidence: Option<sqlx::types::Json<serde_json::Value>>,
     created_at: DateTime<Utc>,
     last_active_at: DateTime<Utc>,
@@ -68,10 +74,10 @@ impl From<TaskRow> for Task {
     fn from(r: TaskRow) -> Task {
         Task {
             id: r.id,
-            tenant: TenantId(r.tenant_id),
+            tenant: r.tenant_id,
             session_id: r.session_id,
             title: r.title,
-            status: TaskStatus::parse(&r.status),
+            status: r.status,
             evidence: r.evidence.map(|e| e.0),
             created_at: r.created_at,
             last_active_at: r.last_active_at,
@@ -95,7 +101,12 @@ pub enum OutcomeError {
 
 impl Store {
     /// Opens a task; `session` must be one of the tenant's sessions ([`StoreError::NotFound`]).
-    pub async fn create_task(&self, tenant: TenantId, session: Option<Uuid>, title: &str) -> Result<Task, StoreError> {
+    pub async fn create_task(
+        &self,
+        tenant: TenantId,
+        session: Option<SessionId>,
+        title: &str,
+    ) -> Result<Task, StoreError> {
         let title = title.trim();
         if title.is_empty() || title.chars().count() > 500 {
             return Err(StoreError::Invalid("a task title has 1 to 500 characters".into()));
@@ -106,17 +117,20 @@ impl Store {
                 OR EXISTS (SELECT 1 FROM sessions WHERE id = $3 AND tenant_id = $2) \
              RETURNING {TASK_COLUMNS}"
         ))
-        .bind(Uuid::new_v4())
+        .bind(TaskId::random())
         .bind(tenant.0)
         .bind(session)
         .bind(title)
         .fetch_optional(self.pool())
         .await?;
-        row.map(Task::from).ok_or_else(|| StoreError::NotFound(format!("session {}", session.unwrap_or_default())))
+        row.map(Task::from).ok_or_else(|| match session {
+            Some(s) => StoreError::NotFound(format!("session {s}")),
+            None => StoreError::NotFound("tenant".into()),
+        })
     }
 
     /// A task of this tenant (`None` for another tenant's).
-    pub async fn task(&self, tenant: TenantId, id: Uuid) -> Result<Option<Task>, StoreError> {
+    pub async fn task(&self, tenant: TenantId, id: TaskId) -> Result<Option<Task>, StoreError> {
         let row: Option<TaskRow> =
             sqlx::query_as(&format!("SELECT {TASK_COLUMNS} FROM tasks WHERE id = $1 AND tenant_id = $2"))
                 .bind(id)
@@ -127,9 +141,10 @@ impl Store {
     }
 
     /// Marks an open task active now (a request carried it).
-    pub async fn touch_task(&self, id: Uuid) -> Result<(), StoreError> {
-        sqlx::query("UPDATE tasks SET last_active_at = now() WHERE id = $1 AND status = 'open'")
-            .bind(id)
+    pub async fn touch_task(&self, task: OwnedTask) -> Result<(), StoreError> {
+        sqlx::query("UPDATE tasks SET last_active_at = now() WHERE id = $1 AND tenant_id = $2 AND status = 'open'")
+            .bind(task.id)
+            .bind(task.tenant)
             .execute(self.pool())
             .await?;
         Ok(())
@@ -139,7 +154,7 @@ impl Store {
     pub async fn close_task(
         &self,
         tenant: TenantId,
-        id: Uuid,
+        id: TaskId,
         status: TaskStatus,
         evidence: Option<&serde_json::Value>,
     ) -> Result<Task, OutcomeError> {
@@ -152,7 +167,7 @@ impl Store {
         ))
         .bind(id)
         .bind(tenant.0)
-        .bind(status.as_str())
+        .bind(status)
         .bind(evidence.map(sqlx::types::Json))
         .fetch_optional(self.pool())
         .await
@@ -167,7 +182,7 @@ impl Store {
     }
 
     /// How many ledger rows a task of this tenant has, and their cost.
-    pub async fn task_cost(&self, tenant: TenantId, task: Uuid) -> Result<(i64, f64), StoreError> {
+    pub async fn task_cost(&self, tenant: TenantId, task: TaskId) -> Result<(i64, f64), StoreError> {
         let row: (i64, f64) = sqlx::query_as(
             "SELECT count(*), COALESCE(sum(cost), 0)::float8 FROM requests WHERE tenant_id = $1 AND task_id = $2",
         )

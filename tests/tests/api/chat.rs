@@ -1,6 +1,7 @@
 //! Chat and text completions, streaming and not; usage and cached tokens.
 
 use crate::helpers::*;
+use cachet_tenants::RequestStatus;
 use serde_json::{json, Value};
 
 #[tokio::test]
@@ -108,8 +109,8 @@ async fn a_client_disconnect_cancels_the_request() {
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
     loop {
         let rows = app.ledger(tenant).await;
-        if let Some(row) = rows.first().filter(|r| r.status != "running") {
-            assert_eq!(row.status, "cancelled");
+        if let Some(row) = rows.first().filter(|r| r.status != RequestStatus::Running) {
+            assert_eq!(row.status, RequestStatus::Cancelled);
             assert!(row.output_tokens < 3000);
             break;
         }

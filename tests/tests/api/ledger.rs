@@ -2,24 +2,25 @@
 //! nothing lost or doubled when Postgres goes away for 20 s.
 
 use crate::helpers::*;
+use cachet_tenants::{RequestId, RequestStatus, SessionId, TaskId};
 use serde_json::{json, Value};
 use std::collections::HashSet;
 use std::time::{Duration, Instant};
 use uuid::Uuid;
 
-fn request_id(v: &Value) -> Uuid {
+fn request_id(v: &Value) -> RequestId {
     let id = v["id"].as_str().unwrap();
-    Uuid::parse_str(id.rsplit('-').next().unwrap()).unwrap()
+    RequestId(Uuid::parse_str(id.rsplit('-').next().unwrap()).unwrap())
 }
 
 #[tokio::test]
 async fn ledger_rows_match_the_responses() {
     let app = spawn_app().await;
     let (tenant, token) = app.tenant("acme").await;
-    let session = Uuid::new_v4();
+    let session = SessionId::random();
     let r = app.post(&token, "/v1/tasks", json!({ "title": "answer questions" })).await;
     assert_eq!(r.status(), 201);
-    let task: Uuid = r.json::<Value>().await.unwrap()["id"].as_str().unwrap().parse().unwrap();
+    let task: TaskId = r.json::<Value>().await.unwrap()["id"].as_str().unwrap().parse().unwrap();
     // A task id the tenant does not have is refused before anything runs.
     let mut unknown = app.chat_body("x", 1);
     unknown["task_id"] = json!(Uuid::new_v4());
@@ -47,7 +48,7 @@ async fn ledger_rows_match_the_responses() {
         assert_eq!(row.prompt_tokens, u["prompt_tokens"].as_i64().unwrap());
         assert_eq!(row.output_tokens, u["completion_tokens"].as_i64().unwrap());
         assert_eq!(row.cached_tokens, u["prompt_tokens_details"]["cached_tokens"].as_i64().unwrap());
-        assert_eq!(row.status, "ok");
+        assert_eq!(row.status, RequestStatus::Ok);
         assert_eq!(row.session_id, Some(session));
         assert_eq!(row.task_id, Some(task));
         assert_eq!(row.model, app.model());
@@ -65,7 +66,7 @@ async fn no_row_is_lost_or_doubled_when_postgres_goes_away() {
     let (tenant, token) = app.tenant("acme").await;
 
     let mut ids = Vec::new();
-    let serve = |ids: &mut Vec<Uuid>, v: Value| ids.push(request_id(&v));
+    let serve = |ids: &mut Vec<RequestId>, v: Value| ids.push(request_id(&v));
     for i in 0..5 {
         serve(&mut ids, app.chat(&token, app.chat_body(&format!("before {i}"), 3)).await.json().await.unwrap());
     }
@@ -92,8 +93,8 @@ async fn no_row_is_lost_or_doubled_when_postgres_goes_away() {
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
     let rows = app.state.store.usage(tenant, 10_000).await.unwrap();
-    let stored: Vec<Uuid> = rows.iter().map(|r| r.id).collect();
-    let unique: HashSet<Uuid> = stored.iter().copied().collect();
+    let stored: Vec<RequestId> = rows.iter().map(|r| r.id).collect();
+    let unique: HashSet<RequestId> = stored.iter().copied().collect();
     assert_eq!(unique.len(), stored.len(), "a row was written twice");
     assert_eq!(unique, ids.iter().copied().collect::<HashSet<_>>(), "rows lost");
     assert!(ids.len() > 30, "the stream kept going: {} requests", ids.len());

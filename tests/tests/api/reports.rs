@@ -4,7 +4,7 @@
 
 use crate::helpers::*;
 use cachet_tenants::store::TaskStatus;
-use cachet_tenants::{TenantId, UsageRecord};
+use cachet_tenants::{Endpoint, FinishReason, RequestId, RequestStatus, SloClass, TaskId, TenantId, UsageRecord};
 use chrono::{DateTime, Duration as Days, TimeZone, Utc};
 use serde_json::{json, Value};
 use std::path::{Path, PathBuf};
@@ -106,7 +106,7 @@ async fn cost_per_successful_task_is_what_the_ledger_rows_add_up_to() {
     };
     let (fix_rows, port_rows) = (of(&fix), of(&port));
     assert_eq!((fix_rows.len(), port_rows.len()), (2, 2));
-    assert!(rows.iter().all(|r| r.cost > 0.0 && r.slo_class.as_deref() == Some("interactive") && r.slo_met.is_some()));
+    assert!(rows.iter().all(|r| r.cost > 0.0 && r.slo_class == Some(SloClass::Interactive) && r.slo_met.is_some()));
     let fix_cost: f64 = fix_rows.iter().map(|r| r.cost).sum();
     let port_cost: f64 = port_rows.iter().map(|r| r.cost).sum();
     let all_cost: f64 = rows.iter().map(|r| r.cost).sum();
@@ -304,14 +304,21 @@ async fn headless(chromium: &Path, profile: &Path, url: &str, args: &[String]) -
     (String::from_utf8_lossy(&out.stdout).into_owned(), console)
 }
 
-fn seeded(tenant: TenantId, task: Option<Uuid>, when: DateTime<Utc>, cost: f64, ttft: f64, cached: i64) -> UsageRecord {
+fn seeded(
+    tenant: TenantId,
+    task: Option<TaskId>,
+    when: DateTime<Utc>,
+    cost: f64,
+    ttft: f64,
+    cached: i64,
+) -> UsageRecord {
     UsageRecord {
-        id: Uuid::new_v4(),
+        id: RequestId::random(),
         tenant,
         session_id: None,
         task_id: task,
         model: "tiny".into(),
-        endpoint: "chat.completions".into(),
+        endpoint: Endpoint::ChatCompletions,
         prompt_tokens: 1000,
         cached_tokens: cached,
         computed_tokens: 1000 - cached,
@@ -321,10 +328,10 @@ fn seeded(tenant: TenantId, task: Option<Uuid>, when: DateTime<Utc>, cost: f64, 
         e2e_ms: ttft + 500.0,
         compute_seconds: 0.5,
         cost,
-        status: "ok".into(),
-        finish_reason: Some("stop".into()),
+        status: RequestStatus::Ok,
+        finish_reason: Some(FinishReason::Stop),
         created_at: when,
-        slo_class: Some("interactive".into()),
+        slo_class: Some(SloClass::Interactive),
         slo_met: Some(ttft < 400.0),
     }
 }

@@ -86,8 +86,8 @@ async fn function_calls_round_trip_streamed_or_not() {
     assert!(v["usage"]["input_tokens_details"]["cached_tokens"].as_u64().unwrap() > 0, "{v}");
 
     let rows = app.ledger(tenant).await;
-    assert_eq!(rows.iter().filter(|r| r.endpoint == "responses").count(), 3);
-    assert!(rows.iter().all(|r| r.status == "ok"));
+    assert_eq!(rows.iter().filter(|r| r.endpoint == cachet_tenants::Endpoint::Responses).count(), 3);
+    assert!(rows.iter().all(|r| r.status == cachet_tenants::RequestStatus::Ok));
 }
 
 #[tokio::test]

@@ -2,6 +2,7 @@
 //! hardening"): what must hold for the service to be safe to run for many tenants.
 
 use crate::helpers::*;
+use cachet_tenants::{Endpoint, FinishReason, RequestId, RequestStatus, SloClass, TaskId};
 use serde_json::{json, Value};
 use uuid::Uuid;
 
@@ -151,6 +152,40 @@ async fn a_request_cannot_label_itself_with_another_tenants_session() {
     assert_eq!(app.chat(&a, body).await.status(), 200);
 }
 
+/// An id that is not a UUID, in a path, a body or a header, is a JSON error that says which kind
+/// of id it expected; it never reaches the store.
+#[tokio::test]
+async fn malformed_ids_are_json_errors_naming_the_kind_of_id() {
+    let app = spawn_app().await;
+    let (_, token) = app.tenant("a").await;
+    for (path, kind) in
+        [("/v1/sessions/not-a-uuid", "session"), ("/v1/tasks/42", "task"), ("/v1/repos/..%2F..%2Fetc", "repository")]
+    {
+        let e = error(app.get(&token, path).await, 404).await;
+        let message = e["message"].as_str().unwrap();
+        assert!(message.contains(&format!("invalid {kind} id")), "{path}: {e}");
+    }
+    let e = error(app.post(&token, "/v1/tasks/42/outcome", json!({"status": "succeeded"})).await, 404).await;
+    assert!(e["message"].as_str().unwrap().contains("invalid task id \"42\""), "{e}");
+    let e = error(app.post(&token, "/v1/sessions", json!({"repo": "shop"})).await, 400).await;
+    assert!(e["message"].as_str().unwrap().contains("invalid repository id \"shop\""), "{e}");
+    let mut body = app.chat_body("hi", 1);
+    body["task_id"] = json!("t-1");
+    let e = error(app.chat(&token, body).await, 400).await;
+    assert!(e["message"].as_str().unwrap().contains("invalid task id \"t-1\""), "{e}");
+    let r = app
+        .client
+        .post(format!("{}/v1/chat/completions", app.address))
+        .bearer_auth(&token)
+        .header("x-cachet-session", "s-1")
+        .json(&app.chat_body("hi", 1))
+        .send()
+        .await
+        .unwrap();
+    let e = error(r, 400).await;
+    assert!(e["message"].as_str().unwrap().contains("x-cachet-session header: invalid session id"), "{e}");
+}
+
 #[tokio::test]
 async fn while_postgres_is_down_only_tasks_checked_before_are_taken() {
     // Its own cluster: stopping the shared one would break the other tests.
@@ -189,14 +224,14 @@ async fn reports_never_join_another_tenants_task() {
     let (a, a_token) = app.tenant("a").await;
     let (b, b_token) = app.tenant("b").await;
     let theirs = app.post(&b_token, "/v1/tasks", json!({ "title": "b's secret project" })).await;
-    let theirs: Uuid = theirs.json::<Value>().await.unwrap()["id"].as_str().unwrap().parse().unwrap();
+    let theirs: TaskId = theirs.json::<Value>().await.unwrap()["id"].as_str().unwrap().parse().unwrap();
     let row = |tenant, cost| cachet_tenants::UsageRecord {
-        id: Uuid::new_v4(),
+        id: RequestId::random(),
         tenant,
         session_id: None,
         task_id: Some(theirs),
         model: "tiny".into(),
-        endpoint: "chat.completions".into(),
+        endpoint: Endpoint::ChatCompletions,
         prompt_tokens: 10,
         cached_tokens: 0,
         computed_tokens: 10,
@@ -206,10 +241,10 @@ async fn reports_never_join_another_tenants_task() {
         e2e_ms: 20.0,
         compute_seconds: 0.1,
         cost,
-        status: "ok".into(),
-        finish_reason: Some("stop".into()),
+        status: RequestStatus::Ok,
+        finish_reason: Some(FinishReason::Stop),
         created_at: chrono::Utc::now(),
-        slo_class: Some("interactive".into()),
+        slo_class: Some(SloClass::Interactive),
         slo_met: Some(true),
     };
     app.state.store.insert_usage(&[row(a, 5.0), row(b, 1.0)]).await.unwrap();
@@ -512,7 +547,7 @@ async fn a_registration_a_dead_process_left_fetching_is_taken_up_again() {
     let store = &app.state.store;
     let url = source.path().display().to_string();
     let new = cachet_tenants::store::NewRepository {
-        id: Uuid::new_v4(),
+        id: cachet_tenants::RepoId::random(),
         tenant,
         name: "shop",
         source: &url,

@@ -505,7 +505,7 @@ async fn one_turn_at_a_time_per_session_across_replicas() {
     let (tenant, token) = a.tenant("acme").await;
     let repo = a.register(&token, shop(&a, "shop")).await;
     let session = a.session(&token, &repo).await;
-    let id: uuid::Uuid = session.parse().unwrap();
+    let id: cachet_tenants::SessionId = session.parse().unwrap();
     // The store's handle to the session: only a session it found for the tenant gives one.
     let owned = a.state.store.session(tenant, id).await.unwrap().expect("the tenant's session").owned();
 

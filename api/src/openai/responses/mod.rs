@@ -22,10 +22,10 @@ use crate::error::ApiError;
 use crate::state::AppState;
 use actix_web::{post, web, HttpRequest, HttpResponse};
 use cachet_engine::chat_template::ChatMessage;
+use cachet_tenants::{SessionId, TaskId};
 use serde::Deserialize;
 use serde_json::{json, Map, Value};
 use utoipa::ToSchema;
-use uuid::Uuid;
 
 /// `input`: a user message's text, or a list of items.
 #[derive(Clone, Debug, Deserialize, ToSchema)]
@@ -115,10 +115,12 @@ pub struct ResponseRequest {
     pub service_tier: Option<String>,
     /// cachet extension: the session (or `X-Cachet-Session`).
     #[serde(default)]
-    pub session_id: Option<Uuid>,
+    #[schema(value_type = Option<Uuid>)]
+    pub session_id: Option<SessionId>,
     /// cachet extension: the task (or `X-Cachet-Task`).
     #[serde(default)]
-    pub task_id: Option<Uuid>,
+    #[schema(value_type = Option<Uuid>)]
+    pub task_id: Option<TaskId>,
     /// cachet extension: `interactive` (default) or `batch`.
     #[serde(default)]
     pub slo: Option<String>,
