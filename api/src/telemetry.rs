@@ -9,14 +9,24 @@
 //! debug) inside a child span of it. `cachet --log-format json serve` with
 //! `RUST_LOG=info,cachet_engine=debug,cachet_api=debug` writes them all; select one request with
 //! `grep <request id>`.
+//!
+//! Traces (off by default): with `OTEL_EXPORTER_OTLP_ENDPOINT` (or
+//! `OTEL_EXPORTER_OTLP_TRACES_ENDPOINT`) set, the same spans go to an OpenTelemetry collector over
+//! OTLP/HTTP (`opentelemetry-otlp`, through `tracing-opentelemetry`): one trace per request, the
+//! HTTP span at its root, the engine's span under it with the request's `queue`, `prefill` and
+//! `decode` phases. `OTEL_EXPORTER_OTLP_PROTOCOL` is `http/protobuf` (default) or `http/json`;
+//! `OTEL_SERVICE_NAME` defaults to `cachet`; `OTEL_SDK_DISABLED=true` turns it off.
 
 use actix_web::body::MessageBody;
 use actix_web::dev::{ServiceRequest, ServiceResponse};
 use actix_web::HttpMessage;
+use opentelemetry_otlp::Protocol;
 use std::time::Instant;
 use tracing::Span;
 use tracing_actix_web::{RequestId, RootSpanBuilder};
-use tracing_subscriber::EnvFilter;
+use tracing_subscriber::layer::SubscriberExt;
+use tracing_subscriber::util::SubscriberInitExt;
+use tracing_subscriber::{EnvFilter, Layer};
 
 /// The root span of every HTTP request: method, route, path, client and request id, then status
 /// and latency in the access log event at its end. Only the path is recorded, never the query
@@ -81,14 +91,124 @@ pub enum LogFormat {
     Json,
 }
 
-/// Installs the global subscriber (once; later calls do nothing).
-pub fn init(format: LogFormat) {
+/// What [`init`] set up. Dropping it exports the spans not yet sent (give it until the process
+/// ends: `let _telemetry = init(…)?;` in `main`).
+#[derive(Debug)]
+#[must_use = "dropping it ends the trace export"]
+pub struct Telemetry {
+    provider: Option<opentelemetry_sdk::trace::SdkTracerProvider>,
+}
+
+impl Drop for Telemetry {
+    fn drop(&mut self) {
+        if let Some(provider) = self.provider.take() {
+            if let Err(e) = provider.shutdown() {
+                eprintln!("warning: exporting the last traces failed: {e}");
+            }
+        }
+    }
+}
+
+/// Installs the global subscriber (once; later calls install nothing): logs on stderr and, where
+/// the environment names an OTLP endpoint, trace export. An unusable trace configuration is an
+/// error (a typo must not silently lose every trace).
+pub fn init(format: LogFormat) -> Result<Telemetry, String> {
     let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info"));
     // Colours only on a terminal: a log file or a collector gets plain text.
     let ansi = std::io::IsTerminal::is_terminal(&std::io::stderr());
-    let builder = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr).with_ansi(ansi);
-    let _ = match format {
-        LogFormat::Human => builder.try_init(),
-        LogFormat::Json => builder.json().try_init(),
+    let logs = tracing_subscriber::fmt::layer().with_writer(std::io::stderr).with_ansi(ansi);
+    let logs = match format {
+        LogFormat::Human => logs.boxed(),
+        LogFormat::Json => logs.json().boxed(),
     };
+    let provider = otlp(|name| std::env::var(name).ok())?;
+    let traces = provider.as_ref().map(|p| {
+        use opentelemetry::trace::TracerProvider as _;
+        tracing_opentelemetry::layer().with_tracer(p.tracer("cachet"))
+    });
+    let _ = tracing_subscriber::registry().with(filter).with(logs).with(traces).try_init();
+    Ok(Telemetry { provider })
+}
+
+/// Where traces go, from the standard OpenTelemetry variables (`env` reads one): `None` when
+/// no endpoint is set.
+fn otlp_target(env: impl Fn(&str) -> Option<String>) -> Result<Option<(String, Protocol)>, String> {
+    let set = |name: &str| env(name).map(|v| v.trim().to_string()).filter(|v| !v.is_empty());
+    if set("OTEL_SDK_DISABLED").is_some_and(|v| v.eq_ignore_ascii_case("true")) {
+        return Ok(None);
+    }
+    let url = match (set("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT"), set("OTEL_EXPORTER_OTLP_ENDPOINT")) {
+        (Some(traces), _) => traces,
+        (None, Some(base)) => format!("{}/v1/traces", base.trim_end_matches('/')),
+        (None, None) => return Ok(None),
+    };
+    if !url.starts_with("http://") {
+        return Err(format!(
+            "OTLP endpoint {url:?}: only http:// is supported (send traces to a collector on the host or \
+             the cluster's network, which may forward them over TLS)"
+        ));
+    }
+    let protocol = set("OTEL_EXPORTER_OTLP_TRACES_PROTOCOL").or_else(|| set("OTEL_EXPORTER_OTLP_PROTOCOL"));
+    let protocol = match protocol.as_deref() {
+        None | Some("http/protobuf") => Protocol::HttpBinary,
+        Some("http/json") => Protocol::HttpJson,
+        Some(other) => {
+            return Err(format!("OTLP protocol {other:?} is not supported (http/protobuf, http/json)"));
+        }
+    };
+    Ok(Some((url, protocol)))
+}
+
+/// The trace pipeline for [`otlp_target`]'s endpoint: spans are batched and sent from a thread
+/// of their own, never on a request's path.
+fn otlp(env: impl Fn(&str) -> Option<String>) -> Result<Option<opentelemetry_sdk::trace::SdkTracerProvider>, String> {
+    use opentelemetry_otlp::WithExportConfig;
+    let Some((url, protocol)) = otlp_target(&env)? else { return Ok(None) };
+    let exporter = opentelemetry_otlp::SpanExporter::builder()
+        .with_http()
+        .with_endpoint(url.clone())
+        .with_protocol(protocol)
+        .build()
+        .map_err(|e| format!("OTLP exporter for {url}: {e}"))?;
+    let mut resource = opentelemetry_sdk::Resource::builder();
+    if env("OTEL_SERVICE_NAME").is_none_or(|v| v.trim().is_empty()) {
+        resource = resource.with_service_name("cachet");
+    }
+    let provider = opentelemetry_sdk::trace::SdkTracerProvider::builder()
+        .with_batch_exporter(exporter)
+        .with_resource(resource.build())
+        .build();
+    Ok(Some(provider))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn target(vars: &[(&str, &str)]) -> Result<Option<(String, Protocol)>, String> {
+        otlp_target(|name| vars.iter().find(|(k, _)| *k == name).map(|(_, v)| v.to_string()))
+    }
+
+    #[test]
+    fn the_trace_endpoint_comes_from_the_standard_variables_and_a_bad_one_is_refused() {
+        assert_eq!(target(&[]), Ok(None), "off by default");
+        assert_eq!(
+            target(&[("OTEL_EXPORTER_OTLP_ENDPOINT", "http://collector:4318/")]),
+            Ok(Some(("http://collector:4318/v1/traces".into(), Protocol::HttpBinary)))
+        );
+        assert_eq!(
+            target(&[
+                ("OTEL_EXPORTER_OTLP_ENDPOINT", "http://a:4318"),
+                ("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", "http://b:4318/traces"),
+                ("OTEL_EXPORTER_OTLP_PROTOCOL", "http/json"),
+            ]),
+            Ok(Some(("http://b:4318/traces".into(), Protocol::HttpJson)))
+        );
+        let sdk_off = [("OTEL_EXPORTER_OTLP_ENDPOINT", "http://a:4318"), ("OTEL_SDK_DISABLED", "TRUE")];
+        assert_eq!(target(&sdk_off), Ok(None));
+        let grpc = target(&[("OTEL_EXPORTER_OTLP_ENDPOINT", "http://a:4317"), ("OTEL_EXPORTER_OTLP_PROTOCOL", "grpc")]);
+        assert!(grpc.unwrap_err().contains("\"grpc\" is not supported"));
+        let tls = target(&[("OTEL_EXPORTER_OTLP_ENDPOINT", "https://a:4318")]);
+        assert!(tls.unwrap_err().contains("only http://"));
+    }
 }

@@ -147,3 +147,27 @@ fn serve_refuses_a_mistyped_setting_before_starting_anything() {
         assert!(!data.join("postgres").exists(), "{toml}: a cluster was created before the check");
     }
 }
+
+/// An OpenTelemetry setting cachet cannot honour stops `cachet serve` at once (a silent typo
+/// would lose every trace).
+#[test]
+fn serve_refuses_an_otlp_setting_it_cannot_honour() {
+    for (var, value, needle) in [
+        ("OTEL_EXPORTER_OTLP_PROTOCOL", "grpc", "OTLP protocol \"grpc\" is not supported"),
+        ("OTEL_EXPORTER_OTLP_ENDPOINT", "https://collector:4318", "only http:// is supported"),
+    ] {
+        let dir = tempfile::tempdir().unwrap();
+        let data = dir.path().join("data");
+        let mut cmd = Command::new(env!("CARGO_BIN_EXE_cachet"));
+        cmd.args(["serve", "--data-dir", data.to_str().unwrap()])
+            .env_remove("DATABASE_URL")
+            .env("RUST_LOG", "warn")
+            .env("OTEL_EXPORTER_OTLP_ENDPOINT", "http://127.0.0.1:9")
+            .env(var, value);
+        let out = cmd.output().unwrap();
+        let err = stderr(&out);
+        assert!(!out.status.success(), "{var}={value}: started");
+        assert!(err.contains(needle), "{var}={value}: {err}");
+        assert!(!data.join("postgres").exists(), "{var}={value}: a cluster was created before the check");
+    }
+}

@@ -4,6 +4,8 @@
 //!   row (opened at admission, kept current as tokens stream) holds what was streamed, once.
 //! - JSON logs: one request's lines, from the HTTP line through the engine's events to the
 //!   ledger row, are selected by its request id.
+//! - OpenTelemetry: with an OTLP endpoint set, each request is one trace (HTTP span, engine span,
+//!   its queue, prefill and decode phases) at a stand-in collector.
 
 use cachet_engine::testing::{Tiny, TinyArch};
 use cachet_kernels::quant::DType;
@@ -227,4 +229,139 @@ fn one_requests_log_lines_from_the_http_line_to_the_ledger_row_share_its_id() {
     // The selection is exact: the two requests share no line.
     let (a, b) = (&ids[0].0, &ids[1].0);
     assert!(!parsed.iter().any(|v| v.to_string().contains(a.as_str()) && v.to_string().contains(b.as_str())));
+}
+
+/// A stand-in OpenTelemetry collector: accepts OTLP/HTTP posts on a port of its own and keeps
+/// their bodies.
+fn collector() -> (u16, std::sync::Arc<std::sync::Mutex<Vec<Vec<u8>>>>) {
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = listener.local_addr().unwrap().port();
+    let bodies = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+    let kept = bodies.clone();
+    std::thread::spawn(move || {
+        for conn in listener.incoming() {
+            let Ok(conn) = conn else { continue };
+            let kept = kept.clone();
+            std::thread::spawn(move || {
+                let mut r = BufReader::new(conn);
+                loop {
+                    // One request: headers, then a Content-Length body.
+                    let mut length = 0;
+                    let mut line = String::new();
+                    loop {
+                        line.clear();
+                        if r.read_line(&mut line).unwrap_or(0) == 0 {
+                            return;
+                        }
+                        if line == "\r\n" {
+                            break;
+                        }
+                        if let Some(v) = line.to_ascii_lowercase().strip_prefix("content-length:") {
+                            length = v.trim().parse().unwrap();
+                        }
+                    }
+                    let mut body = vec![0; length];
+                    r.read_exact(&mut body).unwrap();
+                    kept.lock().unwrap().push(body);
+                    let reply = "HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: 2\r\n\r\n{}";
+                    if r.get_mut().write_all(reply.as_bytes()).is_err() {
+                        return;
+                    }
+                }
+            });
+        }
+    });
+    (port, bodies)
+}
+
+/// An OTLP/JSON attribute's string value.
+fn attribute<'a>(span: &'a serde_json::Value, key: &str) -> Option<&'a str> {
+    span["attributes"].as_array()?.iter().find(|a| a["key"] == key)?["value"]["stringValue"].as_str()
+}
+
+#[test]
+fn with_an_otlp_endpoint_each_request_is_one_trace_with_its_engine_phases() {
+    let dir = tempfile::tempdir().unwrap();
+    let model = dir.path().join("tiny.gguf");
+    Tiny::random(TinyArch::Qwen2, 13, false).write_gguf(DType::Q8_0, &model).unwrap();
+    let data = dir.path().join("data");
+    let (collector_port, bodies) = collector();
+    let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+    let log = std::fs::File::create(dir.path().join("serve.log")).unwrap();
+    let child = Command::new(env!("CARGO_BIN_EXE_cachet"))
+        .args(["serve", "--bind", &format!("127.0.0.1:{port}")])
+        .arg("--data-dir")
+        .arg(&data)
+        .arg("--model")
+        .arg(&model)
+        .env("RUST_LOG", "warn,cachet_api=info,cachet_engine=info")
+        .env("OTEL_EXPORTER_OTLP_ENDPOINT", format!("http://127.0.0.1:{collector_port}"))
+        .env("OTEL_EXPORTER_OTLP_PROTOCOL", "http/json")
+        .env_remove("OTEL_SERVICE_NAME")
+        .env_remove("DATABASE_URL")
+        .stdout(Stdio::null())
+        .stderr(log)
+        .spawn()
+        .unwrap();
+    let mut server = Server(child);
+    wait_ready(port, &mut server);
+    let tenant = cachet(&data, &["tenants", "create", "traced"]);
+    let token = cachet(&data, &["token", "issue", "--tenant", &tenant, "--ttl", "1h"]);
+    let mut ids = Vec::new();
+    for n in 0..2 {
+        let body = format!(
+            r#"{{"model": "default", "messages": [{{"role": "user", "content": "hi {n}"}}], "max_tokens": 4}}"#
+        );
+        let (status, r) = request(port, "POST", "/v1/chat/completions", &token, &body);
+        assert_eq!(status, 200);
+        let id = json_body(r)["id"].as_str().unwrap().trim_start_matches("chatcmpl-").to_string();
+        ids.push(uuid::Uuid::parse_str(&id).unwrap().to_string());
+    }
+    // Stopped as an operator stops it: the spans not yet sent are exported on the way out.
+    drop(server);
+    let spans: Vec<serde_json::Value> = bodies
+        .lock()
+        .unwrap()
+        .iter()
+        .flat_map(|b| {
+            let v: serde_json::Value = serde_json::from_slice(b).expect("OTLP/JSON");
+            let mut out = Vec::new();
+            for rs in v["resourceSpans"].as_array().into_iter().flatten() {
+                let resource = &rs["resource"];
+                assert_eq!(attribute(resource, "service.name"), Some("cachet"), "{resource}");
+                for ss in rs["scopeSpans"].as_array().into_iter().flatten() {
+                    out.extend(ss["spans"].as_array().into_iter().flatten().cloned());
+                }
+            }
+            out
+        })
+        .collect();
+    let mut traces = Vec::new();
+    for id in &ids {
+        let http = spans
+            .iter()
+            .find(|s| s["name"] == "http" && attribute(s, "request_id") == Some(id.as_str()))
+            .unwrap_or_else(|| panic!("no http span of {id} among {} spans", spans.len()));
+        assert_eq!(attribute(http, "tenant"), Some(tenant.as_str()), "{http}");
+        assert_eq!(attribute(http, "endpoint"), Some("chat.completions"), "{http}");
+        let trace = http["traceId"].as_str().unwrap();
+        let mine: Vec<&serde_json::Value> = spans.iter().filter(|s| s["traceId"] == trace).collect();
+        let named = |name: &str| {
+            let found: Vec<&&serde_json::Value> = mine.iter().filter(|s| s["name"] == name).collect();
+            assert_eq!(found.len(), 1, "{id}: one {name:?} span in its trace: {mine:?}");
+            *found[0]
+        };
+        let engine = named("engine");
+        assert_eq!(engine["parentSpanId"], http["spanId"], "the engine's span is under the request's");
+        let mut ends = Vec::new();
+        for phase in ["queue", "prefill", "decode"] {
+            let s = named(phase);
+            assert_eq!(s["parentSpanId"], engine["spanId"], "{phase} is a phase of the engine's span");
+            let time = |k: &str| s[k].as_str().map_or_else(|| s[k].as_u64().unwrap(), |t| t.parse().unwrap());
+            ends.push((time("startTimeUnixNano"), time("endTimeUnixNano")));
+        }
+        assert!(ends.windows(2).all(|w| w[0].1 <= w[1].0), "queue, then prefill, then decode: {ends:?}");
+        traces.push(trace.to_string());
+    }
+    assert_ne!(traces[0], traces[1], "one trace per request");
 }

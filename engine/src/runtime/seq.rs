@@ -46,6 +46,20 @@ pub(super) struct Seq {
     pub computed_prefill: usize,
     pub compute_seconds: f64,
     pub retractions: u32,
+    /// The span of the phase the request is in (a child of its span: a trace shows how long it
+    /// queued, computed its prompt and decoded).
+    phase: (Phase, tracing::Span),
+}
+
+/// Where a request is, as its trace shows it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) enum Phase {
+    /// Waiting for admission (again, after a retraction).
+    Queue,
+    /// Its prompt (or, after a retraction, what it lost) being computed.
+    Prefill,
+    /// Generating.
+    Decode,
 }
 
 impl Seq {
@@ -96,7 +110,29 @@ impl Seq {
             computed_prefill: 0,
             compute_seconds: 0.0,
             retractions: 0,
+            phase: (Phase::Decode, tracing::Span::none()),
         }
+        .in_phase(Phase::Queue)
+    }
+
+    fn in_phase(mut self, phase: Phase) -> Seq {
+        self.enter(phase);
+        self
+    }
+
+    /// Moves the request to `phase`: the previous phase's span ends here, the new one starts.
+    pub fn enter(&mut self, phase: Phase) {
+        if self.phase.0 == phase {
+            return;
+        }
+        // The old span closes before the new one starts: the phases of a trace do not overlap.
+        self.phase = (phase, tracing::Span::none());
+        let parent = &self.req.span;
+        self.phase.1 = match phase {
+            Phase::Queue => tracing::info_span!(parent: parent, "queue", retractions = self.retractions),
+            Phase::Prefill => tracing::info_span!(parent: parent, "prefill", from_token = self.computed),
+            Phase::Decode => tracing::info_span!(parent: parent, "decode"),
+        };
     }
 
     /// Output tokens so far.

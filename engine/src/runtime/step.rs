@@ -6,7 +6,7 @@
 use super::request::{Completion, Event, RequestError};
 use super::runner::Ran;
 use super::sched::{Prompt, Tier};
-use super::seq::Seq;
+use super::seq::{Phase, Seq};
 use super::Scheduler;
 use crate::generate::FinishReason;
 use crate::kv_pool::SlotId;
@@ -174,6 +174,7 @@ impl Scheduler {
         seq.computed = m.slots.len();
         seq.owned_from = seq.computed;
         seq.slots = m.slots;
+        seq.enter(Phase::Prefill);
         if seq.cached_tokens.is_none() {
             seq.cached_tokens = Some(seq.computed.min(seq.prompt_len));
             seq.admitted = Some(now);
@@ -241,6 +242,7 @@ impl Scheduler {
         let mut seq = self.running.swap_remove(idx);
         self.release_kv(&mut seq, true);
         seq.retractions += 1;
+        seq.enter(Phase::Queue);
         seq.req.span.in_scope(|| tracing::debug!(retractions = seq.retractions, "retracted: out of KV memory"));
         self.stats.retractions += 1;
         metrics::counter!("cachet:retractions_total").increment(1);
@@ -260,6 +262,7 @@ impl Scheduler {
             if self.running[i].req.prewarm {
                 let mut seq = self.running.swap_remove(i);
                 self.release_kv(&mut seq, true);
+                seq.enter(Phase::Queue);
                 self.stats.preempted_prewarms += 1;
                 metrics::counter!("cachet:prewarm_preemptions_total").increment(1);
                 self.waiting.push(seq);
@@ -428,6 +431,7 @@ impl Scheduler {
                 }
             };
             seq.tokens.push(token);
+            seq.enter(Phase::Decode);
             let out = match seq.output.push(&self.tokenizer, token) {
                 Ok(out) => out,
                 Err(e) => {
