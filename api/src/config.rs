@@ -8,7 +8,7 @@
 use crate::device::DeviceChoice;
 use cachet_engine::runtime::Policy;
 use cachet_tenants::jwt::JwtConfig;
-use cachet_tenants::Plan;
+use cachet_tenants::{Plan, Secret};
 use figment::providers::{Env, Format, Serialized, Toml};
 use figment::Figment;
 use serde::Deserialize;
@@ -82,6 +82,10 @@ pub struct ContextSettings {
     /// it behind: a burst of pushes rebases once, and the turns right after a push (which the
     /// overlay serves warm) do not share the machine with it.
     pub rebase_delay_ms: u64,
+    /// With overlays, the push webhook answers once the sessions it left behind have their next
+    /// turn's prefix (warm base, history, overlay) computed, or after this long (the pre-warms
+    /// go on); 0: at once.
+    pub overlay_prewarm_wait_ms: u64,
 }
 
 /// What a session's next turn sees after a push changed files of its repository context.
@@ -114,6 +118,7 @@ impl Default for ContextSettings {
             session_idle_secs: 30 * 60,
             after_push: AfterPush::default(),
             rebase_delay_ms: 5000,
+            overlay_prewarm_wait_ms: 5000,
         }
     }
 }
@@ -141,8 +146,9 @@ pub struct ServerSettings {
 #[derive(Clone, Debug, Deserialize, Default)]
 #[serde(default, deny_unknown_fields)]
 pub struct DatabaseSettings {
-    /// Postgres URL; empty: a private cluster in `<data_dir>/postgres`.
-    pub url: String,
+    /// Postgres URL (it may carry a password: never printed); empty: a private cluster in
+    /// `<data_dir>/postgres`.
+    pub url: Secret,
     /// Port of the private cluster (0: pick a free one and remember it).
     pub private_port: u16,
 }
@@ -275,7 +281,7 @@ pub struct AuthSettings {
     pub jwt: JwtConfig,
     /// Bearer secret of the operator (`/admin/*`); empty: generated into
     /// `<data_dir>/secrets/operator-token` on first start.
-    pub operator_token: String,
+    pub operator_token: Secret,
 }
 
 #[derive(Clone, Debug, Deserialize)]
@@ -528,6 +534,21 @@ mod tests {
             )
         };
         assert_eq!(sections(&s), sections(&d));
+        assert_eq!(s.database.url, d.database.url, "Debug hides it: compared apart");
+        assert_eq!(s.auth.operator_token, d.auth.operator_token);
+    }
+
+    /// Settings can be logged whole: the database URL (which may carry a password) and the
+    /// operator's token print as `Secret(***)`.
+    #[test]
+    fn settings_debug_never_prints_a_secret() {
+        let s =
+            load("[database]\nurl = \"postgres://cachet:hunter22@db/cachet\"\n[auth]\noperator_token = \"op-3f9a\"\n")
+                .expect("valid");
+        assert_eq!(s.database.url.expose(), "postgres://cachet:hunter22@db/cachet");
+        let printed = format!("{s:?}");
+        assert!(!printed.contains("hunter22") && !printed.contains("op-3f9a"), "{printed}");
+        assert!(printed.contains("Secret(***)"), "{printed}");
     }
 
     /// A mistake in a value with a fixed set of choices, or in a key's name, fails the load

@@ -97,7 +97,7 @@ pub async fn database(settings: &Settings) -> anyhow::Result<Database> {
         .await??;
         (cluster.url("cachet"), Some(cluster))
     } else {
-        (settings.database.url.clone(), None)
+        (settings.database.url.expose().to_string(), None)
     };
     let store = Store::connect(&url).await.context("connecting to Postgres")?;
     store.migrate().await.context("applying migrations")?;
@@ -138,7 +138,7 @@ pub fn jwt_config(settings: &Settings) -> anyhow::Result<JwtConfig> {
 /// The operator's bearer secret (configured, or generated in the data folder).
 pub fn operator_token(settings: &Settings) -> anyhow::Result<Secret> {
     if !settings.auth.operator_token.is_empty() {
-        return Ok(Secret::new(settings.auth.operator_token.clone()));
+        return Ok(settings.auth.operator_token.clone());
     }
     secret_file(&settings.server.data_dir.join("secrets/operator-token"))
 }

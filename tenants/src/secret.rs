@@ -34,6 +34,13 @@ impl fmt::Debug for Secret {
     }
 }
 
+/// The empty secret ("none given": a setting left unset).
+impl Default for Secret {
+    fn default() -> Secret {
+        Secret(String::new())
+    }
+}
+
 impl From<String> for Secret {
     fn from(value: String) -> Secret {
         Secret(value)

@@ -193,7 +193,7 @@ pub async fn sign_in_with_code(
 
 #[derive(Debug, Deserialize)]
 pub struct SignInForm {
-    token: String,
+    token: cachet_tenants::Secret,
 }
 
 /// The sign-in form's target: a same-origin post with the token in its body.
@@ -206,7 +206,7 @@ pub async fn sign_in_with_form(
     if !same_origin(&req) {
         return Ok(page(StatusCode::FORBIDDEN, "Sign in", "Sign in from this site's own page.", true, false));
     }
-    let viewer = match viewer_of(&state, form.token.trim()).await {
+    let viewer = match viewer_of(&state, form.token.expose().trim()).await {
         Ok(v) => v,
         Err(ApiError::Unauthorized(_)) => {
             return Ok(page(StatusCode::UNAUTHORIZED, "Sign in", "That token is not valid.", true, false))

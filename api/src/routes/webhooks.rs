@@ -162,6 +162,7 @@ pub async fn git_webhook(
     Ok(HttpResponse::Ok().json(json!({
         "event": "push", "delivery": delivery, "ref": push.git_ref, "before": push.before, "after": push.after,
         "changed_paths": applied.paths, "evicted_tokens": applied.evicted, "prewarmed": applied.prewarmed,
+        "overlays_prewarmed": applied.overlays,
     })))
 }
 
@@ -170,6 +171,9 @@ pub(crate) struct Applied {
     pub paths: Vec<String>,
     pub evicted: usize,
     pub prewarmed: usize,
+    /// Sessions left behind whose next turn's prefix (with its overlay) was computed before the
+    /// webhook answered.
+    pub overlays: usize,
 }
 
 /// Which replica received a push.
@@ -221,7 +225,7 @@ pub(crate) async fn apply(
     .map_err(|e| ApiError::Internal(e.to_string()))??;
 
     let Some(served) = state.served.get() else {
-        return Ok(Applied { paths, evicted: 0, prewarmed: 0 });
+        return Ok(Applied { paths, evicted: 0, prewarmed: 0, overlays: 0 });
     };
     let mut evicted = 0;
     // With overlays, the sessions this replica serves on the branch keep using their warm
@@ -234,26 +238,27 @@ pub(crate) async fn apply(
         evicted += served.engine.invalidate(&source, versions.get(path).map(String::as_str)).await.unwrap_or(0);
     }
     let serves_branch = || state.served_branch_within(repo.id, branch, crate::sessions::idle(state));
-    let prewarmed = if is_zero(&push.after) || (received == Received::Elsewhere && !serves_branch()) {
-        0
+    let (prewarmed, overlays) = if is_zero(&push.after) || (received == Received::Elsewhere && !serves_branch()) {
+        (0, 0)
     } else {
         prewarm(state, served, repo, branch).await?
     };
-    Ok(Applied { paths, evicted, prewarmed })
+    Ok(Applied { paths, evicted, prewarmed, overlays })
 }
 
-/// Pre-warms the branch's repository context if a session on it is active;
-/// returns the number of pre-warm requests sent (0 or 1: every session on
-/// a branch shares one context).
+/// Pre-warms the branch's repository context if a session on it is active; with overlays,
+/// first the next turn's prefix of each session the push left behind (waiting for those, up to
+/// `overlay_prewarm_wait_ms`). Returns the number of context pre-warm requests sent (0 or 1:
+/// every session on a branch shares one context) and of overlays pre-warmed.
 async fn prewarm(
     state: &web::Data<AppState>,
     served: &Served,
     repo: &Repository,
     branch: &str,
-) -> Result<usize, ApiError> {
+) -> Result<(usize, usize), ApiError> {
     let since = chrono::Utc::now() - crate::sessions::idle(state);
     let sessions = state.store.active_sessions(repo.id, branch, since).await?;
-    let Some(latest) = sessions.first() else { return Ok(0) };
+    let Some(latest) = sessions.first() else { return Ok((0, 0)) };
     let (st, r, b) = (state.clone(), repo.clone(), branch.to_string());
     let prompt = web::block(move || {
         let served = st.served()?;
@@ -268,10 +273,17 @@ async fn prewarm(
         AfterPush::Overlay => state.bases.behind(repo.id, branch, &prompt.at.head, crate::sessions::idle(state)),
         AfterPush::Rebuild => Vec::new(),
     };
+    // The turns right after the push start from each session's warm prefix and its overlay:
+    // compute those first (a few hundred tokens each), before the new context (thousands).
+    let wait = std::time::Duration::from_millis(state.settings.context.overlay_prewarm_wait_ms);
+    let overlays = match behind.is_empty() {
+        true => 0,
+        false => crate::sessions::rebase::prewarm_overlays(state, repo, branch, &behind, wait).await,
+    };
     let end = prompt.context_end;
     if end == 0 {
         crate::sessions::rebase::spawn(state.clone(), repo.clone(), branch.to_string(), behind);
-        return Ok(0);
+        return Ok((0, overlays));
     }
     let mut request = Request::new(
         crate::state::engine_tenant(repo.tenant),
@@ -291,5 +303,5 @@ async fn prewarm(
         while events.next().await.is_some() {}
         crate::sessions::rebase::spawn(st, r, b, behind);
     });
-    Ok(1)
+    Ok((1, overlays))
 }

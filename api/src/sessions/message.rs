@@ -163,6 +163,7 @@ pub async fn post_message(
     let owned = session.owned();
     let (st, at, rebase_repo) = (state.clone(), prompt.at, repo.clone());
     let owner = Owner { tenant, repo: repo.id, branch: session.branch.clone() };
+    let tools = plan.template_tools.clone();
     job.answer = Some(Box::new(move |answer: Answer| {
         Box::pin(async move {
             let mut turns: Vec<NewTurn<'_>> = results
@@ -186,7 +187,9 @@ pub async fn post_message(
                 Err(e) => tracing::error!(session = %session_id, "storing the turn failed: {e}"),
                 // What the history has now seen; a session behind the head is rebased.
                 Ok(_) => {
-                    if let Some(behind) = st.bases.record(session_id, &owner, &at, turns_before + turns.len()) {
+                    if let Some(behind) =
+                        st.bases.record(session_id, &owner, &at, turns_before + turns.len(), tools.as_ref())
+                    {
                         if st.repos.after_push(&rebase_repo) == AfterPush::Overlay {
                             super::rebase::spawn(st.clone(), rebase_repo, owner.branch.clone(), vec![behind]);
                         }

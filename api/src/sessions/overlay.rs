@@ -82,6 +82,9 @@ struct Base {
     /// The newest commit the history has seen (in its context or in an overlay).
     seen: CommitId,
     rebase: Option<Rebase>,
+    /// The tools its last turn rendered (a template may render them before the history: what
+    /// is pre-warmed for its next turn must have them where that turn will).
+    tools: Option<serde_json::Value>,
     touched: Instant,
 }
 
@@ -129,7 +132,14 @@ impl SessionBases {
     /// Records a stored turn (the history now has `turns` turns) that started from `at`; says
     /// whether the session should be rebased onto the head (it is behind it, and no rebase of
     /// this history is under way).
-    pub fn record(&self, session: SessionId, owner: &Owner, at: &At, turns: usize) -> Option<Behind> {
+    pub fn record(
+        &self,
+        session: SessionId,
+        owner: &Owner,
+        at: &At,
+        turns: usize,
+        tools: Option<&serde_json::Value>,
+    ) -> Option<Behind> {
         let mut map = self.lock();
         if map.len() >= MAX_SESSIONS && !map.contains_key(&session) {
             if let Some(oldest) = map.iter().min_by_key(|(_, b)| b.touched).map(|(id, _)| *id) {
@@ -152,6 +162,7 @@ impl SessionBases {
                 context: at.context.clone(),
                 seen: at.head.clone(),
                 rebase,
+                tools: tools.cloned(),
                 touched: Instant::now(),
             },
         );
@@ -214,6 +225,11 @@ impl SessionBases {
                 b.rebase = None;
             }
         }
+    }
+
+    /// The tools the session's last turn rendered.
+    pub fn tools(&self, session: SessionId) -> Option<serde_json::Value> {
+        self.lock().get(&session).and_then(|b| b.tools.clone())
     }
 
     /// A closed session.
@@ -315,7 +331,7 @@ mod tests {
         let (c0, c1) = (commit(1), commit(2));
         // Unknown: the head.
         assert_eq!(bases.plan(s, &c0, 0, AfterPush::Overlay), At::head(c0.clone()));
-        assert_eq!(bases.record(s, &owner(), &At::head(c0.clone()), 2), None);
+        assert_eq!(bases.record(s, &owner(), &At::head(c0.clone()), 2, None), None);
         // A push: the base and an overlay since it.
         let at = bases.plan(s, &c1, 2, AfterPush::Overlay);
         assert_eq!(at, At { head: c1.clone(), context: c0.clone(), overlay_since: Some(c0.clone()) });
@@ -324,7 +340,7 @@ mod tests {
         let behind = bases.behind(owner().repo, "main", &c1, Duration::from_secs(60));
         assert_eq!(behind, vec![Behind { session: s, tenant: owner().tenant, head: c1.clone() }]);
         assert!(bases.rebasing(s, &c1, 2));
-        let again = bases.record(s, &owner(), &at, 4);
+        let again = bases.record(s, &owner(), &at, 4, None);
         assert_eq!(again, Some(Behind { session: s, tenant: owner().tenant, head: c1.clone() }));
         // The overlay was seen: the next turn on the base has none.
         let next = bases.plan(s, &c1, 4, AfterPush::Overlay);
@@ -335,7 +351,7 @@ mod tests {
         assert!(bases.rebasing(s, &c1, 4));
         bases.warm(s, &c1, 4);
         assert_eq!(bases.plan(s, &c1, 4, AfterPush::Overlay), At::head(c1.clone()));
-        assert_eq!(bases.record(s, &owner(), &At::head(c1.clone()), 6), None);
+        assert_eq!(bases.record(s, &owner(), &At::head(c1.clone()), 6, None), None);
         assert_eq!(bases.plan(s, &c1, 6, AfterPush::Overlay), At::head(c1.clone()));
         bases.forget(s);
         assert!(bases.behind(owner().repo, "main", &commit(3), Duration::from_secs(60)).is_empty());
@@ -346,19 +362,19 @@ mod tests {
         let bases = SessionBases::default();
         let s = SessionId::random();
         let (c0, c1, c2) = (commit(1), commit(2), commit(3));
-        bases.record(s, &owner(), &At::head(c0.clone()), 2);
+        bases.record(s, &owner(), &At::head(c0.clone()), 2, None);
         assert_eq!(bases.behind(owner().repo, "main", &c1, Duration::from_secs(60)).len(), 1);
         assert!(bases.rebasing(s, &c1, 2));
         bases.warm(s, &c1, 2);
         let at = bases.plan(s, &c2, 2, AfterPush::Overlay);
         assert_eq!(at, At { head: c2.clone(), context: c1.clone(), overlay_since: Some(c1.clone()) });
         // Recorded on the new base, behind the head: a rebase onto the head starts.
-        let start = bases.record(s, &owner(), &at, 4);
+        let start = bases.record(s, &owner(), &at, 4, None);
         assert_eq!(start.map(|b| b.head), Some(c2));
         // A failed rebase is abandoned, and the next turn starts another.
         bases.abandon(s, &commit(3));
         let at = bases.plan(s, &commit(3), 4, AfterPush::Overlay);
         assert_eq!(at.context, c1);
-        assert!(bases.record(s, &owner(), &at, 6).is_some());
+        assert!(bases.record(s, &owner(), &at, 6, None).is_some());
     }
 }

@@ -1,9 +1,16 @@
-//! The background half of the overlay (see [`super::overlay`]): a session's repository context
-//! at the new head and its history, pre-warmed at the lowest priority (preemptible, invisible
-//! to admission control); once that is warm, the session's turns start from it.
+//! The background half of the overlay (see [`super::overlay`]), all of it pre-warms (the lowest
+//! priority: preemptible, invisible to admission control):
+//!
+//! - at a push, each session it left behind gets what its next turn starts with — its warm base
+//!   context, its history and the overlay — computed at once ([`prewarm_overlays`]; the webhook
+//!   answers once these are warm, or after `overlay_prewarm_wait_ms`), so that turn costs what a
+//!   warm turn costs;
+//! - then the session is rebased: its repository context at the new head and its history;
+//!   once that is warm, the session's turns start from it.
 
-use super::assemble::session_prompt;
+use super::assemble::{session_prompt, SessionPrompt, TurnInput};
 use super::overlay::{At, Behind};
+use super::prompt::Kind;
 use crate::error::ApiError;
 use crate::openai::retention_key;
 use crate::state::AppState;
@@ -59,13 +66,8 @@ async fn rebase(
     if !state.bases.rebasing(behind.session, &behind.head, turns) {
         return Ok(false);
     }
-    let (st, r, b, head) = (state.clone(), repo.clone(), branch.to_string(), behind.head.clone());
-    let prompt = web::block(move || {
-        let served = st.served()?;
-        session_prompt(&st.repos, served, &r, &b, &At::head(head), &history, None)
-    })
-    .await
-    .map_err(|e| ApiError::Internal(e.to_string()))??;
+    let tools = state.bases.tools(behind.session);
+    let prompt = prompt_at(state, repo, branch, At::head(behind.head.clone()), history, tools).await?;
     // The context and its framing, then the history up to the end of its last turn: what the
     // session's next prompt starts with, whatever the role of its next message.
     let history_end = prompt.assembled.segments.iter().filter(|s| s.turn.is_some()).map(|s| s.tokens.end).max();
@@ -73,6 +75,41 @@ async fn rebase(
     if end == 0 {
         return Err(ApiError::Internal("the session's prompt has no context or history to pre-warm".into()));
     }
+    prewarm(state, served, behind, prompt, end).await?;
+    state.bases.warm(behind.session, &behind.head, turns);
+    tracing::debug!(session = %behind.session, head = %behind.head, tokens = end, "session rebased");
+    Ok(true)
+}
+
+/// A session's prompt at `at` over `history`, for a turn that only asks (`"?"`) with the tools
+/// its last turn rendered: what every next turn's prompt starts with, up to its own content.
+async fn prompt_at(
+    state: &web::Data<AppState>,
+    repo: &Repository,
+    branch: &str,
+    at: At,
+    history: Vec<cachet_tenants::store::Turn>,
+    tools: Option<serde_json::Value>,
+) -> Result<SessionPrompt, ApiError> {
+    let (st, r, b) = (state.clone(), repo.clone(), branch.to_string());
+    web::block(move || {
+        let served = st.served()?;
+        let turn = TurnInput { question: "?".into(), tools, ..TurnInput::default() };
+        session_prompt(&st.repos, served, &r, &b, &at, &history, Some(&turn))
+    })
+    .await
+    .map_err(|e| ApiError::Internal(e.to_string()))?
+}
+
+/// Computes `prompt`'s first `end` tokens into the cache as background work, kept warm for the
+/// session; returns once they are computed.
+async fn prewarm(
+    state: &web::Data<AppState>,
+    served: &crate::state::Served,
+    behind: &Behind,
+    prompt: SessionPrompt,
+    end: usize,
+) -> Result<(), ApiError> {
     let mut request = Request::new(
         crate::state::engine_tenant(behind.tenant),
         prompt.assembled.tokens[..end].to_vec(),
@@ -86,14 +123,82 @@ async fn rebase(
     let mut events = served.engine.submit(request);
     while let Some(event) = events.next().await {
         match event {
-            Event::Done(_) => {
-                state.bases.warm(behind.session, &behind.head, turns);
-                tracing::debug!(session = %behind.session, head = %behind.head, tokens = end, "session rebased");
-                return Ok(true);
-            }
+            Event::Done(_) => return Ok(()),
             Event::Error(e) => return Err(ApiError::Internal(format!("the pre-warm failed: {e}"))),
             Event::Token { .. } => {}
         }
     }
     Err(ApiError::Internal("the pre-warm ended without an answer".into()))
+}
+
+/// Pre-warms, for each session a push left `behind`, its next turn's prompt up to the end of
+/// its overlay (its warm base context and history are cached already: only the overlay is
+/// computed). Waits at most `wait` for them (they go on in the background after that); returns
+/// how many were warm by then.
+pub(crate) async fn prewarm_overlays(
+    state: &web::Data<AppState>,
+    repo: &Repository,
+    branch: &str,
+    behind: &[Behind],
+    wait: std::time::Duration,
+) -> usize {
+    let tasks: Vec<_> = behind
+        .iter()
+        .cloned()
+        .map(|b| {
+            let (st, r, br) = (state.clone(), repo.clone(), branch.to_string());
+            tokio::spawn(async move {
+                match prewarm_overlay(&st, &r, &br, &b).await {
+                    Ok(warm) => warm,
+                    Err(e) => {
+                        tracing::warn!(session = %b.session, head = %b.head, "pre-warming the overlay failed: {e}");
+                        false
+                    }
+                }
+            })
+        })
+        .collect();
+    let all = futures_util::future::join_all(tasks);
+    match tokio::time::timeout(wait, all).await {
+        Ok(done) => done.into_iter().filter(|d| matches!(d, Ok(true))).count(),
+        Err(_) => 0,
+    }
+}
+
+/// One session's overlay pre-warm; false when there is nothing to pre-warm (the session is
+/// gone, its next turn starts from the head, or its overlay cannot be cut off cleanly from
+/// the turn's own content).
+async fn prewarm_overlay(
+    state: &web::Data<AppState>,
+    repo: &Repository,
+    branch: &str,
+    behind: &Behind,
+) -> Result<bool, ApiError> {
+    let served = state.served()?;
+    let Some(session) = state.store.session(repo.tenant, behind.session).await? else {
+        return Ok(false);
+    };
+    let history = state.store.turns(session.owned()).await?;
+    // Where the next turn will start from (as `post_message` plans it).
+    let at = state.bases.plan(behind.session, &behind.head, history.len(), state.repos.after_push(repo));
+    if at.overlay_since.is_none() {
+        return Ok(false);
+    }
+    let tools = state.bases.tools(behind.session);
+    let prompt = prompt_at(state, repo, branch, at, history, tools).await?;
+    // The prefix ends with the overlay where the turn's own content is tokenized apart from it
+    // (a clean boundary: the question has tokens of its own, starting there).
+    let segments = &prompt.assembled.segments;
+    let Some(i) = segments.iter().position(|s| s.kind == Kind::Overlay) else { return Ok(false) };
+    let end = segments[i].tokens.end;
+    let clean = segments[i + 1..]
+        .iter()
+        .find(|s| !s.tokens.is_empty())
+        .is_some_and(|s| s.kind == Kind::Question && s.tokens.start == end);
+    if end == 0 || !clean {
+        return Ok(false);
+    }
+    prewarm(state, served, behind, prompt, end).await?;
+    tracing::debug!(session = %behind.session, head = %behind.head, tokens = end, "overlay pre-warmed");
+    Ok(true)
 }

@@ -186,6 +186,8 @@ async fn after_a_push_the_next_turn_keeps_its_warm_prefix_and_carries_the_change
     let after = repo.source.commit(&[("src/cart.rs", Some(CART_V3))], "cart: rename total").unwrap().to_string();
     let pushed: Value = app.push_hook(&repo, &repo.head, &after, None).await.json().await.unwrap();
     assert_eq!(pushed["changed_paths"], json!(["src/cart.rs"]), "{pushed}");
+    // The webhook answered once the session's next prefix, its overlay included, was computed.
+    assert_eq!(pushed["overlays_prewarmed"], 1, "{pushed}");
 
     // At once: the warm base, then the history, then the overlay with the new version.
     let dry = app.dry_run(&token, &session, "Which methods does Cart have?").await;
@@ -197,7 +199,8 @@ async fn after_a_push_the_next_turn_keeps_its_warm_prefix_and_carries_the_change
     assert!(overlay["tokens"]["start"].as_u64().unwrap() > history_end(&dry));
     let v = ask(&app, &token, &session, "Which methods does Cart have?").await;
     assert_eq!(v["cachet"]["context_commit"], repo.head);
-    assert!(cached(&v) >= history_end(&dry) - 1, "the warm prefix was not reused: {} cached", cached(&v));
+    let overlay_end = overlay["tokens"]["end"].as_u64().unwrap();
+    assert!(cached(&v) >= overlay_end, "the overlay was not pre-warmed: {} cached of {overlay_end}", cached(&v));
     // The overlay is the turn's: stored with it, repeated (cached) by the next turn, not shown twice.
     let next = app.dry_run(&token, &session, "And now?").await;
     assert_eq!(next["context_commit"], repo.head);
