@@ -7,7 +7,9 @@
 //! the next turn would recompute them and the whole history. Instead that turn keeps the base
 //! context and the history as they are and carries, before its own content, an **overlay**: the
 //! changed files' new versions as the new head's context renders them, under a heading that
-//! says they replace what is above. Its cost is that of a warm turn plus the overlay's tokens.
+//! says they replace what is above. The push webhook computes that prefix (base, history,
+//! overlay) before it answers (`overlay_prewarm_wait_ms`), so the turn after it costs what a
+//! warm turn costs; a turn that comes sooner computes the overlay's tokens itself.
 //! Meanwhile the session is **rebased** in the background: the context at the new head and the
 //! session's history are pre-warmed (preemptible, invisible to admission control), and the
 //! first turn after that starts from them, fully cached again.

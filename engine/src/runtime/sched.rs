@@ -48,8 +48,10 @@ pub(super) enum Tier {
     Overdue,
     /// Requests that can still meet their TTFT target (every request under `fcfs` and `lpm`).
     Hopeful,
-    /// Anything, those that can still make it first.
+    /// Any user's request, those that can still make it first.
     Any,
+    /// Pre-warms, once no user's request waits.
+    Background,
 }
 
 /// Running prompts in the order their next chunks are planned (see [`Scheduler::prefill_order`]).
@@ -60,6 +62,8 @@ pub(super) struct PrefillOrder {
     pub hopeful: Vec<Prompt>,
     /// Cannot (the overdue ones included): what the hopeful ones leave.
     pub hopeless: Vec<Prompt>,
+    /// Pre-warms: what every user's prompt leaves.
+    pub background: Vec<Prompt>,
 }
 
 /// Whether a request that has `work` prompt tokens left can no longer produce its first token
@@ -135,6 +139,11 @@ impl Scheduler {
     /// ones that can, except for the bounded share of the overdue ones ([`Tier::Overdue`]).
     pub(super) fn pick(&mut self, now: Instant, tier: Tier) -> Option<usize> {
         let prewarm_only = self.waiting.iter().all(|s| s.req.prewarm);
+        // Pre-warms are admitted last, with what users' requests leave (see `schedule`): not in
+        // the phases for users' prompts, even once those phases have taken every user.
+        if prewarm_only != (tier == Tier::Background) {
+            return None;
+        }
         let mut candidates: Vec<usize> =
             (0..self.waiting.len()).filter(|&i| self.waiting[i].req.prewarm == prewarm_only).collect();
         candidates.retain(|&i| !self.shares_running_prefill(i));
@@ -155,8 +164,8 @@ impl Scheduler {
                 .map(|(&i, _)| i)
                 .collect(),
             Tier::Hopeful => hopeful,
-            Tier::Any if hopeful.is_empty() => candidates,
-            Tier::Any => hopeful,
+            Tier::Any | Tier::Background if hopeful.is_empty() => candidates,
+            Tier::Any | Tier::Background => hopeful,
         };
         if candidates.is_empty() {
             return None;
@@ -232,13 +241,12 @@ impl Scheduler {
         if self.cfg.policy == Policy::Slo {
             prefilling.sort_by_key(|s| (s.deadline, s.id));
         }
-        let (mut hopeless, hopeful): (Vec<&Seq>, Vec<&Seq>) =
+        let (hopeless, hopeful): (Vec<&Seq>, Vec<&Seq>) =
             prefilling.into_iter().partition(|s| self.late(s, s.remaining(), now, rate));
         let ids = |v: &[&Seq]| v.iter().map(|s| (s.id, s.req.tenant.clone())).collect::<Vec<_>>();
         let overdue: Vec<&Seq> = hopeless.iter().copied().filter(|s| self.overdue(s, now)).collect();
-        // Pre-warms last: what every user's prompt leaves.
-        hopeless.extend(background);
-        PrefillOrder { overdue: ids(&overdue), hopeful: ids(&hopeful), hopeless: ids(&hopeless) }
+        let (overdue, hopeful, hopeless, background) = (ids(&overdue), ids(&hopeful), ids(&hopeless), ids(&background));
+        PrefillOrder { overdue, hopeful, hopeless, background }
     }
 
     /// Publishes what admission at the door needs (see `admission`): the prompt throughput now

@@ -513,3 +513,35 @@ fn queue_time_and_time_to_first_token_are_read_from_the_scheduler_s_clock() {
     assert_eq!(c.ttft, Some(Duration::from_secs(2) + PASS), "one pass computes the prompt and samples");
     assert_eq!(c.e2e, Duration::from_secs(2) + 2 * PASS, "two tokens, two passes");
 }
+
+/// A pre-warm running when a user's short prompt arrives on a CPU-like machine (a pass costs
+/// about its tokens): the pass that gives the user its first token carries the user's prompt
+/// and at most a tenth more time of background work, not the rest of the token budget.
+#[test]
+fn a_users_first_token_does_not_wait_for_background_work_filling_its_pass() {
+    let mut e = engine(cfg());
+    e.pace = cost(0.030, 0.006);
+    let params = GenerateParams { max_tokens: 1, ..Default::default() };
+    let tokens: Vec<u32> = (0..2000u32).map(|i| (i * 7 + 3) % 300).collect();
+    let mut warm = Request::new(TenantKey::new("t"), tokens, params);
+    warm.prewarm = true;
+    let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
+    std::mem::forget(rx);
+    let prewarm = e.next_id;
+    e.submit(warm, tx);
+    e.step();
+    // Alone, (0.3 − 0.03) / 0.006 = 45 tokens a pass.
+    assert_eq!(computed(&e, prewarm), 45);
+    let user = submit(&mut e, 20, 4);
+    e.step();
+    let got = e.running.iter().find(|s| s.id == user).expect("admitted").generated();
+    assert_eq!(got, 1, "the user's prompt is done in one pass");
+    // That pass: 20 user tokens, 0.03 + 20 × 0.006 = 150 ms; a tenth of it is 2 tokens' time.
+    let background = computed(&e, prewarm).saturating_sub(45);
+    assert!(background <= 2, "{background} pre-warm tokens rode along with the user's first token");
+    // Once the user decodes, the pre-warm moves again within the pacing.
+    for _ in 0..4 {
+        e.step();
+    }
+    assert!(computed(&e, prewarm) > 47, "the pre-warm resumed: {}", computed(&e, prewarm));
+}
