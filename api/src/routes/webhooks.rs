@@ -280,9 +280,16 @@ async fn prewarm(
         true => 0,
         false => crate::sessions::rebase::prewarm_overlays(state, repo, branch, &behind, wait).await,
     };
+    // Those turns are served warm from their base: the new context (for their rebases and for
+    // new sessions) is computed `rebase_delay_ms` later, so that they do not share the machine
+    // with it (a pass of it in progress delayed them by up to 350 ms).
+    let delay = match behind.is_empty() {
+        true => std::time::Duration::ZERO,
+        false => std::time::Duration::from_millis(state.settings.context.rebase_delay_ms),
+    };
     let end = prompt.context_end;
     if end == 0 {
-        crate::sessions::rebase::spawn(state.clone(), repo.clone(), branch.to_string(), behind);
+        crate::sessions::rebase::spawn(state.clone(), repo.clone(), branch.to_string(), behind, delay);
         return Ok((0, overlays));
     }
     let mut request = Request::new(
@@ -295,13 +302,21 @@ async fn prewarm(
     request.public = prompt.public;
     request.spans = prompt.spans.into_iter().filter(|s| s.range.end <= end).collect();
     request.retention = Some((retention_key(repo.tenant, latest.id), crate::sessions::idle(state)));
-    let mut events = served.engine.submit(request);
     // Dropping the stream would cancel the request: drain it; then the rebases, which start
-    // with this context.
+    // with this context. Without a delay it is submitted before the webhook answers.
     let (st, r, b) = (state.clone(), repo.clone(), branch.to_string());
+    let pending = if delay.is_zero() { Ok(served.engine.submit(request)) } else { Err(request) };
+    let engine = served.engine.clone();
     tokio::spawn(async move {
+        let mut events = match pending {
+            Ok(events) => events,
+            Err(request) => {
+                tokio::time::sleep(delay).await;
+                engine.submit(request)
+            }
+        };
         while events.next().await.is_some() {}
-        crate::sessions::rebase::spawn(st, r, b, behind);
+        crate::sessions::rebase::spawn(st, r, b, behind, std::time::Duration::ZERO);
     });
     Ok((1, overlays))
 }

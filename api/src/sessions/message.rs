@@ -191,7 +191,8 @@ pub async fn post_message(
                         st.bases.record(session_id, &owner, &at, turns_before + turns.len(), tools.as_ref())
                     {
                         if st.repos.after_push(&rebase_repo) == AfterPush::Overlay {
-                            super::rebase::spawn(st.clone(), rebase_repo, owner.branch.clone(), vec![behind]);
+                            let delay = std::time::Duration::from_millis(st.settings.context.rebase_delay_ms);
+                            super::rebase::spawn(st.clone(), rebase_repo, owner.branch.clone(), vec![behind], delay);
                         }
                     }
                 }

@@ -20,14 +20,19 @@ use cachet_engine::runtime::{Event, Request, SloClass};
 use cachet_tenants::store::Repository;
 
 /// Rebases each session of `behind` in turn (one at a time: they share the new context, which
-/// the first computes and the others reuse), in the background, starting `rebase_delay_ms`
-/// from now.
-pub(crate) fn spawn(state: web::Data<AppState>, repo: Repository, branch: String, behind: Vec<Behind>) {
+/// the first computes and the others reuse), in the background, starting `delay` from now.
+pub(crate) fn spawn(
+    state: web::Data<AppState>,
+    repo: Repository,
+    branch: String,
+    behind: Vec<Behind>,
+    delay: std::time::Duration,
+) {
     if behind.is_empty() {
         return;
     }
     tokio::spawn(async move {
-        tokio::time::sleep(std::time::Duration::from_millis(state.settings.context.rebase_delay_ms)).await;
+        tokio::time::sleep(delay).await;
         for b in behind {
             run(&state, &repo, &branch, &b).await;
         }
