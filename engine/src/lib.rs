@@ -18,6 +18,8 @@
 //! - [`radix`]: the prefix cache (token prefixes → KV slots, namespaced by scope, with
 //!   provenance tags and per-tenant shares).
 //! - [`runtime`]: the engine thread serving many requests, and its [`runtime::EngineHandle`].
+//! - [`kv_transfer`]: the checksummed, versioned record a chunk of cached K/V leaves the pool
+//!   as (for a disk tier or another server; the tier itself is not built yet).
 //! - [`testing`]: tiny random-weight models written as GGUF or safetensors, for tests.
 //!
 //! Serving a request with a tiny model the example writes itself:
@@ -49,6 +51,7 @@ mod error;
 pub mod generate;
 pub mod gguf;
 pub mod kv_pool;
+pub mod kv_transfer;
 pub mod loader;
 pub mod model;
 pub mod output;

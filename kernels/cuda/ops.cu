@@ -99,6 +99,30 @@ extern "C" __global__ void kv_store_f16(const float* k, const float* v, u16* kc,
     }
 }
 
+// Slot slots[i] of the layer's K and V (f16 bits) into row i of k_out and v_out: a K/V export.
+extern "C" __global__ void kv_gather_f16(const u16* kc, const u16* vc, const u32* slots, u16* k_out, u16* v_out, u32 n, u32 cols) {
+    const u64 total = (u64)n * cols;
+    for (u64 i = global_index(); i < total; i += grid_stride()) {
+        const u64 r = i / cols;
+        const u32 c = (u32)(i % cols);
+        const u64 src = (u64)slots[r] * cols + c;
+        k_out[i] = kc[src];
+        v_out[i] = vc[src];
+    }
+}
+
+// Row i of k and v (f16 bits) into slot slots[i] of the layer's K and V: a K/V import.
+extern "C" __global__ void kv_scatter_f16(const u16* k, const u16* v, u16* kc, u16* vc, const u32* slots, u32 n, u32 cols) {
+    const u64 total = (u64)n * cols;
+    for (u64 i = global_index(); i < total; i += grid_stride()) {
+        const u64 r = i / cols;
+        const u32 c = (u32)(i % cols);
+        const u64 dst = (u64)slots[r] * cols + c;
+        kc[dst] = k[i];
+        vc[dst] = v[i];
+    }
+}
+
 // x (f32) to bf16: the activations of a cuBLAS GEMM.
 extern "C" __global__ void activations_to_bf16(const float* x, u16* out, u64 n) {
     for (u64 i = global_index(); i < n; i += grid_stride()) {

@@ -26,6 +26,9 @@ pub enum BackendError {
     /// The device, its driver or a library it needs (a GPU backend) failed.
     #[error("device: {0}")]
     Device(String),
+    /// K/V rows that do not fit the pool (a slot or layer outside it, rows of another shape).
+    #[error("K/V rows: {0}")]
+    KvRows(String),
 }
 
 /// How rotary position embedding pairs the dimensions of a head.
@@ -55,6 +58,26 @@ pub struct KvLayout {
 }
 
 impl KvLayout {
+    /// Checks a K/V export or import of `slots` of `layer` (`rows`: the values an import brings,
+    /// `None` for an export); returns the values of one row (`kv_heads · head_dim`).
+    pub fn check_rows(&self, layer: usize, slots: &[u32], rows: Option<usize>) -> Result<usize, BackendError> {
+        let cols = self.kv_heads * self.head_dim;
+        if layer >= self.layers {
+            return Err(BackendError::KvRows(format!("layer {layer} of a pool of {} layers", self.layers)));
+        }
+        if let Some(&s) = slots.iter().find(|&&s| s as usize >= self.slots) {
+            return Err(BackendError::KvRows(format!("slot {s} outside a pool of {} slots", self.slots)));
+        }
+        match rows {
+            Some(n) if n != 2 * slots.len() * cols => Err(BackendError::KvRows(format!(
+                "{n} values for {} slots of {cols} values, K and V ({} expected)",
+                slots.len(),
+                2 * slots.len() * cols
+            ))),
+            _ => Ok(cols),
+        }
+    }
+
     /// Bytes of one slot across layers, K and V (f16).
     pub fn bytes_per_slot(&self) -> usize {
         2 * self.layers * self.kv_heads * self.head_dim * 2
@@ -146,6 +169,12 @@ pub trait Backend: Send + Sync {
     fn silu_mul(&self, gate: &mut Self::Buf, up: &Self::Buf);
     /// Stores row `i` of `k` and `v` into slot `slots[i]` of `layer`.
     fn kv_store(&self, kv: &mut Self::Kv, layer: usize, k: &Self::Buf, v: &Self::Buf, slots: &[u32]);
+    /// Copies the K and V rows of `slots` of `layer` to the host as f16 bits: `out` becomes
+    /// K's rows then V's rows, `slots.len() × kv_heads·head_dim` values each (what moves a
+    /// cached prefix to disk or to another server). A slot outside the pool is an error.
+    fn kv_export(&self, kv: &Self::Kv, layer: usize, slots: &[u32], out: &mut Vec<u16>) -> Result<(), BackendError>;
+    /// Writes rows in [`Backend::kv_export`]'s layout into `slots` of `layer`.
+    fn kv_import(&self, kv: &mut Self::Kv, layer: usize, slots: &[u32], rows: &[u16]) -> Result<(), BackendError>;
     /// Causal attention of each sequence's rows of `q` over its slots
     /// (`seqs[i].slots` indexes `slots`).
     #[allow(clippy::too_many_arguments)]

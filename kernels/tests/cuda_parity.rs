@@ -485,3 +485,33 @@ fn kv_pool_and_memory() {
     let huge = KvLayout { layers: 1, slots: 1 << 40, kv_heads: 8, head_dim: 128 };
     assert!(matches!(g.kv(huge), Err(BackendError::OutOfMemory { .. }) | Err(BackendError::Device(_))));
 }
+
+/// K/V rows exported from the CPU pool and imported into the GPU's (other slots) read back the
+/// same, and the GPU exports them as the CPU did: a prefix can move between the two.
+#[test]
+fn kv_rows_move_between_the_cpu_and_the_gpu_pool() {
+    let Some(g) = gpu(CudaOptions::default()) else { return };
+    let c = cpu();
+    let mut rng = Lcg(8);
+    let layout = KvLayout { layers: 2, slots: 64, kv_heads: 2, head_dim: 64 };
+    let cols = layout.kv_heads * layout.head_dim;
+    let mut ckv = c.kv(layout).unwrap();
+    let (mut kb, mut vb) = (c.buf(), c.buf());
+    c.upload(&mut kb, 5, cols, &rng.vec(5 * cols, 1.5));
+    c.upload(&mut vb, 5, cols, &rng.vec(5 * cols, 1.0));
+    c.kv_store(&mut ckv, 1, &kb, &vb, &[2, 40, 3, 63, 0]);
+    let mut rows = Vec::new();
+    c.kv_export(&ckv, 1, &[2, 40, 3, 63, 0], &mut rows).unwrap();
+    let mut gkv = g.kv(layout).unwrap();
+    let to = [10u32, 11, 12, 50, 1];
+    g.kv_import(&mut gkv, 1, &to, &rows).unwrap();
+    let mut back = Vec::new();
+    g.kv_export(&gkv, 1, &to, &mut back).unwrap();
+    assert_eq!(back, rows);
+    let (k, _) = g.read_kv(&gkv, 1);
+    for (i, &s) in to.iter().enumerate() {
+        let row: Vec<u16> = k[s as usize * cols..(s as usize + 1) * cols].iter().map(|x| x.to_bits()).collect();
+        assert_eq!(row, rows[i * cols..(i + 1) * cols], "slot {s}");
+    }
+    assert!(matches!(g.kv_export(&gkv, 1, &[64], &mut back), Err(BackendError::KvRows(_))));
+}

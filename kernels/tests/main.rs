@@ -2,5 +2,6 @@
 
 mod cuda_parity;
 mod dequant_fixture;
+mod kv_rows;
 mod nvrtc_compile;
 mod simd_paths;

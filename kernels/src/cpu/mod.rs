@@ -260,6 +260,35 @@ impl Backend for CpuBackend {
         );
     }
 
+    fn kv_export(&self, kv: &CpuKv, layer: usize, slots: &[u32], out: &mut Vec<u16>) -> Result<(), BackendError> {
+        let cols = kv.layout.check_rows(layer, slots, None)?;
+        let l = &kv.layers[layer];
+        out.clear();
+        out.reserve(2 * slots.len() * cols);
+        for half in [&l.k, &l.v] {
+            for &s in slots {
+                let at = s as usize * cols;
+                out.extend(half[at..at + cols].iter().map(|x| x.to_bits()));
+            }
+        }
+        Ok(())
+    }
+
+    fn kv_import(&self, kv: &mut CpuKv, layer: usize, slots: &[u32], rows: &[u16]) -> Result<(), BackendError> {
+        let cols = kv.layout.check_rows(layer, slots, Some(rows.len()))?;
+        let l = &mut kv.layers[layer];
+        let (k, v) = rows.split_at(slots.len() * cols);
+        for (half, src) in [(&mut l.k, k), (&mut l.v, v)] {
+            for (i, &s) in slots.iter().enumerate() {
+                let at = s as usize * cols;
+                for (dst, &bits) in half[at..at + cols].iter_mut().zip(&src[i * cols..(i + 1) * cols]) {
+                    *dst = f16::from_bits(bits);
+                }
+            }
+        }
+        Ok(())
+    }
+
     fn kv_store(&self, kv: &mut CpuKv, layer: usize, k: &CpuBuf, v: &CpuBuf, slots: &[u32]) {
         let cols = kv.layout.kv_heads * kv.layout.head_dim;
         self.timed(|| "kv_store".into(), || attention::store(&mut kv.layers[layer], &k.data, &v.data, cols, slots));

@@ -339,6 +339,14 @@ impl Backend for CudaBackend {
         ops::silu_mul(self, gate, up);
     }
 
+    fn kv_export(&self, kv: &CudaKv, layer: usize, slots: &[u32], out: &mut Vec<u16>) -> Result<(), BackendError> {
+        ops::kv_export(self, kv, layer, slots, out)
+    }
+
+    fn kv_import(&self, kv: &mut CudaKv, layer: usize, slots: &[u32], rows: &[u16]) -> Result<(), BackendError> {
+        ops::kv_import(self, kv, layer, slots, rows)
+    }
+
     fn kv_store(&self, kv: &mut CudaKv, layer: usize, k: &CudaBuf, v: &CudaBuf, slots: &[u32]) {
         ops::kv_store(self, kv, layer, k, v, slots);
     }

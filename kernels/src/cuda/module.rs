@@ -191,7 +191,7 @@ impl PerFormat {
 }
 
 /// The kernels of ops.cu, in the order of [`Kernels`]' fields.
-const OPS: [&str; 9] = [
+const OPS: [&str; 11] = [
     "add_f32",
     "silu_mul_f32",
     "rms_norm_f32",
@@ -201,6 +201,8 @@ const OPS: [&str; 9] = [
     "gather_rows_f32",
     "kv_store_f16",
     "activations_to_bf16",
+    "kv_gather_f16",
+    "kv_scatter_f16",
 ];
 /// The kernels of attention.cu.
 const ATTENTION: [&str; 2] = ["attention_chunk", "attention_combine"];
@@ -229,6 +231,8 @@ pub(crate) struct Kernels {
     pub gather_rows: CudaFunction,
     pub kv_store: CudaFunction,
     pub activations_to_bf16: CudaFunction,
+    pub kv_gather: CudaFunction,
+    pub kv_scatter: CudaFunction,
     pub attention_chunk: CudaFunction,
     pub attention_combine: CudaFunction,
     pub matmul: PerFormat,
@@ -259,10 +263,10 @@ impl Kernels {
             Ok(PerFormat(fns.try_into().map_err(|_| "one kernel per format".to_string())?))
         };
         let Ok(
-            [add, silu_mul, rms_norm, rms_norm_inplace, rope_table, rope, gather_rows, kv_store, activations_to_bf16],
-        ) = <[CudaFunction; 9]>::try_from(all("ops.cu", &OPS)?)
+            [add, silu_mul, rms_norm, rms_norm_inplace, rope_table, rope, gather_rows, kv_store, activations_to_bf16, kv_gather, kv_scatter],
+        ) = <[CudaFunction; 11]>::try_from(all("ops.cu", &OPS)?)
         else {
-            unreachable!("OPS has nine kernels")
+            unreachable!("OPS has eleven kernels")
         };
         let Ok([attention_chunk, attention_combine]) = <[CudaFunction; 2]>::try_from(all("attention.cu", &ATTENTION)?)
         else {
@@ -279,6 +283,8 @@ impl Kernels {
             gather_rows,
             kv_store,
             activations_to_bf16,
+            kv_gather,
+            kv_scatter,
             attention_chunk,
             attention_combine,
             matmul: per(matmul)?,

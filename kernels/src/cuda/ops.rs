@@ -2,7 +2,7 @@
 
 use super::scratch::upload_u32;
 use super::{check, CudaBackend, CudaBuf, CudaKv, CudaWeight};
-use crate::backend::{Backend, RopeConfig, RopeStyle};
+use crate::backend::{Backend, BackendError, RopeConfig, RopeStyle};
 use crate::quant::DType;
 use cudarc::driver::{LaunchConfig, PushKernelArg};
 
@@ -151,6 +151,75 @@ pub(super) fn gather_rows(be: &CudaBackend, x: &CudaBuf, rows: &[usize], out: &m
     // SAFETY: gather_rows_f32(const float*, const u32*, float*, u32, u32);
     // every index is a row of x (checked), out holds n × cols values.
     check("gather_rows", unsafe { b.launch(grid(rows.len() * x.cols)) });
+}
+
+/// Rows of `slots` of `layer` to the host (see [`crate::backend::Backend::kv_export`]): one
+/// gather into device buffers, one copy each for K and V.
+pub(super) fn kv_export(
+    be: &CudaBackend,
+    kv: &CudaKv,
+    layer: usize,
+    slots: &[u32],
+    out: &mut Vec<u16>,
+) -> Result<(), BackendError> {
+    let cols = kv.layout.check_rows(layer, slots, None)?;
+    let n = slots.len() * cols;
+    out.clear();
+    out.resize(2 * n, 0);
+    if n == 0 {
+        return Ok(());
+    }
+    let device = |e: cudarc::driver::DriverError| BackendError::Device(format!("K/V export: {e}"));
+    let mut k_out = be.stream.alloc_zeros::<u16>(n).map_err(device)?;
+    let mut v_out = be.stream.alloc_zeros::<u16>(n).map_err(device)?;
+    {
+        let mut scratch = be.scratch();
+        let idx = upload_u32(&be.stream, &mut scratch.idx, slots);
+        let (kc, vc) = &kv.layers[layer];
+        let (rows, c) = (slots.len() as u32, cols as u32);
+        let mut b = be.stream.launch_builder(&be.kernels.kv_gather);
+        b.arg(kc).arg(vc).arg(idx).arg(&mut k_out).arg(&mut v_out).arg(&rows).arg(&c);
+        // SAFETY: kv_gather_f16(const u16*, const u16*, const u32*, u16*, u16*, u32, u32);
+        // every slot is inside the layer (checked), k_out and v_out hold n values each.
+        check("kv_gather", unsafe { b.launch(grid(n)) });
+    }
+    let (k, v) = out.split_at_mut(n);
+    be.stream.memcpy_dtoh(&k_out, k).map_err(device)?;
+    be.stream.memcpy_dtoh(&v_out, v).map_err(device)?;
+    be.synchronize();
+    Ok(())
+}
+
+/// Rows in `kv_export`'s layout into `slots` of `layer`: one copy each for K and V, one scatter.
+pub(super) fn kv_import(
+    be: &CudaBackend,
+    kv: &mut CudaKv,
+    layer: usize,
+    slots: &[u32],
+    rows: &[u16],
+) -> Result<(), BackendError> {
+    let cols = kv.layout.check_rows(layer, slots, Some(rows.len()))?;
+    let n = slots.len() * cols;
+    if n == 0 {
+        return Ok(());
+    }
+    let device = |e: cudarc::driver::DriverError| BackendError::Device(format!("K/V import: {e}"));
+    let k = be.stream.clone_htod(&rows[..n]).map_err(device)?;
+    let v = be.stream.clone_htod(&rows[n..]).map_err(device)?;
+    let mut scratch = be.scratch();
+    let idx = upload_u32(&be.stream, &mut scratch.idx, slots);
+    let (kc, vc) = &mut kv.layers[layer];
+    let (count, c) = (slots.len() as u32, cols as u32);
+    let mut b = be.stream.launch_builder(&be.kernels.kv_scatter);
+    b.arg(&k).arg(&v).arg(kc).arg(vc).arg(idx).arg(&count).arg(&c);
+    // SAFETY: kv_scatter_f16(const u16*, const u16*, u16*, u16*, const u32*, u32, u32);
+    // every slot is inside the layer (checked), k and v hold n values each.
+    check("kv_scatter", unsafe { b.launch(grid(n)) });
+    drop(scratch);
+    // The host rows are borrowed only until the copies are queued; wait so that `k` and `v`
+    // outlive the scatter.
+    be.synchronize();
+    Ok(())
 }
 
 pub(super) fn kv_store(be: &CudaBackend, kv: &mut CudaKv, layer: usize, k: &CudaBuf, v: &CudaBuf, slots: &[u32]) {
