@@ -177,7 +177,7 @@ fn one_requests_log_lines_from_the_http_line_to_the_ledger_row_share_its_id() {
         let task = json_body(r)["id"].as_str().unwrap().to_string();
         let body = format!(
             r#"{{"model": "default", "messages": [{{"role": "user", "content": "request {n}"}}], "max_tokens": 8,
-                "stream": {stream}, "task_id": "{task}"}}"#
+                "ignore_eos": true, "stream": {stream}, "task_id": "{task}"}}"#
         );
         let (status, mut r) = request(port, "POST", "/v1/chat/completions", &token, &body);
         assert_eq!(status, 200);
@@ -310,7 +310,7 @@ fn with_an_otlp_endpoint_each_request_is_one_trace_with_its_engine_phases() {
     let mut ids = Vec::new();
     for n in 0..2 {
         let body = format!(
-            r#"{{"model": "default", "messages": [{{"role": "user", "content": "hi {n}"}}], "max_tokens": 4}}"#
+            r#"{{"model": "default", "messages": [{{"role": "user", "content": "hi {n}"}}], "max_tokens": 4, "ignore_eos": true}}"#
         );
         let (status, r) = request(port, "POST", "/v1/chat/completions", &token, &body);
         assert_eq!(status, 200);

@@ -19,7 +19,8 @@
 //!   provenance tags and per-tenant shares).
 //! - [`runtime`]: the engine thread serving many requests, and its [`runtime::EngineHandle`].
 //! - [`kv_transfer`]: the checksummed, versioned record a chunk of cached K/V leaves the pool
-//!   as (for a disk tier or another server; the tier itself is not built yet).
+//!   as, and [`kv_transfer::disk::DiskTier`], a directory of them (for a disk tier or another
+//!   server; the engine does not use them yet).
 //! - [`testing`]: tiny random-weight models written as GGUF or safetensors, for tests.
 //!
 //! Serving a request with a tiny model the example writes itself:

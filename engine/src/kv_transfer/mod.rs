@@ -33,6 +33,8 @@
 use sha2::{Digest, Sha256};
 use std::ops::Range;
 
+pub mod disk;
+
 /// The record format's version; a record of another version is refused.
 pub const FORMAT_VERSION: u16 = 1;
 
