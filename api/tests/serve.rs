@@ -11,7 +11,7 @@ use cachet_engine::testing::{Tiny, TinyArch};
 use cachet_kernels::quant::DType;
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::TcpStream;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
@@ -41,12 +41,23 @@ impl Drop for Server {
     }
 }
 
-fn serve(data: &Path, model: &Path, port: u16) -> Server {
-    serve_logging(data, model, port, "warn", &data.with_extension(format!("{port}.log")))
+/// A temporary folder with a tiny random model (`seed`) in it, the data folder's path beside it,
+/// and a free port.
+fn setup(seed: u64) -> (tempfile::TempDir, PathBuf, PathBuf, u16) {
+    let dir = tempfile::tempdir().unwrap();
+    let model = dir.path().join("tiny.gguf");
+    Tiny::random(TinyArch::Qwen2, seed, false).write_gguf(DType::Q8_0, &model).unwrap();
+    let data = dir.path().join("data");
+    let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+    (dir, model, data, port)
 }
 
-/// [`serve`] with JSON logs at `filter` into `log`.
-fn serve_logging(data: &Path, model: &Path, port: u16, filter: &str, log: &Path) -> Server {
+fn serve(data: &Path, model: &Path, port: u16) -> Server {
+    serve_logging(data, model, port, "warn", &data.with_extension(format!("{port}.log")), &[])
+}
+
+/// [`serve`] with JSON logs at `filter` into `log`, and `env` set.
+fn serve_logging(data: &Path, model: &Path, port: u16, filter: &str, log: &Path, env: &[(&str, &str)]) -> Server {
     let log = std::fs::File::create(log).unwrap();
     let child = Command::new(env!("CARGO_BIN_EXE_cachet"))
         .args(["--log-format", "json", "serve", "--bind", &format!("127.0.0.1:{port}")])
@@ -56,6 +67,8 @@ fn serve_logging(data: &Path, model: &Path, port: u16, filter: &str, log: &Path)
         .arg(model)
         .env("RUST_LOG", filter)
         .env_remove("DATABASE_URL")
+        .env_remove("OTEL_SERVICE_NAME")
+        .envs(env.iter().copied())
         .stdout(Stdio::null())
         .stderr(log)
         .spawn()
@@ -102,11 +115,7 @@ fn wait_ready(port: u16, server: &mut Server) {
 
 #[test]
 fn a_server_killed_mid_stream_leaves_the_streamed_tokens_billed_once() {
-    let dir = tempfile::tempdir().unwrap();
-    let model = dir.path().join("tiny.gguf");
-    Tiny::random(TinyArch::Qwen2, 11, false).write_gguf(DType::Q8_0, &model).unwrap();
-    let data = dir.path().join("data");
-    let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+    let (_dir, model, data, port) = setup(11);
     let mut server = serve(&data, &model, port);
     wait_ready(port, &mut server);
     let tenant = cachet(&data, &["tenants", "create", "crash"]);
@@ -158,13 +167,9 @@ fn json_body(mut r: BufReader<TcpStream>) -> serde_json::Value {
 
 #[test]
 fn one_requests_log_lines_from_the_http_line_to_the_ledger_row_share_its_id() {
-    let dir = tempfile::tempdir().unwrap();
-    let model = dir.path().join("tiny.gguf");
-    Tiny::random(TinyArch::Qwen2, 12, false).write_gguf(DType::Q8_0, &model).unwrap();
-    let data = dir.path().join("data");
+    let (dir, model, data, port) = setup(12);
     let log = dir.path().join("serve.log");
-    let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
-    let mut server = serve_logging(&data, &model, port, "info,cachet_engine=debug,cachet_api=debug", &log);
+    let mut server = serve_logging(&data, &model, port, "info,cachet_engine=debug,cachet_api=debug", &log, &[]);
     wait_ready(port, &mut server);
     let tenant = cachet(&data, &["tenants", "create", "traced"]);
     let token = cachet(&data, &["token", "issue", "--tenant", &tenant, "--ttl", "1h"]);
@@ -281,29 +286,12 @@ fn attribute<'a>(span: &'a serde_json::Value, key: &str) -> Option<&'a str> {
 
 #[test]
 fn with_an_otlp_endpoint_each_request_is_one_trace_with_its_engine_phases() {
-    let dir = tempfile::tempdir().unwrap();
-    let model = dir.path().join("tiny.gguf");
-    Tiny::random(TinyArch::Qwen2, 13, false).write_gguf(DType::Q8_0, &model).unwrap();
-    let data = dir.path().join("data");
+    let (dir, model, data, port) = setup(13);
     let (collector_port, bodies) = collector();
-    let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
-    let log = std::fs::File::create(dir.path().join("serve.log")).unwrap();
-    let child = Command::new(env!("CARGO_BIN_EXE_cachet"))
-        .args(["serve", "--bind", &format!("127.0.0.1:{port}")])
-        .arg("--data-dir")
-        .arg(&data)
-        .arg("--model")
-        .arg(&model)
-        .env("RUST_LOG", "warn,cachet_api=info,cachet_engine=info")
-        .env("OTEL_EXPORTER_OTLP_ENDPOINT", format!("http://127.0.0.1:{collector_port}"))
-        .env("OTEL_EXPORTER_OTLP_PROTOCOL", "http/json")
-        .env_remove("OTEL_SERVICE_NAME")
-        .env_remove("DATABASE_URL")
-        .stdout(Stdio::null())
-        .stderr(log)
-        .spawn()
-        .unwrap();
-    let mut server = Server(child);
+    let endpoint = format!("http://127.0.0.1:{collector_port}");
+    let otlp = [("OTEL_EXPORTER_OTLP_ENDPOINT", endpoint.as_str()), ("OTEL_EXPORTER_OTLP_PROTOCOL", "http/json")];
+    let filter = "warn,cachet_api=info,cachet_engine=info";
+    let mut server = serve_logging(&data, &model, port, filter, &dir.path().join("serve.log"), &otlp);
     wait_ready(port, &mut server);
     let tenant = cachet(&data, &["tenants", "create", "traced"]);
     let token = cachet(&data, &["token", "issue", "--tenant", &tenant, "--ttl", "1h"]);

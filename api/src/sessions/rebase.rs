@@ -62,11 +62,7 @@ async fn rebase(
     behind: &Behind,
 ) -> Result<bool, ApiError> {
     let served = state.served()?;
-    // The session as the store finds it for the repository's tenant (gone: nothing to rebase).
-    let Some(session) = state.store.session(repo.tenant, behind.session).await? else {
-        return Ok(false);
-    };
-    let history = state.store.turns(session.owned()).await?;
+    let Some(history) = history(state, repo, behind).await? else { return Ok(false) };
     let turns = history.len();
     if !state.bases.rebasing(behind.session, &behind.head, turns) {
         return Ok(false);
@@ -84,6 +80,17 @@ async fn rebase(
     state.bases.warm(behind.session, &behind.head, turns);
     tracing::debug!(session = %behind.session, head = %behind.head, tokens = end, "session rebased");
     Ok(true)
+}
+
+/// The history of the session a push left `behind`, as the store finds it for the repository's
+/// tenant (`None`: the session is gone, nothing to pre-warm).
+async fn history(
+    state: &web::Data<AppState>,
+    repo: &Repository,
+    behind: &Behind,
+) -> Result<Option<Vec<cachet_tenants::store::Turn>>, ApiError> {
+    let Some(session) = state.store.session(repo.tenant, behind.session).await? else { return Ok(None) };
+    Ok(Some(state.store.turns(session.owned()).await?))
 }
 
 /// A session's prompt at `at` over `history`, for a turn that only asks (`"?"`) with the tools
@@ -180,10 +187,7 @@ async fn prewarm_overlay(
     behind: &Behind,
 ) -> Result<bool, ApiError> {
     let served = state.served()?;
-    let Some(session) = state.store.session(repo.tenant, behind.session).await? else {
-        return Ok(false);
-    };
-    let history = state.store.turns(session.owned()).await?;
+    let Some(history) = history(state, repo, behind).await? else { return Ok(false) };
     // Where the next turn will start from (as `post_message` plans it).
     let at = state.bases.plan(behind.session, &behind.head, history.len(), state.repos.after_push(repo));
     if at.overlay_since.is_none() {

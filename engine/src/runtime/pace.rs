@@ -178,17 +178,10 @@ impl Scheduler {
         budget
     }
 
-    /// The prompt tokens past which a pass starts no further prompt: where the pass's fixed cost
-    /// (reading every weight) is a tenth of it, so a bigger pass saves little time per token.
-    /// Packing more prompts into a pass delays the first of them by the others' compute and
-    /// gains the later ones almost nothing: four 96-token questions that arrive together on a
-    /// CPU get their first tokens after one, two, three and four prompts' time instead of all
-    /// after four. On a GPU, where the fixed cost is a pass of thousands of tokens, prompts are
-    /// packed as before. The token budget without a fit.
     /// Prompt tokens of background work that may join `plan` when a user's prompt gets its
     /// first token from it: as many as add at most [`BACKGROUND_PASS_SHARE`] to the pass's time
     /// (on a CPU, where a pass costs about its tokens, a few; on a GPU, where a pass's fixed
-    /// cost is that of thousands of tokens, many). None while the pass time is not known.
+    /// cost is that of thousands of tokens, many); none while the pass time is not known.
     pub(super) fn background_room(&self, plan: &[super::step::Planned]) -> usize {
         let tokens: usize = plan.iter().map(|p| p.len).sum();
         match (self.pace.seconds(tokens), self.pace.fit()) {
@@ -197,6 +190,13 @@ impl Scheduler {
         }
     }
 
+    /// The prompt tokens past which a pass starts no further prompt: where the pass's fixed cost
+    /// (reading every weight) is a tenth of it, so a bigger pass saves little time per token.
+    /// Packing more prompts into a pass delays the first of them by the others' compute and
+    /// gains the later ones almost nothing: four 96-token questions that arrive together on a
+    /// CPU get their first tokens after one, two, three and four prompts' time instead of all
+    /// after four. On a GPU, where the fixed cost is a pass of thousands of tokens, prompts are
+    /// packed as before. The token budget without a fit.
     pub(super) fn efficient_prompt_tokens(&self) -> usize {
         let max = self.cfg.token_budget;
         match self.pace.fit() {

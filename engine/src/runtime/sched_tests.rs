@@ -100,6 +100,19 @@ fn submit(e: &mut Scheduler, prompt: usize, max_tokens: usize) -> u64 {
     id
 }
 
+/// Queues a pre-warm of a `prompt`-token prompt.
+fn submit_prewarm(e: &mut Scheduler, prompt: usize) -> u64 {
+    let params = GenerateParams { max_tokens: 1, ..Default::default() };
+    let tokens: Vec<u32> = (0..prompt as u32).map(|i| (i * 7 + 3) % 300).collect();
+    let mut warm = Request::new(TenantKey::new("t"), tokens, params);
+    warm.prewarm = true;
+    let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
+    std::mem::forget(rx);
+    let id = e.next_id;
+    e.submit(warm, tx);
+    id
+}
+
 fn computed(e: &Scheduler, id: u64) -> usize {
     e.running.iter().find(|s| s.id == id).map_or(0, |s| s.computed)
 }
@@ -127,14 +140,7 @@ fn chunk_next_to(cfg: EngineConfig, cost: PassModel, a_tokens: usize) -> (usize,
 fn background_work_alone_runs_in_passes_a_user_would_wait_little_for() {
     let mut e = engine(cfg());
     e.pace = pass_cost();
-    let params = GenerateParams { max_tokens: 1, ..Default::default() };
-    let tokens: Vec<u32> = (0..2000u32).map(|i| (i * 7 + 3) % 300).collect();
-    let mut warm = Request::new(TenantKey::new("t"), tokens, params);
-    warm.prewarm = true;
-    let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
-    std::mem::forget(rx);
-    let id = e.next_id;
-    e.submit(warm, tx);
+    let id = submit_prewarm(&mut e, 2000);
     // A tenth of the 3 s TTFT target: (0.3 − 0.01) / 0.002 = 145 tokens, not the 512 budget.
     assert_eq!(e.step_budget(e.clock.now()), 145);
     e.step();
@@ -521,14 +527,7 @@ fn queue_time_and_time_to_first_token_are_read_from_the_scheduler_s_clock() {
 fn a_users_first_token_does_not_wait_for_background_work_filling_its_pass() {
     let mut e = engine(cfg());
     e.pace = cost(0.030, 0.006);
-    let params = GenerateParams { max_tokens: 1, ..Default::default() };
-    let tokens: Vec<u32> = (0..2000u32).map(|i| (i * 7 + 3) % 300).collect();
-    let mut warm = Request::new(TenantKey::new("t"), tokens, params);
-    warm.prewarm = true;
-    let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
-    std::mem::forget(rx);
-    let prewarm = e.next_id;
-    e.submit(warm, tx);
+    let prewarm = submit_prewarm(&mut e, 2000);
     e.step();
     // Alone, (0.3 − 0.03) / 0.006 = 45 tokens a pass.
     assert_eq!(computed(&e, prewarm), 45);

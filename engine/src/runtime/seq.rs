@@ -76,6 +76,7 @@ impl Seq {
         let sampler = Sampler::new(req.params.sampling.clone(), &req.tokens);
         let tokens = req.tokens.clone();
         let constraint = req.grammar.as_ref().map(|g| g.start());
+        let queue = tracing::info_span!(parent: &req.span, "queue", retractions = 0u32);
         let public = req.public.as_ref().filter(|p| p.tokens > 0);
         let mut key = Vec::with_capacity(tokens.len() + 2);
         let mut split = 0;
@@ -110,14 +111,8 @@ impl Seq {
             computed_prefill: 0,
             compute_seconds: 0.0,
             retractions: 0,
-            phase: (Phase::Decode, tracing::Span::none()),
+            phase: (Phase::Queue, queue),
         }
-        .in_phase(Phase::Queue)
-    }
-
-    fn in_phase(mut self, phase: Phase) -> Seq {
-        self.enter(phase);
-        self
     }
 
     /// Moves the request to `phase`: the previous phase's span ends here, the new one starts.
