@@ -42,6 +42,9 @@ echo "== the openai Python package against cachet serve (real model)"
 echo "== real agent clients against cachet serve (real model): Qwen Code and Codex CLI (scripts/agents-check.sh)"
 ./scripts/agents-check.sh
 
+echo "== a restart with the KV disk tier (real model): same output, served from disk (scripts/restart-bench.sh)"
+CACHET_BIN=target/debug/cachet ROUNDS=1 OUT=target/restart-check ./scripts/restart-bench.sh
+
 echo "== cargo clippy"
 cargo clippy --workspace --all-targets -- -D warnings
 

@@ -270,6 +270,13 @@ pub struct EngineSettings {
     pub batch_itl_ms: u64,
     /// How long a session's prefix stays warm after its last request.
     pub session_retention_secs: u64,
+    /// The disk tier: GiB of prompts' K/V kept on local disk and read back instead of recomputed
+    /// (also after a restart); 0: off.
+    pub kv_tier_gib: f64,
+    /// Its directory; empty: `<data_dir>/kv-tier`.
+    pub kv_tier_dir: PathBuf,
+    /// Prompt tokens per stored chunk.
+    pub kv_tier_chunk_tokens: usize,
 }
 
 #[derive(Clone, Debug, Deserialize, Default)]
@@ -325,6 +332,9 @@ impl Default for EngineSettings {
             batch_ttft_ms: d.batch.ttft.as_millis() as u64,
             batch_itl_ms: d.batch.itl.as_millis() as u64,
             session_retention_secs: 15 * 60,
+            kv_tier_gib: 0.0,
+            kv_tier_dir: PathBuf::new(),
+            kv_tier_chunk_tokens: cachet_engine::runtime::KvTierConfig::DEFAULT_CHUNK_TOKENS,
         }
     }
 }
@@ -433,9 +443,28 @@ impl Settings {
             overload_factor: e.overload_factor,
             default_share: 1.0,
             tenant_labels: self.server.metrics_tenant_labels,
+            kv_tier: self.kv_tier()?,
         };
         cfg.validate().map_err(|m| format!("engine: {m}"))?;
         Ok(cfg)
+    }
+
+    /// The disk tier's settings, `None` when it is off.
+    fn kv_tier(&self) -> Result<Option<cachet_engine::runtime::KvTierConfig>, String> {
+        let e = &self.engine;
+        if !e.kv_tier_gib.is_finite() || e.kv_tier_gib < 0.0 {
+            return Err(format!("engine: kv_tier_gib must be >= 0, not {}", e.kv_tier_gib));
+        }
+        if e.kv_tier_gib == 0.0 {
+            return Ok(None);
+        }
+        let dir = if e.kv_tier_dir.as_os_str().is_empty() {
+            self.server.data_dir.join("kv-tier")
+        } else {
+            e.kv_tier_dir.clone()
+        };
+        let max_bytes = (e.kv_tier_gib * f64::from(1u32 << 30)) as u64;
+        Ok(Some(cachet_engine::runtime::KvTierConfig { dir, max_bytes, chunk_tokens: e.kv_tier_chunk_tokens }))
     }
 
     /// Built-in plans, with configured ones added or replacing by name.

@@ -342,6 +342,14 @@ impl Application {
                 tracing::warn!(session = %session.id(), "releasing a turn lease at shutdown (it expires by itself): {e}");
             }
         }
+        // What the engine handed its disk tier is written before the process ends: the next
+        // start serves those prefixes from disk.
+        if let Some(served) = state.served.get() {
+            let flush = served.engine.flush_kv_tier();
+            if tokio::time::timeout(std::time::Duration::from_secs(30), flush).await.is_err() {
+                tracing::warn!("the KV disk tier was still writing after 30 s; the chunks not written are recomputed");
+            }
+        }
         let waiting = state.ledger.flush().await;
         if waiting > 0 {
             tracing::warn!(

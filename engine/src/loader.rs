@@ -10,7 +10,7 @@ use crate::tokenizer::{GgufTokenizerSpec, Tokenizer};
 use crate::weights::{SafetensorsDir, WeightSource};
 use crate::LoadError;
 use cachet_kernels::backend::Backend;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 /// A model with everything needed to talk to it.
 pub struct LoadedModel<B: Backend> {
@@ -22,6 +22,9 @@ pub struct LoadedModel<B: Backend> {
     pub name: String,
     /// Bytes of the weight files (memory-mapped, not copied).
     pub file_bytes: u64,
+    /// An identity of the weight files (see [`weights_fingerprint`]): K/V stored by one model is
+    /// never loaded into another.
+    pub fingerprint: [u8; 32],
 }
 
 impl<B: Backend> std::fmt::Debug for LoadedModel<B> {
@@ -60,7 +63,8 @@ fn load_gguf<B: Backend>(path: &Path, b: &B, file_name: String) -> Result<Loaded
     let name = file.get_str("general.name")?.map_or(file_name, str::to_owned);
     let file_bytes = file.file_bytes();
     let model = Model::load(b, &file, config)?;
-    Ok(LoadedModel { model, tokenizer, chat_template, name, file_bytes })
+    let fingerprint = weights_fingerprint(&[path.to_path_buf()])?;
+    Ok(LoadedModel { model, tokenizer, chat_template, name, file_bytes, fingerprint })
 }
 
 fn load_hf_dir<B: Backend>(dir: &Path, b: &B, name: String) -> Result<LoadedModel<B>, LoadError> {
@@ -81,7 +85,47 @@ fn load_hf_dir<B: Backend>(dir: &Path, b: &B, name: String) -> Result<LoadedMode
     let weights = SafetensorsDir::open(dir)?;
     let file_bytes = weights.file_bytes();
     let model = Model::load(b, &weights, config)?;
-    Ok(LoadedModel { model, tokenizer, chat_template, name, file_bytes })
+    let mut files: Vec<PathBuf> = std::fs::read_dir(dir)
+        .map_err(|e| LoadError::Io { path: dir.display().to_string(), source: e })?
+        .filter_map(|e| e.ok().map(|e| e.path()))
+        .filter(|p| p.extension().is_some_and(|x| x == "safetensors") || p.ends_with("config.json"))
+        .collect();
+    files.sort();
+    let fingerprint = weights_fingerprint(&files)?;
+    Ok(LoadedModel { model, tokenizer, chat_template, name, file_bytes, fingerprint })
+}
+
+/// An identity of weight files that costs little to compute for a large model: per file (in the
+/// order given), its length, its first and last MiB, and 64 samples of 4 KiB spread evenly
+/// over it, hashed with SHA-256. Two different trainings or quantisations of a model differ in
+/// their headers or in nearly every sampled block.
+pub fn weights_fingerprint(files: &[PathBuf]) -> Result<[u8; 32], LoadError> {
+    use sha2::{Digest, Sha256};
+    use std::os::unix::fs::FileExt;
+    const EDGE: u64 = 1 << 20;
+    const SAMPLES: u64 = 64;
+    const SAMPLE: u64 = 4096;
+    let mut h = Sha256::new();
+    h.update(b"cachet-weights-1");
+    for path in files {
+        let io = |e| LoadError::Io { path: path.display().to_string(), source: e };
+        let f = std::fs::File::open(path).map_err(io)?;
+        let len = f.metadata().map_err(io)?.len();
+        h.update(len.to_le_bytes());
+        let mut read = |at: u64, n: u64| -> Result<(), LoadError> {
+            let n = n.min(len.saturating_sub(at));
+            let mut buf = vec![0u8; n as usize];
+            f.read_exact_at(&mut buf, at).map_err(io)?;
+            h.update(&buf);
+            Ok(())
+        };
+        read(0, EDGE)?;
+        read(len.saturating_sub(EDGE), EDGE)?;
+        for i in 0..SAMPLES {
+            read(len / SAMPLES * i, SAMPLE)?;
+        }
+    }
+    Ok(h.finalize().into())
 }
 
 /// Every token the tokenizer can produce must have an embedding row.

@@ -4,6 +4,7 @@ mod common;
 mod constrained;
 mod cuda_parity;
 mod fidelity_qwen;
+mod kv_tier;
 mod logprobs;
 mod overload;
 mod runtime;

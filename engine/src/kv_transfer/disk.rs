@@ -1,11 +1,16 @@
-//! A directory of [`KvRecord`]s: the disk tier's storage (the engine does not write to it yet).
+//! A directory of [`KvRecord`]s: the disk tier's storage (the engine's use of it:
+//! `runtime::tier`).
 //!
 //! One file per chunk, named by its chain key (`<hex>.kv`, mode 0600, in a 0700 directory),
 //! written to a temporary name and renamed, so a crash leaves a whole file or none. The index
-//! (size, tenant, provenance tags, last use) lives in memory and is rebuilt by [`DiskTier::open`]
-//! from the files, so the tier survives a restart. A file that is corrupt or truncated is
-//! discarded (deleted) when found; a file of another model or format is left alone and not
-//! used. Beyond `max_bytes` the least recently used files go.
+//! (size, tenant, parent chunk, provenance tags, last use) lives in memory and is rebuilt by
+//! [`DiskTier::open`] from the files, so the tier survives a restart. A file that is corrupt or
+//! truncated is discarded (deleted) when found; a file of another model or format is left alone
+//! and not used. Beyond `max_bytes` the least recently used files go, first those of a tenant
+//! past its share of the bound.
+//!
+//! Invalidation follows the chain as the cache's does its subtree: the chunks after an
+//! invalidated one go with it (they were computed after the stale text).
 
 use super::{KvRecord, RecordError, RecordScope};
 use std::collections::HashMap;
@@ -18,6 +23,8 @@ use std::path::{Path, PathBuf};
 struct Entry {
     bytes: u64,
     tenant: Option<String>,
+    /// The chain key of the chunk before (all zeros for a first chunk).
+    parent: [u8; 32],
     /// (source, version) of each tag.
     tags: Vec<(String, String)>,
     used_at: u64,
@@ -43,6 +50,9 @@ pub struct DiskTier {
     entries: HashMap<[u8; 32], Entry>,
     used: u64,
     clock: u64,
+    /// Shares of `max_bytes` per tenant (others: `default_share`).
+    shares: HashMap<String, f64>,
+    default_share: f64,
 }
 
 fn hex(key: &[u8; 32]) -> String {
@@ -67,8 +77,16 @@ impl DiskTier {
     pub fn open(dir: &Path, fingerprint: [u8; 32], max_bytes: u64) -> io::Result<(DiskTier, Opened)> {
         fs::create_dir_all(dir)?;
         fs::set_permissions(dir, fs::Permissions::from_mode(0o700))?;
-        let mut tier =
-            DiskTier { dir: dir.to_path_buf(), fingerprint, max_bytes, entries: HashMap::new(), used: 0, clock: 0 };
+        let mut tier = DiskTier {
+            dir: dir.to_path_buf(),
+            fingerprint,
+            max_bytes,
+            entries: HashMap::new(),
+            used: 0,
+            clock: 0,
+            shares: HashMap::new(),
+            default_share: 1.0,
+        };
         let mut opened = Opened::default();
         for item in fs::read_dir(dir)? {
             let item = item?;
@@ -98,7 +116,12 @@ impl DiskTier {
     }
 
     fn path(&self, key: &[u8; 32]) -> PathBuf {
-        self.dir.join(format!("{}.kv", hex(key)))
+        DiskTier::file(&self.dir, key)
+    }
+
+    /// The file of `key`'s record in a tier's directory `dir`.
+    pub fn file(dir: &Path, key: &[u8; 32]) -> PathBuf {
+        dir.join(format!("{}.kv", hex(key)))
     }
 
     fn index(&mut self, key: [u8; 32], record: &KvRecord, bytes: u64) {
@@ -108,7 +131,8 @@ impl DiskTier {
             RecordScope::Public { .. } => None,
         };
         let tags = record.tags.iter().map(|t| (t.source.clone(), t.version.clone())).collect();
-        if let Some(old) = self.entries.insert(key, Entry { bytes, tenant, tags, used_at: self.clock }) {
+        let entry = Entry { bytes, tenant, parent: record.parent, tags, used_at: self.clock };
+        if let Some(old) = self.entries.insert(key, entry) {
             self.used -= old.bytes;
         }
         self.used += bytes;
@@ -120,9 +144,16 @@ impl DiskTier {
         if record.fingerprint != self.fingerprint {
             return Err(io::Error::new(io::ErrorKind::InvalidInput, "a K/V record of another model"));
         }
-        let key = record.key();
+        let bytes = DiskTier::write(&self.dir, record)?;
+        self.written(record, bytes)
+    }
+
+    /// Writes `record`'s file into the tier's directory `dir` without touching an index (a
+    /// writer thread does this outside the index's lock, then calls [`DiskTier::written`]).
+    /// Returns the file's size.
+    pub fn write(dir: &Path, record: &KvRecord) -> io::Result<u64> {
         let bytes = record.encode();
-        let path = self.path(&key);
+        let path = DiskTier::file(dir, &record.key());
         let tmp = path.with_extension("kv.tmp");
         {
             let mut f = fs::OpenOptions::new().write(true).create(true).truncate(true).mode(0o600).open(&tmp)?;
@@ -130,8 +161,29 @@ impl DiskTier {
             f.sync_data()?;
         }
         fs::rename(&tmp, &path)?;
-        self.index(key, record, bytes.len() as u64);
+        Ok(bytes.len() as u64)
+    }
+
+    /// Indexes a record [`DiskTier::write`] wrote (`bytes` long), then evicts the least recently
+    /// used records beyond the bound.
+    pub fn written(&mut self, record: &KvRecord, bytes: u64) -> io::Result<()> {
+        self.index(record.key(), record, bytes);
         self.evict_to(self.max_bytes)
+    }
+
+    /// The tier's directory.
+    pub fn dir(&self) -> &Path {
+        &self.dir
+    }
+
+    /// Sets `tenant`'s share of the bound (a fraction; beyond it, its records go first).
+    pub fn set_share(&mut self, tenant: &str, share: f64) {
+        self.shares.insert(tenant.to_string(), share);
+    }
+
+    /// The share of tenants without one of their own.
+    pub fn set_default_share(&mut self, share: f64) {
+        self.default_share = share;
     }
 
     /// The record of `key`, if the tier has it intact (a corrupt one is deleted: `None`).
@@ -177,6 +229,7 @@ impl DiskTier {
 
     /// Deletes every record with a tag of `source` whose version is not `keep_version` (a push
     /// changed that file): what the engine's cache does in memory. Returns how many.
+    /// The chunks chained after them go too (returned in the count).
     pub fn invalidate(&mut self, source: &str, keep_version: Option<&str>) -> io::Result<usize> {
         let stale: Vec<[u8; 32]> = self
             .entries
@@ -184,10 +237,29 @@ impl DiskTier {
             .filter(|(_, e)| e.tags.iter().any(|(s, v)| s == source && Some(v.as_str()) != keep_version))
             .map(|(k, _)| *k)
             .collect();
-        for key in &stale {
-            self.remove(key)?;
+        self.remove_chains(stale)
+    }
+
+    /// Deletes every record of `tenant` (a deleted tenant's K/V must not stay on disk); how many.
+    pub fn purge_tenant(&mut self, tenant: &str) -> io::Result<usize> {
+        let theirs: Vec<[u8; 32]> =
+            self.entries.iter().filter(|(_, e)| e.tenant.as_deref() == Some(tenant)).map(|(k, _)| *k).collect();
+        self.remove_chains(theirs)
+    }
+
+    /// Removes `roots` and every record chained after one of them.
+    fn remove_chains(&mut self, roots: Vec<[u8; 32]>) -> io::Result<usize> {
+        let mut gone: std::collections::HashSet<[u8; 32]> = std::collections::HashSet::new();
+        let mut next = roots;
+        while !next.is_empty() {
+            for key in &next {
+                if self.remove(key)? {
+                    gone.insert(*key);
+                }
+            }
+            next = self.entries.iter().filter(|(_, e)| gone.contains(&e.parent)).map(|(k, _)| *k).collect();
         }
-        Ok(stale.len())
+        Ok(gone.len())
     }
 
     /// Bytes of records on disk.
@@ -212,7 +284,26 @@ impl DiskTier {
 
     fn evict_to(&mut self, bound: u64) -> io::Result<()> {
         while self.used > bound {
-            let Some(oldest) = self.entries.iter().min_by_key(|(_, e)| e.used_at).map(|(k, _)| *k) else { break };
+            // A tenant past its share loses its own least recently used first.
+            let mut per_tenant: HashMap<&str, u64> = HashMap::new();
+            for e in self.entries.values() {
+                if let Some(t) = &e.tenant {
+                    *per_tenant.entry(t).or_default() += e.bytes;
+                }
+            }
+            let share = |t: &str| self.shares.get(t).copied().unwrap_or(self.default_share);
+            let over: Vec<&str> = per_tenant
+                .iter()
+                .filter(|(t, &b)| b as f64 > share(t) * self.max_bytes as f64)
+                .map(|(t, _)| *t)
+                .collect();
+            let victim = self
+                .entries
+                .iter()
+                .filter(|(_, e)| over.is_empty() || e.tenant.as_deref().is_some_and(|t| over.contains(&t)))
+                .min_by_key(|(_, e)| e.used_at)
+                .map(|(k, _)| *k);
+            let Some(oldest) = victim else { break };
             self.remove(&oldest)?;
         }
         Ok(())
@@ -311,5 +402,38 @@ mod tests {
         assert!(!tier.contains(&rs[2].key()) && tier.contains(&rs[0].key()));
         let foreign = KvRecord { fingerprint: [6; 32], ..d };
         assert_eq!(tier.put(&foreign).unwrap_err().kind(), io::ErrorKind::InvalidInput);
+    }
+
+    #[test]
+    fn invalidation_follows_the_chain_and_a_tenant_past_its_share_goes_first() {
+        let dir = tempfile::tempdir().unwrap();
+        let one = record("acme", 0, "f0", "v1").encode().len() as u64;
+        let (mut tier, _) = DiskTier::open(dir.path(), [5; 32], 4 * one).unwrap();
+        // acme: a chain of three chunks, the middle one tagged f1.
+        let mut chain = Vec::new();
+        let mut parent = [0; 32];
+        for (i, source) in ["f0", "f1", "f2"].iter().enumerate() {
+            let r = KvRecord { parent, ..record("acme", i as u32 * 16, source, "v1") };
+            parent = r.key();
+            tier.put(&r).unwrap();
+            chain.push(r);
+        }
+        assert_eq!(tier.invalidate("f1", Some("v2")).unwrap(), 2, "f1's chunk and the one after it");
+        assert!(tier.contains(&chain[0].key()) && !tier.contains(&chain[2].key()));
+        // acme may keep a quarter of the bound: its older chunk goes before beta's.
+        tier.set_share("acme", 0.25);
+        let b1 = record("beta", 500, "g", "v1");
+        let b2 = record("beta", 600, "g", "v1");
+        let a2 = record("acme", 700, "f9", "v1");
+        tier.put(&b1).unwrap();
+        // acme's first chunk used after beta's: plain LRU would evict beta's.
+        assert!(tier.get(&chain[0].key()).unwrap().is_some());
+        tier.put(&a2).unwrap();
+        tier.put(&b2).unwrap();
+        let b3 = record("beta", 800, "g", "v1");
+        tier.put(&b3).unwrap();
+        assert!(!tier.contains(&chain[0].key()) && tier.contains(&b1.key()), "acme was past its share");
+        assert_eq!(tier.purge_tenant("beta").unwrap(), 3);
+        assert_eq!(tier.len(), 1);
     }
 }

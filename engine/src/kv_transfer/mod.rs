@@ -98,6 +98,21 @@ pub enum RecordError {
     Malformed(String),
 }
 
+/// The fingerprint records carry: the weights' identity ([`crate::loader::weights_fingerprint`])
+/// and the K/V layout per token (layers, K/V heads, head size; rows are f16), under this format
+/// version. A pool of another size has the same fingerprint: slots are not part of a record.
+pub fn model_fingerprint(weights: &[u8; 32], layers: usize, kv_heads: usize, head_dim: usize) -> [u8; 32] {
+    let mut h = Sha256::new();
+    h.update(b"cachet-kv-model-1");
+    h.update(weights);
+    for v in [layers, kv_heads, head_dim] {
+        h.update((v as u64).to_le_bytes());
+    }
+    h.update(FORMAT_VERSION.to_le_bytes());
+    h.update(b"f16");
+    h.finalize().into()
+}
+
 /// The chain key of `tokens` under `scope` after the prefix whose key is `parent`: a chunk's
 /// name in a tier. Equal keys mean the same scope and the same tokens from the start.
 pub fn chain_key(parent: &[u8; 32], scope: &RecordScope, tokens: &[u32]) -> [u8; 32] {

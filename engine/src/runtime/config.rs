@@ -96,6 +96,9 @@ pub struct EngineConfig {
     /// with the tenant's id. Off: one series each for the whole server, so
     /// a metrics reader learns nothing about who is using it.
     pub tenant_labels: bool,
+    /// The disk tier: prompts' K/V kept in a local directory, read back instead of recomputed
+    /// (also after a restart). `None`: off.
+    pub kv_tier: Option<super::tier::KvTierConfig>,
 }
 
 impl Default for EngineConfig {
@@ -114,6 +117,7 @@ impl Default for EngineConfig {
             overload_factor: 2.0,
             default_share: 1.0,
             tenant_labels: false,
+            kv_tier: None,
         }
     }
 }
@@ -149,6 +153,9 @@ impl EngineConfig {
         }
         if !self.overload_factor.is_finite() || self.overload_factor < 0.0 {
             return Err("overload_factor must be >= 0".into());
+        }
+        if let Some(t) = &self.kv_tier {
+            t.validate()?;
         }
         Ok(())
     }

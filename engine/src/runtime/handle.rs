@@ -239,6 +239,17 @@ impl EngineHandle {
         self.ask_blocking(Command::Snapshot)
     }
 
+    /// Waits until every chunk handed to the disk tier is on disk (an orderly stop: a restarted
+    /// server finds them). Immediate without a tier.
+    pub async fn flush_kv_tier(&self) {
+        self.ask(Command::FlushTier).await;
+    }
+
+    /// Blocking form of [`EngineHandle::flush_kv_tier`].
+    pub fn flush_kv_tier_blocking(&self) {
+        self.ask_blocking(Command::FlushTier);
+    }
+
     /// Checks the pool, the cache and slot ownership (for tests).
     pub fn check_integrity_blocking(&self) -> Result<(), String> {
         self.ask_blocking(Command::CheckIntegrity).unwrap_or_else(|| Err("the engine stopped".into()))

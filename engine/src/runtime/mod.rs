@@ -23,6 +23,7 @@ mod sched_tests;
 mod seq;
 mod stats;
 mod step;
+mod tier;
 
 pub use config::{EngineConfig, Policy, SloClass, SloTargets};
 pub use handle::{EngineHandle, RequestStream};
@@ -30,6 +31,7 @@ pub use request::{
     Completion, Event, OnComplete, OnProgress, Outcome, PublicPrefix, Request, RequestError, TokenSpan, PROGRESS_TOKENS,
 };
 pub use stats::Snapshot;
+pub use tier::KvTierConfig;
 
 use crate::kv_pool::{KvPool, PoolSize, Slots};
 use crate::loader::LoadedModel;
@@ -73,6 +75,8 @@ pub(crate) enum Command {
     SetShare(TenantKey, f64),
     PurgeTenant(TenantKey),
     Snapshot(oneshot::Sender<Snapshot>),
+    /// Reply once every chunk the disk tier was given is written (an orderly stop).
+    FlushTier(oneshot::Sender<()>),
     CheckIntegrity(oneshot::Sender<Result<(), String>>),
     /// End the engine thread now (requests in flight end with an error).
     Halt,
@@ -112,6 +116,13 @@ pub(crate) struct Scheduler {
     stats: stats::Stats,
     /// What "now" is for every decision and reported time.
     clock: clock::Clock,
+    /// The disk tier, when configured.
+    tier: Option<tier::Tier>,
+    /// Chunks to copy out of the pool for the disk tier (the engine does it after planning and
+    /// after the pass, before anything can write those slots).
+    saves: Vec<tier::Save>,
+    /// Chunks read from the disk tier to copy into the pool before the next pass.
+    loads: Vec<tier::Load>,
 }
 
 /// Starts the engine thread for a loaded model; the handle is its only door.
@@ -187,7 +198,25 @@ impl<B: Backend> Engine<B> {
         let (slots, kv) = pool.into_parts();
         let max_context = config.max_context.min(slots.capacity());
         let tokenizer = std::sync::Arc::new(loaded.tokenizer.clone());
-        let sched = Scheduler::new(cfg.clone(), loaded.tokenizer, config.vocab_size, max_context, slots);
+        let mut sched = Scheduler::new(cfg.clone(), loaded.tokenizer, config.vocab_size, max_context, slots);
+        if let Some(t) = &cfg.kv_tier {
+            let fingerprint = crate::kv_transfer::model_fingerprint(
+                &loaded.fingerprint,
+                config.n_layers,
+                config.n_kv_heads,
+                config.head_dim,
+            );
+            let (tier, opened) = tier::Tier::open(t, fingerprint, cfg.default_share)
+                .map_err(|e| StartError::Config(format!("kv tier {}: {e}", t.dir.display())))?;
+            tracing::info!(
+                dir = %t.dir.display(),
+                records = opened.records,
+                discarded = opened.discarded,
+                ignored = opened.ignored,
+                "KV disk tier open"
+            );
+            sched.tier = Some(tier);
+        }
         let info = handle::Info {
             model_name: loaded.name.clone(),
             grammars: std::sync::Arc::new(crate::constraint::Grammars::new(tokenizer.clone(), config.vocab_size)),
@@ -233,6 +262,9 @@ impl Scheduler {
             pace: pace::PassModel::default(),
             stats: stats::Stats::default(),
             clock: clock::Clock::System,
+            tier: None,
+            saves: Vec::new(),
+            loads: Vec::new(),
         }
     }
 }
@@ -285,11 +317,50 @@ impl<B: Backend> Engine<B> {
     /// scheduler hands out what came of it.
     fn step(&mut self) {
         let now = self.sched.clock.now();
-        if let Some(plan) = self.sched.schedule(now) {
-            let ran = self.runner.run(&plan, &mut self.sched.running);
-            self.sched.postprocess(&plan, ran, now);
+        let plan = self.sched.schedule(now);
+        let failed = self.move_kv();
+        if let Some(mut plan) = plan {
+            plan.retain(|p| !failed.contains(&p.seq));
+            if !plan.is_empty() {
+                let ran = self.runner.run(&plan, &mut self.sched.running);
+                self.sched.postprocess(&plan, ran, now);
+                self.move_kv();
+            }
         }
         self.sched.publish_stats();
+    }
+
+    /// The disk tier's copies, before anything can write the slots they name: first the chunks
+    /// to save (out of the pool; their slots may be a load's next), then the chunks loaded (into
+    /// it). A load that cannot be copied in fails its request and drops its tenant's cache
+    /// (those positions were cached as computed); returns the failed requests.
+    fn move_kv(&mut self) -> Vec<u64> {
+        let s = &mut self.sched;
+        for mut save in std::mem::take(&mut s.saves) {
+            let Some(tier) = s.tier.as_mut() else { break };
+            match self.runner.export(&save.slots) {
+                Ok((cols, layers)) => {
+                    save.record.kv_cols = cols;
+                    save.record.layers = layers;
+                    tier.send(save.record);
+                }
+                Err(e) => {
+                    tracing::warn!("kv tier: copying a chunk out of the pool failed: {e}");
+                    tier.abandon(&save.record);
+                }
+            }
+        }
+        let mut failed = Vec::new();
+        for load in std::mem::take(&mut s.loads) {
+            if let Err(e) = self.runner.import(&load.slots, &load.record, load.skip) {
+                tracing::error!("kv tier: copying a chunk into the pool failed: {e}");
+                failed.push(load.seq);
+            }
+        }
+        if !failed.is_empty() {
+            s.fail_loaded(&failed);
+        }
+        failed
     }
 
     fn run(mut self, rx: Receiver<Command>) {
@@ -339,19 +410,36 @@ impl Scheduler {
             Command::Invalidate { source, keep_version, reply } => {
                 let freed = self.cache.invalidate(&source, keep_version.as_deref());
                 self.free_slots(&freed);
+                if let Some(t) = &mut self.tier {
+                    t.invalidate(&source, keep_version.as_deref());
+                }
                 self.stats.invalidated_slots += freed.len() as u64;
                 let _ = reply.send(freed.len());
             }
             Command::Release(key) => self.cache.release(&key),
-            Command::SetShare(tenant, share) => self.cache.set_share(&tenant, share),
+            Command::SetShare(tenant, share) => {
+                if let Some(t) = &mut self.tier {
+                    t.set_share(&tenant.0, share);
+                }
+                self.cache.set_share(&tenant, share);
+            }
             Command::PurgeTenant(tenant) => {
                 self.door.forget(&tenant);
                 let freed = self.cache.purge_tenant(&tenant);
                 self.free_slots(&freed);
                 self.stats.invalidated_slots += freed.len() as u64;
+                if let Some(t) = &mut self.tier {
+                    t.purge_tenant(&tenant.0);
+                }
             }
             Command::Snapshot(reply) => {
                 let _ = reply.send(self.snapshot());
+            }
+            Command::FlushTier(reply) => {
+                if let Some(t) = &mut self.tier {
+                    t.flush();
+                }
+                let _ = reply.send(());
             }
             Command::CheckIntegrity(reply) => {
                 let _ = reply.send(self.check_integrity());

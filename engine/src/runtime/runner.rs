@@ -51,6 +51,45 @@ impl<B: Backend> Runner<B> {
         self.model.forward(&self.backend, &mut self.kv, chunks, &mut self.scratch, &mut self.logits)
     }
 
+    /// Copies the K/V rows of `slots` out of the pool: values per row, and per layer K's rows
+    /// then V's rows (a [`crate::kv_transfer::KvRecord`]'s layout).
+    pub fn export(&self, slots: &[u32]) -> Result<(u32, Vec<Vec<u16>>), String> {
+        let c = self.model.config();
+        let layers = (0..c.n_layers)
+            .map(|l| {
+                let mut rows = Vec::new();
+                self.backend.kv_export(&self.kv, l, slots, &mut rows).map(|()| rows)
+            })
+            .collect::<Result<Vec<_>, _>>()
+            .map_err(|e| e.to_string())?;
+        Ok(((c.n_kv_heads * c.head_dim) as u32, layers))
+    }
+
+    /// Writes `record`'s rows from row `skip` on into `slots` (one slot per row).
+    pub fn import(&mut self, slots: &[u32], record: &crate::kv_transfer::KvRecord, skip: usize) -> Result<(), String> {
+        let c = self.model.config();
+        let cols = c.n_kv_heads * c.head_dim;
+        let n = record.tokens.len();
+        if record.kv_cols as usize != cols || record.layers.len() != c.n_layers || skip + slots.len() != n {
+            return Err(format!(
+                "a chunk of {n} rows × {} values in {} layers does not fit {} slots after {skip} of a model of {cols} \
+                 values in {} layers",
+                record.kv_cols,
+                record.layers.len(),
+                slots.len(),
+                c.n_layers
+            ));
+        }
+        let mut rows = Vec::with_capacity(2 * slots.len() * cols);
+        for (l, layer) in record.layers.iter().enumerate() {
+            rows.clear();
+            rows.extend_from_slice(&layer[skip * cols..n * cols]);
+            rows.extend_from_slice(&layer[(n + skip) * cols..2 * n * cols]);
+            self.backend.kv_import(&mut self.kv, l, slots, &rows).map_err(|e| e.to_string())?;
+        }
+        Ok(())
+    }
+
     /// Runs `plan` over the `running` sequences it names: the forward pass, then a token for each
     /// chunk that samples (the sequences' samplers and grammars advance; their tokens, computed
     /// positions and accounting are the scheduler's to update).

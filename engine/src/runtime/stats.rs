@@ -53,11 +53,28 @@ pub struct Snapshot {
     pub grammar_masks: u64,
     pub grammar_mask_seconds: f64,
     pub grammar_wait_seconds: f64,
+    /// The disk tier (zeros without one): bytes and chunks stored, prompt tokens loaded from it
+    /// instead of computed, prompt tokens handed to it, chunks dropped because its writer was
+    /// behind, and writes that failed.
+    pub kv_tier_bytes: u64,
+    pub kv_tier_chunks: usize,
+    pub kv_tier_loaded_tokens: u64,
+    pub kv_tier_saved_tokens: u64,
+    pub kv_tier_dropped_chunks: u64,
+    pub kv_tier_write_errors: u64,
 }
 
 impl Scheduler {
     pub(super) fn snapshot(&self) -> Snapshot {
+        let (kv_tier_bytes, kv_tier_chunks, kv_tier_write_errors) = self.tier.as_ref().map_or((0, 0, 0), |t| t.usage());
+        let counts = self.tier.as_ref().map(|t| t.counts).unwrap_or_default();
         Snapshot {
+            kv_tier_bytes,
+            kv_tier_chunks,
+            kv_tier_loaded_tokens: counts.loaded_tokens,
+            kv_tier_saved_tokens: counts.saved_tokens,
+            kv_tier_dropped_chunks: counts.dropped_chunks,
+            kv_tier_write_errors,
             running: self.running.len(),
             waiting: self.waiting.len(),
             kv_used: self.slots.capacity() - self.slots.free_slots(),

@@ -183,6 +183,7 @@ impl Scheduler {
         seq.computed = m.slots.len();
         seq.owned_from = seq.computed;
         seq.slots = m.slots;
+        self.load_from_tier(seq, now);
         seq.enter(Phase::Prefill);
         if seq.cached_tokens.is_none() {
             seq.cached_tokens = Some(seq.computed.min(seq.prompt_len));
@@ -205,6 +206,106 @@ impl Scheduler {
             }
             self.stats.query_tokens += seq.prompt_len as u64;
             self.stats.hit_tokens += seq.computed.min(seq.prompt_len) as u64;
+        }
+    }
+
+    /// Continues `seq`'s cached prefix (just matched and locked) with the chunks the disk tier
+    /// holds: fresh slots for them (their rows are copied in before the next pass), the positions
+    /// cached as if computed, with `seq`'s provenance, and the lock moved to their end.
+    fn load_from_tier(&mut self, seq: &mut Seq, now: Instant) {
+        let Some(tier) = self.tier.as_mut() else { return };
+        let limit = seq.prompt_len.min(seq.tokens.len() - 1);
+        if seq.computed >= limit {
+            return;
+        }
+        let (records, skip) = tier.find(seq, seq.computed, limit);
+        let Some(first) = records.first() else { return };
+        let start = seq.computed;
+        let end = start - skip + records.len() * first.tokens.len();
+        let n = end - start;
+        if !self.ensure_free(n, &seq.req.tenant.clone(), now) {
+            return;
+        }
+        let new = self.slots.allocate(n).expect("ensure_free made room");
+        let raw = SlotId::raw(&new);
+        let mut at = 0;
+        for (i, record) in records.into_iter().enumerate() {
+            let skip = if i == 0 { skip } else { 0 };
+            let rows = record.tokens.len() - skip;
+            self.loads.push(super::tier::Load { seq: seq.id, slots: raw[at..at + rows].to_vec(), record, skip });
+            at += rows;
+        }
+        seq.slots.extend(new);
+        seq.computed = end;
+        self.cache_prefix(seq, end);
+        if let Some(t) = self.tier.as_mut() {
+            t.counts.loaded_tokens += n as u64;
+        }
+        metrics::counter!("cachet:kv_tier_loaded_tokens_total").increment(n as u64);
+        seq.req.span.in_scope(|| tracing::debug!(tokens = n, from = start, "prefix loaded from the disk tier"));
+    }
+
+    /// Puts `seq`'s first `n` positions (computed or loaded) in the cache and moves its lock to
+    /// their end; it keeps running on the same K/V (where the cache already held a position
+    /// under other slots, on the cache's).
+    fn cache_prefix(&mut self, seq: &mut Seq, n: usize) {
+        let key = seq.key(n).into_owned();
+        let spans = seq.spans(n);
+        let retention = seq.req.retention.as_ref().map(|(k, _)| k.clone());
+        let opts = InsertOpts { spans: &spans, retention: retention.as_ref() };
+        let inserted = self.cache.insert(&key, &seq.slots[..n], &opts);
+        self.cache.lock(inserted.node);
+        if !inserted.duplicates.is_empty() {
+            // Another request cached some of these positions first: the same K/V under its
+            // slots, which this sequence now reads instead of its own.
+            let m = self.cache.match_prefix(&key, n);
+            seq.slots[..m.slots.len()].copy_from_slice(&m.slots);
+            self.free_slots(&inserted.duplicates);
+        }
+        if let Some(old) = seq.node.replace(inserted.node) {
+            let freed = self.cache.unlock(old);
+            self.free_slots(&freed);
+        }
+        seq.owned_from = n;
+    }
+
+    /// Queues the disk tier's copies of `seq`'s whole prompt chunks within its first `n` tokens,
+    /// just cached, that the tier does not hold yet.
+    fn queue_saves(&mut self, seq: &Seq, n: usize) {
+        let Some(tier) = self.tier.as_mut() else { return };
+        let n = n.min(seq.prompt_len);
+        let m = self.cache.match_prefix(&seq.key(n), n);
+        let saves = tier.saves(seq, n, SlotId::raw(&m.slots));
+        self.saves.extend(saves);
+    }
+
+    /// Fails the requests whose loaded chunks could not be copied into the pool, and drops their
+    /// tenants' cache (those positions were cached as computed).
+    pub(super) fn fail_loaded(&mut self, ids: &[u64]) {
+        let mut tenants: Vec<TenantKey> = self
+            .running
+            .iter()
+            .chain(&self.waiting)
+            .filter(|s| ids.contains(&s.id))
+            .map(|s| s.req.tenant.clone())
+            .collect();
+        let mut i = 0;
+        while i < self.running.len() {
+            if !ids.contains(&self.running[i].id) {
+                i += 1;
+                continue;
+            }
+            let mut seq = self.running.swap_remove(i);
+            seq.send(Event::Error(RequestError::Engine(
+                "K/V from the disk tier could not be copied into the pool".into(),
+            )));
+            self.release_kv(&mut seq, false);
+            self.report(&seq, super::request::Outcome::Failed, FinishReason::Stop);
+        }
+        tenants.dedup();
+        for t in tenants {
+            let freed = self.cache.purge_tenant(&t);
+            self.free_slots(&freed);
         }
     }
 
@@ -304,6 +405,7 @@ impl Scheduler {
             let opts = InsertOpts { spans: &spans, retention: retention.as_ref() };
             let inserted = self.cache.insert(&key, &seq.slots[..n], &opts);
             self.free_slots(&inserted.duplicates);
+            self.queue_saves(seq, n);
         }
         // Own slots the cache did not take.
         let own_from = seq.owned_from.max(n);
@@ -327,23 +429,8 @@ impl Scheduler {
             return;
         }
         let mut seq = self.running.swap_remove(i);
-        let key = seq.key(n);
-        let spans = seq.spans(n);
-        let retention = seq.req.retention.as_ref().map(|(k, _)| k.clone());
-        let opts = InsertOpts { spans: &spans, retention: retention.as_ref() };
-        let inserted = self.cache.insert(&key, &seq.slots[..n], &opts);
-        self.cache.lock(inserted.node);
-        if !inserted.duplicates.is_empty() {
-            // Another request cached some of these positions first: the same K/V under its
-            // slots, which this sequence now reads instead of its own.
-            let m = self.cache.match_prefix(&key, n);
-            seq.slots[..m.slots.len()].copy_from_slice(&m.slots);
-            self.free_slots(&inserted.duplicates);
-        }
-        let freed = self.cache.unlock(old);
-        self.free_slots(&freed);
-        seq.node = Some(inserted.node);
-        seq.owned_from = n;
+        self.cache_prefix(&mut seq, n);
+        self.queue_saves(&seq, n);
         self.running.push(seq);
         let last = self.running.len() - 1;
         self.running.swap(i, last);

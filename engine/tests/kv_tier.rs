@@ -1,0 +1,183 @@
+//! The disk tier end to end on tiny random-weight models: a prompt's K/V is written in chunks,
+//! a new engine on the same directory (a restart) loads them instead of computing them and
+//! answers token for token as the first did; a corrupt chunk is discarded and recomputed;
+//! another model's chunks are ignored; another tenant never finds them; a push and a deleted
+//! tenant take theirs off the disk.
+
+use crate::common::{pool, tokens};
+
+use cachet_engine::generate::GenerateParams;
+use cachet_engine::kv_transfer::disk::DiskTier;
+use cachet_engine::kv_transfer::{chain_key, RecordScope};
+use cachet_engine::radix::{Tag, TenantKey};
+use cachet_engine::runtime::{self, Completion, EngineHandle, KvTierConfig, Request, TokenSpan};
+use cachet_engine::testing::{Tiny, TinyArch};
+use cachet_kernels::cpu::CpuBackend;
+use cachet_kernels::quant::DType;
+use std::path::{Path, PathBuf};
+
+const CHUNK: usize = 32;
+
+fn model(dir: &Path, seed: u64) -> PathBuf {
+    let path = dir.join(format!("tiny-{seed}.gguf"));
+    Tiny::random(TinyArch::Qwen2, seed, false).write_gguf(DType::Q8_0, &path).unwrap();
+    path
+}
+
+fn engine(model: &Path, tier: Option<&Path>) -> EngineHandle {
+    let cfg = runtime::EngineConfig {
+        kv_tier: tier.map(|dir| KvTierConfig { dir: dir.to_path_buf(), max_bytes: 1 << 30, chunk_tokens: CHUNK }),
+        ..pool(4096)
+    };
+    let backend = CpuBackend::new(2).unwrap();
+    let loaded = cachet_engine::loader::load(model, &backend).unwrap();
+    runtime::start(backend, loaded, cfg).unwrap()
+}
+
+/// Flushes the tier and stops the engine (its writer joined): a clean shutdown.
+fn stop(h: EngineHandle) {
+    h.flush_kv_tier_blocking();
+    h.halt();
+    while h.is_running() {
+        std::thread::sleep(std::time::Duration::from_millis(5));
+    }
+}
+
+fn request(tenant: &str, prompt: &[u32]) -> Request {
+    Request::new(
+        TenantKey::new(tenant),
+        prompt.to_vec(),
+        GenerateParams { max_tokens: 12, ignore_eos: true, ..Default::default() },
+    )
+}
+
+fn run(h: &EngineHandle, req: Request) -> (Vec<u32>, Completion) {
+    let out = h.submit(req).collect_blocking();
+    (out.tokens, out.result.unwrap_or_else(|e| panic!("request failed: {e}")))
+}
+
+fn no_leaks(h: &EngineHandle) {
+    h.check_integrity_blocking().unwrap();
+    let s = h.snapshot_blocking().unwrap();
+    assert_eq!(s.kv_used, s.cached_slots, "slots held outside the cache with nothing running: {s:?}");
+}
+
+/// The file of chunk `k` of `prompt` under `tenant`.
+fn chunk_file(tier: &Path, tenant: &str, prompt: &[u32], k: usize) -> PathBuf {
+    let scope = RecordScope::Tenant { tenant: tenant.into(), salt: None };
+    let mut parent = [0u8; 32];
+    for c in prompt.chunks_exact(CHUNK).take(k + 1) {
+        parent = chain_key(&parent, &scope, c);
+    }
+    DiskTier::file(tier, &parent)
+}
+
+#[test]
+fn a_restarted_engine_loads_the_prompt_from_disk_and_answers_the_same() {
+    let dir = tempfile::tempdir().unwrap();
+    let (m, tier) = (model(dir.path(), 5), dir.path().join("tier"));
+    let prompt = tokens(1, 200);
+    let h = engine(&m, Some(&tier));
+    let (first, done) = run(&h, request("acme", &prompt));
+    assert_eq!(done.cached_tokens, 0);
+    stop(h);
+
+    let h = engine(&m, Some(&tier));
+    let s = h.snapshot_blocking().unwrap();
+    assert_eq!(s.kv_tier_chunks, 6, "200 tokens are 6 whole chunks of {CHUNK}: {s:?}");
+    // A prompt sharing 100 tokens first: the three whole chunks inside them, from disk.
+    let mut fork = prompt[..100].to_vec();
+    fork.extend(tokens(9, 60));
+    let (forked, done) = run(&h, request("acme", &fork));
+    assert_eq!(done.cached_tokens, 96);
+    // Then the whole prompt: 100 tokens in memory (the fork's), the rest of chunk 3 and chunks
+    // 4 and 5 from disk.
+    let (again, done) = run(&h, request("acme", &prompt));
+    assert_eq!(again, first, "the prefix loaded from disk must give the same output as computing it");
+    assert_eq!(done.cached_tokens, 192);
+    assert_eq!(h.snapshot_blocking().unwrap().kv_tier_loaded_tokens, 96 + 92);
+    // Another tenant with the same tokens finds nothing of acme's.
+    let (other, done) = run(&h, request("globex", &prompt));
+    assert_eq!((other, done.cached_tokens), (first.clone(), 0));
+    no_leaks(&h);
+    stop(h);
+    let h = engine(&m, None);
+    assert_eq!(run(&h, request("acme", &fork)).0, forked, "computed alone");
+}
+
+#[test]
+fn a_corrupt_chunk_is_discarded_and_recomputed() {
+    let dir = tempfile::tempdir().unwrap();
+    let (m, tier) = (model(dir.path(), 5), dir.path().join("tier"));
+    let prompt = tokens(2, 170);
+    let h = engine(&m, Some(&tier));
+    let (first, _) = run(&h, request("acme", &prompt));
+    stop(h);
+    // Chunk 2 corrupted in place, chunk 4 truncated.
+    let file = chunk_file(&tier, "acme", &prompt, 2);
+    let mut bytes = std::fs::read(&file).unwrap();
+    let mid = bytes.len() / 2;
+    bytes[mid] ^= 0x10;
+    std::fs::write(&file, &bytes).unwrap();
+    let file4 = chunk_file(&tier, "acme", &prompt, 4);
+    let bytes = std::fs::read(&file4).unwrap();
+    std::fs::write(&file4, &bytes[..bytes.len() / 3]).unwrap();
+
+    let h = engine(&m, Some(&tier));
+    assert!(!file4.exists(), "a truncated chunk is deleted when the tier opens");
+    let (again, done) = run(&h, request("acme", &prompt));
+    assert_eq!(again, first);
+    assert_eq!(done.cached_tokens, 64, "the chunks before the corrupt one");
+    no_leaks(&h);
+    stop(h);
+    // Recomputed and stored again, whole.
+    let h = engine(&m, Some(&tier));
+    let (again, done) = run(&h, request("acme", &prompt));
+    assert_eq!((again, done.cached_tokens), (first, 160));
+    stop(h);
+}
+
+#[test]
+fn another_models_chunks_are_ignored() {
+    let dir = tempfile::tempdir().unwrap();
+    let (a, b, tier) = (model(dir.path(), 5), model(dir.path(), 6), dir.path().join("tier"));
+    let prompt = tokens(3, 150);
+    let h = engine(&a, Some(&tier));
+    run(&h, request("acme", &prompt));
+    stop(h);
+    let h = engine(&b, Some(&tier));
+    let s = h.snapshot_blocking().unwrap();
+    assert_eq!(s.kv_tier_chunks, 0, "model A's chunks are not model B's: {s:?}");
+    let (out, done) = run(&h, request("acme", &prompt));
+    assert_eq!(done.cached_tokens, 0);
+    stop(h);
+    let h = engine(&b, None);
+    assert_eq!(run(&h, request("acme", &prompt)).0, out);
+    assert!(chunk_file(&tier, "acme", &prompt, 0).exists(), "another model's chunks are left alone");
+}
+
+#[test]
+fn a_push_and_a_deleted_tenant_take_their_chunks_off_the_disk() {
+    let dir = tempfile::tempdir().unwrap();
+    let (m, tier) = (model(dir.path(), 5), dir.path().join("tier"));
+    let prompt = tokens(4, 200);
+    let h = engine(&m, Some(&tier));
+    let mut req = request("acme", &prompt);
+    let tag = |v: &str| Tag { source: "repo:main:src/a.rs".into(), version: v.into() };
+    req.spans = vec![TokenSpan { range: 40..80, tag: tag("v1") }];
+    run(&h, req);
+    run(&h, request("globex", &prompt));
+    h.flush_kv_tier_blocking();
+    assert_eq!(h.snapshot_blocking().unwrap().kv_tier_chunks, 12);
+    // The push: chunks 1 and 2 hold the file, and chunks 3..5 were computed after it.
+    h.invalidate_blocking("repo:main:src/a.rs", Some("v2")).unwrap();
+    assert_eq!(h.snapshot_blocking().unwrap().kv_tier_chunks, 7);
+    assert!(chunk_file(&tier, "acme", &prompt, 0).exists() && !chunk_file(&tier, "acme", &prompt, 1).exists());
+    h.purge_tenant(TenantKey::new("globex"));
+    assert_eq!(h.snapshot_blocking().unwrap().kv_tier_chunks, 1);
+    assert!(!chunk_file(&tier, "globex", &prompt, 0).exists());
+    stop(h);
+    let h = engine(&m, Some(&tier));
+    assert_eq!(run(&h, request("acme", &prompt)).1.cached_tokens, 32);
+    stop(h);
+}
