@@ -141,6 +141,10 @@ pub struct ServerSettings {
     pub metrics_bind: String,
     /// Label per-tenant metrics with tenant ids (off: one series for the whole server).
     pub metrics_tenant_labels: bool,
+    /// The URL other replicas reach this one at (`http://cachet-0.cachet:8080`): with the KV
+    /// disk tier on, a session that moves here fetches its prefix from its last replica, and
+    /// they from this one. Empty: no hand-off.
+    pub advertise_url: String,
 }
 
 #[derive(Clone, Debug, Deserialize, Default)]
@@ -310,6 +314,7 @@ impl Default for ServerSettings {
             workers: 2,
             metrics_bind: String::new(),
             metrics_tenant_labels: false,
+            advertise_url: String::new(),
         }
     }
 }

@@ -35,6 +35,7 @@ pub mod error;
 pub mod fanout;
 #[doc(hidden)]
 pub mod fuzz;
+pub mod handoff;
 pub mod ledger;
 pub mod models;
 pub mod openai;

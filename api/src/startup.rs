@@ -175,6 +175,7 @@ pub struct Application {
     sweeper: tokio::task::JoinHandle<()>,
     fanout: tokio::task::JoinHandle<()>,
     prefixes: tokio::task::JoinHandle<()>,
+    announce: Option<tokio::task::JoinHandle<()>>,
 }
 
 impl std::fmt::Debug for Application {
@@ -250,6 +251,7 @@ impl Application {
         let sweeper = tokio::spawn(crate::sweeper::run(state.clone()));
         let fanout = tokio::spawn(crate::fanout::run(state.clone()));
         let prefixes = tokio::spawn(crate::prefixes::keep_loaded(state.clone(), prefix_changed));
+        let announce = crate::handoff::announce(state.clone());
         load_model_in_background(state.clone());
 
         let port = listener.local_addr()?.port();
@@ -284,7 +286,7 @@ impl Application {
             .workers(settings.server.workers.max(1))
             .shutdown_timeout(settings.server.shutdown_timeout_secs)
             .run();
-        Ok(Application { port, server, state, db, ledger_task, sweeper, fanout, prefixes })
+        Ok(Application { port, server, state, db, ledger_task, sweeper, fanout, prefixes, announce })
     }
 
     /// The bound port.
@@ -312,7 +314,7 @@ impl Application {
     /// open then are closed, which cancels their requests), the ledger is
     /// flushed, and a private Postgres cluster is stopped.
     pub async fn run_until_stopped(self) -> anyhow::Result<()> {
-        let Application { server, state, mut db, ledger_task, sweeper, fanout, prefixes, .. } = self;
+        let Application { server, state, mut db, ledger_task, sweeper, fanout, prefixes, announce, .. } = self;
         let handle = server.handle();
         let mut server = std::pin::pin!(server);
         // A server whose engine thread has ended can answer nothing: it stops (the ledger is
@@ -332,6 +334,9 @@ impl Application {
             stopped.await;
         }
         sweeper.abort();
+        if let Some(a) = announce {
+            a.abort();
+        }
         fanout.abort();
         prefixes.abort();
         // Turn leases whose release may not have reached the database yet: a process started

@@ -222,6 +222,9 @@ pub(crate) struct Job {
     pub calls: Option<tools::parse::ToolSet>,
     /// A Responses API request's settings, repeated in its response object.
     pub echo: Option<Box<serde_json::Map<String, serde_json::Value>>>,
+    /// The replica a moved session's prefix is fetched from before the engine runs it
+    /// (`crate::handoff`).
+    pub handoff: Option<String>,
 }
 
 impl Job {
@@ -247,6 +250,7 @@ impl Job {
             grammar: None,
             calls: None,
             echo: None,
+            handoff: None,
         }
     }
 }
@@ -462,6 +466,9 @@ pub(crate) async fn execute(
     request.on_progress = Some(progress);
     request.grammar = job.grammar;
     request.span = tracing::info_span!(parent: &http_span, "engine");
+    if let Some(from) = &job.handoff {
+        crate::handoff::fetch(&served.engine, &request, from, state.operator_token.expose()).await;
+    }
     let mut events = served.engine.submit(request);
     // The first event decides the status: an error before any token is an
     // HTTP error, not a 200 stream.

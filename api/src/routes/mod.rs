@@ -56,6 +56,7 @@ impl Modify for Bearer {
 /// Registers every route.
 pub fn configure(cfg: &mut web::ServiceConfig) {
     cfg.service(openai::list_models)
+        .service(crate::handoff::get_chunk)
         .service(openai::chat::chat_completions)
         .service(openai::completions::completions)
         .service(openai::responses::create_response)

@@ -154,6 +154,10 @@ pub async fn post_message(
     let seq = if before_answer == 0 { 0 } else { next_seq + before_answer as i32 - 1 };
     state.store.touch_session(session.owned()).await?;
 
+    if crate::handoff::enabled(&state, &served.engine) {
+        // This replica runs the turn now; the one before, if another, has the prefix on disk.
+        job.handoff = state.store.move_session(session.owned(), state.replica, crate::handoff::SEEN_WITHIN).await?;
+    }
     job.session = Some(BoundSession { id: session.id, retention: idle(&state) });
     job.spans = prompt.spans;
     job.extra =

@@ -27,6 +27,8 @@ pub(crate) struct Info {
     pub config: EngineConfig,
     /// Admission at the door (see `admission`).
     pub door: Arc<super::admission::Door>,
+    /// The fingerprint of the K/V records this engine reads and writes.
+    pub kv_fingerprint: [u8; 32],
 }
 
 /// A cloneable, thread-safe handle to a running engine.
@@ -237,6 +239,20 @@ impl EngineHandle {
     /// Blocking form of [`EngineHandle::snapshot`].
     pub fn snapshot_blocking(&self) -> Option<Snapshot> {
         self.ask_blocking(Command::Snapshot)
+    }
+
+    /// The model fingerprint of this engine's K/V records (a record of another is refused).
+    pub fn kv_fingerprint(&self) -> [u8; 32] {
+        self.info.kv_fingerprint
+    }
+
+    /// Indexes a chunk the caller wrote into the disk tier's directory (with
+    /// [`crate::kv_transfer::disk::DiskTier::write`], `bytes` long): a chunk fetched from another
+    /// replica, which the next request's admission can then load.
+    pub async fn adopt_chunk(&self, record: crate::kv_transfer::KvRecord, bytes: u64) -> Result<(), String> {
+        self.ask(|reply| Command::AdoptChunk(Box::new(record), bytes, reply))
+            .await
+            .unwrap_or_else(|| Err("the engine stopped".into()))
     }
 
     /// Waits until every chunk handed to the disk tier is on disk (an orderly stop: a restarted

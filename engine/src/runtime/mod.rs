@@ -31,7 +31,7 @@ pub use request::{
     Completion, Event, OnComplete, OnProgress, Outcome, PublicPrefix, Request, RequestError, TokenSpan, PROGRESS_TOKENS,
 };
 pub use stats::Snapshot;
-pub use tier::KvTierConfig;
+pub use tier::{chunk_keys, KvTierConfig};
 
 use crate::kv_pool::{KvPool, PoolSize, Slots};
 use crate::loader::LoadedModel;
@@ -77,6 +77,8 @@ pub(crate) enum Command {
     Snapshot(oneshot::Sender<Snapshot>),
     /// Reply once every chunk the disk tier was given is written (an orderly stop).
     FlushTier(oneshot::Sender<()>),
+    /// Index a chunk written into the disk tier's directory by the service (a hand-off).
+    AdoptChunk(Box<crate::kv_transfer::KvRecord>, u64, oneshot::Sender<Result<(), String>>),
     CheckIntegrity(oneshot::Sender<Result<(), String>>),
     /// End the engine thread now (requests in flight end with an error).
     Halt,
@@ -199,13 +201,13 @@ impl<B: Backend> Engine<B> {
         let max_context = config.max_context.min(slots.capacity());
         let tokenizer = std::sync::Arc::new(loaded.tokenizer.clone());
         let mut sched = Scheduler::new(cfg.clone(), loaded.tokenizer, config.vocab_size, max_context, slots);
+        let fingerprint = crate::kv_transfer::model_fingerprint(
+            &loaded.fingerprint,
+            config.n_layers,
+            config.n_kv_heads,
+            config.head_dim,
+        );
         if let Some(t) = &cfg.kv_tier {
-            let fingerprint = crate::kv_transfer::model_fingerprint(
-                &loaded.fingerprint,
-                config.n_layers,
-                config.n_kv_heads,
-                config.head_dim,
-            );
             let (tier, opened) = tier::Tier::open(t, fingerprint, cfg.default_share)
                 .map_err(|e| StartError::Config(format!("kv tier {}: {e}", t.dir.display())))?;
             tracing::info!(
@@ -226,6 +228,7 @@ impl<B: Backend> Engine<B> {
             vocab_size: config.vocab_size,
             config: cfg,
             door: sched.door.clone(),
+            kv_fingerprint: fingerprint,
         };
         let mut engine = Engine { sched, runner: runner::Runner::new(backend, loaded.model, kv) };
         engine.warm_up().map_err(StartError::Backend)?;
@@ -434,6 +437,13 @@ impl Scheduler {
             }
             Command::Snapshot(reply) => {
                 let _ = reply.send(self.snapshot());
+            }
+            Command::AdoptChunk(record, bytes, reply) => {
+                let r = match &mut self.tier {
+                    Some(t) => t.adopt(&record, bytes).map_err(|e| e.to_string()),
+                    None => Err("the disk tier is off".into()),
+                };
+                let _ = reply.send(r);
             }
             Command::FlushTier(reply) => {
                 if let Some(t) = &mut self.tier {

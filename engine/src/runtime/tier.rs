@@ -24,6 +24,7 @@
 //! wherever it is found; invalidation by provenance (a push) and the LRU bound reclaim space.
 //! A deleted tenant's chunks are deleted, including those still in the writer's queue.
 
+use super::request::Request;
 use super::seq::Seq;
 use crate::kv_transfer::disk::{DiskTier, Opened};
 use crate::kv_transfer::{chain_key, KvRecord, RecordScope, RecordTag};
@@ -143,26 +144,7 @@ impl Tier {
 
     /// The chunks of `seq`'s first `n` prompt tokens (whole chunks only).
     fn chunks(&self, seq: &Seq, n: usize) -> Vec<Chunk> {
-        let n = n.min(seq.prompt_len);
-        let public = seq.req.public.as_ref().filter(|p| p.tokens > 0);
-        let tenant = RecordScope::Tenant {
-            tenant: seq.req.tenant.to_string(),
-            salt: seq.req.salt.as_ref().map(|s| s.to_string()),
-        };
-        let mut parent = [0u8; 32];
-        (0..n / self.chunk)
-            .map(|k| {
-                let range = k * self.chunk..(k + 1) * self.chunk;
-                let scope = match public {
-                    Some(p) if range.end <= p.tokens => RecordScope::Public { template: p.template.to_string() },
-                    _ => tenant.clone(),
-                };
-                let key = chain_key(&parent, &scope, &seq.tokens[range]);
-                let chunk = Chunk { key, parent, scope };
-                parent = key;
-                chunk
-            })
-            .collect()
+        chunks(&seq.req, n, self.chunk)
     }
 
     /// The stored chunks that continue `seq`'s first `cached` tokens, consecutively, within its
@@ -277,6 +259,17 @@ impl Tier {
         })
     }
 
+    /// Indexes a record another process wrote into the tier's directory (a chunk fetched from
+    /// another replica), unless one of this key is stored or queued already.
+    pub fn adopt(&mut self, record: &KvRecord, bytes: u64) -> std::io::Result<()> {
+        let mut shared = self.lock();
+        let key = record.key();
+        if record.fingerprint != self.fingerprint || shared.disk.contains(&key) || shared.queued.contains(&key) {
+            return Ok(());
+        }
+        shared.disk.written(record, bytes)
+    }
+
     pub fn set_share(&mut self, tenant: &str, share: f64) {
         self.lock().disk.set_share(tenant, share);
     }
@@ -287,12 +280,11 @@ impl Tier {
         (s.disk.bytes(), s.disk.len(), s.write_errors)
     }
 
-    /// Waits until the writer has written everything sent so far (tests, shutdown).
+    /// Waits until the writer has written everything sent so far (an orderly stop), at most a
+    /// minute (a writer stuck on a dead disk must not hold the engine).
     pub fn flush(&mut self) {
-        loop {
-            if self.lock().queued.is_empty() {
-                return;
-            }
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+        while !self.lock().queued.is_empty() && std::time::Instant::now() < deadline {
             std::thread::sleep(std::time::Duration::from_millis(2));
         }
     }
@@ -307,6 +299,34 @@ impl Drop for Tier {
             let _ = w.join();
         }
     }
+}
+
+/// The whole chunks of `req`'s first `n` prompt tokens, `chunk` tokens each.
+fn chunks(req: &Request, n: usize, chunk: usize) -> Vec<Chunk> {
+    let n = n.min(req.tokens.len());
+    let public = req.public.as_ref().filter(|p| p.tokens > 0);
+    let tenant = RecordScope::Tenant { tenant: req.tenant.to_string(), salt: req.salt.as_ref().map(|s| s.to_string()) };
+    let mut parent = [0u8; 32];
+    (0..n / chunk.max(1))
+        .map(|k| {
+            let range = k * chunk..(k + 1) * chunk;
+            let scope = match public {
+                Some(p) if range.end <= p.tokens => RecordScope::Public { template: p.template.to_string() },
+                _ => tenant.clone(),
+            };
+            let key = chain_key(&parent, &scope, &req.tokens[range]);
+            let c = Chunk { key, parent, scope };
+            parent = key;
+            c
+        })
+        .collect()
+}
+
+/// The chain keys of the chunks the disk tier would load for `req` (its whole chunks of
+/// `chunk` tokens before its last prompt token): what a replica fetches from another for a
+/// session that moved (a warm hand-off).
+pub fn chunk_keys(req: &Request, chunk: usize) -> Vec<[u8; 32]> {
+    chunks(req, req.tokens.len().saturating_sub(1), chunk).into_iter().map(|c| c.key).collect()
 }
 
 fn write_loop(shared: &Mutex<Shared>, dir: &std::path::Path, rx: &Receiver<(u64, KvRecord)>) {

@@ -293,6 +293,42 @@ impl Store {
         Ok(done.rows_affected() == 1)
     }
 
+    /// Notes that `replica` runs the session's turn now, and returns where the replica that ran
+    /// its turn before can be read from, when that was another replica seen within `within` (a
+    /// warm hand-off: fetch the session's prefix from it).
+    pub async fn move_session(
+        &self,
+        session: OwnedSession,
+        replica: Uuid,
+        within: Duration,
+    ) -> Result<Option<String>, StoreError> {
+        // Both parts read the row as it was: `prev` sees the replica before this update.
+        let url: Option<(String,)> = sqlx::query_as(
+            "WITH prev AS (SELECT last_replica FROM sessions WHERE id = $1 AND tenant_id = $2),              moved AS (UPDATE sessions SET last_replica = $3 WHERE id = $1 AND tenant_id = $2)              SELECT r.kv_url FROM prev JOIN replicas r ON r.id = prev.last_replica              WHERE prev.last_replica <> $3 AND r.seen_at > now() - $4 * interval '1 millisecond'",
+        )
+        .bind(session.id)
+        .bind(session.tenant.0)
+        .bind(replica)
+        .bind(within.as_millis() as f64)
+        .fetch_optional(self.pool())
+        .await?;
+        Ok(url.map(|(u,)| u))
+    }
+
+    /// Records (or refreshes) where `replica`'s KV disk tier is read from; forgets replicas not
+    /// seen for a day.
+    pub async fn announce_replica(&self, replica: Uuid, kv_url: &str) -> Result<(), StoreError> {
+        sqlx::query(
+            "INSERT INTO replicas (id, kv_url, seen_at) VALUES ($1, $2, now())              ON CONFLICT (id) DO UPDATE SET kv_url = $2, seen_at = now()",
+        )
+        .bind(replica)
+        .bind(kv_url)
+        .execute(self.pool())
+        .await?;
+        sqlx::query("DELETE FROM replicas WHERE seen_at < now() - interval '1 day'").execute(self.pool()).await?;
+        Ok(())
+    }
+
     /// Extends `holder`'s lease to `lease` from now; false if another turn holds it now.
     pub async fn renew_turn(&self, session: OwnedSession, holder: Uuid, lease: Duration) -> Result<bool, StoreError> {
         self.begin_turn(session, holder, lease, Some(holder)).await

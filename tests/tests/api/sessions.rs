@@ -547,3 +547,81 @@ async fn one_turn_at_a_time_per_session_across_replicas() {
     }
     assert!(taken.is_some(), "B's lease was never given back");
 }
+
+/// Binds a free loopback port, advertises it to the other replicas and turns the disk tier on
+/// (32-token chunks: the tiny model's prompts are short).
+fn tiered(s: &mut cachet_api::config::Settings) {
+    let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+    s.server.bind = format!("127.0.0.1:{port}");
+    s.server.advertise_url = format!("http://127.0.0.1:{port}");
+    s.engine.kv_tier_gib = 1.0;
+    s.engine.kv_tier_chunk_tokens = 32;
+}
+
+#[tokio::test]
+async fn a_session_that_moves_to_another_replica_brings_its_prefix_along() {
+    let a = spawn_with(tiered).await;
+    let data = tempfile::tempdir().unwrap();
+    let mut s = settings(&a.database_url, data.path());
+    s.context.allowed_root = a.sources();
+    tiered(&mut s);
+    let b = spawn_settings(s, data, a.database_url.clone()).await;
+    let (tenant, token) = a.tenant("acme").await;
+    let repo = a.register(&token, shop(&a, "shop")).await;
+    let session = a.session(&token, &repo).await;
+    let first = ask(&a, &token, &session, "What does cart.rs do?").await;
+    let first_prompt = first["usage"]["prompt_tokens"].as_u64().unwrap();
+    a.state.served.get().unwrap().engine.flush_kv_tier().await;
+    // A announces itself once its model is loaded.
+    let deadline = std::time::Instant::now() + Duration::from_secs(20);
+    while announced(&a).await == 0 {
+        assert!(std::time::Instant::now() < deadline, "replica A never announced its KV tier");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+
+    // The session's next turn lands on B, which never saw this tenant: everything of the first
+    // turn's prompt but its last partial chunk comes from A's tier.
+    let second = ask_when_free(&b, &token, &session, "And price.rs?").await;
+    let got = cached(&second);
+    assert!(got >= first_prompt - 32, "B had {got} tokens cached of A's {first_prompt}: {second}");
+    let snap = b.state.served.get().unwrap().engine.snapshot().await.unwrap();
+    assert!(snap.kv_tier_loaded_tokens >= first_prompt - 32 - 64, "{snap:?}");
+
+    // A last replica that is gone costs the turn nothing but the fetch attempt.
+    let id: cachet_tenants::SessionId = session.parse().unwrap();
+    let owned = a.state.store.session(tenant, id).await.unwrap().expect("the tenant's session").owned();
+    let ghost = uuid::Uuid::new_v4();
+    a.state.store.announce_replica(ghost, "http://127.0.0.1:9").await.unwrap();
+    a.state.store.move_session(owned, ghost, Duration::from_secs(60)).await.unwrap();
+    let third = ask_when_free(&a, &token, &session, "And lib.rs?").await;
+    assert!(cached(&third) > 0, "{third}");
+    // The chunk route is the operator's, and refuses a key that is not one.
+    let r = a.get(&token, &format!("/v1/internal/kv/{}", "0".repeat(64))).await;
+    assert!(r.status() == 401 || r.status() == 403, "a tenant read a chunk: {}", r.status());
+    let op = a.state.operator_token.expose().to_string();
+    assert_eq!(a.get(&op, "/v1/internal/kv/..%2F..%2Fetc%2Fpasswd").await.status(), 400);
+    assert_eq!(a.get(&op, &format!("/v1/internal/kv/{}", "0".repeat(64))).await.status(), 404);
+}
+
+/// [`ask`] once the session's last turn, on another replica, has given its lease back (that
+/// happens in the background: 409 until then).
+async fn ask_when_free(app: &TestApp, token: &str, session: &str, content: &str) -> Value {
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    loop {
+        let r = app.message(token, session, json!({ "content": content, "max_tokens": 2, "temperature": 0 })).await;
+        if r.status() != 409 || std::time::Instant::now() > deadline {
+            assert_eq!(r.status(), 200, "{}", r.text().await.unwrap());
+            return r.json().await.unwrap();
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// Rows of `app`'s replica in `replicas`.
+async fn announced(app: &TestApp) -> i64 {
+    sqlx::query_scalar("SELECT count(*) FROM replicas WHERE id = $1")
+        .bind(app.state.replica)
+        .fetch_one(app.state.store.pool())
+        .await
+        .unwrap()
+}
