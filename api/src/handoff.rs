@@ -16,7 +16,7 @@ use crate::auth::OperatorAuth;
 use crate::error::ApiError;
 use crate::state::AppState;
 use actix_web::{get, web, HttpResponse};
-use cachet_engine::kv_transfer::disk::DiskTier;
+use cachet_engine::kv_transfer::disk::{from_hex as unhex, hex, DiskTier};
 use cachet_engine::kv_transfer::KvRecord;
 use cachet_engine::runtime::{EngineHandle, Request};
 use std::time::Duration;
@@ -29,21 +29,6 @@ pub const SEEN_WITHIN: Duration = Duration::from_secs(120);
 const ANNOUNCE_EVERY: Duration = Duration::from_secs(30);
 /// The largest chunk accepted (a 4,096-token chunk of a large model's K/V is far below it).
 const MAX_CHUNK_BYTES: usize = 1 << 30;
-
-fn hex(key: &[u8; 32]) -> String {
-    key.iter().map(|b| format!("{b:02x}")).collect()
-}
-
-fn unhex(s: &str) -> Option<[u8; 32]> {
-    if s.len() != 64 {
-        return None;
-    }
-    let mut key = [0u8; 32];
-    for (i, b) in key.iter_mut().enumerate() {
-        *b = u8::from_str_radix(s.get(2 * i..2 * i + 2)?, 16).ok()?;
-    }
-    Some(key)
-}
 
 /// Keeps this replica's row in `replicas` fresh while the server runs, when it has a disk tier
 /// and an advertised URL.

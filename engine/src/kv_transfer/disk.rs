@@ -55,20 +55,25 @@ pub struct DiskTier {
     default_share: f64,
 }
 
-fn hex(key: &[u8; 32]) -> String {
+/// A chain key as 64 hex digits (a record's file name, and its name between replicas).
+pub fn hex(key: &[u8; 32]) -> String {
     key.iter().map(|b| format!("{b:02x}")).collect()
 }
 
-fn unhex(name: &str) -> Option<[u8; 32]> {
-    let stem = name.strip_suffix(".kv")?;
-    if stem.len() != 64 {
+/// The chain key of 64 hex digits; `None` for anything else.
+pub fn from_hex(text: &str) -> Option<[u8; 32]> {
+    if text.len() != 64 {
         return None;
     }
     let mut key = [0u8; 32];
     for (i, byte) in key.iter_mut().enumerate() {
-        *byte = u8::from_str_radix(stem.get(2 * i..2 * i + 2)?, 16).ok()?;
+        *byte = u8::from_str_radix(text.get(2 * i..2 * i + 2)?, 16).ok()?;
     }
     Some(key)
+}
+
+fn unhex(name: &str) -> Option<[u8; 32]> {
+    from_hex(name.strip_suffix(".kv")?)
 }
 
 impl DiskTier {
