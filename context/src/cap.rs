@@ -1,22 +1,30 @@
 //! An outline cut to a byte budget, keeping the definitions that matter most.
 //!
 //! Every definition line is ranked: referenced from another file first, then public, then
-//! shallower, then earlier in the file. In that order, a definition is shown when it fits together
-//! with the containers above it that are not shown yet (and, for a container, its own best member,
-//! so no container is ever shown empty). Then, in the same order, the first lines of the shown
-//! definitions' doc comments while they fit. Lines keep their file order; a container whose
-//! members are not all shown ends with `... N more`, and the outline with `... N more definitions`
-//! when top-level definitions are left out. Deterministic: a function of the analysis, the budget
-//! and which names other files reference.
+//! shallower, then earlier in the file. In that order, and within the first
+//! [`FULL_LINES_PERCENT`] of the room, a definition is shown in full when it fits together with
+//! the containers above it that are not shown yet (and, for a container, its own best member, so
+//! no container is ever shown empty). Then, in the same order, the definitions left out are listed
+//! tersely (`name(params)`, [`crate::terse`]) under their container, or at the end for top-level
+//! ones, while the room lasts: a large class keeps most of its API in view. Then the first lines
+//! of the shown definitions' doc comments while they fit. Lines keep their file order; a container
+//! whose members are not all shown or listed ends with `... N more`, and the outline with `... N
+//! more definitions` when top-level definitions are left out. Deterministic: a function of the
+//! analysis, the budget and which names other files reference.
 
 use std::collections::BTreeSet;
 
 use crate::outline::{FileAnalysis, Lang, OutlineEntry};
+use crate::terse::terse;
 
 /// Bytes kept free for the closing `... N more definitions` line.
 const TOP_MARKER_BYTES: usize = 32;
 /// Bytes counted for a container's `... N more` line.
 const MEMBER_MARKER_BYTES: usize = 20;
+/// The part of a cut outline's room (percent) that full definition lines may use; terse entries
+/// fill the rest. Chosen by replay (`docs/context.md`): 0–40% give nearly the same figures, 100%
+/// (no terse entries) about half the definitions.
+const FULL_LINES_PERCENT: usize = 20;
 
 /// An outline as shown.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
@@ -52,6 +60,7 @@ pub(crate) fn shown_outline(a: &FileAnalysis, max: usize, referenced: &dyn Fn(&s
     let mut kept = vec![false; n];
     let all_fit = a.outline.len() <= max;
     let room = if all_fit { max } else { max.saturating_sub(TOP_MARKER_BYTES) };
+    let full_room = if all_fit { room } else { room * FULL_LINES_PERCENT / 100 };
     let mut used = 0;
     for &i in &units {
         if kept[i] {
@@ -74,11 +83,55 @@ pub(crate) fn shown_outline(a: &FileAnalysis, max: usize, referenced: &dyn Fn(&s
             };
         }
         let cost: usize = take.iter().map(|&t| unit_bytes(t)).sum();
-        if used + cost <= room {
+        if used + cost <= full_room {
             used += cost;
             for t in take {
                 kept[t] = true;
             }
+        }
+    }
+
+    // The members left out, tersely, in the same order, under a shown container or at the top.
+    let mut terse_of: Vec<Option<String>> = vec![None; n];
+    let mut listed = vec![false; n];
+    // Listed members in the order they were chosen, with the containers each one brought.
+    let mut chosen: Vec<(usize, Vec<usize>)> = Vec::new();
+    for &i in &units {
+        if kept[i] {
+            continue;
+        }
+        let Some(name) = entries[i].name.as_deref() else { continue };
+        // The containers above it that are not shown yet are shown in full.
+        let mut up = Vec::new();
+        let mut p = tree.parent[i];
+        while let Some(q) = p.filter(|&q| !kept[q]) {
+            up.push(q);
+            p = tree.parent[q];
+        }
+        let property = tree.prefixes[i].iter().any(|&d| lines[d].contains("property"));
+        let t = if property { name.to_string() } else { terse(lines[i], name) };
+        // An overload, a setter: the name is listed once.
+        let siblings = tree.parent[i].map_or(&tree.top, |p| &tree.children[p]);
+        if siblings.iter().any(|&c| listed[c] && entries[c].name.as_deref() == Some(name)) {
+            continue;
+        }
+        let first = siblings.iter().all(|&c| !listed[c]);
+        let indent = 4 * tree.parent[i].map_or(0, |p| usize::from(entries[p].depth) + 1);
+        let mut cost = t.len() + 2 + if first { indent + ALSO.len() + 1 } else { 0 };
+        cost += up
+            .iter()
+            .map(|&q| unit_bytes(q) - if tree.children[q].len() > 1 { MEMBER_MARKER_BYTES } else { 0 })
+            .sum::<usize>();
+        if used + cost <= room {
+            used += cost;
+            listed[i] = true;
+            terse_of[i] = Some(t);
+            for &q in &up {
+                kept[q] = true;
+                listed[q] = false;
+                terse_of[q] = None;
+            }
+            chosen.push((i, up));
         }
     }
 
@@ -93,7 +146,44 @@ pub(crate) fn shown_outline(a: &FileAnalysis, max: usize, referenced: &dyn Fn(&s
             }
         }
     }
-    render(&lines, &entries, &tree, lang, &kept, &with_doc)
+    // The byte counts above leave out where terse lists wrap: while the text is too long, the
+    // member listed last leaves (with the containers it brought).
+    loop {
+        let out = render(&lines, &entries, &tree, lang, &kept, &with_doc, &terse_of);
+        let Some((i, up)) = out.text.len().gt(&max).then(|| chosen.pop()).flatten() else { return out };
+        terse_of[i] = None;
+        for q in up {
+            kept[q] = false;
+            with_doc[q] = false;
+        }
+    }
+}
+
+/// Starts a line of terse members.
+const ALSO: &str = "... also: ";
+/// Terse lists wrap after this many bytes.
+const ALSO_WIDTH: usize = 100;
+
+/// `{indent}... also: a(x), b, c(y, z)`, wrapped, one line per [`ALSO_WIDTH`] bytes.
+fn also_lines(out: &mut String, indent: &str, items: &[&str]) {
+    if items.is_empty() {
+        return;
+    }
+    let mut line = format!("{indent}{ALSO}");
+    let start = line.len();
+    for (k, item) in items.iter().enumerate() {
+        if line.len() > start && line.len() + item.len() > ALSO_WIDTH {
+            out.push_str(line.trim_end());
+            out.push('\n');
+            line = format!("{indent}    ");
+        }
+        line.push_str(item);
+        if k + 1 < items.len() {
+            line.push_str(", ");
+        }
+    }
+    out.push_str(&line);
+    out.push('\n');
 }
 
 /// Writes the kept lines in file order, with doc lines and `... N more` markers.
@@ -104,13 +194,24 @@ fn render(
     lang: Lang,
     kept: &[bool],
     with_doc: &[bool],
+    terse_of: &[Option<String>],
 ) -> ShownOutline {
     let mut out = ShownOutline::default();
-    let omitted = |of: &[usize]| of.iter().filter(|&&c| !kept[c]).count();
+    let omitted = |of: &[usize]| of.iter().filter(|&&c| !kept[c] && terse_of[c].is_none()).count();
+    let also = |out: &mut ShownOutline, of: &[usize], indent: &str| {
+        let items: Vec<&str> = of.iter().filter_map(|&c| terse_of[c].as_deref()).collect();
+        also_lines(&mut out.text, indent, &items);
+        for &c in of {
+            if let (Some(_), Some(name)) = (&terse_of[c], &entries[c].name) {
+                out.names.insert(name.clone());
+            }
+        }
+    };
     let marker = |out: &mut ShownOutline, c: usize| {
+        let indent = "    ".repeat(usize::from(entries[c].depth) + 1);
+        also(out, &tree.children[c], &indent);
         let left = omitted(&tree.children[c]);
         if left > 0 {
-            let indent = "    ".repeat(usize::from(entries[c].depth) + 1);
             out.text.push_str(&format!("{indent}... {left} more\n"));
         }
     };
@@ -147,6 +248,7 @@ fn render(
     while let Some(c) = open.pop() {
         marker(&mut out, c);
     }
+    also(&mut out, &tree.top, "");
     let left = omitted(&tree.top);
     if left > 0 {
         out.text.push_str(&format!("... {left} more definitions\n"));
@@ -316,11 +418,79 @@ mod tests {
         let lines: Vec<&str> = s.text.lines().collect();
         for (i, l) in lines.iter().enumerate() {
             if l.ends_with('{') {
-                assert!(lines[i + 1].starts_with("    fn "), "empty container at line {i}:\n{}", s.text);
+                let next = lines[i + 1];
+                assert!(
+                    next.starts_with("    fn ") || next.starts_with("    ... also: "),
+                    "empty container at line {i}:\n{}",
+                    s.text
+                );
             }
         }
         assert!(s.text.ends_with(" more definitions\n"), "{}", s.text);
         assert!(lines.iter().filter(|l| l.starts_with("impl")).count() >= 3, "{}", s.text);
+    }
+
+    #[test]
+    fn members_that_do_not_fit_in_full_are_listed_tersely_once() {
+        let mut src = String::from("class App:\n    config: dict[str, t.Any]\n");
+        for i in 0..30 {
+            src.push_str(&format!(
+                "    def method_{i:02}(self, request: Request, *, timeout: float = 1.0) -> Response: pass\n"
+            ));
+        }
+        src.push_str("    @property\n    def debug(self) -> bool: pass\n    @debug.setter\n    def debug(self, v: bool) -> None: pass\n");
+        src.push_str("def helper(path: str, mode: str = 'r') -> None: pass\n");
+        let a = analyze("app.py", &src);
+        let s = shown_outline(&a, 1200, &|n: &str| n == "method_29" || n == "helper");
+        assert!(s.text.len() <= 1200, "{}", s.text);
+        assert!(s.text.starts_with("class App:\n"), "{}", s.text);
+        // The referenced method is shown in full, the others by name and parameters.
+        assert!(
+            s.text.contains("    def method_29(self, request: Request, *, timeout: float = 1.0) -> Response: ..."),
+            "{}",
+            s.text
+        );
+        assert!(s.text.contains("    ... also: "), "{}", s.text);
+        assert!(s.text.contains("method_00(request, timeout)"), "{}", s.text);
+        // A property is listed as an attribute, once with its setter.
+        assert!(s.text.contains("debug,") || s.text.contains("debug\n"), "{}", s.text);
+        assert!(!s.text.contains("debug("), "{}", s.text);
+        // Every listed name counts as shown.
+        assert!(s.names.contains("method_00") && s.names.contains("method_29") && s.names.contains("config"));
+        // Wrapped lines stay near the width and keep the container's indentation.
+        for l in s.text.lines().filter(|l| !l.contains("def ")) {
+            assert!(l.len() <= ALSO_WIDTH + 30, "{l}");
+        }
+        // Far more of the class is named than its full lines alone could show.
+        assert!(s.names.len() >= 20, "{} names:\n{}", s.names.len(), s.text);
+    }
+
+    #[test]
+    fn a_member_listed_tersely_brings_its_container() {
+        let mut src = String::new();
+        for c in 0..6 {
+            src.push_str(&format!("pub struct Type{c} {{}}\nimpl Type{c} {{\n"));
+            for m in 0..8 {
+                src.push_str(&format!(
+                    "    pub fn operation_{m}(&self, input: &[u8], out: &mut Vec<u8>) -> usize {{ 0 }}\n"
+                ));
+            }
+            src.push_str("}\n");
+        }
+        let a = analyze("a.rs", &src);
+        let s = shown_outline(&a, 600, &none);
+        let lines: Vec<&str> = s.text.lines().collect();
+        for (i, l) in lines.iter().enumerate() {
+            if l.ends_with('{') {
+                let next = lines[i + 1];
+                assert!(
+                    next.starts_with("    pub fn ") || next.starts_with("    ... also: "),
+                    "empty container:\n{}",
+                    s.text
+                );
+            }
+        }
+        assert!(s.text.contains("operation_1(input, out)"), "{}", s.text);
     }
 
     #[test]

@@ -47,6 +47,7 @@ mod select;
 mod snapshot;
 mod stability;
 pub mod store;
+mod terse;
 pub mod testing;
 mod token_cache;
 pub mod tokens;

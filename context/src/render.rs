@@ -10,10 +10,11 @@ Source files of the repository: outlines list definitions with bodies elided; fu
 /// The version of the header block.
 pub(crate) const HEADER_VERSION: &str = "header:v1";
 
-/// The largest outline shown, in bytes (about 400 tokens): a repository map of many files beats a
-/// few exhaustive outlines, and small blocks keep a push's damage to the reusable prefix small.
-/// [`crate::cap`] chooses what a larger outline shows.
-pub(crate) const MAX_OUTLINE_BYTES: usize = 1600;
+/// The largest outline shown, in bytes (about 150 tokens): a repository map of many files beats a
+/// few exhaustive outlines, and small blocks keep a push's damage to the reusable prefix small
+/// (1,600 until 2026-12-03; `docs/context.md` has the replay and "definitions visible" figures of
+/// both). [`crate::cap`] chooses what a larger outline shows.
+pub(crate) const MAX_OUTLINE_BYTES: usize = 600;
 
 /// `### path (outline)` and the outline in a fenced block.
 pub(crate) fn outline_block(path: &str, tag: &str, outline: &str) -> String {
