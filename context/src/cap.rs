@@ -110,9 +110,9 @@ pub(crate) fn shown_outline(a: &FileAnalysis, max: usize, referenced: &dyn Fn(&s
         }
         let property = tree.prefixes[i].iter().any(|&d| lines[d].contains("property"));
         let t = if property { name.to_string() } else { terse(lines[i], name) };
-        // An overload, a setter: the name is listed once.
+        // An overload, a setter: the name is shown once.
         let siblings = tree.parent[i].map_or(&tree.top, |p| &tree.children[p]);
-        if siblings.iter().any(|&c| listed[c] && entries[c].name.as_deref() == Some(name)) {
+        if siblings.iter().any(|&c| (listed[c] || kept[c]) && entries[c].name.as_deref() == Some(name)) {
             continue;
         }
         let first = siblings.iter().all(|&c| !listed[c]);
@@ -197,7 +197,14 @@ fn render(
     terse_of: &[Option<String>],
 ) -> ShownOutline {
     let mut out = ShownOutline::default();
-    let omitted = |of: &[usize]| of.iter().filter(|&&c| !kept[c] && terse_of[c].is_none()).count();
+    // Members neither shown nor listed, an overload or setter of a shown name aside.
+    let shown = |c: usize| kept[c] || terse_of[c].is_some();
+    let omitted = |of: &[usize]| {
+        let name = |c: usize| entries[c].name.as_deref();
+        of.iter()
+            .filter(|&&c| !shown(c) && !of.iter().any(|&o| shown(o) && name(o).is_some() && name(o) == name(c)))
+            .count()
+    };
     let also = |out: &mut ShownOutline, of: &[usize], indent: &str| {
         let items: Vec<&str> = of.iter().filter_map(|&c| terse_of[c].as_deref()).collect();
         also_lines(&mut out.text, indent, &items);
@@ -455,6 +462,7 @@ mod tests {
         // A property is listed as an attribute, once with its setter.
         assert!(s.text.contains("debug,") || s.text.contains("debug\n"), "{}", s.text);
         assert!(!s.text.contains("debug("), "{}", s.text);
+        assert_eq!(s.text.matches("debug").count(), 1, "{}", s.text);
         // Every listed name counts as shown.
         assert!(s.names.contains("method_00") && s.names.contains("method_29") && s.names.contains("config"));
         // Wrapped lines stay near the width and keep the container's indentation.
