@@ -93,7 +93,6 @@ pub(crate) fn shown_outline(a: &FileAnalysis, max: usize, referenced: &dyn Fn(&s
 
     // The members left out, tersely, in the same order, under a shown container or at the top.
     let mut terse_of: Vec<Option<String>> = vec![None; n];
-    let mut listed = vec![false; n];
     // Listed members in the order they were chosen, with the containers each one brought.
     let mut chosen: Vec<(usize, Vec<usize>)> = Vec::new();
     for &i in &units {
@@ -108,14 +107,15 @@ pub(crate) fn shown_outline(a: &FileAnalysis, max: usize, referenced: &dyn Fn(&s
             up.push(q);
             p = tree.parent[q];
         }
-        let property = tree.prefixes[i].iter().any(|&d| lines[d].contains("property"));
-        let t = if property { name.to_string() } else { terse(lines[i], name) };
         // An overload, a setter: the name is shown once.
         let siblings = tree.parent[i].map_or(&tree.top, |p| &tree.children[p]);
-        if siblings.iter().any(|&c| (listed[c] || kept[c]) && entries[c].name.as_deref() == Some(name)) {
+        let shown = |c: usize| kept[c] || terse_of[c].is_some();
+        if siblings.iter().any(|&c| shown(c) && entries[c].name.as_deref() == Some(name)) {
             continue;
         }
-        let first = siblings.iter().all(|&c| !listed[c]);
+        let first = siblings.iter().all(|&c| terse_of[c].is_none());
+        let property = tree.prefixes[i].iter().any(|&d| lines[d].contains("property"));
+        let t = if property { name.to_string() } else { terse(lines[i], name) };
         let indent = 4 * tree.parent[i].map_or(0, |p| usize::from(entries[p].depth) + 1);
         let mut cost = t.len() + 2 + if first { indent + ALSO.len() + 1 } else { 0 };
         cost += up
@@ -124,11 +124,9 @@ pub(crate) fn shown_outline(a: &FileAnalysis, max: usize, referenced: &dyn Fn(&s
             .sum::<usize>();
         if used + cost <= room {
             used += cost;
-            listed[i] = true;
             terse_of[i] = Some(t);
             for &q in &up {
                 kept[q] = true;
-                listed[q] = false;
                 terse_of[q] = None;
             }
             chosen.push((i, up));
