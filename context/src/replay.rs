@@ -6,7 +6,15 @@
 //! path is in P's context, two shares of P's context tokens are recorded per order:
 //! - `block_prefix`: the tokens before the first block whose path changed;
 //! - `token_prefix`: the longest common token prefix of the contexts at P and at C (same order) —
-//!   what a prefix cache can actually reuse.
+//!   what a prefix cache can actually reuse;
+//! - `text_block_prefix`: the tokens before the first block whose *text* changed (or that left the
+//!   context): `block_prefix` counts an outline as changed at every edit of its file, even one
+//!   inside a function body that leaves the outline, and so its cached K/V, as it was.
+//!
+//! Each row also records a *hindsight* block prefix: P's blocks ordered by how many commits of the
+//! whole replayed window (the future included) change their path, fewest first (larger blocks
+//! first among equals) — a static order no model of the past can beat by much, which bounds what
+//! any order can reach on `block_prefix` for this history and budget.
 //!
 //! Commits that change no path in the context are counted but have no row. Rows where the
 //! rendered context did not change at all (e.g. a body-only edit of a file shown as an outline)
@@ -15,7 +23,7 @@
 
 mod report;
 
-use std::collections::HashSet;
+use std::collections::{HashMap, HashSet};
 
 pub use report::{Break, OrderShares, OrderSummary, ReplayReport, ReplayRow};
 
@@ -57,15 +65,23 @@ pub fn replay_with(
     let mut reports: Vec<ReplayReport> = models.iter().map(|m| ReplayReport::new(head, *m)).collect();
     let definitions = DefinitionsVisible::of(&builder.definitions(mirror, head, opts, &named)?);
     reports.iter_mut().for_each(|r| r.definitions = definitions);
-    let mut newer: Option<(CommitId, Prepared)> = None;
+    let mut changes = Vec::with_capacity(chain.len().saturating_sub(1));
+    let mut counts: HashMap<String, usize> = HashMap::new();
     for pair in chain.windows(2) {
+        let changed: HashSet<String> = mirror.changed_paths(&pair[1], &pair[0])?.into_iter().map(|c| c.path).collect();
+        for p in &changed {
+            *counts.entry(p.clone()).or_default() += 1;
+        }
+        changes.push(changed);
+    }
+    let mut newer: Option<(CommitId, Prepared)> = None;
+    for (pair, changed) in chain.windows(2).zip(changes) {
         let (child, parent) = (&pair[0], &pair[1]);
         let at_child = match newer.take() {
             Some((id, p)) if &id == child => p,
             _ => builder.prepare(&repo, child, opts, &tokens)?,
         };
         let at_parent = builder.prepare(&repo, parent, opts, &tokens)?;
-        let changed: HashSet<String> = mirror.changed_paths(parent, child)?.into_iter().map(|c| c.path).collect();
         let affected = at_parent.blocks.iter().filter(|b| b.path.as_ref().is_some_and(|p| changed.contains(p))).count();
         let ages_parent = builder.block_ages(&repo, parent, opts.history_depth, &at_parent)?;
         let ages_child = builder.block_ages(&repo, child, opts.history_depth, &at_child)?;
@@ -75,6 +91,7 @@ pub fn replay_with(
                 continue;
             }
             let mut row = ReplayRow::new(child, parent, changed.len(), affected);
+            row.hindsight_block_prefix = hindsight_prefix(&at_parent, &changed, &counts);
             let (sel_p, sel_c) = (selection_key(&at_parent, &changed), selection_key(&at_child, &changed));
             row.selection_changed = sel_p != sel_c;
             row.selection_diff = sel_p
@@ -91,7 +108,8 @@ pub fn replay_with(
                 }
                 let common = common_prefix(&before.tokens, &after.tokens);
                 let cause = break_cause(&before, &after, common, &changed);
-                row.push(order, &before, block_prefix(&before, &changed), common, cause);
+                let shares = [block_prefix(&before, &changed), common, text_block_prefix(&before, &after)];
+                row.push(order, &before, shares, cause);
             }
             report.rows.push(row);
         }
@@ -174,13 +192,48 @@ fn block_prefix(ctx: &RepoContext, changed: &HashSet<String>) -> usize {
         .map_or(ctx.tokens.len(), |s| s.tokens.start)
 }
 
+/// Tokens before the first block of `before` whose text `after` does not have for its path.
+fn text_block_prefix(before: &RepoContext, after: &RepoContext) -> usize {
+    before
+        .segments
+        .iter()
+        .find(|s| s.path.as_deref().is_some_and(|p| text_of(after, p) != Some(before.segment_text(s))))
+        .map_or(before.tokens.len(), |s| s.tokens.start)
+}
+
+/// The share of `p`'s tokens before the first changed block when its blocks are ordered in
+/// hindsight: by the number of the window's commits that change their path (fewest first), larger
+/// blocks first among equals, then by path; the header first as always.
+fn hindsight_prefix(p: &Prepared, changed: &HashSet<String>, counts: &HashMap<String, usize>) -> f64 {
+    let count = |b: &crate::context::Block| b.path.as_ref().and_then(|p| counts.get(p)).copied().unwrap_or(0);
+    let mut blocks: Vec<_> = p.blocks.iter().collect();
+    blocks.sort_by(|a, b| {
+        count(a).cmp(&count(b)).then(b.tokens.len().cmp(&a.tokens.len())).then_with(|| a.path.cmp(&b.path))
+    });
+    let header: usize = p.header.iter().map(|b| b.tokens.len()).sum();
+    let total = header + blocks.iter().map(|b| b.tokens.len()).sum::<usize>();
+    let before = header
+        + blocks
+            .iter()
+            .take_while(|b| !b.path.as_ref().is_some_and(|p| changed.contains(p)))
+            .map(|b| b.tokens.len())
+            .sum::<usize>();
+    if total == 0 {
+        0.0
+    } else {
+        before as f64 / total as f64
+    }
+}
+
+/// The text of `path`'s block in `c`.
+fn text_of<'a>(c: &'a RepoContext, path: &str) -> Option<&'a str> {
+    c.segments.iter().find(|s| s.path.as_deref() == Some(path)).map(|s| c.segment_text(s))
+}
+
 /// Why the common token prefix of `before` and `after` ends at token `at`: the block of `before`
 /// there, against what `after` has in its place. `None` when it does not end (`before` is a prefix
 /// of `after`).
 fn break_cause(before: &RepoContext, after: &RepoContext, at: usize, changed: &HashSet<String>) -> Option<Break> {
-    fn find<'a>(c: &'a RepoContext, p: &str) -> Option<&'a str> {
-        c.segments.iter().find(|s| s.path.as_deref() == Some(p)).map(|s| c.segment_text(s))
-    }
     let at_of = |c: &RepoContext| c.segments.iter().position(|s| s.tokens.contains(&at));
     let b = &before.segments[at_of(before)?];
     let a = at_of(after).map(|j| &after.segments[j]);
@@ -190,7 +243,7 @@ fn break_cause(before: &RepoContext, after: &RepoContext, at: usize, changed: &H
         // This block changed, or a changed file's block now stands in its place.
         return Some(Break::ChangedFile);
     }
-    match (find(after, path), a_path.map(|p| find(before, p))) {
+    match (text_of(after, path), a_path.map(|p| text_of(before, p))) {
         (None, _) | (_, Some(None)) => Some(Break::Selection),
         (Some(t), _) if t != before.segment_text(b) => Some(Break::UnchangedFileText),
         _ => Some(Break::Moved),

@@ -20,8 +20,14 @@ fn stability_order_keeps_more_of_the_context_than_path_order() {
     assert!(report.rows.len() >= 10, "only {} rows", report.rows.len());
     for row in &report.rows {
         assert_eq!(row.orders.len(), 3);
+        assert!((0.0..=1.0).contains(&row.hindsight_block_prefix), "{row:?}");
         for s in &row.orders {
             assert!((0.0..=1.0).contains(&s.block_prefix) && (0.0..=1.0).contains(&s.token_prefix));
+            // No block's text changed when the context did not (whatever its file's edits).
+            if !row.context_changed {
+                assert_eq!(s.text_block_prefix, 1.0, "{row:?}");
+            }
+            assert!((0.0..=1.0).contains(&s.text_block_prefix), "{row:?}");
             // The prefix ends somewhere exactly when the text changed; a changed file's block ends
             // it no later than the first changed block.
             assert_eq!(s.cause.is_some(), row.context_changed && s.token_prefix < 1.0, "{row:?}");
@@ -40,6 +46,7 @@ fn stability_order_keeps_more_of_the_context_than_path_order() {
     assert!(stab.block_prefix_median >= path.block_prefix_median, "{}", report.markdown());
     assert!(stab.token_prefix_median >= 0.5, "{}", report.markdown());
     assert!(report.markdown().contains("| stability |"));
+    assert!(report.markdown().contains("| (hindsight: fewest changes in the window first) |"));
     assert!(report.markdown().contains("| order | header | changed file |"));
     let json = serde_json::to_value(&report).unwrap();
     assert!(json["rows"].as_array().is_some_and(|r| !r.is_empty()));

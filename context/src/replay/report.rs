@@ -46,6 +46,9 @@ pub struct ReplayRow {
     /// Whether the rendered context (in path order) differs between P and C. When it does not,
     /// every order keeps 100% of its tokens.
     pub context_changed: bool,
+    /// The share of P's tokens before the first changed block with P's blocks in hindsight order
+    /// (see the module's documentation): a bound on `block_prefix` for any order.
+    pub hindsight_block_prefix: f64,
     /// The reusable shares per order.
     pub orders: Vec<OrderShares>,
 }
@@ -59,6 +62,8 @@ pub struct OrderShares {
     pub block_prefix: f64,
     /// Longest common token prefix of the contexts at P and C.
     pub token_prefix: f64,
+    /// Tokens before the first block whose text changed (or that left the context).
+    pub text_block_prefix: f64,
     /// Why the common token prefix ends where it does (`None`: the contexts are equal).
     pub cause: Option<Break>,
 }
@@ -114,6 +119,10 @@ pub struct OrderSummary {
     pub changed_token_prefix_median: f64,
     /// Mean of `token_prefix` over the rows whose rendered context changed.
     pub changed_token_prefix_mean: f64,
+    /// Median of `text_block_prefix`.
+    pub text_block_prefix_median: f64,
+    /// Mean of `text_block_prefix`.
+    pub text_block_prefix_mean: f64,
 }
 
 impl ReplayReport {
@@ -139,6 +148,7 @@ impl ReplayReport {
                 let blocks = pick(|s| s.block_prefix, false);
                 let tokens = pick(|s| s.token_prefix, false);
                 let changed = pick(|s| s.token_prefix, true);
+                let text = pick(|s| s.text_block_prefix, false);
                 OrderSummary {
                     order,
                     block_prefix_median: median(&blocks),
@@ -147,6 +157,8 @@ impl ReplayReport {
                     token_prefix_mean: mean(&tokens),
                     changed_token_prefix_median: median(&changed),
                     changed_token_prefix_mean: mean(&changed),
+                    text_block_prefix_median: median(&text),
+                    text_block_prefix_mean: mean(&text),
                 }
             })
             .collect();
@@ -180,19 +192,29 @@ impl ReplayReport {
             100.0 * d.share()
         );
         s.push_str("Shares of the parent's context tokens that stay reusable (median / mean):\n\n");
-        s.push_str("| order | before first changed block | token prefix | token prefix when the text changed |\n");
-        s.push_str("|---|---:|---:|---:|\n");
+        s.push_str(
+            "| order | before first changed block | before first block whose text changed | token prefix \
+             | token prefix when the text changed |\n",
+        );
+        s.push_str("|---|---:|---:|---:|---:|\n");
         let pct = |m: f64, a: f64| format!("{:.1}% / {:.1}%", 100.0 * m, 100.0 * a);
         for o in &self.summary {
             let _ = writeln!(
                 s,
-                "| {} | {} | {} | {} |",
+                "| {} | {} | {} | {} | {} |",
                 o.order.name(),
                 pct(o.block_prefix_median, o.block_prefix_mean),
+                pct(o.text_block_prefix_median, o.text_block_prefix_mean),
                 pct(o.token_prefix_median, o.token_prefix_mean),
                 pct(o.changed_token_prefix_median, o.changed_token_prefix_mean)
             );
         }
+        let hindsight: Vec<f64> = self.rows.iter().map(|r| r.hindsight_block_prefix).collect();
+        let _ = writeln!(
+            s,
+            "| (hindsight: fewest changes in the window first) | {} | | | |",
+            pct(median(&hindsight), mean(&hindsight))
+        );
         s.push_str("\nWhere the token prefix ends when the text changed (commits):\n\n| order |");
         for b in Break::ALL {
             let _ = write!(s, " {} |", b.name());
@@ -227,6 +249,7 @@ impl ReplayRow {
             selection_changed: false,
             selection_diff: Vec::new(),
             context_changed: false,
+            hindsight_block_prefix: 0.0,
             orders: Vec::new(),
         }
     }
@@ -235,8 +258,7 @@ impl ReplayRow {
         &mut self,
         order: Order,
         before: &RepoContext,
-        block_prefix: usize,
-        token_prefix: usize,
+        [block_prefix, token_prefix, text_block_prefix]: [usize; 3],
         cause: Option<Break>,
     ) {
         let total = before.tokens.len();
@@ -246,6 +268,7 @@ impl ReplayRow {
             order,
             block_prefix: share(block_prefix),
             token_prefix: share(token_prefix),
+            text_block_prefix: share(text_block_prefix),
             cause,
         });
     }
