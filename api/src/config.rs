@@ -26,6 +26,57 @@ pub struct Settings {
     pub tenants: TenantSettings,
     pub context: ContextSettings,
     pub tasks: TaskSettings,
+    pub disagg: DisaggSettings,
+}
+
+/// What a server does with a request's prompt (`[disagg] role`, `cachet serve --role`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Role {
+    /// Prefill and decode here (the default).
+    #[default]
+    Unified,
+    /// Also compute prompts' K/V for decode servers (`POST /v1/internal/prefill`); serves the API
+    /// as a unified server does.
+    Prefill,
+    /// Have a prefill server compute the K/V of a request's uncached whole chunks, receive them,
+    /// and decode here; prefill locally when no prefill server answers.
+    Decode,
+}
+
+impl std::str::FromStr for Role {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Role, String> {
+        match s {
+            "unified" => Ok(Role::Unified),
+            "prefill" => Ok(Role::Prefill),
+            "decode" => Ok(Role::Decode),
+            _ => Err(format!("{s:?} is not a role (unified, prefill or decode)")),
+        }
+    }
+}
+
+/// Prefill/decode disaggregation (`[disagg]`; see `docs/deployment.md`).
+#[derive(Clone, Debug, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct DisaggSettings {
+    /// This server's role.
+    pub role: Role,
+    /// The prefill servers a decode server asks (`http://prefill-0:8080`); a request goes to the
+    /// one its first chunk's key picks, so that requests sharing a prefix meet the same cache.
+    pub prefill_urls: Vec<String>,
+    /// Uncached prompt tokens (in whole chunks) below which a decode server prefills locally: a
+    /// short prompt costs less to compute than to send for.
+    pub min_remote_tokens: usize,
+    /// The longest a remote prefill and its transfer may take before the request computes what it
+    /// did not get locally.
+    pub timeout_secs: u64,
+}
+
+impl Default for DisaggSettings {
+    fn default() -> Self {
+        DisaggSettings { role: Role::Unified, prefill_urls: Vec::new(), min_remote_tokens: 256, timeout_secs: 120 }
+    }
 }
 
 /// Tasks.
@@ -367,6 +418,7 @@ pub struct Overrides {
     pub data_dir: Option<PathBuf>,
     pub model: Option<PathBuf>,
     pub device: Option<String>,
+    pub role: Option<Role>,
 }
 
 impl Settings {
@@ -399,6 +451,9 @@ impl Settings {
         if let Some(d) = &overrides.device {
             s.model.device = d.parse().map_err(|m| format!("configuration: --device: {m}"))?;
         }
+        if let Some(r) = overrides.role {
+            s.disagg.role = r;
+        }
         s.server.data_dir = expand_home(&s.server.data_dir);
         s.check()?;
         Ok(s)
@@ -406,9 +461,25 @@ impl Settings {
 
     /// Everything that can be checked without the model or the database, so that a mistake
     /// fails `cachet serve` at once with its key named (not a server that never becomes ready).
-    fn check(&self) -> Result<(), String> {
+    pub fn check(&self) -> Result<(), String> {
         self.model.sampling.check()?;
-        self.engine_config().map_err(|m| format!("configuration: {m}"))?;
+        let engine = self.engine_config().map_err(|m| format!("configuration: {m}"))?;
+        let d = &self.disagg;
+        if d.role != Role::Unified && engine.kv_tier.is_none() {
+            return Err(format!(
+                "configuration: disagg.role = {:?} moves K/V through the disk tier: set engine.kv_tier_gib above 0",
+                d.role
+            ));
+        }
+        if d.role == Role::Decode && d.prefill_urls.is_empty() {
+            return Err("configuration: disagg.role = \"decode\" needs disagg.prefill_urls".into());
+        }
+        if let Some(u) = d.prefill_urls.iter().find(|u| !(u.starts_with("http://") || u.starts_with("https://"))) {
+            return Err(format!("configuration: disagg.prefill_urls: {u:?} is not an http(s) URL"));
+        }
+        if d.timeout_secs == 0 {
+            return Err("configuration: disagg.timeout_secs must be above 0".into());
+        }
         if self.plan(&self.tenants.default_plan).is_none() {
             let names: Vec<String> = self.plans().into_iter().map(|p| p.name).collect();
             return Err(format!(

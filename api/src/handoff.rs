@@ -18,7 +18,7 @@ use crate::state::AppState;
 use actix_web::{get, web, HttpResponse};
 use cachet_engine::kv_transfer::disk::{from_hex as unhex, hex, DiskTier};
 use cachet_engine::kv_transfer::KvRecord;
-use cachet_engine::runtime::{EngineHandle, Request};
+use cachet_engine::runtime::{EngineHandle, KvTierConfig, Request};
 use std::time::Duration;
 
 /// How long one chunk may take to arrive.
@@ -121,42 +121,39 @@ pub async fn fetch(engine: &EngineHandle, req: &Request, from: &str, operator_to
                 break;
             }
         };
-        let record = match KvRecord::decode(&bytes, &fingerprint) {
-            Ok(r) if r.key() == key => r,
-            Ok(_) => {
-                tracing::warn!("hand-off from {from}: a chunk other than the one asked for");
-                break;
-            }
-            Err(e) => {
-                tracing::warn!("hand-off from {from}: {e}");
-                break;
-            }
-        };
-        let dir = tier.dir.clone();
-        let written = web::block(move || DiskTier::write(&dir, &record).map(|n| (n, record))).await;
-        match written {
-            Ok(Ok((n, record))) => {
-                if let Err(e) = engine.adopt_chunk(record, n).await {
-                    tracing::warn!("hand-off: {e}");
-                    break;
-                }
-                adopted += 1;
-            }
-            Ok(Err(e)) => {
-                tracing::warn!("hand-off: writing a chunk: {e}");
-                break;
-            }
-            Err(e) => {
-                tracing::warn!("hand-off: {e}");
-                break;
-            }
+        if let Err(e) = adopt(engine, &tier, &fingerprint, &bytes, &key).await {
+            tracing::warn!("hand-off from {from}: {e}");
+            break;
         }
+        adopted += 1;
     }
     if adopted > 0 {
         metrics::counter!("cachet:kv_handoff_chunks_total").increment(adopted as u64);
         tracing::debug!(chunks = adopted, from, "prefix fetched from another replica");
     }
     adopted
+}
+
+/// Checks a chunk record another server sent (its checksum, this model's fingerprint, the chain
+/// key asked for), writes it into the local disk tier and indexes it, so that the next
+/// admission loads it.
+pub(crate) async fn adopt(
+    engine: &EngineHandle,
+    tier: &KvTierConfig,
+    fingerprint: &[u8; 32],
+    bytes: &[u8],
+    key: &[u8; 32],
+) -> Result<(), String> {
+    let record = KvRecord::decode(bytes, fingerprint).map_err(|e| e.to_string())?;
+    if record.key() != *key {
+        return Err("a chunk other than the one asked for".into());
+    }
+    let dir = tier.dir.clone();
+    let (n, record) = web::block(move || DiskTier::write(&dir, &record).map(|n| (n, record)))
+        .await
+        .map_err(|e| e.to_string())?
+        .map_err(|e| format!("writing a chunk: {e}"))?;
+    engine.adopt_chunk(record, n).await
 }
 
 #[cfg(test)]

@@ -279,6 +279,7 @@ mod tests {
             created_at: chrono::Utc::now(),
             slo_class: Some(cachet_tenants::SloClass::Interactive),
             slo_met: Some(true),
+            kv_transfer_ms: None,
         }
     }
 

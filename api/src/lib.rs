@@ -31,6 +31,7 @@ pub mod cli;
 pub mod config;
 pub mod context;
 pub mod device;
+pub mod disagg;
 pub mod error;
 pub mod fanout;
 #[doc(hidden)]

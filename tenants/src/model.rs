@@ -194,6 +194,11 @@ pub struct UsageRecord {
     /// before its first token).
     #[serde(default)]
     pub slo_met: Option<bool>,
+    /// Time spent moving the prompt's K/V from another server before the engine took the request
+    /// (a prefill server's computation and transfer, or a warm hand-off's fetch), in
+    /// milliseconds; included in `ttft_ms` and `e2e_ms`. `None`: nothing moved.
+    #[serde(default)]
+    pub kv_transfer_ms: Option<f64>,
 }
 
 impl UsageRecord {

@@ -49,6 +49,7 @@ fn record(tenant: TenantId, r: &Req) -> UsageRecord {
         created_at: r.when,
         slo_class: Some(SloClass::Interactive),
         slo_met: r.slo_met,
+        kv_transfer_ms: None,
     }
 }
 

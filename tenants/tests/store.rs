@@ -38,6 +38,7 @@ fn usage(tenant: TenantId, seconds_ago: i64) -> UsageRecord {
         created_at: now() - chrono::Duration::seconds(seconds_ago),
         slo_class: Some(SloClass::Interactive),
         slo_met: Some(true),
+        kv_transfer_ms: None,
     }
 }
 

@@ -27,6 +27,9 @@ pub struct ServeArgs {
     /// Configuration file (default <data_dir>/cachet.toml if present).
     #[arg(long)]
     pub config: Option<PathBuf>,
+    /// unified (default), prefill or decode: prefill/decode disaggregation (`[disagg]`).
+    #[arg(long)]
+    pub role: Option<crate::config::Role>,
     /// Create (or reuse) a `demo` tenant and print how to call the server with its token.
     #[arg(long)]
     pub demo: bool,
@@ -112,6 +115,7 @@ pub fn serve(args: ServeArgs) -> anyhow::Result<()> {
         data_dir: args.data_dir,
         model: args.model,
         device: args.device,
+        role: args.role,
     };
     let settings = Settings::load(&overrides).map_err(anyhow::Error::msg)?;
     actix_web::rt::System::new().block_on(async move {

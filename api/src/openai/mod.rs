@@ -403,11 +403,15 @@ pub(crate) async fn execute(
         SloClass::Batch => cachet_tenants::SloClass::Batch,
     };
     let (tenant_id, plan, model_id, endpoint) = (tenant.id, tenant.plan.clone(), served.id.clone(), job.endpoint);
+    // Time spent moving the prompt's K/V here before the engine took the request (set once, below).
+    let transfer: Arc<std::sync::OnceLock<f64>> = Arc::default();
+    let (transfer_ms, transfer_hook) = (transfer.clone(), transfer.clone());
     let row = move |status: RequestStatus,
                     finish: Option<cachet_tenants::FinishReason>,
                     c: &Completion,
                     slo_met: Option<bool>| {
         let uncached = c.prompt_tokens.saturating_sub(c.cached_tokens) as u64;
+        let moved = transfer_ms.get().copied();
         UsageRecord {
             id,
             tenant: tenant_id,
@@ -420,8 +424,8 @@ pub(crate) async fn execute(
             computed_tokens: c.computed_prefill_tokens as i64,
             output_tokens: c.output_tokens as i64,
             queue_ms: c.queue_time.as_secs_f64() * 1e3,
-            ttft_ms: c.ttft.map(|t| t.as_secs_f64() * 1e3),
-            e2e_ms: c.e2e.as_secs_f64() * 1e3,
+            ttft_ms: c.ttft.map(|t| t.as_secs_f64() * 1e3 + moved.unwrap_or(0.0)),
+            e2e_ms: c.e2e.as_secs_f64() * 1e3 + moved.unwrap_or(0.0),
             compute_seconds: c.compute_seconds,
             cost: plan.cost(uncached, c.cached_tokens as u64, c.output_tokens as u64, c.compute_seconds),
             status,
@@ -429,6 +433,7 @@ pub(crate) async fn execute(
             created_at: chrono::Utc::now(),
             slo_class: Some(slo_class),
             slo_met,
+            kv_transfer_ms: moved,
         }
     };
     let row = Arc::new(row);
@@ -453,7 +458,14 @@ pub(crate) async fn execute(
                 .increment(c.cached_tokens.min(public_tokens) as u64);
         }
         let finish = (outcome == Outcome::Finished).then(|| ledger_finish(c.finish_reason));
-        ledger.record(row(status, finish, c, slo_verdict(outcome, c, &targets)));
+        // The SLO counts the K/V transfer before the engine took the request: the client waited.
+        let mut seen = c.clone();
+        if let Some(ms) = transfer_hook.get() {
+            let moved = Duration::from_secs_f64(ms / 1e3);
+            seen.ttft = seen.ttft.map(|t| t + moved);
+            seen.e2e += moved;
+        }
+        ledger.record(row(status, finish, c, slo_verdict(outcome, &seen, &targets)));
     });
     let lp_engine = job.params.logprobs.map(|_| served.engine.clone());
     let mut request = Request::new(engine_tenant, job.tokens, job.params);
@@ -466,8 +478,18 @@ pub(crate) async fn execute(
     request.on_progress = Some(progress);
     request.grammar = job.grammar;
     request.span = tracing::info_span!(parent: &http_span, "engine");
+    let moving = std::time::Instant::now();
+    let mut moved = false;
     if let Some(from) = &job.handoff {
         crate::handoff::fetch(&served.engine, &request, from, state.operator_token.expose()).await;
+        moved = true;
+    }
+    if let Some(t) = crate::disagg::remote_prefill(state, &served.engine, &request).await {
+        tracing::debug!(chunks = t.chunks, bytes = t.bytes, ms = t.elapsed.as_millis() as u64, "kv transfer");
+        moved = true;
+    }
+    if moved {
+        let _ = transfer.set(moving.elapsed().as_secs_f64() * 1e3);
     }
     let mut events = served.engine.submit(request);
     // The first event decides the status: an error before any token is an

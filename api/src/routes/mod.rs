@@ -57,6 +57,7 @@ impl Modify for Bearer {
 pub fn configure(cfg: &mut web::ServiceConfig) {
     cfg.service(openai::list_models)
         .service(crate::handoff::get_chunk)
+        .service(crate::disagg::prefill)
         .service(openai::chat::chat_completions)
         .service(openai::completions::completions)
         .service(openai::responses::create_response)

@@ -208,7 +208,7 @@ impl<B: Backend> Engine<B> {
             config.head_dim,
         );
         if let Some(t) = &cfg.kv_tier {
-            let (tier, opened) = tier::Tier::open(t, fingerprint, cfg.default_share)
+            let (tier, opened) = tier::Tier::open(t, fingerprint, cfg.default_share, max_context)
                 .map_err(|e| StartError::Config(format!("kv tier {}: {e}", t.dir.display())))?;
             tracing::info!(
                 dir = %t.dir.display(),

@@ -60,7 +60,9 @@ impl KvTierConfig {
     }
 }
 
-/// Chunks the writer may have queued before new ones are dropped.
+/// Chunks the writer may have queued before new ones are dropped: at least this many, and at
+/// least a whole context's (a prefill server answers a decode server with every chunk of a
+/// prompt, so none of a prompt's may be dropped on the way).
 const WRITE_QUEUE: usize = 64;
 
 /// A chunk to write: the pool slots of its tokens, and its record without rows.
@@ -116,12 +118,17 @@ pub(super) struct Tier {
 
 impl Tier {
     /// Opens the tier for the model of `fingerprint` and starts its writer.
-    pub fn open(cfg: &KvTierConfig, fingerprint: [u8; 32], default_share: f64) -> std::io::Result<(Tier, Opened)> {
+    pub fn open(
+        cfg: &KvTierConfig,
+        fingerprint: [u8; 32],
+        default_share: f64,
+        max_context: usize,
+    ) -> std::io::Result<(Tier, Opened)> {
         let (mut disk, opened) = DiskTier::open(&cfg.dir, fingerprint, cfg.max_bytes)?;
         disk.set_default_share(default_share);
         let shared =
             Arc::new(Mutex::new(Shared { disk, queued: HashSet::new(), purged: Vec::new(), sent: 0, write_errors: 0 }));
-        let (tx, rx) = sync_channel(WRITE_QUEUE);
+        let (tx, rx) = sync_channel(WRITE_QUEUE.max(max_context.div_ceil(cfg.chunk_tokens.max(1)) + 1));
         let writer = {
             let shared = shared.clone();
             let dir = cfg.dir.clone();

@@ -171,6 +171,7 @@ struct UsageRow {
     created_at: DateTime<Utc>,
     slo_class: Option<SloClass>,
     slo_met: Option<bool>,
+    kv_transfer_ms: Option<f64>,
 }
 
 impl From<UsageRow> for UsageRecord {
@@ -196,6 +197,7 @@ impl From<UsageRow> for UsageRecord {
             created_at: r.created_at,
             slo_class: r.slo_class,
             slo_met: r.slo_met,
+            kv_transfer_ms: r.kv_transfer_ms,
         }
     }
 }
@@ -203,7 +205,7 @@ impl From<UsageRow> for UsageRecord {
 const TENANT_COLUMNS: &str = "id, name, plan, created_at, deleted_at";
 const USAGE_COLUMNS: &str = "id, tenant_id, session_id, task_id, model, endpoint, prompt_tokens, cached_tokens, \
      computed_tokens, output_tokens, queue_ms, ttft_ms, e2e_ms, compute_seconds, cost, status, finish_reason, created_at, \
-     slo_class, slo_met";
+     slo_class, slo_met, kv_transfer_ms";
 
 fn check_name(name: &str) -> Result<&str, StoreError> {
     let name = name.trim();
@@ -372,7 +374,8 @@ impl Store {
                     .push_bind(r.finish_reason)
                     .push_bind(r.created_at)
                     .push_bind(r.slo_class)
-                    .push_bind(r.slo_met);
+                    .push_bind(r.slo_met)
+                    .push_bind(r.kv_transfer_ms);
             });
             // A row still open ('running', or 'interrupted' by the sweeper) takes the newer state;
             // a final row never changes.
@@ -383,6 +386,7 @@ impl Store {
                  queue_ms = EXCLUDED.queue_ms, ttft_ms = EXCLUDED.ttft_ms, e2e_ms = EXCLUDED.e2e_ms, \
                  compute_seconds = EXCLUDED.compute_seconds, cost = EXCLUDED.cost, status = EXCLUDED.status, \
                  finish_reason = EXCLUDED.finish_reason, slo_class = EXCLUDED.slo_class, slo_met = EXCLUDED.slo_met, \
+                 kv_transfer_ms = EXCLUDED.kv_transfer_ms, \
                  updated_at = now() \
                  WHERE requests.status IN ('running', 'interrupted')",
             );

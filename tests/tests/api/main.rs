@@ -5,6 +5,7 @@ mod admin_and_ops;
 mod auth;
 mod bench;
 mod chat;
+mod disagg;
 mod errors;
 mod helpers;
 mod ledger;

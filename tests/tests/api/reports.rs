@@ -333,6 +333,7 @@ fn seeded(
         created_at: when,
         slo_class: Some(SloClass::Interactive),
         slo_met: Some(ttft < 400.0),
+        kv_transfer_ms: None,
     }
 }
 

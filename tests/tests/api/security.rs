@@ -246,6 +246,7 @@ async fn reports_never_join_another_tenants_task() {
         created_at: chrono::Utc::now(),
         slo_class: Some(SloClass::Interactive),
         slo_met: Some(true),
+        kv_transfer_ms: None,
     };
     app.state.store.insert_usage(&[row(a, 5.0), row(b, 1.0)]).await.unwrap();
     let text = app.get(&a_token, "/v1/reports/usage?group_by=task").await.text().await.unwrap();

@@ -1,0 +1,151 @@
+//! Prefill/decode disaggregation between two servers on loopback: the decode server's answers are
+//! the unified server's, token for token, with the prompt's K/V computed by the prefill server;
+//! a prefill server that is gone or breaks off mid-transfer costs the request nothing but time.
+
+use crate::helpers::*;
+use cachet_api::config::Role;
+use serde_json::{json, Value};
+use std::time::Duration;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+/// 32-token chunks (the tiny model's prompts are short) on a disk tier.
+fn tier(s: &mut cachet_api::config::Settings) {
+    s.engine.kv_tier_gib = 1.0;
+    s.engine.kv_tier_chunk_tokens = 32;
+}
+
+fn decode_from(urls: Vec<String>) -> impl FnOnce(&mut cachet_api::config::Settings) {
+    move |s| {
+        tier(s);
+        s.disagg.role = Role::Decode;
+        s.disagg.prefill_urls = urls;
+        s.disagg.min_remote_tokens = 32;
+        s.disagg.timeout_secs = 10;
+    }
+}
+
+/// A prompt of about 300 tokens.
+fn long_prompt(topic: &str) -> String {
+    (0..60).map(|i| format!("{topic} line {i}: the cart sums prices.")).collect::<Vec<_>>().join(" ")
+}
+
+async fn answer(app: &TestApp, token: &str, content: &str) -> Value {
+    let r = app.chat(token, app.chat_body(content, 12)).await;
+    assert_eq!(r.status(), 200, "{}", r.text().await.unwrap());
+    r.json().await.unwrap()
+}
+
+fn text(v: &Value) -> &str {
+    v["choices"][0]["message"]["content"].as_str().unwrap()
+}
+
+fn cached(v: &Value) -> u64 {
+    v["usage"]["prompt_tokens_details"]["cached_tokens"].as_u64().unwrap()
+}
+
+#[tokio::test]
+async fn a_decode_server_answers_as_a_unified_one_with_the_prefill_done_elsewhere() {
+    let unified = spawn_app().await;
+    let prefill = spawn_with(|s| {
+        tier(s);
+        s.disagg.role = Role::Prefill;
+    })
+    .await;
+    let decode = spawn_with(decode_from(vec![prefill.address.clone()])).await;
+    let (unified_tenant, on_unified) = unified.tenant("acme").await;
+    let (decode_tenant, on_decode) = decode.tenant("acme").await;
+
+    let prompt = long_prompt("disaggregated");
+    let want = answer(&unified, &on_unified, &prompt).await;
+    let got = answer(&decode, &on_decode, &prompt).await;
+    assert_eq!(text(&got), text(&want), "greedy outputs differ: {got} vs {want}");
+    let prompt_tokens = got["usage"]["prompt_tokens"].as_u64().unwrap();
+    assert!(prompt_tokens > 200, "{got}");
+    // Every whole chunk before the last prompt token came from the prefill server.
+    let snap = decode.state.served.get().unwrap().engine.snapshot().await.unwrap();
+    assert!(snap.kv_tier_loaded_tokens >= prompt_tokens - 64, "{snap:?}");
+    assert!(cached(&got) >= prompt_tokens - 64, "{got}");
+    let computed_there = prefill.state.served.get().unwrap().engine.snapshot().await.unwrap();
+    assert!(computed_there.kv_tier_saved_tokens >= prompt_tokens - 64, "{computed_there:?}");
+
+    // The ledger splits the transfer out of the time to first token (which includes it).
+    let rows = decode.ledger(decode_tenant).await;
+    let row = rows.iter().find(|r| r.prompt_tokens as u64 == prompt_tokens).expect("the decode server's row");
+    let moved = row.kv_transfer_ms.expect("a transfer time");
+    assert!(moved > 0.0 && row.ttft_ms.unwrap() >= moved, "{row:?}");
+    assert!(unified.ledger(unified_tenant).await.iter().all(|r| r.kv_transfer_ms.is_none()));
+
+    // The prefill route is the operator's, and checks what it is sent.
+    let job = json!({ "tenant": "t", "salt": null, "public": null, "tokens": [1, 2, 3], "spans": [],
+                      "chunk_tokens": 32, "from_chunk": 0 });
+    let r = prefill.post(&on_decode, "/v1/internal/prefill", job.clone()).await;
+    assert!(r.status() == 401 || r.status() == 403, "a tenant ran a prefill job: {}", r.status());
+    let mut bad = job.clone();
+    bad["tokens"] = json!([1, 4_000_000_000u32]);
+    assert_eq!(prefill.post(OPERATOR, "/v1/internal/prefill", bad).await.status(), 400);
+    let mut bad = job.clone();
+    bad["spans"] = json!([[0, 9, "a.rs", "v1"]]);
+    assert_eq!(prefill.post(OPERATOR, "/v1/internal/prefill", bad).await.status(), 400);
+    let mut bad = job.clone();
+    bad["chunk_tokens"] = json!(64);
+    assert_eq!(prefill.post(OPERATOR, "/v1/internal/prefill", bad).await.status(), 409);
+    // A server without a disk tier cannot prefill for another.
+    assert_eq!(unified.post(OPERATOR, "/v1/internal/prefill", job).await.status(), 404);
+}
+
+#[tokio::test]
+async fn a_prefill_server_that_is_gone_or_breaks_off_leaves_the_prefill_to_the_decode_server() {
+    let unified = spawn_app().await;
+    let (_, on_unified) = unified.tenant("acme").await;
+    // Nothing listens on port 9; the other "prefill server" answers 200 and half a chunk, then
+    // closes the connection.
+    let broken = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let broken_url = format!("http://{}", broken.local_addr().unwrap());
+    tokio::spawn(async move {
+        while let Ok((mut c, _)) = broken.accept().await {
+            tokio::spawn(async move {
+                let mut buf = vec![0u8; 1 << 16];
+                let _ = tokio::time::timeout(Duration::from_millis(500), c.read(&mut buf)).await;
+                let head =
+                    "HTTP/1.1 200 OK\r\ncontent-type: application/octet-stream\r\ntransfer-encoding: chunked\r\n\r\n";
+                let mut frame = 1_000_000u64.to_le_bytes().to_vec();
+                frame.extend_from_slice(&[7u8; 1000]);
+                let _ = c.write_all(head.as_bytes()).await;
+                let _ = c.write_all(format!("{:x}\r\n", frame.len()).as_bytes()).await;
+                let _ = c.write_all(&frame).await;
+                let _ = c.write_all(b"\r\n").await;
+                // No terminating chunk: the connection just ends.
+            });
+        }
+    });
+    for url in ["http://127.0.0.1:9".to_string(), broken_url] {
+        let decode = spawn_with(decode_from(vec![url.clone()])).await;
+        let (_, on_decode) = decode.tenant("acme").await;
+        let prompt = long_prompt(&format!("fallback {}", url.len()));
+        let want = answer(&unified, &on_unified, &prompt).await;
+        let got = answer(&decode, &on_decode, &prompt).await;
+        assert_eq!(text(&got), text(&want), "{url}: {got} vs {want}");
+        assert_eq!(cached(&got), 0, "{url}: nothing was transferred: {got}");
+        let engine = decode.state.served.get().unwrap().engine.clone();
+        tokio::task::spawn_blocking(move || engine.check_integrity_blocking()).await.unwrap().unwrap();
+    }
+}
+
+#[test]
+fn a_decode_role_needs_prefill_servers_and_a_disk_tier() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut s = settings("postgres://x", dir.path());
+    s.disagg.role = Role::Decode;
+    let e = s.check().unwrap_err();
+    assert!(e.contains("kv_tier_gib"), "{e}");
+    tier(&mut s);
+    let e = s.check().unwrap_err();
+    assert!(e.contains("prefill_urls"), "{e}");
+    s.disagg.prefill_urls = vec!["ftp://x".into()];
+    let e = s.check().unwrap_err();
+    assert!(e.contains("ftp://x"), "{e}");
+    s.disagg.prefill_urls = vec!["http://prefill-0:8080".into()];
+    s.check().unwrap();
+    assert_eq!("decode".parse::<Role>(), Ok(Role::Decode));
+    assert!("both".parse::<Role>().unwrap_err().contains("unified, prefill or decode"));
+}
