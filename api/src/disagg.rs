@@ -147,7 +147,8 @@ pub async fn prefill(
     }
     // The chunks went to the tier's writer when the prompt entered the cache.
     engine.flush_kv_tier().await;
-    metrics::histogram!("cachet:disagg_prefill_seconds").record(started.elapsed().as_secs_f64());
+    let computed = started.elapsed();
+    metrics::histogram!("cachet:disagg_prefill_seconds").record(computed.as_secs_f64());
     let dir = tier.dir.clone();
     let body = futures_util::stream::iter(keys).then(move |key| {
         let path = DiskTier::file(&dir, &key);
@@ -162,8 +163,15 @@ pub async fn prefill(
         frame.extend_from_slice(&bytes);
         Ok::<_, actix_web::Error>(web::Bytes::from(frame))
     });
-    Ok(HttpResponse::Ok().content_type("application/octet-stream").streaming(body))
+    Ok(HttpResponse::Ok()
+        .content_type("application/octet-stream")
+        .insert_header((PREFILL_MS_HEADER, format!("{:.3}", computed.as_secs_f64() * 1e3)))
+        .streaming(body))
 }
+
+/// The prefill server's answer header: how long its engine took over the job (queue and
+/// compute), in milliseconds, so that the decode server can tell computation from transfer.
+pub const PREFILL_MS_HEADER: &str = "x-cachet-prefill-ms";
 
 /// What a remote prefill gave a request.
 #[derive(Clone, Copy, Debug, Default)]
@@ -175,6 +183,8 @@ pub struct Transfer {
     /// From the job's sending to the last chunk's indexing (the prefill server's queue and
     /// compute included).
     pub elapsed: Duration,
+    /// Of `elapsed`, what the prefill server's engine took (its [`PREFILL_MS_HEADER`]).
+    pub remote: Duration,
 }
 
 /// On a decode server: has a prefill server compute `req`'s uncached whole chunks and indexes
@@ -202,6 +212,8 @@ pub async fn remote_prefill(state: &AppState, engine: &EngineHandle, req: &Reque
         }
     }
     t.elapsed = started.elapsed();
+    metrics::histogram!("cachet:disagg_remote_prefill_seconds").record(t.remote.as_secs_f64());
+    metrics::histogram!("cachet:disagg_transfer_seconds").record(t.elapsed.saturating_sub(t.remote).as_secs_f64());
     metrics::counter!("cachet:disagg_transfer_bytes_total").increment(t.bytes);
     metrics::counter!("cachet:disagg_transfer_chunks_total").increment(t.chunks as u64);
     Some(t)
@@ -241,6 +253,12 @@ async fn receive(
         let status = r.status();
         return Err(format!("HTTP {status}: {}", r.text().await.unwrap_or_default()));
     }
+    t.remote = r
+        .headers()
+        .get(PREFILL_MS_HEADER)
+        .and_then(|v| v.to_str().ok()?.parse::<f64>().ok())
+        .filter(|ms| ms.is_finite() && *ms >= 0.0)
+        .map_or(Duration::ZERO, |ms| Duration::from_secs_f64(ms / 1e3));
     let fingerprint = engine.kv_fingerprint();
     let mut wanted = keys[from..].iter();
     let mut buf: Vec<u8> = Vec::new();
