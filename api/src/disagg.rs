@@ -136,42 +136,70 @@ pub async fn prefill(
     }
     let req = job.request(&engine)?;
     let keys: Vec<[u8; 32]> = chunk_keys(&req, tier.chunk_tokens).into_iter().skip(job.from_chunk).collect();
+    // The engine computes the prompt in the background; its tier writes each whole chunk as the
+    // prefill computes it, and the answer sends each as soon as it is on disk (the transfer
+    // overlaps the rest of the prefill). When the request is over and the tier flushed, a chunk
+    // still missing (dropped, evicted, or the engine refused the request) ends the answer.
+    let done = Arc::new(std::sync::OnceLock::<f64>::new());
     let started = Instant::now();
     let mut events = engine.submit(req);
-    while let Some(e) = events.next().await {
-        match e {
-            Event::Error(e) => return Err(crate::openai::engine_error(e)),
-            Event::Done(_) => break,
-            Event::Token { .. } => {}
-        }
+    {
+        let (engine, done) = (engine.clone(), done.clone());
+        tokio::spawn(async move {
+            while let Some(e) = events.next().await {
+                match e {
+                    Event::Error(e) => {
+                        tracing::warn!("prefill job: {e}");
+                        break;
+                    }
+                    Event::Done(_) => break,
+                    Event::Token { .. } => {}
+                }
+            }
+            engine.flush_kv_tier().await;
+            let computed = started.elapsed();
+            metrics::histogram!("cachet:disagg_prefill_seconds").record(computed.as_secs_f64());
+            let _ = done.set(computed.as_secs_f64() * 1e3);
+        });
     }
-    // The chunks went to the tier's writer when the prompt entered the cache.
-    engine.flush_kv_tier().await;
-    let computed = started.elapsed();
-    metrics::histogram!("cachet:disagg_prefill_seconds").record(computed.as_secs_f64());
     let dir = tier.dir.clone();
-    let body = futures_util::stream::iter(keys).then(move |key| {
-        let path = DiskTier::file(&dir, &key);
-        async move { tokio::fs::read(path).await }
+    let frames = futures_util::stream::unfold((keys.into_iter(), false), move |(mut keys, ended)| {
+        let (dir, done) = (dir.clone(), done.clone());
+        async move {
+            if ended {
+                return None;
+            }
+            let Some(key) = keys.next() else {
+                // The trailer: a zero length, then the engine's time in milliseconds.
+                while done.get().is_none() {
+                    tokio::time::sleep(POLL).await;
+                }
+                let ms = done.get().copied().unwrap_or(0.0);
+                let mut frame = 0u64.to_le_bytes().to_vec();
+                frame.extend_from_slice(&ms.to_le_bytes());
+                return Some((Ok::<_, actix_web::Error>(web::Bytes::from(frame)), (keys, true)));
+            };
+            let path = DiskTier::file(&dir, &key);
+            loop {
+                let finished = done.get().is_some();
+                match tokio::fs::read(&path).await {
+                    Ok(bytes) => {
+                        let mut frame = Vec::with_capacity(8 + bytes.len());
+                        frame.extend_from_slice(&(bytes.len() as u64).to_le_bytes());
+                        frame.extend_from_slice(&bytes);
+                        return Some((Ok(web::Bytes::from(frame)), (keys, false)));
+                    }
+                    Err(_) if finished => return None,
+                    Err(_) => tokio::time::sleep(POLL).await,
+                }
+            }
+        }
     });
-    // The first chunk the tier does not have (dropped by a full writer queue, evicted) ends the
-    // answer: the decode server computes from there.
-    let body = body.take_while(|r| std::future::ready(r.is_ok())).map(|r| {
-        let bytes = r.unwrap_or_default();
-        let mut frame = Vec::with_capacity(8 + bytes.len());
-        frame.extend_from_slice(&(bytes.len() as u64).to_le_bytes());
-        frame.extend_from_slice(&bytes);
-        Ok::<_, actix_web::Error>(web::Bytes::from(frame))
-    });
-    Ok(HttpResponse::Ok()
-        .content_type("application/octet-stream")
-        .insert_header((PREFILL_MS_HEADER, format!("{:.3}", computed.as_secs_f64() * 1e3)))
-        .streaming(body))
+    Ok(HttpResponse::Ok().content_type("application/octet-stream").streaming(frames))
 }
 
-/// The prefill server's answer header: how long its engine took over the job (queue and
-/// compute), in milliseconds, so that the decode server can tell computation from transfer.
-pub const PREFILL_MS_HEADER: &str = "x-cachet-prefill-ms";
+/// How often the prefill answer looks for the next chunk on disk.
+const POLL: Duration = Duration::from_millis(2);
 
 /// What a remote prefill gave a request.
 #[derive(Clone, Copy, Debug, Default)]
@@ -183,7 +211,8 @@ pub struct Transfer {
     /// From the job's sending to the last chunk's indexing (the prefill server's queue and
     /// compute included).
     pub elapsed: Duration,
-    /// Of `elapsed`, what the prefill server's engine took (its [`PREFILL_MS_HEADER`]).
+    /// Of `elapsed`, what the prefill server's engine took (from the answer's trailer): the rest
+    /// is the transfer that did not overlap the computation, and the job's way there.
     pub remote: Duration,
 }
 
@@ -253,20 +282,28 @@ async fn receive(
         let status = r.status();
         return Err(format!("HTTP {status}: {}", r.text().await.unwrap_or_default()));
     }
-    t.remote = r
-        .headers()
-        .get(PREFILL_MS_HEADER)
-        .and_then(|v| v.to_str().ok()?.parse::<f64>().ok())
-        .filter(|ms| ms.is_finite() && *ms >= 0.0)
-        .map_or(Duration::ZERO, |ms| Duration::from_secs_f64(ms / 1e3));
     let fingerprint = engine.kv_fingerprint();
     let mut wanted = keys[from..].iter();
     let mut buf: Vec<u8> = Vec::new();
     let mut body = r.bytes_stream();
+    let mut trailer = false;
     while let Some(piece) = body.next().await {
         buf.extend_from_slice(&piece.map_err(|e| format!("the transfer broke off: {e}"))?);
-        while buf.len() >= 8 {
+        while buf.len() >= 8 && !trailer {
             let len = u64::from_le_bytes(buf[..8].try_into().unwrap_or_default());
+            if len == 0 {
+                // The trailer: the prefill server's engine time.
+                if buf.len() < 16 {
+                    break;
+                }
+                let ms = f64::from_le_bytes(buf[8..16].try_into().unwrap_or_default());
+                if ms.is_finite() && ms >= 0.0 {
+                    t.remote = Duration::from_secs_f64(ms / 1e3);
+                }
+                buf.drain(..16);
+                trailer = true;
+                break;
+            }
             if len > MAX_CHUNK_BYTES {
                 return Err(format!("a {len}-byte chunk"));
             }
@@ -281,8 +318,15 @@ async fn receive(
             buf.drain(..8 + len);
         }
     }
-    if !buf.is_empty() {
-        return Err(format!("the transfer ended inside a chunk ({} bytes left)", buf.len()));
+    if !trailer || !buf.is_empty() {
+        return Err(format!(
+            "the answer ended after {} of {} chunks, without its trailer",
+            t.chunks,
+            keys.len() - from
+        ));
+    }
+    if t.chunks < keys.len() - from {
+        return Err(format!("the prefill server had {} of the {} chunks", t.chunks, keys.len() - from));
     }
     Ok(())
 }

@@ -279,6 +279,20 @@ impl Scheduler {
         self.saves.extend(saves);
     }
 
+    /// Queues the disk tier's copies of running sequence `i`'s whole prompt chunks computed so far
+    /// (its prompt is not complete: the rows are in its own slots, final, and not in the cache
+    /// yet). Nothing for a sequence whose prefix a push invalidated.
+    fn queue_partial_saves(&mut self, i: usize) {
+        let Some(tier) = self.tier.as_mut() else { return };
+        let seq = &self.running[i];
+        if seq.node.is_none_or(|n| self.cache.is_doomed(n)) {
+            return;
+        }
+        let n = seq.computed.min(seq.prompt_len).min(seq.slots.len());
+        let saves = tier.saves(seq, n, SlotId::raw(&seq.slots[..n]));
+        self.saves.extend(saves);
+    }
+
     /// Fails the requests whose loaded chunks could not be copied into the pool, and drops their
     /// tenants' cache (those positions were cached as computed).
     pub(super) fn fail_loaded(&mut self, ids: &[u64]) {
@@ -498,6 +512,7 @@ impl Scheduler {
         let mut finished = Vec::new();
         let mut failed = Vec::new();
         let mut prompted = Vec::new();
+        let mut partial = Vec::new();
         let mut progressed = Vec::new();
         for (p, &i) in plan.iter().zip(&index) {
             let seq = &mut self.running[i];
@@ -505,6 +520,8 @@ impl Scheduler {
             seq.computed += p.len;
             if prefill && seq.computed >= seq.prompt_len && !seq.req.prewarm {
                 prompted.push(i);
+            } else if prefill && seq.computed < seq.prompt_len {
+                partial.push(i);
             }
             seq.compute_seconds += secs * p.len as f64 / total as f64;
             if prefill {
@@ -583,6 +600,11 @@ impl Scheduler {
             if let Some(hook) = &seq.req.on_progress {
                 hook(&self.completion(seq, FinishReason::Stop));
             }
+        }
+        // The disk tier takes a long prompt's whole chunks as its prefill computes them (a prefill
+        // server streams them to a decode server meanwhile; a retry after a cancel finds them).
+        for i in partial {
+            self.queue_partial_saves(i);
         }
         // Prompts computed in full go into the cache now, not when their answers end: a request
         // with the same prefix that waited for this one (see `pick`) reuses it at once.
