@@ -2,20 +2,22 @@
 //! request's prompt and receives it, so that a long prompt's computation does not stall the
 //! decode server's running generations.
 //!
-//! **Control path**: the decode server (`[disagg] role = "decode"`) works out which whole prompt
-//! chunks (the disk tier's, [`cachet_engine::runtime::KvTierConfig::chunk_tokens`] tokens each)
-//! neither its memory nor its disk holds; when they make at least `min_remote_tokens`, it sends
+//! **Control path**: the decode server (`[disagg] role = "decode"`) works out which prompt chunks
+//! (the disk tier's, [`cachet_engine::runtime::KvTierConfig::chunk_tokens`] tokens each, and the
+//! partial one up to the last prompt token) its disk does not hold; when they make at least
+//! `min_remote_tokens`, it sends
 //! the request's cache scope, tokens and provenance spans to one prefill server
 //! (`POST /v1/internal/prefill`, the operator's credential) — the one its first chunk's chain key
 //! picks, so that the requests of a repository context meet the same prefill cache.
 //!
 //! **Data path**: the prefill server runs the prompt through its engine (reusing its own prefix
-//! cache), waits until its disk tier has the prompt's chunks, and answers with them in order, each
-//! a length-prefixed [`KvRecord`] (checksummed, versioned, with the model's fingerprint and the
+//! cache; its tier takes each whole chunk as the prefill computes it, and the partial last one,
+//! [`Request::kv_tail`], when the prompt is done) and answers with the chunks in order as they
+//! reach its disk — the transfer overlaps the prefill — each a length-prefixed [`KvRecord`] (checksummed, versioned, with the model's fingerprint and the
 //! chunk's chain key, which names the scope and every token before it: a transfer cannot cross
 //! tenants or models). The decode server checks each record against the key it expects, writes it
 //! into its own tier and indexes it as the chunks arrive; its engine then admits the request,
-//! loads them, and computes only the last partial chunk before decoding.
+//! loads them, and computes only the last prompt token before decoding.
 //!
 //! **Slots**: the decode server reserves its K/V slots when the transfer is complete (SGLang's
 //! `prefill_complete` policy): the request enters its engine only then, so a long transfer holds
@@ -32,7 +34,7 @@ use crate::state::AppState;
 use actix_web::{post, web, HttpResponse};
 use cachet_engine::kv_transfer::disk::DiskTier;
 use cachet_engine::radix::{Tag, TenantKey};
-use cachet_engine::runtime::{chunk_keys, EngineHandle, Event, PublicPrefix, Request, TokenSpan};
+use cachet_engine::runtime::{chunk_spans, EngineHandle, Event, PublicPrefix, Request, TokenSpan};
 use futures_util::StreamExt;
 use serde::{Deserialize, Serialize};
 use std::sync::Arc;
@@ -109,6 +111,7 @@ impl PrefillJob {
             None => None,
         };
         req.spans = spans;
+        req.kv_tail = true;
         Ok(req)
     }
 }
@@ -135,7 +138,8 @@ pub async fn prefill(
         )));
     }
     let req = job.request(&engine)?;
-    let keys: Vec<[u8; 32]> = chunk_keys(&req, tier.chunk_tokens).into_iter().skip(job.from_chunk).collect();
+    let keys: Vec<[u8; 32]> =
+        chunk_spans(&req, tier.chunk_tokens).into_iter().skip(job.from_chunk).map(|(k, _)| k).collect();
     // The engine computes the prompt in the background; its tier writes each whole chunk as the
     // prefill computes it, and the answer sends each as soon as it is on disk (the transfer
     // overlaps the rest of the prefill). When the request is over and the tier flushed, a chunk
@@ -216,7 +220,7 @@ pub struct Transfer {
     pub remote: Duration,
 }
 
-/// On a decode server: has a prefill server compute `req`'s uncached whole chunks and indexes
+/// On a decode server: has a prefill server compute `req`'s uncached chunks and indexes
 /// what it sends back. `None` when nothing was asked (not a decode server, or too little to
 /// compute).
 pub async fn remote_prefill(state: &AppState, engine: &EngineHandle, req: &Request) -> Option<Transfer> {
@@ -225,11 +229,12 @@ pub async fn remote_prefill(state: &AppState, engine: &EngineHandle, req: &Reque
         return None;
     }
     let tier = engine.config().kv_tier.clone()?;
-    let keys = chunk_keys(req, tier.chunk_tokens);
-    let from = keys.iter().position(|k| !DiskTier::file(&tier.dir, k).exists())?;
-    if (keys.len() - from) * tier.chunk_tokens < d.min_remote_tokens.max(1) {
+    let spans = chunk_spans(req, tier.chunk_tokens);
+    let from = spans.iter().position(|(k, _)| !DiskTier::file(&tier.dir, k).exists())?;
+    if req.tokens.len().saturating_sub(1) - spans[from].1.start < d.min_remote_tokens.max(1) {
         return None;
     }
+    let keys: Vec<[u8; 32]> = spans.into_iter().map(|(k, _)| k).collect();
     let url = &d.prefill_urls[affinity(&keys[0], d.prefill_urls.len())];
     let started = Instant::now();
     let mut t = Transfer::default();

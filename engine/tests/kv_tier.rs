@@ -106,6 +106,45 @@ fn a_restarted_engine_loads_the_prompt_from_disk_and_answers_the_same() {
 }
 
 #[test]
+fn a_prefill_jobs_tail_chunk_leaves_only_the_last_token_to_compute() {
+    let dir = tempfile::tempdir().unwrap();
+    let (m, tier) = (model(dir.path(), 5), dir.path().join("tier"));
+    let prompt = tokens(3, 150);
+    let h = engine(&m, Some(&tier));
+    let mut job = request("acme", &prompt);
+    job.kv_tail = true;
+    let (first, _) = run(&h, job);
+    stop(h);
+
+    let h = engine(&m, Some(&tier));
+    let s = h.snapshot_blocking().unwrap();
+    // 149 tokens before the last one: 4 whole chunks of 32 and a tail of 21.
+    assert_eq!(s.kv_tier_chunks, 5, "{s:?}");
+    let (again, done) = run(&h, request("acme", &prompt));
+    assert_eq!(again, first, "the tail loaded from disk must give the same output as computing it");
+    assert_eq!(done.cached_tokens, 149);
+    // A prompt that goes on past the tail's end finds the whole chunks only on disk (the tail's
+    // key names its length): in memory first, then after a restart.
+    let mut longer = prompt.clone();
+    longer.extend(tokens(4, 10));
+    let (_, done) = run(&h, request("acme", &longer));
+    assert_eq!(done.cached_tokens, 150, "the run before cached its whole prompt in memory: {done:?}");
+    no_leaks(&h);
+    stop(h);
+    let h = engine(&m, Some(&tier));
+    let (_, done) = run(&h, request("acme", &longer));
+    assert_eq!(done.cached_tokens, 128);
+    // Without the flag, no tail is stored.
+    let other = tokens(5, 150);
+    run(&h, request("acme", &other));
+    stop(h);
+    let h = engine(&m, Some(&tier));
+    assert_eq!(run(&h, request("acme", &other)).1.cached_tokens, 128);
+    no_leaks(&h);
+    stop(h);
+}
+
+#[test]
 fn a_corrupt_chunk_is_discarded_and_recomputed() {
     let dir = tempfile::tempdir().unwrap();
     let (m, tier) = (model(dir.path(), 5), dir.path().join("tier"));

@@ -31,7 +31,7 @@ pub use request::{
     Completion, Event, OnComplete, OnProgress, Outcome, PublicPrefix, Request, RequestError, TokenSpan, PROGRESS_TOKENS,
 };
 pub use stats::Snapshot;
-pub use tier::{chunk_keys, KvTierConfig};
+pub use tier::{chunk_keys, chunk_spans, KvTierConfig};
 
 use crate::kv_pool::{KvPool, PoolSize, Slots};
 use crate::loader::LoadedModel;

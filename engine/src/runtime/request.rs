@@ -66,6 +66,10 @@ pub struct Request {
     pub retention: Option<(RetentionKey, Duration)>,
     /// Only fill the cache: no output, lowest priority.
     pub prewarm: bool,
+    /// The disk tier also keeps the prompt's last partial chunk (up to its last token) when the
+    /// prompt is computed: a prefill server's job, whose decode server then computes only the
+    /// last token.
+    pub kv_tail: bool,
     /// A grammar the output must match (compiled beforehand with
     /// [`crate::constraint::Grammars::compile`]).
     pub grammar: Option<Grammar>,
@@ -109,6 +113,7 @@ impl Request {
             priority: 0,
             retention: None,
             prewarm: false,
+            kv_tail: false,
             grammar: None,
             on_complete: None,
             on_progress: None,

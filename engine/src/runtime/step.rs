@@ -219,9 +219,11 @@ impl Scheduler {
             return;
         }
         let (records, skip) = tier.find(seq, seq.computed, limit);
-        let Some(first) = records.first() else { return };
+        if records.is_empty() {
+            return;
+        }
         let start = seq.computed;
-        let end = start - skip + records.len() * first.tokens.len();
+        let end = start - skip + records.iter().map(|r| r.tokens.len()).sum::<usize>();
         let n = end - start;
         if !self.ensure_free(n, &seq.req.tenant.clone(), now) {
             return;

@@ -80,11 +80,12 @@ pub(super) struct Load {
     pub skip: usize,
 }
 
-/// One chunk of a prompt: its key, the key before it, its scope.
+/// One chunk of a prompt: its key, the key before it, its scope, its token positions.
 struct Chunk {
     key: [u8; 32],
     parent: [u8; 32],
     scope: RecordScope,
+    range: std::ops::Range<usize>,
 }
 
 /// What the engine thread and the writer share.
@@ -149,24 +150,27 @@ impl Tier {
         self.shared.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
     }
 
-    /// The chunks of `seq`'s first `n` prompt tokens (whole chunks only).
-    fn chunks(&self, seq: &Seq, n: usize) -> Vec<Chunk> {
-        chunks(&seq.req, n, self.chunk)
+    /// The chunks of `seq`'s first `n` prompt tokens: whole chunks, and with `tail` the partial
+    /// one after them.
+    fn chunks(&self, seq: &Seq, n: usize, tail: bool) -> Vec<Chunk> {
+        chunks(&seq.req, n, self.chunk, tail)
     }
 
     /// The stored chunks that continue `seq`'s first `cached` tokens, consecutively, within its
     /// first `limit` tokens: the records (intact and of these very tokens; a corrupt one is
     /// deleted and ends the run) and how many rows of the first are cached already.
+    /// A stored partial chunk ending at `limit` (a prefill server's, [`Request::kv_tail`]) comes
+    /// last when every whole chunk before it was found.
     pub fn find(&mut self, seq: &Seq, cached: usize, limit: usize) -> (Vec<KvRecord>, usize) {
-        let chunks = self.chunks(seq, limit);
+        let chunks = self.chunks(seq, limit, true);
         let first = cached / self.chunk;
         let mut records = Vec::new();
         let mut shared = self.lock();
-        for (k, c) in chunks.iter().enumerate().skip(first) {
+        for c in chunks.iter().skip(first) {
             if !shared.disk.contains(&c.key) {
                 break;
             }
-            let tokens = &seq.tokens[k * self.chunk..(k + 1) * self.chunk];
+            let tokens = &seq.tokens[c.range.clone()];
             match shared.disk.get(&c.key) {
                 Ok(Some(r)) if r.tokens == tokens && r.parent == c.parent && r.scope == c.scope => records.push(r),
                 Ok(_) => break,
@@ -179,7 +183,7 @@ impl Tier {
         drop(shared);
         // A load that ends inside a request's public prefix would be cached under the tenant's
         // marker there (see `Seq::key`), where the rest of the prompt never finds it.
-        let end = (first + records.len()) * self.chunk;
+        let end = first * self.chunk + records.iter().map(|r| r.tokens.len()).sum::<usize>();
         if seq.req.public.as_ref().is_some_and(|p| p.tokens > 0 && end < p.tokens) {
             records.clear();
         }
@@ -188,16 +192,23 @@ impl Tier {
 
     /// The saves for `seq`'s whole prompt chunks within its first `n` tokens that the tier does
     /// not hold or have queued, whose pool slots (`slots[i]` for position `i`) are given.
+    /// With [`Request::kv_tail`], once the whole prompt is in, the partial chunk up to its last
+    /// token too.
     pub fn saves(&mut self, seq: &Seq, n: usize, slots: &[u32]) -> Vec<Save> {
-        let chunks = self.chunks(seq, n.min(slots.len()));
+        let n = n.min(slots.len());
+        let mut chunks = self.chunks(seq, n, false);
+        if seq.req.kv_tail && n >= seq.prompt_len.saturating_sub(1) {
+            let tail = self.chunks(seq, seq.prompt_len.saturating_sub(1), true).pop();
+            chunks.extend(tail.filter(|c| c.range.len() < self.chunk));
+        }
         let mut out = Vec::new();
         let mut shared = self.lock();
-        for (k, c) in chunks.into_iter().enumerate() {
+        for c in chunks {
             if shared.disk.contains(&c.key) || shared.queued.contains(&c.key) {
                 continue;
             }
             shared.queued.insert(c.key);
-            let range = k * self.chunk..(k + 1) * self.chunk;
+            let range = c.range.clone();
             let tags = seq
                 .req
                 .spans
@@ -308,21 +319,25 @@ impl Drop for Tier {
     }
 }
 
-/// The whole chunks of `req`'s first `n` prompt tokens, `chunk` tokens each.
-fn chunks(req: &Request, n: usize, chunk: usize) -> Vec<Chunk> {
+/// The whole chunks of `req`'s first `n` prompt tokens, `chunk` tokens each, and with `tail` the
+/// partial chunk after them (when `n` is not a multiple of `chunk`).
+fn chunks(req: &Request, n: usize, chunk: usize, tail: bool) -> Vec<Chunk> {
     let n = n.min(req.tokens.len());
+    let chunk = chunk.max(1);
     let public = req.public.as_ref().filter(|p| p.tokens > 0);
     let tenant = RecordScope::Tenant { tenant: req.tenant.to_string(), salt: req.salt.as_ref().map(|s| s.to_string()) };
     let mut parent = [0u8; 32];
-    (0..n / chunk.max(1))
+    let whole = n / chunk;
+    let count = if tail && !n.is_multiple_of(chunk) { whole + 1 } else { whole };
+    (0..count)
         .map(|k| {
-            let range = k * chunk..(k + 1) * chunk;
+            let range = k * chunk..((k + 1) * chunk).min(n);
             let scope = match public {
                 Some(p) if range.end <= p.tokens => RecordScope::Public { template: p.template.to_string() },
                 _ => tenant.clone(),
             };
-            let key = chain_key(&parent, &scope, &req.tokens[range]);
-            let c = Chunk { key, parent, scope };
+            let key = chain_key(&parent, &scope, &req.tokens[range.clone()]);
+            let c = Chunk { key, parent, scope, range };
             parent = key;
             c
         })
@@ -333,7 +348,14 @@ fn chunks(req: &Request, n: usize, chunk: usize) -> Vec<Chunk> {
 /// `chunk` tokens before its last prompt token): what a replica fetches from another for a
 /// session that moved (a warm hand-off).
 pub fn chunk_keys(req: &Request, chunk: usize) -> Vec<[u8; 32]> {
-    chunks(req, req.tokens.len().saturating_sub(1), chunk).into_iter().map(|c| c.key).collect()
+    chunks(req, req.tokens.len().saturating_sub(1), chunk, false).into_iter().map(|c| c.key).collect()
+}
+
+/// The chain keys and token positions of the chunks the disk tier would load for `req`: its
+/// whole chunks of `chunk` tokens before its last prompt token, then the partial one up to that
+/// token (which only a prefill server's job stores, see [`Request::kv_tail`]).
+pub fn chunk_spans(req: &Request, chunk: usize) -> Vec<([u8; 32], std::ops::Range<usize>)> {
+    chunks(req, req.tokens.len().saturating_sub(1), chunk, true).into_iter().map(|c| (c.key, c.range)).collect()
 }
 
 fn write_loop(shared: &Mutex<Shared>, dir: &std::path::Path, rx: &Receiver<(u64, KvRecord)>) {
