@@ -117,7 +117,9 @@ impl PrefillJob {
 }
 
 /// Computes a decode server's prompt and answers with its chunks' records, in order, each as an
-/// 8-byte little-endian length and the record (operator credential; a server with a disk tier).
+/// 8-byte little-endian length and the record, as they reach the disk tier; then a trailer (a
+/// zero length and the engine's time in milliseconds, an `f64`). Operator credential; a server
+/// with a disk tier.
 #[post("/v1/internal/prefill")]
 pub async fn prefill(
     state: web::Data<AppState>,
