@@ -304,14 +304,17 @@ async fn prewarm(
     request.retention = Some((retention_key(repo.tenant, latest.id), crate::sessions::idle(state)));
     // Dropping the stream would cancel the request: drain it; then the rebases, which start
     // with this context. Without a delay it is submitted before the webhook answers.
+    // A decode server has its prefill server compute the context first (`crate::disagg`).
+    let remote = state.settings.disagg.role == crate::config::Role::Decode;
     let (st, r, b) = (state.clone(), repo.clone(), branch.to_string());
-    let pending = if delay.is_zero() { Ok(served.engine.submit(request)) } else { Err(request) };
+    let pending = if delay.is_zero() && !remote { Ok(served.engine.submit(request)) } else { Err(request) };
     let engine = served.engine.clone();
     tokio::spawn(async move {
         let mut events = match pending {
             Ok(events) => events,
             Err(request) => {
                 tokio::time::sleep(delay).await;
+                crate::disagg::remote_prefill(&st, &engine, &request).await;
                 engine.submit(request)
             }
         };

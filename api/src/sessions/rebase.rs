@@ -132,6 +132,8 @@ async fn prewarm(
     request.public = prompt.public;
     request.spans = prompt.spans.into_iter().filter(|s| s.range.end <= end).collect();
     request.retention = Some((retention_key(behind.tenant, behind.session), super::idle(state)));
+    // A decode server has its prefill server compute it (then loads it: see `crate::disagg`).
+    crate::disagg::remote_prefill(state, &served.engine, &request).await;
     let mut events = served.engine.submit(request);
     while let Some(event) = events.next().await {
         match event {

@@ -150,3 +150,63 @@ fn a_decode_role_needs_prefill_servers_and_a_disk_tier() {
     assert_eq!("decode".parse::<Role>(), Ok(Role::Decode));
     assert!("both".parse::<Role>().unwrap_err().contains("unified, prefill or decode"));
 }
+
+/// A file of `n` small functions.
+fn functions(prefix: &str, n: usize) -> String {
+    (0..n).map(|i| format!("/// Adds {i}.\npub fn {prefix}_{i}(x: u32) -> u32 {{\n    x + {i}\n}}\n\n")).collect()
+}
+
+#[tokio::test]
+async fn a_decode_servers_push_prewarm_is_computed_by_its_prefill_server() {
+    let prefill = spawn_with(|s| {
+        tier(s);
+        s.disagg.role = Role::Prefill;
+    })
+    .await;
+    let decode = spawn_with(decode_from(vec![prefill.address.clone()])).await;
+    let (_, token) = decode.tenant("acme").await;
+    let (a, b) = (functions("add", 30), functions("sub", 30));
+    let source = decode.source_repo("shop", &[("src/add.rs", Some(&a)), ("src/sub.rs", Some(&b))]);
+    let repo = decode.register_with(&token, source, json!({ "after_push": "rebuild" })).await;
+    let session = decode.session(&token, &repo).await;
+    let turn = |content: &'static str| {
+        let (decode, token, session) = (&decode, token.clone(), session.clone());
+        async move {
+            let r = decode
+                .message(&token, &session, json!({ "content": content, "max_tokens": 2, "temperature": 0 }))
+                .await;
+            assert_eq!(r.status(), 200, "{}", r.text().await.unwrap());
+            r.json::<Value>().await.unwrap()
+        }
+    };
+    turn("What does add_3 do?").await;
+    let snap = |app: &TestApp| {
+        let engine = app.state.served.get().unwrap().engine.clone();
+        async move { engine.snapshot().await.unwrap() }
+    };
+    let (saved, loaded) = (snap(&prefill).await.kv_tier_saved_tokens, snap(&decode).await.kv_tier_loaded_tokens);
+
+    let after = repo.source.commit(&[("src/add.rs", Some(&functions("plus", 31)))], "rename").unwrap().to_string();
+    let pushed: Value = decode.push_hook(&repo, &repo.head, &after, None).await.json().await.unwrap();
+    assert_eq!(pushed["prewarmed"], 1, "{pushed}");
+    // The new context's changed part is computed on the prefill server (which has the unchanged
+    // part cached from the first turn), then loaded by the decode server.
+    let dry = decode.dry_run(&token, &session, "And now?").await;
+    let context = dry["context_tokens"].as_u64().unwrap();
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    while snap(&decode).await.kv_tier_loaded_tokens == loaded {
+        assert!(std::time::Instant::now() < deadline, "the decode server never loaded the new context");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert!(snap(&prefill).await.kv_tier_saved_tokens > saved, "the prefill server computed nothing");
+    decode.engine_idle().await;
+    let mut v = turn("And now?").await;
+    while cached(&v) < context && std::time::Instant::now() < deadline {
+        // The pre-warm may still be on its way from the prefill server.
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        decode.engine_idle().await;
+        v = turn("And now, again?").await;
+    }
+    assert_eq!(v["cachet"]["commit"], after);
+    assert!(cached(&v) >= context, "the new repository context was pre-warmed: {v}");
+}
