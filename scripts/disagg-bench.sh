@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Prefill/decode disaggregation against unified serving on one machine, with the default model:
-# a unified server, and a prefill and a decode server on loopback; TTFT split, bytes moved, and the
+# a unified server, and a prefill server and two decode servers (one per reserve policy) on loopback; TTFT split, bytes moved, and the
 # inter-token latency of a running generation while a long prompt arrives, alternating rounds.
 # Fails when the greedy outputs differ (scripts/disagg_bench.py; docs/deployment.md).
 #

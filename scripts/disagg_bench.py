@@ -1,21 +1,24 @@
 #!/usr/bin/env python3
 """Prefill/decode disaggregation against unified serving, on one machine (scripts/disagg-bench.sh).
 
-Three `cachet serve` processes on loopback, each with its own data directory (private Postgres)
-and the KV disk tier on: a unified server (THREADS threads), a prefill server and a decode server
-that asks it (PREFILL_THREADS and DECODE_THREADS threads). Each round, on each setup in turn
-(alternating which goes first), with new tenants so that nothing is cached:
+Four `cachet serve` processes on loopback, each with its own data directory (private Postgres)
+and the KV disk tier on: a unified server (THREADS threads), a prefill server (PREFILL_THREADS)
+and two decode servers that ask it (DECODE_THREADS each), one per `[disagg] reserve` policy:
+`prefill_complete` ("disagg") and `early`. Each round, on each setup in turn (rotating which goes
+first), with new tenants so that nothing is cached:
 
 1. *A long prompt alone*: a chat completion of about PROMPT tokens (this repository's source
    text), greedy, streamed. Reported: the client's TTFT and the ledger's split (queue, the K/V
    moved from the prefill server: its computation and the transfer, then the decode server's own
-   part: the last partial chunk and the first token), the bytes moved and the transfer's GB/s.
+   part: the last partial chunk and the first token), the bytes moved, and the share of the
+   (decode) server's KV pool in use while the request runs, sampled every 0.25 s: mean and peak
+   (`early` holds the prompt's slots throughout the remote prefill).
 2. *Interference*: a running generation (short prompt, GEN tokens) is streaming when the long
    prompt of step 1 (another one, so not cached) arrives; reported: the running generation's
    inter-token latency before the arrival and while the long prompt is being prefilled (median and
    largest gap).
 
-Checks: the long prompt's greedy output is the same text on both setups in every round. Writes
+Checks: the long prompt's greedy output is the same text on every setup in every round. Writes
 disagg.json and disagg.md under --out.
 """
 import argparse
@@ -158,13 +161,17 @@ def main():
         procs[name] = (proc, port, data, env)
         return proc, log
 
-    up, pp, dp = a.port, a.port + 1, a.port + 2
+    up, pp, dp, ep = a.port, a.port + 1, a.port + 2, a.port + 3
+    decode_env = {"CACHET_DISAGG__ROLE": "decode", "CACHET_DISAGG__PREFILL_URLS": f'["http://127.0.0.1:{pp}"]'}
     started = [start("unified", up, a.threads, {}),
                start("prefill", pp, a.prefill_threads, {"CACHET_DISAGG__ROLE": "prefill"}),
-               start("decode", dp, a.decode_threads,
-                     {"CACHET_DISAGG__ROLE": "decode", "CACHET_DISAGG__PREFILL_URLS": f'["http://127.0.0.1:{pp}"]'})]
+               start("decode", dp, a.decode_threads, dict(decode_env, CACHET_DISAGG__RESERVE="prefill_complete")),
+               start("early", ep, a.decode_threads, dict(decode_env, CACHET_DISAGG__RESERVE="early"))]
+    setups = ["unified", "disagg", "early"]
+    ports = {"unified": up, "disagg": dp, "early": ep}
+    servers = {"unified": "unified", "disagg": "decode", "early": "early"}
     try:
-        for (proc, log), port in zip(started, (up, pp, dp)):
+        for (proc, log), port in zip(started, (up, pp, dp, ep)):
             wait_ready(port, proc, log)
 
         def tenant(name):
@@ -176,18 +183,27 @@ def main():
 
         rows = []
         for r in range(a.rounds):
-            order = ["unified", "disagg"] if r % 2 == 0 else ["disagg", "unified"]
+            order = setups[r % 3:] + setups[:r % 3]
             long_a = f"Round {r}. Summarise this code:\n" + source_text(a.source, a.prompt_chars, 997 * r)
             long_b = f"Round {r}, again. Summarise this code:\n" + source_text(a.source, a.prompt_chars, 997 * r + 50000)
             for setup in order:
-                port = up if setup == "unified" else dp
-                token = tenant("unified" if setup == "unified" else "decode")
-                before = {k: metric(dp, k) for k in ("cachet:disagg_transfer_bytes_total",
+                port = ports[setup]
+                token = tenant(servers[setup])
+                before = {k: metric(port, k) for k in ("cachet:disagg_transfer_bytes_total",
                                                       "cachet:disagg_remote_prefill_seconds_sum",
                                                       "cachet:disagg_transfer_seconds_sum")}
+                held, sampling = [], [True]
+                def sample():
+                    while sampling[0]:
+                        held.append(metric(port, "cachet:kv_cache_usage_ratio"))
+                        time.sleep(0.25)
+                sampler = threading.Thread(target=sample)
+                sampler.start()
                 sent, times, text, usage = stream_chat(port, token, model_id, long_a, 16)
+                sampling[0] = False
+                sampler.join()
                 ledger = final_row(port, token, usage["prompt_tokens"])
-                after = {k: metric(dp, k) for k in before}
+                after = {k: metric(port, k) for k in before}
                 moved = ledger.get("kv_transfer_ms") or 0.0
                 remote = 1e3 * (after["cachet:disagg_remote_prefill_seconds_sum"]
                                 - before["cachet:disagg_remote_prefill_seconds_sum"])
@@ -199,10 +215,11 @@ def main():
                        "ttft_ms": 1e3 * (times[0] - sent), "queue_ms": ledger["queue_ms"],
                        "remote_prefill_ms": remote, "transfer_ms": transfer,
                        "local_ms": ledger["ttft_ms"] - moved - ledger["queue_ms"],
-                       "bytes": nbytes, "text": text}
+                       "bytes": nbytes, "kv_held": max(held), "kv_held_mean": statistics.mean(held),
+                       "text": text}
 
                 # Interference: a running generation when another long prompt arrives.
-                token2 = tenant("unified" if setup == "unified" else "decode")
+                token2 = tenant(servers[setup])
                 arrival = {}
                 def send_long(n):
                     if n == 40 and "t" not in arrival:
@@ -244,22 +261,24 @@ def main():
 
     lines = [
         f"disaggregation on one machine: {model_id}; unified {a.threads} threads, prefill {a.prefill_threads} + "
-        f"decode {a.decode_threads}; {a.rounds} alternating rounds, medians",
+        f"decode {a.decode_threads} (disagg: reserve = prefill_complete, early: reserve = early); {a.rounds} "
+        "rotating rounds, medians",
         "",
         "| setup | prompt tokens | TTFT | queue | prefill (remote) | KV transfer not overlapped "
-        "| local prefill + first token | MB moved | ITL before | ITL while a long prompt prefills (median / max) "
-        "| its TTFT |",
-        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+        "| local prefill + first token | MB moved | KV pool in use meanwhile (mean / peak) | ITL before "
+        "| ITL while a long prompt prefills (median / max) | its TTFT |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
-    for setup in ("unified", "disagg"):
+    for setup in setups:
         lines.append(
             f"| {setup} | {med(setup, 'prompt_tokens'):.0f} | {med(setup, 'ttft_ms'):.0f} ms "
             f"| {med(setup, 'queue_ms'):.0f} ms | {med(setup, 'remote_prefill_ms'):.0f} ms "
             f"| {med(setup, 'transfer_ms'):.0f} ms | {med(setup, 'local_ms'):.0f} ms "
-            f"| {med(setup, 'bytes') / 1e6:.1f} "
+            f"| {med(setup, 'bytes') / 1e6:.1f} | {100 * med(setup, 'kv_held_mean'):.2f}% / "
+            f"{100 * med(setup, 'kv_held'):.2f}% "
             f"| {med(setup, 'itl_before_ms'):.1f} ms | {med(setup, 'itl_during_ms'):.1f} / "
             f"{med(setup, 'itl_during_max_ms'):.0f} ms | {med(setup, 'long_ttft_during_ms'):.0f} ms |")
-    lines += ["", f"Greedy outputs of the long prompt equal on both setups in every round: {same}"]
+    lines += ["", f"Greedy outputs of the long prompt equal on every setup in every round: {same}"]
     with open(os.path.join(a.out, "disagg.md"), "w") as f:
         f.write("\n".join(lines) + "\n")
     print("\n".join(lines))

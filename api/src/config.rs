@@ -56,12 +56,30 @@ impl std::str::FromStr for Role {
     }
 }
 
+/// When a decode server reserves the K/V slots of a request whose prompt a prefill server
+/// computes (`[disagg] reserve`; SGLang's two policies).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Reserve {
+    /// When the transfer is complete: the chunks go into the disk tier as they arrive and the
+    /// request enters the engine at the end, which loads them. A long prefill holds no decode
+    /// memory.
+    #[default]
+    PrefillComplete,
+    /// At once: the request enters the engine, which reserves its prompt's slots and copies each
+    /// chunk into them as it arrives. Decode memory is held for the whole remote prefill; nothing
+    /// is left to load at the end.
+    Early,
+}
+
 /// Prefill/decode disaggregation (`[disagg]`; see `docs/deployment.md`).
 #[derive(Clone, Debug, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct DisaggSettings {
     /// This server's role.
     pub role: Role,
+    /// When a decode server reserves a request's K/V slots.
+    pub reserve: Reserve,
     /// The prefill servers a decode server asks (`http://prefill-0:8080`); a request goes to the
     /// one its first chunk's key picks, so that requests sharing a prefix meet the same cache.
     pub prefill_urls: Vec<String>,
@@ -75,7 +93,13 @@ pub struct DisaggSettings {
 
 impl Default for DisaggSettings {
     fn default() -> Self {
-        DisaggSettings { role: Role::Unified, prefill_urls: Vec::new(), min_remote_tokens: 256, timeout_secs: 120 }
+        DisaggSettings {
+            role: Role::Unified,
+            reserve: Reserve::PrefillComplete,
+            prefill_urls: Vec::new(),
+            min_remote_tokens: 256,
+            timeout_secs: 120,
+        }
     }
 }
 
@@ -634,8 +658,8 @@ mod tests {
         s.server.data_dir = d.server.data_dir.clone();
         let sections = |s: &Settings| {
             format!(
-                "{:?} {:?} {:?} {:?} {:?} {:?} {:?}",
-                s.server, s.database, s.model, s.engine, s.context, s.tasks, s.tenants
+                "{:?} {:?} {:?} {:?} {:?} {:?} {:?} {:?}",
+                s.server, s.database, s.model, s.engine, s.context, s.tasks, s.tenants, s.disagg
             )
         };
         assert_eq!(sections(&s), sections(&d));
@@ -668,6 +692,7 @@ mod tests {
             ("[engine]\npolicy = \"fsfc\"\n", "policy", "fsfc"),
             ("[model]\ndevice = \"gpu0\"\n", "device", "gpu0"),
             ("[context]\nafter_push = \"overlya\"\n", "after_push", "overlya"),
+            ("[disagg]\nreserve = \"eraly\"\n", "reserve", "eraly"),
             ("[tenants]\ndefault_plan = \"standrd\"\n", "tenants.default_plan", "standrd"),
             ("[engine]\npolcy = \"fcfs\"\n", "polcy", ""),
             ("[server]\nbnd = \"0.0.0.0:80\"\n", "bnd", ""),

@@ -15,14 +15,17 @@
 //! [`Request::kv_tail`], when the prompt is done) and answers with the chunks in order as they
 //! reach its disk — the transfer overlaps the prefill — each a length-prefixed [`KvRecord`] (checksummed, versioned, with the model's fingerprint and the
 //! chunk's chain key, which names the scope and every token before it: a transfer cannot cross
-//! tenants or models). The decode server checks each record against the key it expects, writes it
-//! into its own tier and indexes it as the chunks arrive; its engine then admits the request,
-//! loads them, and computes only the last prompt token before decoding.
+//! tenants or models). The decode server checks each record against the key it expects and hands
+//! it on as the chunks arrive (see **Slots**); its engine computes only the last prompt token
+//! before decoding.
 //!
-//! **Slots**: the decode server reserves its K/V slots when the transfer is complete (SGLang's
-//! `prefill_complete` policy): the request enters its engine only then, so a long transfer holds
-//! no decode memory. Reserving early (slots held while the prefill runs, rows imported as they
-//! arrive) is not built yet.
+//! **Slots** (`[disagg] reserve`, SGLang's two policies): with `prefill_complete` (the default)
+//! the decode server writes the chunks into its disk tier as they arrive and the request enters
+//! its engine when the transfer is complete, which loads them then: a long prefill holds no
+//! decode memory, and the load is on the first token's path. With `early` the request enters
+//! the engine at once; it reserves the slots of every prompt position before the last token at
+//! admission and copies each chunk into them as it arrives (no disk on the way): the load
+//! overlaps the prefill, and the decode memory is held for all of it.
 //!
 //! **Faults**: a prefill server that is down, slow (past `timeout_secs`), dies mid-transfer or
 //! answers nonsense costs the request only the attempt: what arrived and checked out is used, the
@@ -33,8 +36,10 @@ use crate::error::ApiError;
 use crate::state::AppState;
 use actix_web::{post, web, HttpResponse};
 use cachet_engine::kv_transfer::disk::DiskTier;
+use cachet_engine::kv_transfer::KvRecord;
 use cachet_engine::radix::{Tag, TenantKey};
-use cachet_engine::runtime::{chunk_spans, EngineHandle, Event, PublicPrefix, Request, TokenSpan};
+use cachet_engine::runtime::{chunk_spans, EngineHandle, Event, PublicPrefix, RemoteFeed, Request, TokenSpan};
+use futures_util::future::BoxFuture;
 use futures_util::StreamExt;
 use serde::{Deserialize, Serialize};
 use std::sync::Arc;
@@ -210,8 +215,10 @@ const POLL: Duration = Duration::from_millis(2);
 /// What a remote prefill gave a request.
 #[derive(Clone, Copy, Debug, Default)]
 pub struct Transfer {
-    /// Chunks received, checked and indexed.
+    /// Chunks received, checked and handed on.
     pub chunks: usize,
+    /// Their prompt positions.
+    pub tokens: usize,
     /// Their bytes on the wire.
     pub bytes: u64,
     /// From the job's sending to the last chunk's indexing (the prefill server's queue and
@@ -222,10 +229,27 @@ pub struct Transfer {
     pub remote: Duration,
 }
 
-/// On a decode server: has a prefill server compute `req`'s uncached chunks and indexes
-/// what it sends back. `None` when nothing was asked (not a decode server, or too little to
-/// compute).
-pub async fn remote_prefill(state: &AppState, engine: &EngineHandle, req: &Request) -> Option<Transfer> {
+/// What a decode server asks of which prefill server for a request.
+struct Ask {
+    job: PrefillJob,
+    url: String,
+    /// The chain keys and prompt positions of the chunks wanted, in order.
+    keys: Vec<([u8; 32], std::ops::Range<usize>)>,
+    /// The prompt position of the first one's first row.
+    from_token: usize,
+    transport: Box<dyn KvTransport>,
+}
+
+/// Where the chunks received go.
+enum Sink {
+    /// Into the disk tier, indexed: the request's admission loads them (`prefill_complete`).
+    Tier(cachet_engine::runtime::KvTierConfig),
+    /// Straight into the slots the engine reserved for the request (`early`).
+    Feed(RemoteFeed),
+}
+
+/// On a decode server: whether `req`'s uncached chunks go to a prefill server, and which.
+fn ask(state: &AppState, engine: &EngineHandle, req: &Request) -> Option<(Ask, cachet_engine::runtime::KvTierConfig)> {
     let d = &state.settings.disagg;
     if d.role != crate::config::Role::Decode || d.prefill_urls.is_empty() {
         return None;
@@ -233,14 +257,60 @@ pub async fn remote_prefill(state: &AppState, engine: &EngineHandle, req: &Reque
     let tier = engine.config().kv_tier.clone()?;
     let spans = chunk_spans(req, tier.chunk_tokens);
     let from = spans.iter().position(|(k, _)| !DiskTier::file(&tier.dir, k).exists())?;
-    if req.tokens.len().saturating_sub(1) - spans[from].1.start < d.min_remote_tokens.max(1) {
+    let from_token = spans[from].1.start;
+    if req.tokens.len().saturating_sub(1) - from_token < d.min_remote_tokens.max(1) {
         return None;
     }
-    let keys: Vec<[u8; 32]> = spans.into_iter().map(|(k, _)| k).collect();
-    let url = &d.prefill_urls[affinity(&keys[0], d.prefill_urls.len())];
+    let keys: Vec<_> = spans.into_iter().skip(from).collect();
+    let url = d.prefill_urls[affinity(&keys[0].0, d.prefill_urls.len())].clone();
+    let ask = Ask {
+        job: PrefillJob::of(req, tier.chunk_tokens, from),
+        url,
+        keys,
+        from_token,
+        transport: Box::new(HttpTransport::new(
+            Duration::from_secs(d.timeout_secs),
+            state.operator_token.expose().to_string(),
+        )),
+    };
+    Some((ask, tier))
+}
+
+/// On a decode server with `reserve = "prefill_complete"`: has a prefill server compute `req`'s
+/// uncached chunks and indexes what it sends back in the disk tier, before the request enters
+/// the engine. `None` when nothing was asked (not a decode server, or too little to compute).
+pub async fn remote_prefill(state: &AppState, engine: &EngineHandle, req: &Request) -> Option<Transfer> {
+    let (ask, tier) = ask(state, engine, req)?;
+    Some(run(engine, ask, Sink::Tier(tier), None).await)
+}
+
+/// On a decode server with `reserve = "early"`: gives `req` (not submitted yet) a
+/// [`Request::remote_kv`] feed and starts having a prefill server compute its uncached chunks
+/// into it; the engine reserves the request's slots at admission and copies each chunk in as it
+/// arrives. `done` gets the time from the job's sending to the last chunk's handing over (or to
+/// the end of a transfer that failed), before the engine can have finished the request; the
+/// task's result is the transfer. `None` when nothing was asked.
+pub fn remote_prefill_early(
+    state: &AppState,
+    engine: &EngineHandle,
+    req: &mut Request,
+    done: impl FnOnce(Duration) + Send + 'static,
+) -> Option<tokio::task::JoinHandle<Transfer>> {
+    let (ask, _) = ask(state, engine, req)?;
+    let (feed, remote) = engine.remote_kv(ask.from_token);
+    req.remote_kv = Some(remote);
+    let engine = engine.clone();
+    Some(tokio::spawn(async move { run(&engine, ask, Sink::Feed(feed), Some(Box::new(done))).await }))
+}
+
+/// Sends the job, receives the chunks into `sink`, and accounts for it (a failure is logged
+/// and counted: the engine computes what did not arrive).
+async fn run(engine: &EngineHandle, ask: Ask, sink: Sink, done: Option<Done>) -> Transfer {
     let started = Instant::now();
     let mut t = Transfer::default();
-    match receive(state, engine, &tier, req, url, &keys, from, &mut t).await {
+    let url = ask.url.clone();
+    let mut done = done.map(|f| (f, started));
+    match receive(engine, &ask, sink, &mut done, &mut t).await {
         Ok(()) => tracing::debug!(chunks = t.chunks, bytes = t.bytes, url, "prefilled remotely"),
         Err(e) => {
             metrics::counter!("cachet:disagg_fallbacks_total").increment(1);
@@ -248,12 +318,18 @@ pub async fn remote_prefill(state: &AppState, engine: &EngineHandle, req: &Reque
         }
     }
     t.elapsed = started.elapsed();
+    if let Some((f, started)) = done {
+        f(started.elapsed());
+    }
     metrics::histogram!("cachet:disagg_remote_prefill_seconds").record(t.remote.as_secs_f64());
     metrics::histogram!("cachet:disagg_transfer_seconds").record(t.elapsed.saturating_sub(t.remote).as_secs_f64());
     metrics::counter!("cachet:disagg_transfer_bytes_total").increment(t.bytes);
     metrics::counter!("cachet:disagg_transfer_chunks_total").increment(t.chunks as u64);
-    Some(t)
+    t
 }
+
+/// Told how long the remote part took (see [`remote_prefill_early`]).
+type Done = Box<dyn FnOnce(Duration) + Send>;
 
 /// The prefill server for a prompt whose first chunk has `key`: the same for every request that
 /// shares that chunk (a repository context's requests meet one prefill cache).
@@ -262,80 +338,163 @@ fn affinity(key: &[u8; 32], servers: usize) -> usize {
     (h % servers.max(1) as u64) as usize
 }
 
-#[allow(clippy::too_many_arguments)]
 async fn receive(
-    state: &AppState,
     engine: &EngineHandle,
-    tier: &cachet_engine::runtime::KvTierConfig,
-    req: &Request,
-    url: &str,
-    keys: &[[u8; 32]],
-    from: usize,
+    ask: &Ask,
+    sink: Sink,
+    done: &mut Option<(Done, Instant)>,
     t: &mut Transfer,
 ) -> Result<(), String> {
-    let client = reqwest::Client::builder()
-        .timeout(Duration::from_secs(state.settings.disagg.timeout_secs))
-        .build()
-        .map_err(|e| e.to_string())?;
-    let job = PrefillJob::of(req, tier.chunk_tokens, from);
-    let r = client
-        .post(format!("{}/v1/internal/prefill", url.trim_end_matches('/')))
-        .bearer_auth(state.operator_token.expose())
-        .json(&job)
-        .send()
-        .await
-        .map_err(|e| e.to_string())?;
-    if !r.status().is_success() {
-        let status = r.status();
-        return Err(format!("HTTP {status}: {}", r.text().await.unwrap_or_default()));
-    }
+    let mut frames = ask.transport.prefill(&ask.url, &ask.job).await?;
     let fingerprint = engine.kv_fingerprint();
-    let mut wanted = keys[from..].iter();
-    let mut buf: Vec<u8> = Vec::new();
-    let mut body = r.bytes_stream();
-    let mut trailer = false;
-    while let Some(piece) = body.next().await {
-        buf.extend_from_slice(&piece.map_err(|e| format!("the transfer broke off: {e}"))?);
-        while buf.len() >= 8 && !trailer {
-            let len = u64::from_le_bytes(buf[..8].try_into().unwrap_or_default());
-            if len == 0 {
-                // The trailer: the prefill server's engine time.
-                if buf.len() < 16 {
-                    break;
-                }
-                let ms = f64::from_le_bytes(buf[8..16].try_into().unwrap_or_default());
-                if ms.is_finite() && ms >= 0.0 {
-                    t.remote = Duration::from_secs_f64(ms / 1e3);
-                }
-                buf.drain(..16);
-                trailer = true;
+    let expected = ask.keys.len();
+    let mut wanted = ask.keys.iter();
+    let mut ended = false;
+    while let Some(frame) = frames.next().await {
+        let bytes = match frame? {
+            Frame::Done { engine } => {
+                t.remote = engine;
+                ended = true;
                 break;
             }
-            if len > MAX_CHUNK_BYTES {
-                return Err(format!("a {len}-byte chunk"));
+            Frame::Chunk(bytes) => bytes,
+        };
+        let (key, range) = wanted.next().ok_or("more chunks than asked for")?;
+        match &sink {
+            Sink::Tier(tier) => crate::handoff::adopt(engine, tier, &fingerprint, &bytes, key).await?,
+            Sink::Feed(feed) => {
+                let record = KvRecord::decode(&bytes, &fingerprint).map_err(|e| e.to_string())?;
+                if record.key() != *key {
+                    return Err("a chunk other than the one asked for".into());
+                }
+                if t.chunks + 1 == expected {
+                    // The last one: the time is told before the engine can finish with it.
+                    if let Some((f, started)) = done.take() {
+                        f(started.elapsed());
+                    }
+                }
+                feed.push(record);
             }
-            let len = len as usize;
-            if buf.len() < 8 + len {
-                break;
-            }
-            let key = wanted.next().ok_or("more chunks than asked for")?;
-            crate::handoff::adopt(engine, tier, &fingerprint, &buf[8..8 + len], key).await?;
-            t.chunks += 1;
-            t.bytes += 8 + len as u64;
-            buf.drain(..8 + len);
         }
+        t.chunks += 1;
+        t.tokens += range.len();
+        t.bytes += 8 + bytes.len() as u64;
     }
-    if !trailer || !buf.is_empty() {
-        return Err(format!(
-            "the answer ended after {} of {} chunks, without its trailer",
-            t.chunks,
-            keys.len() - from
-        ));
+    if !ended {
+        return Err(format!("the answer ended after {} of {expected} chunks, without its trailer", t.chunks));
     }
-    if t.chunks < keys.len() - from {
-        return Err(format!("the prefill server had {} of the {} chunks", t.chunks, keys.len() - from));
+    if t.chunks < expected {
+        return Err(format!("the prefill server had {} of the {expected} chunks", t.chunks));
     }
     Ok(())
+}
+
+/// One piece of a prefill server's answer.
+#[derive(Debug, PartialEq)]
+pub enum Frame {
+    /// The next chunk's K/V record, encoded ([`KvRecord::encode`]), in prompt order.
+    Chunk(Vec<u8>),
+    /// The end of the answer: how long the prefill server's engine took.
+    Done { engine: Duration },
+}
+
+/// The frames of an answer, as they arrive; an `Err` ends it (the transfer broke off, or what came
+/// is not a frame).
+pub type Frames = futures_util::stream::BoxStream<'static, Result<Frame, String>>;
+
+/// The data path from prefill servers: sends a job (the control path: what to compute, in which
+/// cache scope) and yields the answer's frames as they arrive, the chunks in prompt order while
+/// the prefill server still computes the next. HTTP on TCP ([`HttpTransport`]) is the one there
+/// is; an RDMA or NIXL transport (writing into registered memory instead of framing bytes) would
+/// implement this, and the checks and hand-over after it stay the same.
+pub trait KvTransport: Send + Sync {
+    fn prefill<'a>(&'a self, url: &'a str, job: &'a PrefillJob) -> BoxFuture<'a, Result<Frames, String>>;
+}
+
+/// [`KvTransport`] over HTTP on TCP: `POST {url}/v1/internal/prefill` with the operator's
+/// credential; the answer's body is the frames, each an 8-byte little-endian length and a
+/// record, then a zero length and the engine's milliseconds (an `f64`).
+pub struct HttpTransport {
+    client: Result<reqwest::Client, String>,
+    token: String,
+}
+
+impl std::fmt::Debug for HttpTransport {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("HttpTransport").finish_non_exhaustive()
+    }
+}
+
+impl HttpTransport {
+    /// A transport whose answers may take at most `timeout` in all.
+    pub fn new(timeout: Duration, token: String) -> HttpTransport {
+        let client = reqwest::Client::builder().timeout(timeout).build().map_err(|e| e.to_string());
+        HttpTransport { client, token }
+    }
+}
+
+impl KvTransport for HttpTransport {
+    fn prefill<'a>(&'a self, url: &'a str, job: &'a PrefillJob) -> BoxFuture<'a, Result<Frames, String>> {
+        Box::pin(async move {
+            let client = self.client.as_ref().map_err(Clone::clone)?;
+            let r = client
+                .post(format!("{}/v1/internal/prefill", url.trim_end_matches('/')))
+                .bearer_auth(&self.token)
+                .json(job)
+                .send()
+                .await
+                .map_err(|e| e.to_string())?;
+            if !r.status().is_success() {
+                let status = r.status();
+                return Err(format!("HTTP {status}: {}", r.text().await.unwrap_or_default()));
+            }
+            let body = r.bytes_stream().map(|p| p.map_err(|e| e.to_string())).boxed();
+            Ok(frames(body))
+        })
+    }
+}
+
+/// The frames in a byte stream cut anywhere.
+fn frames(body: futures_util::stream::BoxStream<'static, Result<web::Bytes, String>>) -> Frames {
+    futures_util::stream::unfold((body, Vec::<u8>::new(), false), |(mut body, mut buf, over)| async move {
+        if over {
+            return None;
+        }
+        loop {
+            if let Some(frame) = next_frame(&mut buf) {
+                let over = !matches!(frame, Ok(Frame::Chunk(_)));
+                return Some((frame, (body, buf, over)));
+            }
+            match body.next().await {
+                Some(Ok(piece)) => buf.extend_from_slice(&piece),
+                Some(Err(e)) => return Some((Err(format!("the transfer broke off: {e}")), (body, buf, true))),
+                None if buf.is_empty() => return None,
+                None => return Some((Err("the answer ended inside a frame".into()), (body, buf, true))),
+            }
+        }
+    })
+    .boxed()
+}
+
+/// The whole frame at the front of `buf`, taken off it; `None` until one is there.
+fn next_frame(buf: &mut Vec<u8>) -> Option<Result<Frame, String>> {
+    let len = u64::from_le_bytes(buf.get(..8)?.try_into().ok()?);
+    if len == 0 {
+        let ms = f64::from_le_bytes(buf.get(8..16)?.try_into().ok()?);
+        buf.drain(..16);
+        let engine = if ms.is_finite() && ms >= 0.0 { Duration::from_secs_f64(ms / 1e3) } else { Duration::ZERO };
+        return Some(Ok(Frame::Done { engine }));
+    }
+    if len > MAX_CHUNK_BYTES {
+        return Some(Err(format!("a {len}-byte chunk")));
+    }
+    let end = 8 + len as usize;
+    if buf.len() < end {
+        return None;
+    }
+    let chunk = buf[8..end].to_vec();
+    buf.drain(..end);
+    Some(Ok(Frame::Chunk(chunk)))
 }
 
 /// The largest chunk accepted.
@@ -356,5 +515,38 @@ mod tests {
         }
         let used: std::collections::HashSet<usize> = keys.iter().map(|k| affinity(k, 3)).collect();
         assert_eq!(used.len(), 3);
+    }
+
+    /// The frames of an answer come out whole however its bytes are cut, and a length past the
+    /// limit is an error, not an allocation.
+    #[test]
+    fn frames_come_out_whole_however_the_bytes_are_cut() {
+        let chunks: Vec<Vec<u8>> = vec![vec![1; 5], (0..=255).collect(), vec![9]];
+        let mut answer = Vec::new();
+        for c in &chunks {
+            answer.extend_from_slice(&(c.len() as u64).to_le_bytes());
+            answer.extend_from_slice(c);
+        }
+        answer.extend_from_slice(&0u64.to_le_bytes());
+        answer.extend_from_slice(&1500.0f64.to_le_bytes());
+        let mut want: Vec<Frame> = chunks.into_iter().map(Frame::Chunk).collect();
+        want.push(Frame::Done { engine: Duration::from_millis(1500) });
+        for cut in [1, 3, 7, 8, 9, 64, answer.len()] {
+            let (mut buf, mut got) = (Vec::new(), Vec::new());
+            for piece in answer.chunks(cut) {
+                buf.extend_from_slice(piece);
+                while let Some(f) = next_frame(&mut buf) {
+                    got.push(f.unwrap());
+                }
+            }
+            assert_eq!(got, want, "cut every {cut} bytes");
+            assert!(buf.is_empty());
+        }
+        let mut huge = (MAX_CHUNK_BYTES + 1).to_le_bytes().to_vec();
+        assert!(next_frame(&mut huge).unwrap().is_err());
+        // A trailer with a nonsense time is still the end, with no time.
+        let mut odd = 0u64.to_le_bytes().to_vec();
+        odd.extend_from_slice(&f64::NAN.to_le_bytes());
+        assert_eq!(next_frame(&mut odd), Some(Ok(Frame::Done { engine: Duration::ZERO })));
     }
 }

@@ -8,7 +8,7 @@ use crate::common::{pool, tokens};
 
 use cachet_engine::generate::GenerateParams;
 use cachet_engine::kv_transfer::disk::DiskTier;
-use cachet_engine::kv_transfer::{chain_key, RecordScope};
+use cachet_engine::kv_transfer::{chain_key, KvRecord, RecordScope};
 use cachet_engine::radix::{Tag, TenantKey};
 use cachet_engine::runtime::{self, Completion, EngineHandle, KvTierConfig, Request, TokenSpan};
 use cachet_engine::testing::{Tiny, TinyArch};
@@ -105,17 +105,23 @@ fn a_restarted_engine_loads_the_prompt_from_disk_and_answers_the_same() {
     assert_eq!(run(&h, request("acme", &fork)).0, forked, "computed alone");
 }
 
-#[test]
-fn a_prefill_jobs_tail_chunk_leaves_only_the_last_token_to_compute() {
-    let dir = tempfile::tempdir().unwrap();
-    let (m, tier) = (model(dir.path(), 5), dir.path().join("tier"));
+/// A prefill server's job in `dir`: a 150-token prompt run with [`Request::kv_tail`] on an engine
+/// with a tier, stopped. Returns the model, the tier, the prompt and its output.
+fn prefill_job(dir: &Path) -> (PathBuf, PathBuf, Vec<u32>, Vec<u32>) {
+    let (m, tier) = (model(dir, 5), dir.join("tier"));
     let prompt = tokens(3, 150);
     let h = engine(&m, Some(&tier));
     let mut job = request("acme", &prompt);
     job.kv_tail = true;
     let (first, _) = run(&h, job);
     stop(h);
+    (m, tier, prompt, first)
+}
 
+#[test]
+fn a_prefill_jobs_tail_chunk_leaves_only_the_last_token_to_compute() {
+    let dir = tempfile::tempdir().unwrap();
+    let (m, tier, prompt, first) = prefill_job(dir.path());
     let h = engine(&m, Some(&tier));
     let s = h.snapshot_blocking().unwrap();
     // 149 tokens before the last one: 4 whole chunks of 32 and a tail of 21.
@@ -140,6 +146,88 @@ fn a_prefill_jobs_tail_chunk_leaves_only_the_last_token_to_compute() {
     stop(h);
     let h = engine(&m, Some(&tier));
     assert_eq!(run(&h, request("acme", &other)).1.cached_tokens, 128);
+    no_leaks(&h);
+    stop(h);
+}
+
+/// The chunks a prefill job (`kv_tail`) of `prompt` left in `tier`, in prompt order.
+fn prefilled(tier: &Path, h: &EngineHandle, prompt: &[u32]) -> Vec<KvRecord> {
+    let (mut disk, _) = DiskTier::open(tier, h.kv_fingerprint(), 1 << 30).unwrap();
+    runtime::chunk_spans(&request("acme", prompt), CHUNK)
+        .iter()
+        .map(|(k, _)| disk.get(k).unwrap().expect("the prefill job stored every chunk"))
+        .collect()
+}
+
+/// Runs `prompt` on `h` with its K/V arriving through a feed, fed from another thread: the
+/// chunks of `feed` one by one, a few milliseconds apart, then the feed ends. Returns the output,
+/// the completion and the slots the engine held once the second chunk was in.
+fn run_fed(h: &EngineHandle, prompt: &[u32], feed: Vec<KvRecord>) -> (Vec<u32>, Completion, usize) {
+    let (tx, remote) = h.remote_kv(0);
+    let mut req = request("acme", prompt);
+    req.remote_kv = Some(remote);
+    let stream = h.submit(req);
+    let h2 = h.clone();
+    let feeder = std::thread::spawn(move || {
+        let mut held = 0;
+        for (i, r) in feed.into_iter().enumerate() {
+            std::thread::sleep(std::time::Duration::from_millis(20));
+            tx.push(r);
+            if i == 1 {
+                std::thread::sleep(std::time::Duration::from_millis(20));
+                held = h2.snapshot_blocking().unwrap().kv_used;
+            }
+        }
+        tx.finish();
+        held
+    });
+    let out = stream.collect_blocking();
+    let held = feeder.join().unwrap();
+    (out.tokens, out.result.unwrap_or_else(|e| panic!("request failed: {e}")), held)
+}
+
+#[test]
+fn k_v_fed_into_reserved_slots_answers_as_computing_it_and_what_does_not_arrive_is_computed() {
+    let dir = tempfile::tempdir().unwrap();
+    let (m, tier, prompt, first) = prefill_job(dir.path());
+    let h = engine(&m, Some(&tier));
+    let records = prefilled(&tier, &h, &prompt);
+    stop(h);
+    // 149 tokens before the last one: 4 whole chunks of 32 and a tail of 21.
+    assert_eq!(records.iter().map(|r| r.tokens.len()).collect::<Vec<_>>(), [32, 32, 32, 32, 21]);
+
+    // A decode engine without a tier of its own: every chunk arrives; it holds the prompt's
+    // slots from admission (early reservation) and computes only the last token.
+    let h = engine(&m, None);
+    let (out, done, held) = run_fed(&h, &prompt, records.clone());
+    assert_eq!(out, first, "K/V fed into the slots must give the output of computing it");
+    assert_eq!((done.cached_tokens, done.computed_prefill_tokens), (0, 1), "{done:?}");
+    assert!(held >= 149, "the slots are reserved while the K/V arrives: {held} in use");
+    no_leaks(&h);
+    stop(h);
+
+    // The feed ends after two chunks (a prefill server that died): the rest is computed here.
+    let h = engine(&m, None);
+    let (out, done, _) = run_fed(&h, &prompt, records[..2].to_vec());
+    assert_eq!(out, first);
+    assert_eq!(done.computed_prefill_tokens, 150 - 64, "{done:?}");
+    no_leaks(&h);
+    stop(h);
+    // Rows of another prompt end the feed where they would have gone: computed instead.
+    let h = engine(&m, None);
+    let other = tokens(4, 150);
+    let mut mixed = records[..1].to_vec();
+    mixed.push(records[1].clone());
+    mixed[1].tokens = other[32..64].to_vec();
+    let (out, done, _) = run_fed(&h, &prompt, mixed);
+    assert_eq!(out, first);
+    assert_eq!(done.computed_prefill_tokens, 150 - 32, "{done:?}");
+    no_leaks(&h);
+    stop(h);
+    // A feed that sends nothing: computed as any request.
+    let h = engine(&m, None);
+    let (out, done, _) = run_fed(&h, &prompt, Vec::new());
+    assert_eq!((out, done.computed_prefill_tokens), (first, 150));
     no_leaks(&h);
     stop(h);
 }

@@ -403,15 +403,23 @@ pub(crate) async fn execute(
         SloClass::Batch => cachet_tenants::SloClass::Batch,
     };
     let (tenant_id, plan, model_id, endpoint) = (tenant.id, tenant.plan.clone(), served.id.clone(), job.endpoint);
-    // Time spent moving the prompt's K/V here before the engine took the request (set once, below).
-    let transfer: Arc<std::sync::OnceLock<f64>> = Arc::default();
+    // Milliseconds spent moving the prompt's K/V here (set once, below), and of them those before
+    // the engine took the request (the engine's times do not include them; with
+    // `reserve = "early"` the rest was while the engine held the request: they do); and the
+    // prompt tokens a prefill server computed for this request that the engine then loaded as
+    // cached (`reserve = "prefill_complete"`): billed as computed.
+    let transfer: Arc<std::sync::OnceLock<(f64, f64)>> = Arc::default();
+    let remote_tokens: Arc<std::sync::OnceLock<usize>> = Arc::default();
+    let remote_cached = remote_tokens.clone();
     let (transfer_ms, transfer_hook) = (transfer.clone(), transfer.clone());
     let row = move |status: RequestStatus,
                     finish: Option<cachet_tenants::FinishReason>,
                     c: &Completion,
                     slo_met: Option<bool>| {
-        let uncached = c.prompt_tokens.saturating_sub(c.cached_tokens) as u64;
-        let moved = transfer_ms.get().copied();
+        let cached = c.cached_tokens.saturating_sub(remote_cached.get().copied().unwrap_or(0));
+        let uncached = c.prompt_tokens.saturating_sub(cached) as u64;
+        let moved = transfer_ms.get().map(|&(ms, _)| ms);
+        let before = transfer_ms.get().map_or(0.0, |&(_, before)| before);
         UsageRecord {
             id,
             tenant: tenant_id,
@@ -420,14 +428,14 @@ pub(crate) async fn execute(
             model: model_id.clone(),
             endpoint,
             prompt_tokens: c.prompt_tokens as i64,
-            cached_tokens: c.cached_tokens as i64,
+            cached_tokens: cached as i64,
             computed_tokens: c.computed_prefill_tokens as i64,
             output_tokens: c.output_tokens as i64,
             queue_ms: c.queue_time.as_secs_f64() * 1e3,
-            ttft_ms: c.ttft.map(|t| t.as_secs_f64() * 1e3 + moved.unwrap_or(0.0)),
-            e2e_ms: c.e2e.as_secs_f64() * 1e3 + moved.unwrap_or(0.0),
+            ttft_ms: c.ttft.map(|t| t.as_secs_f64() * 1e3 + before),
+            e2e_ms: c.e2e.as_secs_f64() * 1e3 + before,
             compute_seconds: c.compute_seconds,
-            cost: plan.cost(uncached, c.cached_tokens as u64, c.output_tokens as u64, c.compute_seconds),
+            cost: plan.cost(uncached, cached as u64, c.output_tokens as u64, c.compute_seconds),
             status,
             finish_reason: finish,
             created_at: chrono::Utc::now(),
@@ -460,7 +468,7 @@ pub(crate) async fn execute(
         let finish = (outcome == Outcome::Finished).then(|| ledger_finish(c.finish_reason));
         // The SLO counts the K/V transfer before the engine took the request: the client waited.
         let mut seen = c.clone();
-        if let Some(ms) = transfer_hook.get() {
+        if let Some(&(_, ms)) = transfer_hook.get() {
             let moved = Duration::from_secs_f64(ms / 1e3);
             seen.ttft = seen.ttft.map(|t| t + moved);
             seen.e2e += moved;
@@ -484,12 +492,27 @@ pub(crate) async fn execute(
         crate::handoff::fetch(&served.engine, &request, from, state.operator_token.expose()).await;
         moved = true;
     }
-    if let Some(t) = crate::disagg::remote_prefill(state, &served.engine, &request).await {
-        tracing::debug!(chunks = t.chunks, bytes = t.bytes, ms = t.elapsed.as_millis() as u64, "kv transfer");
-        moved = true;
-    }
-    if moved {
-        let _ = transfer.set(moving.elapsed().as_secs_f64() * 1e3);
+    if state.settings.disagg.reserve == crate::config::Reserve::Early {
+        let (told, handed_off) = (transfer.clone(), moving.elapsed());
+        let done = move |d: Duration| {
+            let _ = told.set(((handed_off + d).as_secs_f64() * 1e3, handed_off.as_secs_f64() * 1e3));
+        };
+        if crate::disagg::remote_prefill_early(state, &served.engine, &mut request, done).is_some() {
+            // Into the slots the engine reserves at admission, as it arrives.
+        } else if moved {
+            let ms = handed_off.as_secs_f64() * 1e3;
+            let _ = transfer.set((ms, ms));
+        }
+    } else {
+        if let Some(t) = crate::disagg::remote_prefill(state, &served.engine, &request).await {
+            tracing::debug!(chunks = t.chunks, bytes = t.bytes, ms = t.elapsed.as_millis() as u64, "kv transfer");
+            let _ = remote_tokens.set(t.tokens);
+            moved = true;
+        }
+        if moved {
+            let ms = moving.elapsed().as_secs_f64() * 1e3;
+            let _ = transfer.set((ms, ms));
+        }
     }
     let mut events = served.engine.submit(request);
     // The first event decides the status: an error before any token is an

@@ -176,7 +176,9 @@ impl Door {
         let limit = target.mul_f64(cfg.overload_factor.max(1.0));
         let secs = |tokens: usize, rate: f64| Duration::from_secs_f64(tokens as f64 / rate);
         let key = (req.tenant.clone(), req.slo);
-        let own = req.tokens.len() - shared.min(req.tokens.len().saturating_sub(1));
+        // A prompt whose K/V arrives from a prefill server leaves its last token to compute here.
+        let own =
+            if req.remote_kv.is_some() { 1 } else { req.tokens.len() - shared.min(req.tokens.len().saturating_sub(1)) };
         let hopeful = secs(own, now) <= target;
         let p = &st.published;
         let ahead = if hopeful {

@@ -255,6 +255,13 @@ impl EngineHandle {
             .unwrap_or_else(|| Err("the engine stopped".into()))
     }
 
+    /// A feed for a request whose prompt K/V arrives from elsewhere, from prompt position `from`
+    /// on: the [`super::RemoteKv`] goes into [`Request::remote_kv`], the chunks into the
+    /// [`super::RemoteFeed`].
+    pub fn remote_kv(&self, from: usize) -> (super::RemoteFeed, super::RemoteKv) {
+        super::RemoteFeed::pair(from, self.tx.clone())
+    }
+
     /// Waits until every chunk handed to the disk tier is on disk (an orderly stop: a restarted
     /// server finds them). Immediate without a tier.
     pub async fn flush_kv_tier(&self) {

@@ -15,6 +15,7 @@ mod config;
 mod handle;
 mod masks;
 mod pace;
+mod remote;
 mod request;
 mod runner;
 mod sched;
@@ -27,6 +28,7 @@ mod tier;
 
 pub use config::{EngineConfig, Policy, SloClass, SloTargets};
 pub use handle::{EngineHandle, RequestStream};
+pub use remote::{RemoteFeed, RemoteKv};
 pub use request::{
     Completion, Event, OnComplete, OnProgress, Outcome, PublicPrefix, Request, RequestError, TokenSpan, PROGRESS_TOKENS,
 };
@@ -80,6 +82,8 @@ pub(crate) enum Command {
     /// Index a chunk written into the disk tier's directory by the service (a hand-off).
     AdoptChunk(Box<crate::kv_transfer::KvRecord>, u64, oneshot::Sender<Result<(), String>>),
     CheckIntegrity(oneshot::Sender<Result<(), String>>),
+    /// Remote K/V arrived for a request (see [`remote`]): nothing to do but step.
+    Wake,
     /// End the engine thread now (requests in flight end with an error).
     Halt,
 }
@@ -317,20 +321,23 @@ impl<B: Backend> Engine<B> {
     }
 
     /// One step: the scheduler plans, the runner runs the forward pass and samples, the
-    /// scheduler hands out what came of it.
-    fn step(&mut self) {
+    /// scheduler hands out what came of it. False when no pass ran.
+    fn step(&mut self) -> bool {
         let now = self.sched.clock.now();
         let plan = self.sched.schedule(now);
         let failed = self.move_kv();
+        let mut ran = false;
         if let Some(mut plan) = plan {
             plan.retain(|p| !failed.contains(&p.seq));
             if !plan.is_empty() {
-                let ran = self.runner.run(&plan, &mut self.sched.running);
-                self.sched.postprocess(&plan, ran, now);
+                let out = self.runner.run(&plan, &mut self.sched.running);
+                self.sched.postprocess(&plan, out, now);
                 self.move_kv();
+                ran = true;
             }
         }
         self.sched.publish_stats();
+        ran
     }
 
     /// The disk tier's copies, before anything can write the slots they name: first the chunks
@@ -387,8 +394,17 @@ impl<B: Backend> Engine<B> {
                     }
                 }
             }
-            self.step();
+            let ran = self.step();
             self.sched.after_step();
+            if !ran && self.sched.awaiting_kv() {
+                // Nothing to compute until a request's remote K/V arrives (its feed wakes the
+                // loop); a cancelled stream or a deadline is still seen within the timeout.
+                match rx.recv_timeout(std::time::Duration::from_millis(100)) {
+                    Ok(Command::Halt) => return,
+                    Ok(cmd) => self.sched.command(cmd),
+                    Err(_) => {}
+                }
+            }
         }
     }
 }
@@ -397,6 +413,11 @@ impl Scheduler {
     /// Nothing queued or running.
     fn idle(&self) -> bool {
         self.running.is_empty() && self.waiting.is_empty()
+    }
+
+    /// Some admitted request waits for its remote K/V.
+    fn awaiting_kv(&self) -> bool {
+        self.running.iter().any(|s| s.receiving)
     }
 
     /// Housekeeping after a step: the interning tables, and what the door needs.
@@ -455,7 +476,7 @@ impl Scheduler {
                 let _ = reply.send(self.check_integrity());
             }
             // `run` ends the thread before a halt gets here.
-            Command::Halt => {}
+            Command::Halt | Command::Wake => {}
         }
     }
 

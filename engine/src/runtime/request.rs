@@ -70,6 +70,10 @@ pub struct Request {
     /// prompt is computed: a prefill server's job, whose decode server then computes only the
     /// last token.
     pub kv_tail: bool,
+    /// The prompt's K/V arrives from elsewhere (a prefill server, SGLang's `early` reservation):
+    /// the engine reserves its slots at admission and fills them as the chunks arrive (see
+    /// [`super::RemoteKv`]).
+    pub remote_kv: Option<super::RemoteKv>,
     /// A grammar the output must match (compiled beforehand with
     /// [`crate::constraint::Grammars::compile`]).
     pub grammar: Option<Grammar>,
@@ -114,6 +118,7 @@ impl Request {
             retention: None,
             prewarm: false,
             kv_tail: false,
+            remote_kv: None,
             grammar: None,
             on_complete: None,
             on_progress: None,

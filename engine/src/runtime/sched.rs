@@ -209,6 +209,9 @@ impl Scheduler {
 
     /// Tokens waiting request `i` still has to compute before its first token.
     pub(super) fn uncached(&mut self, i: usize) -> usize {
+        if self.waiting[i].receiving {
+            return 1;
+        }
         let len = self.waiting[i].tokens.len();
         len - self.cached_prefix(i).min(len - 1)
     }

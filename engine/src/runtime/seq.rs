@@ -46,6 +46,9 @@ pub(super) struct Seq {
     pub computed_prefill: usize,
     pub compute_seconds: f64,
     pub retractions: u32,
+    /// Its prompt's K/V is arriving from elsewhere ([`Request::remote_kv`]): nothing to compute
+    /// until it has, its slots reserved.
+    pub receiving: bool,
     /// The span of the phase the request is in (a child of its span: a trace shows how long it
     /// queued, computed its prompt and decoded).
     phase: (Phase, tracing::Span),
@@ -75,6 +78,7 @@ impl Seq {
     ) -> Seq {
         let sampler = Sampler::new(req.params.sampling.clone(), &req.tokens);
         let tokens = req.tokens.clone();
+        let receiving = req.remote_kv.is_some();
         let constraint = req.grammar.as_ref().map(|g| g.start());
         let queue = tracing::info_span!(parent: &req.span, "queue", retractions = 0u32);
         let public = req.public.as_ref().filter(|p| p.tokens > 0);
@@ -111,6 +115,7 @@ impl Seq {
             computed_prefill: 0,
             compute_seconds: 0.0,
             retractions: 0,
+            receiving,
             phase: (Phase::Queue, queue),
         }
     }
@@ -135,9 +140,14 @@ impl Seq {
         self.tokens.len() - self.prompt_len
     }
 
-    /// Tokens still to run before the next sample (1 when decoding).
+    /// Tokens still to run before the next sample (1 when decoding); none while the prompt's
+    /// K/V is arriving from elsewhere.
     pub fn remaining(&self) -> usize {
-        self.tokens.len() - self.computed
+        if self.receiving {
+            0
+        } else {
+            self.tokens.len() - self.computed
+        }
     }
 
     fn public_len(&self) -> Option<usize> {

@@ -27,6 +27,7 @@ impl Scheduler {
         self.drop_cancelled();
         self.preempt_prewarms();
         self.refuse_late(now);
+        self.receive_remote();
         let mut plan = Vec::new();
         let mut budget = self.step_budget(now);
 
@@ -89,9 +90,7 @@ impl Scheduler {
         if plan.is_empty() {
             // Nothing fits: running prefills are stuck on memory. Give one up
             // so the others can move.
-            if !self.running.is_empty() {
-                self.retract_one();
-            }
+            self.retract_one();
             return None;
         }
         Some(plan)
@@ -154,6 +153,23 @@ impl Scheduler {
             let Some(idx) = self.pick(now, tier) else { return false };
             let mut seq = self.waiting.swap_remove(idx);
             self.admit(&mut seq, now);
+            if seq.receiving {
+                // Its K/V arrives from elsewhere: slots for every prompt position before the last
+                // token now, nothing to compute until it has arrived.
+                let n = (seq.prompt_len - 1).saturating_sub(seq.computed);
+                if n > 0 {
+                    if !self.ensure_free(n, &seq.req.tenant.clone(), now) {
+                        self.release_kv(&mut seq, false);
+                        self.waiting.push(seq);
+                        return true;
+                    }
+                    self.slots.allocate_into(n, &mut seq.slots).expect("ensure_free made room");
+                    self.running.push(seq);
+                    self.receive(self.running.len() - 1);
+                    continue;
+                }
+                seq.receiving = false;
+            }
             let chunk = seq.remaining().min(*budget);
             if !self.ensure_free(chunk, &seq.req.tenant.clone(), now) {
                 // Not enough memory even after evicting: wait for running
@@ -245,6 +261,74 @@ impl Scheduler {
         }
         metrics::counter!("cachet:kv_tier_loaded_tokens_total").increment(n as u64);
         seq.req.span.in_scope(|| tracing::debug!(tokens = n, from = start, "prefix loaded from the disk tier"));
+    }
+
+    /// Copies the remote K/V that arrived into the slots of every request waiting for it.
+    fn receive_remote(&mut self) {
+        for i in 0..self.running.len() {
+            if self.running[i].receiving {
+                self.receive(i);
+            }
+        }
+    }
+
+    /// Running sequence `i` (waiting for its prompt's K/V, its slots reserved up to the last
+    /// prompt token): the chunks that arrived go into its slots (copied in before the next pass)
+    /// and into the cache, as loaded ones. Once every position has arrived or the feed is over
+    /// (ended, or a chunk that does not continue the prompt), it gives back the slots nothing
+    /// arrived for and computes the rest.
+    fn receive(&mut self, i: usize) {
+        let seq = &mut self.running[i];
+        let Some(remote) = seq.req.remote_kv.clone() else {
+            seq.receiving = false;
+            return;
+        };
+        let limit = seq.prompt_len - 1;
+        let before = seq.computed;
+        let mut inbox = remote.lock();
+        let mut over = inbox.finished && inbox.records.is_empty();
+        while let Some(record) = inbox.records.pop_front() {
+            let start = inbox.next;
+            let end = start + record.tokens.len();
+            inbox.next = end;
+            if end <= seq.computed {
+                continue;
+            }
+            if start > seq.computed || end > limit || record.tokens[..] != seq.tokens[start..end] {
+                // A gap (the cache lost what came before), or not this prompt's rows.
+                over = true;
+                break;
+            }
+            let skip = seq.computed - start;
+            let slots = SlotId::raw(&seq.slots[seq.computed..end]).to_vec();
+            self.loads.push(super::tier::Load { seq: seq.id, slots, record, skip });
+            seq.computed = end;
+            over |= inbox.finished && inbox.records.is_empty();
+        }
+        drop(inbox);
+        let got = seq.computed - before;
+        if got > 0 {
+            metrics::counter!("cachet:kv_remote_received_tokens_total").increment(got as u64);
+        }
+        let mut seq = self.running.swap_remove(i);
+        // Cached as it arrives (not inside a public prefix, whose key would be the tenant's, nor
+        // under a prefix a push doomed meanwhile).
+        let public = seq.req.public.as_ref().map_or(0, |p| p.tokens);
+        if got > 0 && seq.computed >= public && seq.node.is_some_and(|n| !self.cache.is_doomed(n)) {
+            let n = seq.computed;
+            self.cache_prefix(&mut seq, n);
+        }
+        if over || seq.computed >= limit {
+            seq.receiving = false;
+            let unused = seq.slots.split_off(seq.computed);
+            self.free_slots(&unused);
+            seq.req.span.in_scope(|| {
+                tracing::debug!(received_to = seq.computed, prompt_tokens = seq.prompt_len, "remote K/V in")
+            });
+        }
+        self.running.push(seq);
+        let last = self.running.len() - 1;
+        self.running.swap(i, last);
     }
 
     /// Puts `seq`'s first `n` positions (computed or loaded) in the cache and moves its lock to
@@ -349,21 +433,22 @@ impl Scheduler {
             let freed = self.cache.evict(need - self.slots.free_slots(), now, None);
             self.stats.evicted_slots += freed.len() as u64;
             self.free_slots(&freed);
-            if self.slots.free_slots() >= need || self.running.is_empty() {
+            if self.slots.free_slots() >= need || !self.retract_one() {
                 return;
             }
-            self.retract_one();
         }
     }
 
     /// Pushes the running request with the least progress back to the
-    /// queue; its K/V goes into the cache, so resuming mostly hits.
-    fn retract_one(&mut self) {
-        let Some(idx) = (0..self.running.len()).min_by_key(|&i| {
+    /// queue; its K/V goes into the cache, so resuming mostly hits. A request whose K/V is
+    /// arriving from elsewhere keeps its slots (they are what the transfer writes into). False
+    /// when there was none to retract.
+    fn retract_one(&mut self) -> bool {
+        let Some(idx) = (0..self.running.len()).filter(|&i| !self.running[i].receiving).min_by_key(|&i| {
             let s = &self.running[i];
             (s.generated(), std::cmp::Reverse(s.arrival))
         }) else {
-            return;
+            return false;
         };
         let mut seq = self.running.swap_remove(idx);
         self.release_kv(&mut seq, true);
@@ -373,6 +458,7 @@ impl Scheduler {
         self.stats.retractions += 1;
         metrics::counter!("cachet:retractions_total").increment(1);
         self.waiting.push(seq);
+        true
     }
 
     /// Background work never holds a user up: while a user's request waits, every pre-warm still

@@ -3,7 +3,7 @@
 //! a prefill server that is gone or breaks off mid-transfer costs the request nothing but time.
 
 use crate::helpers::*;
-use cachet_api::config::Role;
+use cachet_api::config::{Reserve, Role};
 use serde_json::{json, Value};
 use std::time::Duration;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -74,6 +74,9 @@ async fn a_decode_server_answers_as_a_unified_one_with_the_prefill_done_elsewher
     let row = rows.iter().find(|r| r.prompt_tokens as u64 == prompt_tokens).expect("the decode server's row");
     let moved = row.kv_transfer_ms.expect("a transfer time");
     assert!(moved > 0.0 && row.ttft_ms.unwrap() >= moved, "{row:?}");
+    // The prompt was computed for this request (on the prefill server): billed as computed, not
+    // as the cache hit the decode engine's load looks like.
+    assert_eq!(row.cached_tokens, 0, "{row:?}");
     assert!(unified.ledger(unified_tenant).await.iter().all(|r| r.kv_transfer_ms.is_none()));
 
     // The prefill route is the operator's, and checks what it is sent.
@@ -92,6 +95,50 @@ async fn a_decode_server_answers_as_a_unified_one_with_the_prefill_done_elsewher
     assert_eq!(prefill.post(OPERATOR, "/v1/internal/prefill", bad).await.status(), 409);
     // A server without a disk tier cannot prefill for another.
     assert_eq!(unified.post(OPERATOR, "/v1/internal/prefill", job).await.status(), 404);
+}
+
+/// `reserve = "early"`: the request enters the decode engine at once, which holds its prompt's
+/// slots and copies each chunk into them as it arrives; the answer is the unified server's.
+#[tokio::test]
+async fn an_early_reserving_decode_server_answers_as_a_unified_one() {
+    let unified = spawn_app().await;
+    let prefill = spawn_with(|s| {
+        tier(s);
+        s.disagg.role = Role::Prefill;
+    })
+    .await;
+    let decode = spawn_with(|s| {
+        decode_from(vec![prefill.address.clone()])(s);
+        s.disagg.reserve = Reserve::Early;
+    })
+    .await;
+    let (_, on_unified) = unified.tenant("acme").await;
+    let (decode_tenant, on_decode) = decode.tenant("acme").await;
+    for topic in ["early", "reserved"] {
+        let prompt = long_prompt(topic);
+        let want = answer(&unified, &on_unified, &prompt).await;
+        let got = answer(&decode, &on_decode, &prompt).await;
+        assert_eq!(text(&got), text(&want), "greedy outputs differ: {got} vs {want}");
+        // (The two prompts share the chat template's first few tokens.)
+        assert!(cached(&got) < 32, "received, not found in a cache: {got}");
+    }
+    let engine = decode.state.served.get().unwrap().engine.clone();
+    let snap = engine.snapshot().await.unwrap();
+    assert_eq!(snap.kv_tier_loaded_tokens, 0, "nothing went through the disk: {snap:?}");
+    // Only the last prompt token was computed on the decode server; the time to first token
+    // includes the transfer (the engine held the request meanwhile).
+    let rows = decode.ledger(decode_tenant).await;
+    assert_eq!(rows.len(), 2);
+    for row in &rows {
+        assert!(row.computed_tokens == 1 && row.cached_tokens < 32, "{row:?}");
+        let moved = row.kv_transfer_ms.expect("a transfer time");
+        assert!(moved > 0.0 && row.ttft_ms.unwrap() >= moved * 0.9, "{row:?}");
+    }
+    // The prompt is cached on the decode server now: the next turn finds it in memory.
+    let prompt = long_prompt("early");
+    let again = answer(&decode, &on_decode, &prompt).await;
+    assert!(cached(&again) > 200, "{again}");
+    tokio::task::spawn_blocking(move || engine.check_integrity_blocking()).await.unwrap().unwrap();
 }
 
 #[tokio::test]
@@ -119,14 +166,21 @@ async fn a_prefill_server_that_is_gone_or_breaks_off_leaves_the_prefill_to_the_d
             });
         }
     });
-    for url in ["http://127.0.0.1:9".to_string(), broken_url] {
-        let decode = spawn_with(decode_from(vec![url.clone()])).await;
+    let cases = [Reserve::PrefillComplete, Reserve::Early]
+        .into_iter()
+        .flat_map(|r| [("http://127.0.0.1:9".to_string(), r), (broken_url.clone(), r)]);
+    for (url, reserve) in cases {
+        let decode = spawn_with(|s| {
+            decode_from(vec![url.clone()])(s);
+            s.disagg.reserve = reserve;
+        })
+        .await;
         let (_, on_decode) = decode.tenant("acme").await;
-        let prompt = long_prompt(&format!("fallback {}", url.len()));
+        let prompt = long_prompt(&format!("fallback {} {reserve:?}", url.len()));
         let want = answer(&unified, &on_unified, &prompt).await;
         let got = answer(&decode, &on_decode, &prompt).await;
-        assert_eq!(text(&got), text(&want), "{url}: {got} vs {want}");
-        assert_eq!(cached(&got), 0, "{url}: nothing was transferred: {got}");
+        assert_eq!(text(&got), text(&want), "{url} {reserve:?}: {got} vs {want}");
+        assert_eq!(cached(&got), 0, "{url} {reserve:?}: nothing was transferred: {got}");
         let engine = decode.state.served.get().unwrap().engine.clone();
         tokio::task::spawn_blocking(move || engine.check_integrity_blocking()).await.unwrap().unwrap();
     }
