@@ -17,7 +17,7 @@
 //! rate of the moment would let through what the engine refuses a pass later — seconds later,
 //! the wait the door is for. Requests submitted since the last step count by an estimate of
 //! their uncached part: the prompt past its longest common prefix with the tenant's recent
-//! prompts, or past its public prefix if that is longer. A request that might be beyond reach even alone (its whole prompt at the current
+//! prompts, or past its public prefix or the prefix the disk tier holds if that is longer. A request that might be beyond reach even alone (its whole prompt at the current
 //! rate passes the limit) is left to the engine, which serves those rather than refuse them.
 //! Whatever the door lets through, the engine judges again at its next step and at every step
 //! after, and refuses it if its prediction passes the limit by [`LATE_SLACK`].
@@ -46,6 +46,8 @@ type Key = (TenantKey, SloClass);
 #[derive(Debug, Default)]
 pub(crate) struct Door {
     state: Mutex<State>,
+    /// The disk tier's index, when there is a tier: a prompt's stored prefix counts as cached.
+    tier: std::sync::OnceLock<super::tier::StoredIndex>,
     /// Requests refused here.
     refused: AtomicU64,
 }
@@ -147,6 +149,11 @@ fn get(m: &HashMap<Key, Work>, k: &Key) -> Work {
 }
 
 impl Door {
+    /// Counts the prompts' prefixes the disk tier holds as cached from now on.
+    pub(super) fn set_tier(&self, index: super::tier::StoredIndex) {
+        let _ = self.tier.set(index);
+    }
+
     /// Judges a request at submission. `Err(predicted)`: refuse it now (its time to first token
     /// would be about `predicted`). `Ok(charge)`: let it through.
     pub(crate) fn judge(&self, req: &Request, cfg: &EngineConfig) -> Result<Charge, Duration> {
@@ -156,11 +163,14 @@ impl Door {
         // once for every tenant and evicted last: counted as cached, like the tenant's own recent
         // prompts' common part.
         let public = req.public.as_ref().map_or(0, |p| p.tokens);
+        // So is what the disk tier holds of it (a context that survived a restart).
+        let stored = self.tier.get().map_or(0, |t| t.prefix(req));
         let shared = st
             .recent
             .get(&req.tenant)
             .map_or(0, |r| r.iter().map(|p| common_prefix(p, &tokens)).max().unwrap_or(0))
-            .max(public);
+            .max(public)
+            .max(stored);
         let recent = st.recent.entry(req.tenant.clone()).or_default();
         if recent.len() == RECENT {
             recent.pop_front();
@@ -275,6 +285,30 @@ mod tests {
         assert_eq!(door.judge(&req("a", (0..50).collect()), &cfg()), Err(Duration::from_secs_f64(3.5)));
         // Another tenant's queue does not count against "c" (fair share), however long.
         assert_eq!(door.judge(&req("c", (0..50).collect()), &cfg()), charged(2, 50, true));
+    }
+
+    #[test]
+    fn a_prefix_the_disk_tier_holds_counts_as_cached() {
+        // 100 tokens a second, target 1 s, limit 2 s, a's own 100 queued: 1 s ahead. A 190-token
+        // prompt computed whole takes 1.9 s more (refused); with its first 128 tokens stored (a
+        // context that survived a restart), 62 tokens: 0.62 s.
+        let dir = tempfile::tempdir().unwrap();
+        let prompt = req("a", (0..190).collect());
+        let (_tier, index) = crate::runtime::tier::holding(dir.path(), &prompt, 64, 2);
+        assert_eq!(index.prefix(&prompt), 128);
+        let door = Door::default();
+        busy(&door, &[("a", 100)], &[], (0, 0));
+        assert_eq!(door.judge(&prompt, &cfg()), Err(Duration::from_secs_f64(2.9)));
+        // (A new door: the refused prompt is among a's recent ones now, which would count too.)
+        let fresh = Door::default();
+        fresh.set_tier(index.clone());
+        busy(&fresh, &[("a", 100)], &[], (0, 0));
+        assert_eq!(fresh.judge(&prompt, &cfg()), charged(1, 62, true));
+        // Another tenant's same tokens find nothing of a's.
+        let fresh = Door::default();
+        fresh.set_tier(index);
+        busy(&fresh, &[("a", 100)], &[], (0, 0));
+        assert_eq!(fresh.judge(&req("b", (0..190).collect()), &cfg()), Err(Duration::from_secs_f64(2.9)));
     }
 
     #[test]

@@ -221,6 +221,7 @@ impl<B: Backend> Engine<B> {
                 ignored = opened.ignored,
                 "KV disk tier open"
             );
+            sched.door.set_tier(tier.index());
             sched.tier = Some(tier);
         }
         let info = handle::Info {
@@ -506,7 +507,10 @@ impl Scheduler {
         let output = Output::new(&req.params, &self.eos_ids);
         let id = self.next_id;
         self.next_id += 1;
-        let seq = Seq::new(id, req, tx, output, now, targets.ttft, &mut self.cache);
+        let mut seq = Seq::new(id, req, tx, output, now, targets.ttft, &mut self.cache);
+        if let Some(t) = &self.tier {
+            seq.stored = t.stored_prefix(&seq.req);
+        }
         // An idle engine never refuses: with nothing ahead, waiting would not make the request
         // any faster (and a refusal would leave the throughput estimate without new passes).
         let idle = self.running.iter().chain(&self.waiting).all(|w| w.req.prewarm);

@@ -286,6 +286,23 @@ fn only_what_waiting_would_fix_is_refused() {
 }
 
 #[test]
+fn a_prefix_the_disk_tier_holds_is_not_counted_as_work() {
+    // As above, but the disk tier holds the prompt's first 512 tokens (a context that survived a
+    // restart): each request has 78 tokens to compute, the second waits 0.78 s behind the first,
+    // and neither is refused.
+    let dir = tempfile::tempdir().unwrap();
+    let mut e = engine(EngineConfig { policy: Policy::Slo, overload_factor: 2.0, pace_prefill: false, ..cfg() });
+    e.pace = slow();
+    let tokens = (0..590u32).map(|i| (i * 7 + 3 + 590) % 300).collect();
+    let prompt = Request::new(TenantKey::new("t"), tokens, GenerateParams::default());
+    e.tier = Some(super::tier::holding(dir.path(), &prompt, 256, 2).0);
+    submit(&mut e, 590, 4);
+    submit(&mut e, 590, 4);
+    assert_eq!((e.waiting.len(), e.stats.refused), (2, 0));
+    assert_eq!(e.waiting[1].stored, 512);
+}
+
+#[test]
 fn admission_control_does_not_count_hopeless_requests_ahead_of_one_that_can_make_it() {
     // The engine refuses what is predicted past 2 × 3 s × 1.25 (its slack after the door).
     // `late` (700 tokens, 7 s alone) is queued; `fine` (100 tokens, 1 s) would be predicted at

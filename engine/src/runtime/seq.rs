@@ -46,6 +46,9 @@ pub(super) struct Seq {
     pub computed_prefill: usize,
     pub compute_seconds: f64,
     pub retractions: u32,
+    /// Leading prompt positions the disk tier held at submission (its admission loads them): counted
+    /// as cached when the request's wait is judged.
+    pub stored: usize,
     /// Its prompt's K/V is arriving from elsewhere ([`Request::remote_kv`]): nothing to compute
     /// until it has, its slots reserved.
     pub receiving: bool,
@@ -115,6 +118,7 @@ impl Seq {
             computed_prefill: 0,
             compute_seconds: 0.0,
             retractions: 0,
+            stored: 0,
             receiving,
             phase: (Phase::Queue, queue),
         }
@@ -198,7 +202,7 @@ impl Seq {
                 return cached;
             }
         }
-        let cached = cache.peek_prefix(&self.key(len));
+        let cached = cache.peek_prefix(&self.key(len)).max(self.stored.min(len));
         self.peeked.set(Some((generation, len, cached)));
         cached
     }

@@ -150,6 +150,17 @@ impl Tier {
         self.shared.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
     }
 
+    /// The positions of `req`'s prompt before its last token that stored chunks hold, in
+    /// consecutive chunks from its start: what its admission would load rather than compute.
+    pub fn stored_prefix(&self, req: &Request) -> usize {
+        stored_prefix(&self.shared, req, self.chunk)
+    }
+
+    /// The tier's index, for the door (which judges requests on the callers' threads).
+    pub fn index(&self) -> StoredIndex {
+        StoredIndex { shared: self.shared.clone(), chunk: self.chunk }
+    }
+
     /// The chunks of `seq`'s first `n` prompt tokens: whole chunks, and with `tail` the partial
     /// one after them.
     fn chunks(&self, seq: &Seq, n: usize, tail: bool) -> Vec<Chunk> {
@@ -356,6 +367,54 @@ pub fn chunk_keys(req: &Request, chunk: usize) -> Vec<[u8; 32]> {
 /// token (which only a prefill server's job stores, see [`Request::kv_tail`]).
 pub fn chunk_spans(req: &Request, chunk: usize) -> Vec<([u8; 32], std::ops::Range<usize>)> {
     chunks(req, req.tokens.len().saturating_sub(1), chunk, true).into_iter().map(|c| (c.key, c.range)).collect()
+}
+
+/// The disk tier's index, shared with the door: see [`Tier::stored_prefix`].
+#[derive(Clone)]
+pub(super) struct StoredIndex {
+    shared: Arc<Mutex<Shared>>,
+    chunk: usize,
+}
+
+impl std::fmt::Debug for StoredIndex {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("StoredIndex").field("chunk", &self.chunk).finish_non_exhaustive()
+    }
+}
+
+impl StoredIndex {
+    /// See [`Tier::stored_prefix`].
+    pub fn prefix(&self, req: &Request) -> usize {
+        stored_prefix(&self.shared, req, self.chunk)
+    }
+}
+
+/// For tests: a tier in `dir` that holds the first `n` chunks of `req` (with made-up rows), and
+/// its index.
+#[cfg(test)]
+pub(super) fn holding(dir: &std::path::Path, req: &Request, chunk: usize, n: usize) -> (Tier, StoredIndex) {
+    let cfg = KvTierConfig { dir: dir.to_path_buf(), max_bytes: 1 << 30, chunk_tokens: chunk };
+    let (tier, _) = Tier::open(&cfg, [7; 32], 1.0, 1 << 16).expect("a tier in a temp dir");
+    for c in chunks(req, req.tokens.len() - 1, chunk, false).into_iter().take(n) {
+        let record = KvRecord {
+            fingerprint: [7; 32],
+            scope: c.scope,
+            parent: c.parent,
+            tokens: req.tokens[c.range.clone()].to_vec(),
+            tags: Vec::new(),
+            kv_cols: 1,
+            layers: vec![vec![0; 2 * c.range.len()]],
+        };
+        tier.lock().disk.put(&record).expect("written");
+    }
+    let index = tier.index();
+    (tier, index)
+}
+
+fn stored_prefix(shared: &Mutex<Shared>, req: &Request, chunk: usize) -> usize {
+    let chunks = chunks(req, req.tokens.len().saturating_sub(1), chunk, true);
+    let s = shared.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+    chunks.iter().take_while(|c| s.disk.contains(&c.key)).last().map_or(0, |c| c.range.end)
 }
 
 fn write_loop(shared: &Mutex<Shared>, dir: &std::path::Path, rx: &Receiver<(u64, KvRecord)>) {
