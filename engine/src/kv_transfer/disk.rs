@@ -76,9 +76,32 @@ fn unhex(name: &str) -> Option<[u8; 32]> {
     from_hex(name.strip_suffix(".kv")?)
 }
 
+/// How much of a stored record opening the tier reads: its fields before the rows (a chunk of 256
+/// tokens takes about 1 KiB of them, its rows megabytes).
+const HEAD_BYTES: usize = 64 << 10;
+
+/// The fields of the record stored at `path`, its rows left empty, from its first bytes (the whole
+/// file when they do not hold them): see [`KvRecord::decode_head`]. Opening a tier indexes its
+/// records this way, so a restart reads kilobytes per chunk, not the rows; a chunk's checksum is
+/// checked when it is loaded.
+fn read_head(path: &Path, fingerprint: &[u8; 32]) -> io::Result<Result<KvRecord, RecordError>> {
+    use std::io::Read;
+    let file = fs::File::open(path)?;
+    let len = file.metadata()?.len();
+    let mut head = Vec::with_capacity(HEAD_BYTES);
+    file.take(HEAD_BYTES as u64).read_to_end(&mut head)?;
+    match KvRecord::decode_head(&head, len, fingerprint) {
+        Err(RecordError::Truncated | RecordError::Malformed(_)) if (head.len() as u64) < len => {
+            Ok(KvRecord::decode_head(&fs::read(path)?, len, fingerprint))
+        }
+        r => Ok(r),
+    }
+}
+
 impl DiskTier {
     /// Opens (creating it, 0700) the tier in `dir` for the model of `fingerprint`, keeping at
-    /// most `max_bytes` of records; indexes the records already there.
+    /// most `max_bytes` of records; indexes the records already there (from their heads: a file
+    /// of the wrong length is discarded now, one whose rows are corrupt when it is read).
     pub fn open(dir: &Path, fingerprint: [u8; 32], max_bytes: u64) -> io::Result<(DiskTier, Opened)> {
         fs::create_dir_all(dir)?;
         fs::set_permissions(dir, fs::Permissions::from_mode(0o700))?;
@@ -103,7 +126,7 @@ impl DiskTier {
                 }
                 continue;
             };
-            match KvRecord::decode(&fs::read(item.path())?, &fingerprint) {
+            match read_head(&item.path(), &fingerprint)? {
                 Ok(record) if record.key() == key => {
                     tier.index(key, &record, item.metadata()?.len());
                     opened.records += 1;
@@ -351,6 +374,46 @@ mod tests {
         assert_eq!(again.get(&a.key()).unwrap(), Some(a.clone()));
         assert_eq!(again.tenant_bytes("acme"), again.bytes());
         assert_eq!(again.tenant_bytes("globex"), 0);
+    }
+
+    /// Opening indexes records from their heads: a large record's rows are not read (a corruption
+    /// there is found when the chunk is loaded, and the file deleted then); a file of the wrong
+    /// length is discarded at once; a head longer than the first read is read whole.
+    #[test]
+    fn opening_reads_heads_and_a_corrupt_row_is_found_at_the_load() {
+        let dir = tempfile::tempdir().unwrap();
+        let (mut tier, _) = DiskTier::open(dir.path(), [5; 32], 1 << 30).unwrap();
+        let big = KvRecord { kv_cols: 1024, layers: vec![vec![3; 2 * 16 * 1024]; 4], ..record("acme", 0, "s", "v") };
+        let long_head = KvRecord {
+            tags: (0..4000)
+                .map(|i| RecordTag { range: 0..16, source: format!("src/{i:040}.rs"), version: "v".into() })
+                .collect(),
+            ..record("acme", 100, "s", "v")
+        };
+        tier.put(&big).unwrap();
+        tier.put(&long_head).unwrap();
+        let file = dir.path().join(format!("{}.kv", hex(&big.key())));
+        let mut bytes = fs::read(&file).unwrap();
+        assert!(bytes.len() > 4 * HEAD_BYTES && long_head.encode().len() > 2 * HEAD_BYTES);
+        let mid = bytes.len() / 2;
+        bytes[mid] ^= 0x01;
+        fs::write(&file, &bytes).unwrap();
+        drop(tier);
+        let (mut tier, opened) = DiskTier::open(dir.path(), [5; 32], 1 << 30).unwrap();
+        assert_eq!(opened, Opened { records: 2, discarded: 0, ignored: 0 });
+        assert_eq!(tier.get(&long_head.key()).unwrap(), Some(long_head));
+        assert_eq!(tier.get(&big.key()).unwrap(), None, "the checksum is checked at the load");
+        assert!(!file.exists() && !tier.contains(&big.key()));
+        // One byte more than the record takes: discarded when the tier opens.
+        let extra = record("acme", 200, "s", "v");
+        tier.put(&extra).unwrap();
+        let file = dir.path().join(format!("{}.kv", hex(&extra.key())));
+        let mut bytes = fs::read(&file).unwrap();
+        bytes.push(0);
+        fs::write(&file, &bytes).unwrap();
+        drop(tier);
+        let (_, opened) = DiskTier::open(dir.path(), [5; 32], 1 << 30).unwrap();
+        assert_eq!(opened, Opened { records: 1, discarded: 1, ignored: 0 });
     }
 
     #[test]

@@ -188,26 +188,8 @@ impl KvRecord {
             return Err(RecordError::Checksum);
         }
         let mut r = Reader { bytes: body, at: r.at };
-        let stored: [u8; 32] = r.array()?;
-        if &stored != fingerprint {
-            return Err(RecordError::OtherModel);
-        }
-        let scope = r.scope()?;
-        let parent: [u8; 32] = r.array()?;
-        let n = r.count(MAX_TOKENS, 4)?;
-        let tokens = (0..n).map(|_| r.u32()).collect::<Result<Vec<_>, _>>()?;
-        let tag_count = r.count(MAX_TAGS, 16)?;
-        let mut tags = Vec::with_capacity(tag_count);
-        for _ in 0..tag_count {
-            let (start, end) = (r.u32()?, r.u32()?);
-            if start > end || end as usize > tokens.len() {
-                return Err(RecordError::Malformed(format!("a tag over {start}..{end} of {} tokens", tokens.len())));
-            }
-            tags.push(RecordTag { range: start..end, source: r.text()?, version: r.text()? });
-        }
-        let kv_cols = r.u32()?;
-        let layer_count = r.count(MAX_LAYERS, 0)?;
-        let per_layer = 2 * tokens.len() * kv_cols as usize;
+        let (head, layer_count) = r.head(fingerprint)?;
+        let per_layer = 2 * head.tokens.len() * head.kv_cols as usize;
         if layer_count.saturating_mul(per_layer).saturating_mul(2) != r.left() {
             return Err(RecordError::Malformed(format!(
                 "{} bytes of rows for {layer_count} layers of {per_layer} values",
@@ -219,7 +201,32 @@ impl KvRecord {
             let raw = r.take(2 * per_layer)?;
             layers.push(raw.chunks_exact(2).map(|b| u16::from_le_bytes([b[0], b[1]])).collect());
         }
-        Ok(KvRecord { fingerprint: stored, scope, parent, tokens, tags, kv_cols, layers })
+        Ok(KvRecord { layers, ..head })
+    }
+
+    /// Reads what a record says of itself — everything but its rows, which stay empty — from
+    /// `head`, the first bytes of a record of `len` bytes in all, checking that `len` is what
+    /// such a record takes. The checksum is not checked (it covers the rows): for indexing
+    /// stored records without reading them whole; [`KvRecord::decode`] checks everything
+    /// before the rows are used. `Truncated` when `head` ends before the rows do start.
+    pub fn decode_head(head: &[u8], len: u64, fingerprint: &[u8; 32]) -> Result<KvRecord, RecordError> {
+        if head.len() < MAGIC.len() || &head[..MAGIC.len()] != MAGIC {
+            return Err(RecordError::NotARecord);
+        }
+        let mut r = Reader { bytes: head, at: MAGIC.len() };
+        let version = u16::from_le_bytes(r.array()?);
+        if version != FORMAT_VERSION {
+            return Err(RecordError::Version(version));
+        }
+        let (record, layer_count) = r.head(fingerprint)?;
+        let per_layer = 2 * record.tokens.len() as u64 * record.kv_cols as u64;
+        let whole = (r.at as u64)
+            .saturating_add((layer_count as u64).saturating_mul(per_layer).saturating_mul(2))
+            .saturating_add(32);
+        if whole != len {
+            return Err(RecordError::Malformed(format!("{len} bytes where the record takes {whole}")));
+        }
+        Ok(record)
     }
 }
 
@@ -259,6 +266,30 @@ struct Reader<'a> {
 }
 
 impl Reader<'_> {
+    /// A record's fields before its rows (the rows left empty), checked, and its layer count.
+    fn head(&mut self, fingerprint: &[u8; 32]) -> Result<(KvRecord, usize), RecordError> {
+        let stored: [u8; 32] = self.array()?;
+        if &stored != fingerprint {
+            return Err(RecordError::OtherModel);
+        }
+        let scope = self.scope()?;
+        let parent: [u8; 32] = self.array()?;
+        let n = self.count(MAX_TOKENS, 4)?;
+        let tokens = (0..n).map(|_| self.u32()).collect::<Result<Vec<_>, _>>()?;
+        let tag_count = self.count(MAX_TAGS, 16)?;
+        let mut tags = Vec::with_capacity(tag_count);
+        for _ in 0..tag_count {
+            let (start, end) = (self.u32()?, self.u32()?);
+            if start > end || end as usize > tokens.len() {
+                return Err(RecordError::Malformed(format!("a tag over {start}..{end} of {} tokens", tokens.len())));
+            }
+            tags.push(RecordTag { range: start..end, source: self.text()?, version: self.text()? });
+        }
+        let kv_cols = self.u32()?;
+        let layer_count = self.count(MAX_LAYERS, 0)?;
+        Ok((KvRecord { fingerprint: stored, scope, parent, tokens, tags, kv_cols, layers: Vec::new() }, layer_count))
+    }
+
     fn left(&self) -> usize {
         self.bytes.len() - self.at
     }
