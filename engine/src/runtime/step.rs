@@ -263,78 +263,10 @@ impl Scheduler {
         seq.req.span.in_scope(|| tracing::debug!(tokens = n, from = start, "prefix loaded from the disk tier"));
     }
 
-    /// Copies the remote K/V that arrived into the slots of every request waiting for it.
-    fn receive_remote(&mut self) {
-        for i in 0..self.running.len() {
-            if self.running[i].receiving {
-                self.receive(i);
-            }
-        }
-    }
-
-    /// Running sequence `i` (waiting for its prompt's K/V, its slots reserved up to the last
-    /// prompt token): the chunks that arrived go into its slots (copied in before the next pass)
-    /// and into the cache, as loaded ones. Once every position has arrived or the feed is over
-    /// (ended, or a chunk that does not continue the prompt), it gives back the slots nothing
-    /// arrived for and computes the rest.
-    fn receive(&mut self, i: usize) {
-        let seq = &mut self.running[i];
-        let Some(remote) = seq.req.remote_kv.clone() else {
-            seq.receiving = false;
-            return;
-        };
-        let limit = seq.prompt_len - 1;
-        let before = seq.computed;
-        let mut inbox = remote.lock();
-        let mut over = inbox.finished && inbox.records.is_empty();
-        while let Some(record) = inbox.records.pop_front() {
-            let start = inbox.next;
-            let end = start + record.tokens.len();
-            inbox.next = end;
-            if end <= seq.computed {
-                continue;
-            }
-            if start > seq.computed || end > limit || record.tokens[..] != seq.tokens[start..end] {
-                // A gap (the cache lost what came before), or not this prompt's rows.
-                over = true;
-                break;
-            }
-            let skip = seq.computed - start;
-            let slots = SlotId::raw(&seq.slots[seq.computed..end]).to_vec();
-            self.loads.push(super::tier::Load { seq: seq.id, slots, record, skip });
-            seq.computed = end;
-            over |= inbox.finished && inbox.records.is_empty();
-        }
-        drop(inbox);
-        let got = seq.computed - before;
-        if got > 0 {
-            metrics::counter!("cachet:kv_remote_received_tokens_total").increment(got as u64);
-        }
-        let mut seq = self.running.swap_remove(i);
-        // Cached as it arrives (not inside a public prefix, whose key would be the tenant's, nor
-        // under a prefix a push doomed meanwhile).
-        let public = seq.req.public.as_ref().map_or(0, |p| p.tokens);
-        if got > 0 && seq.computed >= public && seq.node.is_some_and(|n| !self.cache.is_doomed(n)) {
-            let n = seq.computed;
-            self.cache_prefix(&mut seq, n);
-        }
-        if over || seq.computed >= limit {
-            seq.receiving = false;
-            let unused = seq.slots.split_off(seq.computed);
-            self.free_slots(&unused);
-            seq.req.span.in_scope(|| {
-                tracing::debug!(received_to = seq.computed, prompt_tokens = seq.prompt_len, "remote K/V in")
-            });
-        }
-        self.running.push(seq);
-        let last = self.running.len() - 1;
-        self.running.swap(i, last);
-    }
-
     /// Puts `seq`'s first `n` positions (computed or loaded) in the cache and moves its lock to
     /// their end; it keeps running on the same K/V (where the cache already held a position
     /// under other slots, on the cache's).
-    fn cache_prefix(&mut self, seq: &mut Seq, n: usize) {
+    pub(super) fn cache_prefix(&mut self, seq: &mut Seq, n: usize) {
         let key = seq.key(n).into_owned();
         let spans = seq.spans(n);
         let retention = seq.req.retention.as_ref().map(|(k, _)| k.clone());
