@@ -6,6 +6,11 @@
 # bench.jsonl, reuse.json, summary.md.
 #
 #   scripts/gpu-check.sh            (environment: OUT=target/gpu-check REPS=3)
+#
+# On a GPU machine without a Rust toolchain or network (the lent H200 machines), build here
+# with scripts/gpu-pack.sh, carry .gpu/ and run `PREBUILT=.gpu scripts/gpu-check.sh` there:
+# the binaries come from .gpu/, NVRTC and cuBLAS from the machine's CUDA installation, and the
+# model is the default model's layout filled with random weights (speed only: no fidelity).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-target/gpu-check}
@@ -20,45 +25,82 @@ step "machine"
 { nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.max.memory --format=csv || true; } | tee "$OUT/gpu.txt"
 { date -u; uname -a; nproc; } >> "$OUT/gpu.txt"
 
-step "NVRTC (from target/nvrtc.tar.xz when the machine has no network)"
-export LD_LIBRARY_PATH="$(scripts/nvrtc.sh)${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
-
-step "build (release)"
-cargo build -q --release -p cachet-api
-CACHET=target/release/cachet
-MODEL=$($CACHET models pull 2>/dev/null | tail -n 1)
+PREBUILT=${PREBUILT:-}
+if [ -n "$PREBUILT" ]; then
+  step "prebuilt binaries from $PREBUILT; NVRTC and cuBLAS from the machine"
+  # cudarc opens libnvrtc.so / libcublas.so (unversioned) before the CUDA 12 names: link the
+  # machine's (any major version) under those names.
+  LIBS=/tmp/cachet-culibs; mkdir -p $LIBS
+  for lib in nvrtc cublas cublasLt; do
+    found=$( (find -L /usr/local/cuda/ -name "lib$lib.so.1[2-9]*" 2>/dev/null; find /usr/local /usr/lib /opt -name "lib$lib.so.1[2-9]*" 2>/dev/null) | head -n 1 || true)
+    echo "lib$lib: ${found:-not found}" | tee -a "$OUT/gpu.txt"
+    [ -n "$found" ] && ln -sf "$found" "$LIBS/lib$lib.so" && export LD_LIBRARY_PATH="$(dirname "$found"):${LD_LIBRARY_PATH:-}"
+  done
+  export LD_LIBRARY_PATH="$LIBS:${LD_LIBRARY_PATH:-}"
+  CACHET=$PREBUILT/cachet
+  MODEL=/tmp/cachet-random-like.gguf
+  "$PREBUILT/gguf_skeleton" fill "$PREBUILT/skeleton.gguf" "$MODEL" | tee -a "$OUT/summary.md"
+  run_tests() { # test binary (kernels|engine), filter
+    timeout 300 "$PREBUILT/test-$1" "$2" --nocapture
+  }
+else
+  step "NVRTC (from target/nvrtc.tar.xz when the machine has no network)"
+  export LD_LIBRARY_PATH="$(scripts/nvrtc.sh)${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+  step "build (release)"
+  cargo build -q --release -p cachet-api
+  CACHET=target/release/cachet
+  MODEL=$($CACHET models pull 2>/dev/null | tail -n 1)
+  run_tests() {
+    timeout 900 cargo test --release -p "cachet-$1" --test "$1" "$2" -- --nocapture
+  }
+fi
 
 step "parity tests: every op and a tiny-model forward, CPU vs CUDA"
-if REQUIRE_GPU=1 cargo test --release -p cachet-kernels --test kernels cuda_parity -- --nocapture > "$OUT/parity.log" 2>&1 &&
-   REQUIRE_GPU=1 cargo test --release -p cachet-engine --test engine cuda_parity -- --nocapture >> "$OUT/parity.log" 2>&1; then
+if REQUIRE_GPU=1 run_tests kernels cuda_parity > "$OUT/parity.log" 2>&1 &&
+   REQUIRE_GPU=1 run_tests engine cuda_parity >> "$OUT/parity.log" 2>&1; then
   echo "parity: passed" | tee -a "$OUT/summary.md"
 else
   echo "parity: FAILED (see parity.log)" | tee -a "$OUT/summary.md"; status=1
 fi
+grep -E "^test |test result" "$OUT/parity.log" >> "$OUT/summary.md" || true
 
-step "fidelity of the default model on CUDA (vs the transformers fixtures)"
-if REQUIRE_MODEL=1 REQUIRE_GPU=1 cargo test --release -p cachet-engine --test engine fidelity_qwen::cuda_ -- --nocapture \
-    > "$OUT/fidelity.log" 2>&1; then
-  echo "fidelity: passed" | tee -a "$OUT/summary.md"
-else
-  echo "fidelity: FAILED (see fidelity.log)" | tee -a "$OUT/summary.md"; status=1
+if [ -z "$PREBUILT" ]; then
+  step "fidelity of the default model on CUDA (vs the transformers fixtures)"
+  if REQUIRE_MODEL=1 REQUIRE_GPU=1 run_tests engine fidelity_qwen::cuda_ > "$OUT/fidelity.log" 2>&1; then
+    echo "fidelity: passed" | tee -a "$OUT/summary.md"
+  else
+    echo "fidelity: FAILED (see fidelity.log)" | tee -a "$OUT/summary.md"; status=1
+  fi
 fi
 
 step "decode and prefill, batch 1/8/64"
 : > "$OUT/bench.jsonl"
 for _ in $(seq "$REPS"); do
-  RUST_LOG=warn $CACHET bench --device cuda --model "$MODEL" --prompt 512 --gen 128 --batch 1,8,64 --reps 1 --json \
+  RUST_LOG=warn timeout 300 $CACHET bench --device cuda --model "$MODEL" --prompt 512 --gen 128 --batch 1,8,64 --reps 1 --json \
     >> "$OUT/bench.jsonl" || status=1
 done
 cat "$OUT/bench.jsonl" >> "$OUT/summary.md"
 
+step "where the time goes (per op: host time, GPU time, GPU idle): decode at batch 1, then prefill 512"
+RUST_LOG=warn timeout 120 $CACHET bench --device cuda --model "$MODEL" --prompt 0 --gen 128 --batch 1 --reps 1 --profile \
+  > "$OUT/profile.txt" 2>&1 || status=1
+echo "-- the same, host time only (no events: the step at its usual speed)" >> "$OUT/profile.txt"
+CACHET_CUDA_PROFILE=host RUST_LOG=warn timeout 120 $CACHET bench --device cuda --model "$MODEL" --prompt 0 --gen 128 \
+  --batch 1 --reps 1 --profile >> "$OUT/profile.txt" 2>&1 || status=1
+RUST_LOG=warn timeout 120 $CACHET bench --device cuda --model "$MODEL" --prompt 512 --gen 0 --reps 1 --profile \
+  >> "$OUT/profile.txt" 2>&1 || status=1
+cat "$OUT/profile.txt" >> "$OUT/summary.md"
+
+step "the machine's own floor: small kernels launched eagerly vs replayed from a CUDA graph (PyTorch)"
+timeout 120 python3 scripts/gpu-launch-overhead.py 390 2>&1 | tail -n 1 | tee -a "$OUT/summary.md" || true
+
 step "prefill through cuBLAS on bf16 weight copies (--cublas-prefill), for comparison"
-RUST_LOG=warn $CACHET bench --device cuda --cublas-prefill --model "$MODEL" --prompt 512 --gen 0 --reps "$REPS" --json \
+RUST_LOG=warn timeout 120 $CACHET bench --device cuda --cublas-prefill --model "$MODEL" --prompt 512 --gen 0 --reps "$REPS" --json \
   > "$OUT/bench-cublas.json" || status=1
 cat "$OUT/bench-cublas.json" >> "$OUT/summary.md"
 
 step "radix reuse: TTFT with a cached 2,000-token prefix vs cold"
-RUST_LOG=warn $CACHET bench --device cuda --model "$MODEL" --reuse 2000 --reps "$REPS" --json > "$OUT/reuse.json" || status=1
+RUST_LOG=warn timeout 120 $CACHET bench --device cuda --model "$MODEL" --reuse 2000 --reps "$REPS" --json > "$OUT/reuse.json" || status=1
 cat "$OUT/reuse.json" >> "$OUT/summary.md"
 
 step "done (status $status)"

@@ -25,7 +25,7 @@
 //!   block (held to 1e-2 of that magnitude by its own tests);
 //! - attention: 1e-4 of the largest |v| against the CPU and the f64 reference
 //!   on the same f16 K/V. Both pools hold bit-identical f16 values, so what
-//!   differs is the order of the f32 sums, the online softmax (chunks of 256
+//!   differs is the order of the f32 sums, the online softmax (chunks of 64
 //!   keys merged with rescaling) and `expf`'s last bits — about 1e-6 in
 //!   practice, so the bound is loose on purpose; the f16 rounding of K/V
 //!   itself (2⁻¹¹ relative) is what makes attention "looser" than f32 ops
@@ -514,4 +514,50 @@ fn kv_rows_move_between_the_cpu_and_the_gpu_pool() {
         assert_eq!(row, rows[i * cols..(i + 1) * cols], "slot {s}");
     }
     assert!(matches!(g.kv_export(&gkv, 1, &[64], &mut back), Err(BackendError::KvRows(_))));
+}
+
+/// The engine makes its backend on one thread and runs it on another: every op there (growing a
+/// buffer frees the old one, which needs the context current), dropping buffers there, and the
+/// per-op timing. The slot tables `kv_store` keeps on the device between calls are replaced
+/// whenever the slots change (stores to A, B, then A again land where they should).
+#[test]
+fn a_backend_made_on_one_thread_runs_on_another() {
+    let Some(g) = gpu(CudaOptions::default()) else { return };
+    let g = g.with_timing();
+    let mut rng = Lcg(21);
+    let (w, wf) = tensor(DType::Q8_0, 64, 256, &mut rng, 0.5);
+    let weight = g.load(w).unwrap();
+    let layout = KvLayout { layers: 1, slots: 16, kv_heads: 1, head_dim: 64 };
+    let mut kv = g.kv(layout).unwrap();
+    let x = rng.vec(3 * 256, 1.0);
+    let rows: Vec<Vec<f32>> = (0..3).map(|_| rng.vec(2 * 64, 1.0)).collect();
+    std::thread::scope(|s| {
+        s.spawn(|| {
+            let mut small = up_gpu(&g, 1, 8, &[1.0; 8]);
+            g.resize(&mut small, 4, 1024); // frees the first allocation on this thread
+            let xb = up_gpu(&g, 3, 256, &x);
+            let mut out = g.buf();
+            g.matmul(&xb, &mut [(&weight, &mut out)]);
+            let got = down(&g, &out);
+            let want = exact(&x, &wf, 3, 64, 256);
+            assert_close("matmul on another thread", &got, &want, &magnitudes(&x, &wf, 3, 64, 256), 1e-5);
+            for (slots, row) in [([1u32, 2], &rows[0]), ([5, 6], &rows[1]), ([1, 2], &rows[2])] {
+                let k = up_gpu(&g, 2, 64, row);
+                let v = up_gpu(&g, 2, 64, row);
+                g.kv_store(&mut kv, 0, &k, &v, &slots);
+                let (kr, _) = g.read_kv(&kv, 0);
+                for (i, &slot) in slots.iter().enumerate() {
+                    let stored: Vec<f32> =
+                        kr[slot as usize * 64..(slot as usize + 1) * 64].iter().map(|h| h.to_f32()).collect();
+                    let want: Vec<f32> = row[i * 64..(i + 1) * 64].iter().map(|&v| f16::from_f32(v).to_f32()).collect();
+                    assert_eq!(stored, want, "slot {slot}");
+                }
+            }
+            drop(small);
+        });
+    });
+    let p = g.profile().expect("timing is on");
+    assert_eq!(p.ops["matmul"].calls, 1);
+    assert_eq!(p.ops["kv_store"].calls, 3);
+    assert!(p.ops["matmul"].gpu > std::time::Duration::ZERO, "{p:?}");
 }

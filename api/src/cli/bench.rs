@@ -238,15 +238,40 @@ pub fn run(args: BenchArgs) -> anyhow::Result<()> {
             Ok(())
         }
         (crate::device::Device::Cuda(info), None) => {
-            if args.profile {
-                anyhow::bail!("--profile times the CPU backend's ops; run with --device cpu");
-            }
             // The device's memory bandwidth from its clock and bus width (no copy measured).
             let peak = info.peak_bandwidth_gbs().unwrap_or(f64::NAN);
-            speeds(&args, &path, crate::device::cuda_backend(&info, args.cublas_prefill)?, peak, f64::NAN)?;
+            let mut b = crate::device::cuda_backend(&info, args.cublas_prefill)?;
+            if args.profile {
+                // CACHET_CUDA_PROFILE=host: host time per op only, the step at its usual speed.
+                b = if std::env::var("CACHET_CUDA_PROFILE").is_ok_and(|v| v == "host") {
+                    b.with_host_timing()
+                } else {
+                    b.with_timing()
+                };
+            }
+            let b = speeds(&args, &path, b, peak, f64::NAN)?;
+            if let Some(p) = b.profile().filter(|_| args.profile) {
+                print_cuda_profile(&p);
+            }
             Ok(())
         }
     }
+}
+
+/// Per op: calls, host time and GPU time; then the GPU's idle time between ops.
+fn print_cuda_profile(p: &cachet_kernels::cuda::CudaProfile) {
+    let ms = |d: std::time::Duration| d.as_secs_f64() * 1e3;
+    let gpu: f64 = p.ops.values().map(|o| ms(o.gpu)).sum();
+    eprintln!("\n{:>10} {:>10} {:>6} {:>9}  op", "host ms", "gpu ms", "gpu %", "calls");
+    let mut ops: Vec<_> = p.ops.iter().collect();
+    ops.sort_by_key(|(_, t)| std::cmp::Reverse(t.gpu));
+    for (op, t) in ops {
+        let share = 100.0 * ms(t.gpu) / gpu.max(1e-9);
+        eprintln!("{:>10.1} {:>10.1} {share:>5.1}% {:>9}  {op}", ms(t.host), ms(t.gpu), t.calls);
+    }
+    let host: f64 = p.ops.values().map(|o| ms(o.host)).sum();
+    eprintln!("{host:>10.1} {gpu:>10.1} {:>6} {:>9}  total", "", "");
+    eprintln!("{:>10} {:>10.1} {:>6} {:>9}  GPU idle between ops (waiting for the host)", "", ms(p.gpu_idle), "", "");
 }
 
 /// Prefill and decode speeds on `b`, with weight bandwidth as a share of `read_gbs`; returns the

@@ -2,14 +2,14 @@
 //! tell each block its row, chunk and keys, the split of a large batch into
 //! launches, and the two kernels.
 
-use super::scratch::{grown, upload_u32};
+use super::scratch::{grown, upload_cached};
 use super::{check, CudaBackend, CudaBuf, CudaKv};
 use crate::backend::{AttnSeq, AttnShape, Backend};
 use cudarc::driver::{LaunchConfig, PushKernelArg};
 use std::ops::Range;
 
 /// ATT_CHUNK, ATT_TILE and ATT_MAX_HEAD_DIM of attention.cu.
-const CHUNK: usize = 256;
+const CHUNK: usize = 64;
 const TILE: usize = 64;
 const MAX_HEAD_DIM: usize = 256;
 /// Threads of both kernels.
@@ -110,7 +110,7 @@ pub(super) fn attention(
 
     let mut scratch = be.scratch();
     let scratch = &mut *scratch;
-    let idx = upload_u32(&be.stream, &mut scratch.idx, &plan.host);
+    let idx = upload_cached(&be.stream, &mut scratch.attention, &plan.host);
     let part_o = grown(&be.stream, &mut scratch.part_o, plan.most_items * nh * hd);
     let part_ml = grown(&be.stream, &mut scratch.part_ml, plan.most_items * nh * 2);
     let (kc, vc) = &kv.layers[layer];
@@ -211,15 +211,15 @@ mod tests {
     #[test]
     fn chunks_depend_only_on_the_row() {
         // The same row (position 600 of a sequence) alone and inside a batch
-        // gets the same chunks (three: 256 + 256 + 89 keys).
+        // gets the same chunks (ten: 9 × 64 + 25 keys).
         let slots: Vec<u32> = (0..1000).collect();
         let alone = plan(&[AttnSeq { rows: 0..1, first_pos: 600, slots: 0..601 }], &slots, 1000);
-        assert_eq!(alone.groups[0].items, 3);
+        assert_eq!(alone.groups[0].items, 10);
         let batch = plan(
             &[AttnSeq { rows: 0..5, first_pos: 0, slots: 0..5 }, AttnSeq { rows: 5..6, first_pos: 600, slots: 0..601 }],
             &slots,
             1000,
         );
-        assert_eq!(batch.groups[0].items, 5 + 3);
+        assert_eq!(batch.groups[0].items, 5 + 10);
     }
 }

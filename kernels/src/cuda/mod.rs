@@ -45,10 +45,12 @@ mod module;
 mod ops;
 mod probe;
 mod scratch;
+mod timing;
 
 pub use matmul::CudaWeight;
 pub use module::{compile, kernel_names, nvrtc_available, nvrtc_options, programs, CompileError, Program, HEADERS};
 pub use probe::{device_count, probe, probe_device, CudaDeviceInfo, CudaUnavailable};
+pub use timing::{CudaProfile, OpTime};
 
 use crate::backend::*;
 use crate::tensor::HostTensor;
@@ -127,6 +129,8 @@ pub struct CudaBackend {
     options: CudaOptions,
     /// Index tables and partial results reused across calls.
     scratch: Mutex<Scratch>,
+    /// Per-op host and GPU time, when asked for ([`CudaBackend::with_timing`]).
+    timing: Option<timing::Timing>,
 }
 
 impl std::fmt::Debug for CudaBackend {
@@ -186,7 +190,43 @@ impl CudaBackend {
         let (ctx, stream, kernels, blas, info) = built.map_err(unavailable)?;
         let mut options = options;
         options.dense_prefill &= blas.is_some();
-        Ok(CudaBackend { ctx, stream, blas, kernels, info, options, scratch: Mutex::new(Scratch::default()) })
+        Ok(CudaBackend {
+            ctx,
+            stream,
+            blas,
+            kernels,
+            info,
+            options,
+            scratch: Mutex::new(Scratch::default()),
+            timing: None,
+        })
+    }
+
+    /// Times every op from now on (host time, and GPU time from events on the stream); read
+    /// with [`CudaBackend::profile`].
+    pub fn with_timing(mut self) -> CudaBackend {
+        self.timing = Some(timing::Timing::new(self.ctx.clone(), true));
+        self
+    }
+
+    /// Times every op's host work only (no events: the step runs at its usual speed).
+    pub fn with_host_timing(mut self) -> CudaBackend {
+        self.timing = Some(timing::Timing::new(self.ctx.clone(), false));
+        self
+    }
+
+    /// The totals so far (waits for the stream); `None` without [`CudaBackend::with_timing`].
+    pub fn profile(&self) -> Option<CudaProfile> {
+        let _bound = self.enter("profile");
+        self.timing.as_ref().map(|t| t.flush(&self.stream))
+    }
+
+    /// Every op starts here: it makes the backend's context current on the calling thread (the
+    /// engine runs on a thread of its own, and cudarc frees a dropped buffer in the context
+    /// current on the dropping thread), and times the op when asked to.
+    fn enter(&self, op: &'static str) -> timing::Span<'_> {
+        check("binding the context", self.ctx.bind_to_thread());
+        timing::Span::start(if op == "profile" { None } else { self.timing.as_ref() }, &self.stream, op)
     }
 
     /// The device this backend runs on.
@@ -201,6 +241,7 @@ impl CudaBackend {
 
     /// Waits until every queued op has finished.
     pub fn synchronize(&self) {
+        check("binding the context", self.ctx.bind_to_thread());
         check("synchronize", self.stream.synchronize());
     }
 
@@ -238,6 +279,7 @@ impl Backend for CudaBackend {
     }
 
     fn load(&self, t: HostTensor) -> Result<CudaWeight, BackendError> {
+        let _op = self.enter("load");
         matmul::load(self, t)
     }
 
@@ -250,6 +292,7 @@ impl Backend for CudaBackend {
     }
 
     fn resize(&self, b: &mut CudaBuf, rows: usize, cols: usize) {
+        let _op = self.enter("resize");
         let need = rows * cols;
         if b.data.as_ref().is_none_or(|d| d.len() < need) {
             // Drop the old allocation first, so its memory can be reused.
@@ -265,6 +308,7 @@ impl Backend for CudaBackend {
     }
 
     fn upload(&self, b: &mut CudaBuf, rows: usize, cols: usize, data: &[f32]) {
+        let _op = self.enter("upload");
         assert_eq!(data.len(), rows * cols, "upload of {} values as {rows}×{cols}", data.len());
         self.resize(b, rows, cols);
         if !data.is_empty() {
@@ -274,6 +318,7 @@ impl Backend for CudaBackend {
     }
 
     fn download(&self, b: &CudaBuf, out: &mut Vec<f32>) {
+        let _op = self.enter("download");
         out.clear();
         out.resize(b.len(), 0.0);
         if !out.is_empty() {
@@ -283,6 +328,7 @@ impl Backend for CudaBackend {
     }
 
     fn kv(&self, layout: KvLayout) -> Result<CudaKv, BackendError> {
+        let _op = self.enter("kv");
         let per_layer = layout.slots * layout.kv_heads * layout.head_dim;
         let oom = |e: DriverError| match e.0 {
             cudarc::driver::sys::CUresult::CUDA_ERROR_OUT_OF_MEMORY => {
@@ -300,54 +346,67 @@ impl Backend for CudaBackend {
     }
 
     fn memory_available(&self) -> Option<u64> {
+        let _op = self.enter("memory_available");
         self.ctx.mem_get_info().ok().map(|(free, _)| free as u64)
     }
 
     fn embed(&self, table: &CudaWeight, tokens: &[u32], out: &mut CudaBuf) -> Result<(), BackendError> {
+        let _op = self.enter("embed");
         matmul::embed(self, table, tokens, out)
     }
 
     fn matmul(&self, x: &CudaBuf, jobs: &mut [(&CudaWeight, &mut CudaBuf)]) {
+        let _op = self.enter("matmul");
         matmul::matmul(self, x, jobs);
     }
 
     fn add_bias(&self, x: &mut CudaBuf, bias: &CudaWeight) {
+        let _op = self.enter("add_bias");
         ops::add_bias(self, x, bias);
     }
 
     fn add(&self, x: &mut CudaBuf, y: &CudaBuf) {
+        let _op = self.enter("add");
         ops::add(self, x, y);
     }
 
     fn rms_norm(&self, x: &CudaBuf, w: &CudaWeight, eps: f32, out: &mut CudaBuf) {
+        let _op = self.enter("rms_norm");
         ops::rms_norm(self, x, w, eps, out);
     }
 
     fn rms_norm_heads(&self, x: &mut CudaBuf, w: &CudaWeight, eps: f32, head_dim: usize) {
+        let _op = self.enter("rms_norm_heads");
         ops::rms_norm_heads(self, x, w, eps, head_dim);
     }
 
     fn rope_table(&self, positions: &[u32], rope: &RopeConfig, out: &mut CudaBuf) {
+        let _op = self.enter("rope_table");
         ops::rope_table(self, positions, rope, out);
     }
 
     fn rope(&self, x: &mut CudaBuf, table: &CudaBuf, rope: &RopeConfig) {
+        let _op = self.enter("rope");
         ops::rope(self, x, table, rope);
     }
 
     fn silu_mul(&self, gate: &mut CudaBuf, up: &CudaBuf) {
+        let _op = self.enter("silu_mul");
         ops::silu_mul(self, gate, up);
     }
 
     fn kv_export(&self, kv: &CudaKv, layer: usize, slots: &[u32], out: &mut Vec<u16>) -> Result<(), BackendError> {
+        let _op = self.enter("kv_export");
         ops::kv_export(self, kv, layer, slots, out)
     }
 
     fn kv_import(&self, kv: &mut CudaKv, layer: usize, slots: &[u32], rows: &[u16]) -> Result<(), BackendError> {
+        let _op = self.enter("kv_import");
         ops::kv_import(self, kv, layer, slots, rows)
     }
 
     fn kv_store(&self, kv: &mut CudaKv, layer: usize, k: &CudaBuf, v: &CudaBuf, slots: &[u32]) {
+        let _op = self.enter("kv_store");
         ops::kv_store(self, kv, layer, k, v, slots);
     }
 
@@ -361,10 +420,12 @@ impl Backend for CudaBackend {
         shape: &AttnShape,
         out: &mut CudaBuf,
     ) {
+        let _op = self.enter("attention");
         attention::attention(self, q, kv, layer, seqs, slots, shape, out);
     }
 
     fn gather_rows(&self, x: &CudaBuf, rows: &[usize], out: &mut CudaBuf) {
+        let _op = self.enter("gather_rows");
         ops::gather_rows(self, x, rows, out);
     }
 }

@@ -1,6 +1,6 @@
 //! Launches of the element-wise and row-wise kernels of `ops.cu`.
 
-use super::scratch::upload_u32;
+use super::scratch::{upload_cached, upload_u32};
 use super::{check, CudaBackend, CudaBuf, CudaKv, CudaWeight};
 use crate::backend::{Backend, BackendError, RopeConfig, RopeStyle};
 use crate::quant::DType;
@@ -233,7 +233,7 @@ pub(super) fn kv_store(be: &CudaBackend, kv: &mut CudaKv, layer: usize, k: &Cuda
         return;
     }
     let mut scratch = be.scratch();
-    let idx = upload_u32(&be.stream, &mut scratch.idx, slots);
+    let idx = upload_cached(&be.stream, &mut scratch.kv_slots, slots);
     let (kc, vc) = &mut kv.layers[layer];
     let (n, c) = (slots.len() as u32, cols as u32);
     let mut b = be.stream.launch_builder(&be.kernels.kv_store);

@@ -12,6 +12,10 @@ use std::sync::Arc;
 #[derive(Debug, Default)]
 pub(super) struct Scratch {
     pub idx: Option<CudaSlice<u32>>,
+    /// The slot table of `kv_store` and the tables of `attention`: every layer of a step uploads
+    /// the same ones, so each is uploaded only when it differs from the last.
+    pub kv_slots: Cached,
+    pub attention: Cached,
     pub bf16: Option<CudaSlice<u16>>,
     pub part_o: Option<CudaSlice<f32>>,
     pub part_ml: Option<CudaSlice<f32>>,
@@ -44,4 +48,22 @@ pub(super) fn upload_u32<'a>(
         super::check("uploading indices", stream.memcpy_htod(data, &mut dst));
     }
     buf
+}
+
+/// An index table on the device with a host copy of what it holds.
+#[derive(Debug, Default)]
+pub(super) struct Cached {
+    buf: Option<CudaSlice<u32>>,
+    host: Vec<u32>,
+}
+
+/// Like [`upload_u32`], but skips the copy when the buffer already holds `data` (nothing else
+/// writes it, and uses are ordered on the one stream).
+pub(super) fn upload_cached<'a>(stream: &Arc<CudaStream>, c: &'a mut Cached, data: &[u32]) -> &'a CudaSlice<u32> {
+    if c.buf.is_none() || c.host != data {
+        c.host.clear();
+        upload_u32(stream, &mut c.buf, data);
+        c.host.extend_from_slice(data);
+    }
+    c.buf.as_ref().expect("uploaded above")
 }
