@@ -81,6 +81,14 @@ for _ in $(seq "$REPS"); do
 done
 cat "$OUT/bench.jsonl" >> "$OUT/summary.md"
 
+step "the same with CUDA graphs (CACHET_CUDA_GRAPHS=1), for comparison"
+: > "$OUT/bench-graphs.jsonl"
+for _ in $(seq "$REPS"); do
+  CACHET_CUDA_GRAPHS=1 RUST_LOG=warn timeout 300 $CACHET bench --device cuda --model "$MODEL" --prompt 512 --gen 128 \
+    --batch 1,8,64 --reps 1 --json >> "$OUT/bench-graphs.jsonl" || status=1
+done
+cat "$OUT/bench-graphs.jsonl" >> "$OUT/summary.md"
+
 step "where the time goes (per op: host time, GPU time, GPU idle): decode at batch 1, then prefill 512"
 RUST_LOG=warn timeout 120 $CACHET bench --device cuda --model "$MODEL" --prompt 0 --gen 128 --batch 1 --reps 1 --profile \
   > "$OUT/profile.txt" 2>&1 || status=1

@@ -62,7 +62,10 @@ pub fn select(choice: DeviceChoice) -> anyhow::Result<Device> {
 /// invariance, `DESIGN.md`); `cublas_prefill` multiplies long prefills with cuBLAS on bf16 copies
 /// of the weights instead — faster, but a row's result then depends on its batch's shape.
 pub fn cuda_backend(info: &CudaDeviceInfo, cublas_prefill: bool) -> anyhow::Result<CudaBackend> {
-    let options = if cublas_prefill { CudaOptions::default() } else { CudaOptions::batch_invariant() };
+    let mut options = if cublas_prefill { CudaOptions::default() } else { CudaOptions::batch_invariant() };
+    // CACHET_CUDA_GRAPHS=1: repeated decode steps replay as CUDA graphs (off by default: see
+    // docs/gpu.md for when that is faster).
+    options.graphs = std::env::var("CACHET_CUDA_GRAPHS").is_ok_and(|v| v == "1");
     Ok(CudaBackend::with_options(info.ordinal, options)?)
 }
 

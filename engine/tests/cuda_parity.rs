@@ -108,3 +108,31 @@ fn batching_and_chunking_do_not_change_cuda_results() {
         r.pool.check_integrity().unwrap();
     }
 }
+
+/// Token-by-token decoding replays most steps from CUDA graphs (a step's list of launches is
+/// captured the second time it is seen, and captured again when a row gains a 64-key attention
+/// chunk); the logits are exactly those of launching every kernel on its own.
+#[test]
+fn decode_steps_replayed_from_cuda_graphs_give_the_same_logits() {
+    let Some(probe) = gpu(CudaOptions::batch_invariant()) else { return };
+    drop(probe);
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("m.gguf");
+    Tiny::random(TinyArch::Qwen2, 29, false).write_gguf(DType::Q4_K, &path).unwrap();
+    let tokens: Vec<u32> = (0..150u32).map(|i| (i * 53 + 11) % 320).collect();
+    let eager_options = CudaOptions { graphs: false, ..CudaOptions::batch_invariant() };
+    let graph_options = CudaOptions { graphs: true, ..CudaOptions::batch_invariant() };
+    let mut eager = Runner::gguf(CudaBackend::with_options(0, eager_options).unwrap(), &path);
+    let mut graphs = Runner::gguf(CudaBackend::with_options(0, graph_options).unwrap(), &path);
+    let want = eager.logits(&tokens, 1);
+    let got = graphs.logits(&tokens, 1);
+    assert_eq!(got.len(), want.len());
+    for (i, (g, w)) in got.iter().zip(&want).enumerate() {
+        assert_eq!(g, w, "logits of token {i}");
+    }
+    let stats = graphs.b.graph_stats();
+    println!("{stats:?}");
+    assert_eq!(eager.b.graph_stats().graph_runs, 0);
+    assert!(stats.captures >= 3, "a graph per 64 positions: {stats:?}");
+    assert!(stats.graph_runs >= 140, "most of the 150 steps replayed: {stats:?}");
+}

@@ -16,7 +16,8 @@
 // the group's first row, and rows and items are numbered within the group.
 // Per row r:  rows[3r] = index in `slots` of the sequence's first slot,
 //             rows[3r + 1] = n_keys, rows[3r + 2] = its first work item.
-// Per item i: items[2i] = row, items[2i + 1] = chunk.
+// Per item i: items[2i] = row, items[2i + 1] = chunk; row 0xffffffff is a
+// padding item that does nothing.
 // Partials, per (item, query head): o[hd] and ml = (max, sum).
 
 // 64 keys per chunk: a decode row over a few hundred keys is then enough blocks to keep
@@ -35,6 +36,9 @@ extern "C" __global__ void attention_chunk(const float* q, const u16* kc, const 
     const u32 item = blockIdx.x;
     const u32 g = blockIdx.y;
     const u32 row = items[2 * item];
+    if (row == 0xffffffffu) {
+        return;  // padding: the host rounds the launch up to a power of two items
+    }
     const u32 chunk = items[2 * item + 1];
     const u32 slot0 = rows[3 * row];
     const u32 n_keys = rows[3 * row + 1];
@@ -134,14 +138,28 @@ extern "C" __global__ void attention_chunk(const float* q, const u16* kc, const 
         }
         __syncthreads();
 
-        // acc = acc * corr + Σ_j p_j v_j, a thread per (head, dimension).
+        // acc = acc * corr + Σ_j p_j v_j, a thread per (head, dimension), keys in order. The
+        // loads of 8 keys' values are issued before their sums (same order of additions).
         for (u32 e = tid; e < rep * hd; e += blockDim.x) {
             const u32 h = e / hd;
             const u32 d = e % hd;
             const float* ph = p + h * ATT_TILE;
+            const u16* vd = vc + (u64)g * hd + d;
             float a = acc[e] * corr[h];
-            for (u32 j = 0; j < nt; ++j) {
-                a = fmaf(ph[j], f16_to_f32(vc[tile_slots[j] * kv_cols + (u64)g * hd + d]), a);
+            u32 j = 0;
+            for (; j + 8 <= nt; j += 8) {
+                float v[8];
+#pragma unroll
+                for (u32 i = 0; i < 8; ++i) {
+                    v[i] = f16_to_f32(vd[tile_slots[j + i] * kv_cols]);
+                }
+#pragma unroll
+                for (u32 i = 0; i < 8; ++i) {
+                    a = fmaf(ph[j + i], v[i], a);
+                }
+            }
+            for (; j < nt; ++j) {
+                a = fmaf(ph[j], f16_to_f32(vd[tile_slots[j] * kv_cols]), a);
             }
             acc[e] = a;
         }

@@ -2,41 +2,57 @@
 //! tell each block its row, chunk and keys, the split of a large batch into
 //! launches, and the two kernels.
 
+use super::graph::launch;
 use super::scratch::{grown, upload_cached};
-use super::{check, CudaBackend, CudaBuf, CudaKv};
+use super::{CudaBackend, CudaBuf, CudaKv};
 use crate::backend::{AttnSeq, AttnShape, Backend};
-use cudarc::driver::{LaunchConfig, PushKernelArg};
+use cudarc::driver::LaunchConfig;
 use std::ops::Range;
 
 /// ATT_CHUNK, ATT_TILE and ATT_MAX_HEAD_DIM of attention.cu.
 const CHUNK: usize = 64;
 const TILE: usize = 64;
 const MAX_HEAD_DIM: usize = 256;
-/// Threads of both kernels.
-const THREADS: u32 = 128;
+/// Threads of both kernels (256: a decode row's 7 query heads × 64 dimensions per KV head take
+/// two passes, not four; each output is still one thread's sum in key order).
+const THREADS: u32 = 256;
 /// Bytes of partial results one launch may use (rows are split to fit).
 const PARTIAL_BYTES: usize = 64 << 20;
 /// Dynamic shared memory a block may use without opting in.
 const SHARED_LIMIT: usize = 48 << 10;
 
 /// One launch: rows `rows` of the batch; their tables start at `table` in
-/// [`Plan::host`] (3 values per row, then 2 per work item).
+/// [`Plan::host`] (3 values per row, then 2 per work item). `items` work items
+/// are real; the launch covers `launched` (the next power of two), the rest
+/// being [`NO_ROW`] items that do nothing: the launch's shape then changes only
+/// when the count crosses a power of two, not whenever a row gains a chunk.
 #[derive(Clone, Debug, PartialEq, Eq)]
 struct Group {
     rows: Range<usize>,
     table: usize,
     items: usize,
+    launched: usize,
 }
 
-/// Everything uploaded for one attention call: every slot of the call's slot
-/// table, then per group its row table (first slot, number of keys, first
-/// work item) and work items (row in the group, chunk).
+/// The row of a padding work item (attention.cu returns at once).
+const NO_ROW: u32 = u32::MAX;
+
+/// Everything uploaded for one attention call: per group its row table (first
+/// slot, number of keys, first work item) and work items (row in the group,
+/// chunk), then every slot of the call's slot table from `slots_at`, padded to
+/// a power of two (at least [`SLOT_PAD`]). Tables first and padding keep the
+/// upload's size, the tables' places and the launch shapes the same over many
+/// decode steps, so that those steps can replay as a CUDA graph.
 #[derive(Debug)]
 struct Plan {
     host: Vec<u32>,
+    slots_at: usize,
     groups: Vec<Group>,
     most_items: usize,
 }
+
+/// The shortest padded slot table.
+const SLOT_PAD: usize = 256;
 
 /// The tables of a call; `max_items` bounds the work items of one group (a
 /// row with more chunks still gets a group of its own).
@@ -52,7 +68,7 @@ fn plan(seqs: &[AttnSeq], slots: &[u32], max_items: usize) -> Plan {
         }
     }
     let chunks = |keys: u32| (keys as usize).div_ceil(CHUNK);
-    let mut host: Vec<u32> = slots.to_vec();
+    let mut host: Vec<u32> = Vec::new();
     let mut groups = Vec::new();
     let mut most_items = 0;
     let mut start = 0;
@@ -71,11 +87,16 @@ fn plan(seqs: &[AttnSeq], slots: &[u32], max_items: usize) -> Plan {
         for (i, &(_, keys)) in per_row[start..end].iter().enumerate() {
             host.extend((0..chunks(keys)).flat_map(|c| [i as u32, c as u32]));
         }
+        let launched = items.next_power_of_two();
+        host.extend((items..launched).flat_map(|_| [NO_ROW, 0]));
         most_items = most_items.max(items);
-        groups.push(Group { rows: start..end, table, items });
+        groups.push(Group { rows: start..end, table, items, launched });
         start = end;
     }
-    Plan { host, groups, most_items }
+    let slots_at = host.len();
+    host.extend_from_slice(slots);
+    host.resize(slots_at + slots.len().next_power_of_two().max(SLOT_PAD), 0);
+    Plan { host, slots_at, groups, most_items }
 }
 
 #[allow(clippy::too_many_arguments)]
@@ -110,44 +131,40 @@ pub(super) fn attention(
 
     let mut scratch = be.scratch();
     let scratch = &mut *scratch;
-    let idx = upload_cached(&be.stream, &mut scratch.attention, &plan.host);
-    let part_o = grown(&be.stream, &mut scratch.part_o, plan.most_items * nh * hd);
-    let part_ml = grown(&be.stream, &mut scratch.part_ml, plan.most_items * nh * 2);
+    let idx = upload_cached(be, &mut scratch.attention, &plan.host);
+    let part_o = grown(be, &mut scratch.part_o, plan.most_items * nh * hd);
+    let part_ml = grown(be, &mut scratch.part_ml, plan.most_items * nh * 2);
     let (kc, vc) = &kv.layers[layer];
     let width = nh * hd;
     let (nh32, nkv32, hd32, scale) = (nh as u32, nkv as u32, hd as u32, s.scale);
-    let slot_table = idx.slice(0..slots.len());
+    let slot_table = idx.slice(plan.slots_at..plan.slots_at + slots.len());
     for g in &plan.groups {
         let n = g.rows.len();
         let row_table = idx.slice(g.table..g.table + 3 * n);
-        let items = idx.slice(g.table + 3 * n..g.table + 3 * n + 2 * g.items);
+        let items = idx.slice(g.table + 3 * n..g.table + 3 * n + 2 * g.launched);
         let qv = q.slice().slice(g.rows.start * width..g.rows.end * width);
         let chunk_cfg = LaunchConfig {
-            grid_dim: (g.items as u32, nkv as u32, 1),
+            grid_dim: (g.launched as u32, nkv as u32, 1),
             block_dim: (THREADS, 1, 1),
             shared_mem_bytes: shared as u32,
         };
         {
-            let mut b = be.stream.launch_builder(&be.kernels.attention_chunk);
-            b.arg(&qv).arg(kc).arg(vc).arg(&row_table).arg(&items).arg(&slot_table);
-            b.arg(&mut *part_o).arg(&mut *part_ml).arg(&nh32).arg(&nkv32).arg(&hd32).arg(&scale);
             // SAFETY: attention_chunk(const float*, const u16*, const u16*,
             // const u32*, const u32*, const u32*, float*, float*, u32, u32,
             // u32, float): q holds the group's rows; the plan's tables only
             // name slots inside the pool (checked) and positions that have a
-            // slot; the partials hold most_items ≥ g.items items; `shared`
+            // slot; the partials hold most_items ≥ g.items items (the
+            // padding items up to g.launched write nothing); `shared`
             // bytes of dynamic shared memory are what the kernel lays out.
-            check("attention", unsafe { b.launch(chunk_cfg) });
+            launch!(be, "attention", &be.kernels.attention_chunk, chunk_cfg; qv, kc, vc, row_table, items, slot_table, *part_o, *part_ml, nh32, nkv32, hd32, scale);
         }
-        let mut ov = out.slice_mut().slice_mut(g.rows.start * width..g.rows.end * width);
+        let ov = out.slice_mut().slice_mut(g.rows.start * width..g.rows.end * width);
         let combine_cfg = LaunchConfig { grid_dim: (n as u32, 1, 1), block_dim: (THREADS, 1, 1), shared_mem_bytes: 0 };
         {
-            let mut b = be.stream.launch_builder(&be.kernels.attention_combine);
-            b.arg(&row_table).arg(&*part_o).arg(&*part_ml).arg(&mut ov).arg(&nh32).arg(&hd32);
             // SAFETY: attention_combine(const u32*, const float*, const float*,
             // float*, u32, u32): one block per row of the group; the partials
             // of its items were written by the launch above on this stream.
-            check("attention combine", unsafe { b.launch(combine_cfg) });
+            launch!(be, "attention combine", &be.kernels.attention_combine, combine_cfg; row_table, *part_o, *part_ml, ov, nh32, hd32);
         }
     }
 }
@@ -163,15 +180,19 @@ mod tests {
         for g in &p.groups {
             let n = g.rows.len();
             let rows = &p.host[g.table..g.table + 3 * n];
-            let items = &p.host[g.table + 3 * n..g.table + 3 * n + 2 * g.items];
             let mut per_row: Vec<Vec<u32>> = vec![Vec::new(); n];
-            for (i, it) in items.chunks(2).enumerate() {
+            assert!(g.launched.is_power_of_two() && g.launched >= g.items);
+            for (i, it) in p.host[g.table + 3 * n..g.table + 3 * n + 2 * g.launched].chunks(2).enumerate() {
+                if i >= g.items {
+                    assert_eq!(it[0], NO_ROW, "padding items after the real ones");
+                    continue;
+                }
                 let (row, chunk) = (it[0] as usize, it[1] as usize);
                 let (slot0, keys, first) = (rows[3 * row] as usize, rows[3 * row + 1] as usize, rows[3 * row + 2]);
                 assert_eq!(first as usize + chunk, i, "a row's items are consecutive, chunks in order");
                 for j in chunk * CHUNK..((chunk + 1) * CHUNK).min(keys) {
                     assert!(slot0 + j < slots_len);
-                    per_row[row].push(p.host[slot0 + j]);
+                    per_row[row].push(p.host[p.slots_at + slot0 + j]);
                 }
             }
             out.extend(per_row);

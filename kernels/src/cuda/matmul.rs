@@ -7,13 +7,14 @@
 //! accumulation and output). F32 weights need no copy (fp32 GEMM, no TF32),
 //! nor do BF16 ones.
 
+use super::graph::launch;
 use super::scratch::{grown, upload_u32};
-use super::{check, CudaBackend, CudaBuf};
+use super::{CudaBackend, CudaBuf};
 use crate::backend::{Backend, BackendError};
 use crate::quant::DType;
 use crate::tensor::HostTensor;
 use cudarc::cublas::sys::{cublasComputeType_t, cublasGemmAlgo_t, cublasOperation_t, cudaDataType};
-use cudarc::driver::{CudaSlice, DevicePtr, DevicePtrMut, DriverError, LaunchConfig, PushKernelArg};
+use cudarc::driver::{CudaSlice, DevicePtr, DevicePtrMut, DriverError, LaunchConfig};
 use std::ffi::c_void;
 
 /// Warps (weight rows) per block and tokens per block of `matmul_<format>`
@@ -31,6 +32,14 @@ pub struct CudaWeight {
     /// The bytes in the file's format (vectors: f32).
     pub(super) bytes: CudaSlice<u8>,
     dense: Dense,
+    /// The backend's queue: work queued on this weight runs before it is freed.
+    queue: super::graph::Queue,
+}
+
+impl Drop for CudaWeight {
+    fn drop(&mut self) {
+        self.queue.flush_on_drop();
+    }
 }
 
 /// What cuBLAS multiplies for prefill.
@@ -78,7 +87,7 @@ pub(super) fn load(be: &CudaBackend, t: HostTensor) -> Result<CudaWeight, Backen
     let host = t.bytes.as_slice();
     let bytes = if host.is_empty() { be.stream.alloc_zeros::<u8>(1) } else { be.stream.clone_htod(host) }
         .map_err(device_error("weights", host.len()))?;
-    let mut w = CudaWeight { dtype, rows, cols, row_bytes, bytes, dense: Dense::None };
+    let mut w = CudaWeight { dtype, rows, cols, row_bytes, bytes, dense: Dense::None, queue: be.queue.clone() };
     if be.options.dense_prefill && rows > 1 && cols > 0 {
         w.dense = match dtype {
             DType::F32 | DType::BF16 => Dense::Native,
@@ -95,14 +104,12 @@ fn dense_copy(be: &CudaBackend, w: &CudaWeight) -> Result<Option<CudaSlice<u16>>
     if free < (2 * n) as u64 + be.options.dense_reserve_bytes {
         return Ok(None);
     }
-    let mut out = be.stream.alloc_zeros::<u16>(n).map_err(device_error("dense weights", 2 * n))?;
+    let out = be.stream.alloc_zeros::<u16>(n).map_err(device_error("dense weights", 2 * n))?;
     let (cols, row_bytes) = (w.cols as u32, w.row_bytes as u64);
     let cfg = LaunchConfig { grid_dim: (w.rows as u32, 1, 1), block_dim: (128, 1, 1), shared_mem_bytes: 0 };
-    let mut b = be.stream.launch_builder(be.kernels.to_bf16.get(w.dtype));
-    b.arg(&w.bytes).arg(&mut out).arg(&cols).arg(&row_bytes);
     // SAFETY: to_bf16_<format>(const u8*, u16*, u32, u64); one block per row
     // of `row_bytes` bytes; out holds rows × cols values.
-    unsafe { b.launch(cfg) }.map_err(|e| BackendError::Device(format!("dequantizing to bf16: {e}")))?;
+    launch!(be, "dequantizing to bf16", be.kernels.to_bf16.get(w.dtype), cfg; w.bytes, out, cols, row_bytes);
     Ok(Some(out))
 }
 
@@ -121,14 +128,12 @@ pub(super) fn embed(
         return Ok(());
     }
     let mut scratch = be.scratch();
-    let idx = upload_u32(&be.stream, &mut scratch.idx, tokens);
+    let idx = upload_u32(be, &mut scratch.idx, tokens);
     let (cols, row_bytes) = (table.cols as u32, table.row_bytes as u64);
     let cfg = LaunchConfig { grid_dim: (tokens.len() as u32, 1, 1), block_dim: (128, 1, 1), shared_mem_bytes: 0 };
-    let mut b = be.stream.launch_builder(be.kernels.embed.get(table.dtype));
-    b.arg(&table.bytes).arg(idx).arg(out.slice_mut()).arg(&cols).arg(&row_bytes);
     // SAFETY: embed_<format>(const u8*, const u32*, float*, u32, u64); one
     // block per token, every token is a row of the table (checked above).
-    unsafe { b.launch(cfg) }.map_err(|e| BackendError::Device(format!("embedding: {e}")))?;
+    launch!(be, "embedding", be.kernels.embed.get(table.dtype), cfg; table.bytes, idx, out.slice_mut(), cols, row_bytes);
     Ok(())
 }
 
@@ -146,11 +151,9 @@ pub(super) fn matmul(be: &CudaBackend, x: &CudaBuf, jobs: &mut [(&CudaWeight, &m
     let mut scratch = be.scratch();
     let xb = if needs_bf16 {
         let n = (t * k) as u64;
-        let buf = grown(&be.stream, &mut scratch.bf16, t * k);
-        let mut b = be.stream.launch_builder(&be.kernels.activations_to_bf16);
-        b.arg(x.slice()).arg(&mut *buf).arg(&n);
+        let buf = grown(be, &mut scratch.bf16, t * k);
         // SAFETY: activations_to_bf16(const float*, u16*, u64); both hold t × k values.
-        check("activations to bf16", unsafe { b.launch(super::ops::grid(t * k)) });
+        launch!(be, "activations to bf16", &be.kernels.activations_to_bf16, super::ops::grid(t * k); x.slice(), *buf, n);
         Some(&*buf)
     } else {
         None
@@ -181,12 +184,10 @@ fn dequantizing(be: &CudaBackend, w: &CudaWeight, x: &CudaBuf, out: &mut CudaBuf
         shared_mem_bytes: 0,
     };
     let (n32, k32, t32, row_bytes) = (n as u32, k as u32, t as u32, w.row_bytes as u64);
-    let mut b = be.stream.launch_builder(be.kernels.matmul.get(w.dtype));
-    b.arg(&w.bytes).arg(x.slice()).arg(out.slice_mut()).arg(&n32).arg(&k32).arg(&t32).arg(&row_bytes);
     // SAFETY: matmul_<format>(const u8*, const float*, float*, u32, u32, u32,
     // u64); w is n rows of row_bytes, x t × k (k a whole number of blocks,
     // checked at load), out t × n.
-    check("matmul", unsafe { b.launch(cfg) });
+    launch!(be, "matmul", be.kernels.matmul.get(w.dtype), cfg; w.bytes, x.slice(), out.slice_mut(), n32, k32, t32, row_bytes);
 }
 
 /// `out (t × n) = x (t × k) · wᵀ (w: n × k)` with cuBLAS, row-major: in
@@ -203,8 +204,9 @@ fn gemm<A, B>(
     out: &mut CudaBuf,
 ) {
     let (alpha, beta) = (1.0f32, 0.0f32);
-    // cuBLAS works in the calling thread's current context.
-    check("binding the context", be.ctx.bind_to_thread());
+    // cuBLAS queues on the stream itself: what is queued before it runs first. (It also works
+    // in the calling thread's current context, which flushing binds.)
+    be.flush();
     let stream = &be.stream;
     let (a, _a_sync) = w.device_ptr(stream);
     let (b, _b_sync) = x.device_ptr(stream);

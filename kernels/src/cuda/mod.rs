@@ -40,6 +40,7 @@
 //! ```
 
 mod attention;
+mod graph;
 mod matmul;
 mod module;
 mod ops;
@@ -47,6 +48,7 @@ mod probe;
 mod scratch;
 mod timing;
 
+pub use graph::GraphStats;
 pub use matmul::CudaWeight;
 pub use module::{compile, kernel_names, nvrtc_available, nvrtc_options, programs, CompileError, Program, HEADERS};
 pub use probe::{device_count, probe, probe_device, CudaDeviceInfo, CudaUnavailable};
@@ -70,11 +72,16 @@ pub struct CudaOptions {
     pub dense_min_rows: usize,
     /// Device memory left free when deciding whether a dense copy fits.
     pub dense_reserve_bytes: u64,
+    /// Run repeated steps as CUDA graphs (see `graph.rs`); off, every op launches its kernels
+    /// as it is called. Off by default: on an H200 it made batch-1 decode 6% faster but
+    /// batches of 8 and 64 4–7% slower (docs/gpu.md), because the step's host work then runs
+    /// before the GPU starts instead of alongside it.
+    pub graphs: bool,
 }
 
 impl Default for CudaOptions {
     fn default() -> Self {
-        CudaOptions { dense_prefill: true, dense_min_rows: 32, dense_reserve_bytes: 2 << 30 }
+        CudaOptions { dense_prefill: true, dense_min_rows: 32, dense_reserve_bytes: 2 << 30, graphs: false }
     }
 }
 
@@ -92,6 +99,16 @@ pub struct CudaBuf {
     data: Option<CudaSlice<f32>>,
     rows: usize,
     cols: usize,
+    /// The backend's queue: work queued on this buffer runs before it is freed.
+    queue: Option<graph::Queue>,
+}
+
+impl Drop for CudaBuf {
+    fn drop(&mut self) {
+        if let (Some(_), Some(q)) = (&self.data, &self.queue) {
+            q.flush_on_drop();
+        }
+    }
 }
 
 impl CudaBuf {
@@ -115,6 +132,13 @@ impl CudaBuf {
 pub struct CudaKv {
     pub layout: KvLayout,
     layers: Vec<(CudaSlice<u16>, CudaSlice<u16>)>,
+    queue: graph::Queue,
+}
+
+impl Drop for CudaKv {
+    fn drop(&mut self) {
+        self.queue.flush_on_drop();
+    }
 }
 
 /// The CUDA backend on one device.
@@ -131,6 +155,8 @@ pub struct CudaBackend {
     scratch: Mutex<Scratch>,
     /// Per-op host and GPU time, when asked for ([`CudaBackend::with_timing`]).
     timing: Option<timing::Timing>,
+    /// Launches and uploads queued since the last flush, and the graphs of repeated lists.
+    queue: graph::Queue,
 }
 
 impl std::fmt::Debug for CudaBackend {
@@ -175,7 +201,8 @@ impl CudaBackend {
             // streams) are not needed.
             unsafe { ctx.disable_event_tracking() };
             let info = probe::info(&ctx)?;
-            let stream = ctx.default_stream();
+            // A stream of its own: graphs cannot be captured on the legacy default stream.
+            let stream = ctx.new_stream().map_err(device)?;
             let kernels = Kernels::load(&ctx, info.compute_capability).map_err(CudaUnavailable::Driver)?;
             let blas = if blas_loads() {
                 Some(
@@ -190,6 +217,7 @@ impl CudaBackend {
         let (ctx, stream, kernels, blas, info) = built.map_err(unavailable)?;
         let mut options = options;
         options.dense_prefill &= blas.is_some();
+        let queue = graph::Queue(Arc::new(Mutex::new(graph::Recorder::new(options.graphs, stream.clone()))));
         Ok(CudaBackend {
             ctx,
             stream,
@@ -199,12 +227,15 @@ impl CudaBackend {
             options,
             scratch: Mutex::new(Scratch::default()),
             timing: None,
+            queue,
         })
     }
 
     /// Times every op from now on (host time, and GPU time from events on the stream); read
     /// with [`CudaBackend::profile`].
+    /// (Graphs are turned off: each op's GPU time is measured as it is launched.)
     pub fn with_timing(mut self) -> CudaBackend {
+        self.queue.lock().disable();
         self.timing = Some(timing::Timing::new(self.ctx.clone(), true));
         self
     }
@@ -218,6 +249,7 @@ impl CudaBackend {
     /// The totals so far (waits for the stream); `None` without [`CudaBackend::with_timing`].
     pub fn profile(&self) -> Option<CudaProfile> {
         let _bound = self.enter("profile");
+        self.flush();
         self.timing.as_ref().map(|t| t.flush(&self.stream))
     }
 
@@ -239,15 +271,46 @@ impl CudaBackend {
         &self.options
     }
 
+    /// Counts of graph and kernel-by-kernel runs so far.
+    pub fn graph_stats(&self) -> GraphStats {
+        self.queue.lock().stats
+    }
+
+    /// Runs the queued launches and uploads (see [`graph`]): before anything reads results on
+    /// the host, allocates or frees device memory, or queues work outside the recorder.
+    fn flush(&self) {
+        check("binding the context", self.ctx.bind_to_thread());
+        self.queue.lock().flush();
+    }
+
+    /// Launches `func` (or queues it, see [`graph`]).
+    fn launch(
+        &self,
+        what: &str,
+        func: &cudarc::driver::CudaFunction,
+        cfg: cudarc::driver::LaunchConfig,
+        args: &[graph::Arg],
+    ) {
+        self.queue.lock().launch(what, func.cu_function(), cfg, args);
+    }
+
+    /// Copies `data` to the start of `dst` (or queues the copy).
+    fn upload_to(&self, dst: &CudaSlice<u32>, data: &[u32]) {
+        assert!(dst.len() >= data.len(), "an upload of {} values into {}", data.len(), dst.len());
+        let (ptr, _sync) = cudarc::driver::DevicePtr::device_ptr(dst, &self.stream);
+        self.queue.lock().upload(ptr, data);
+    }
+
     /// Waits until every queued op has finished.
     pub fn synchronize(&self) {
-        check("binding the context", self.ctx.bind_to_thread());
+        self.flush();
         check("synchronize", self.stream.synchronize());
     }
 
     /// Layer `layer` of the pool as f16 values `(K, V)`, each
     /// `slots × (kv_heads · head_dim)` (the CPU pool's layout), for tests.
     pub fn read_kv(&self, kv: &CudaKv, layer: usize) -> (Vec<half::f16>, Vec<half::f16>) {
+        self.flush();
         let n = kv.layout.slots * kv.layout.kv_heads * kv.layout.head_dim;
         let read = |s: &CudaSlice<u16>| {
             let mut host = vec![0u16; n];
@@ -280,6 +343,7 @@ impl Backend for CudaBackend {
 
     fn load(&self, t: HostTensor) -> Result<CudaWeight, BackendError> {
         let _op = self.enter("load");
+        self.flush();
         matmul::load(self, t)
     }
 
@@ -288,14 +352,16 @@ impl Backend for CudaBackend {
     }
 
     fn buf(&self) -> CudaBuf {
-        CudaBuf::default()
+        CudaBuf { data: None, rows: 0, cols: 0, queue: Some(self.queue.clone()) }
     }
 
     fn resize(&self, b: &mut CudaBuf, rows: usize, cols: usize) {
         let _op = self.enter("resize");
         let need = rows * cols;
         if b.data.as_ref().is_none_or(|d| d.len() < need) {
-            // Drop the old allocation first, so its memory can be reused.
+            // Queued work may use the old allocation: run it before freeing that. Drop the old
+            // allocation first, so its memory can be reused.
+            self.flush();
             b.data = None;
             b.data = Some(check("allocating a buffer", self.stream.alloc_zeros::<f32>(need.max(1))));
         }
@@ -310,6 +376,7 @@ impl Backend for CudaBackend {
     fn upload(&self, b: &mut CudaBuf, rows: usize, cols: usize, data: &[f32]) {
         let _op = self.enter("upload");
         assert_eq!(data.len(), rows * cols, "upload of {} values as {rows}×{cols}", data.len());
+        self.flush();
         self.resize(b, rows, cols);
         if !data.is_empty() {
             let mut dst = b.slice_mut().slice_mut(0..data.len());
@@ -319,6 +386,7 @@ impl Backend for CudaBackend {
 
     fn download(&self, b: &CudaBuf, out: &mut Vec<f32>) {
         let _op = self.enter("download");
+        self.flush();
         out.clear();
         out.resize(b.len(), 0.0);
         if !out.is_empty() {
@@ -329,6 +397,7 @@ impl Backend for CudaBackend {
 
     fn kv(&self, layout: KvLayout) -> Result<CudaKv, BackendError> {
         let _op = self.enter("kv");
+        self.flush();
         let per_layer = layout.slots * layout.kv_heads * layout.head_dim;
         let oom = |e: DriverError| match e.0 {
             cudarc::driver::sys::CUresult::CUDA_ERROR_OUT_OF_MEMORY => {
@@ -342,7 +411,7 @@ impl Backend for CudaBackend {
             let v = self.stream.alloc_zeros::<u16>(per_layer.max(1)).map_err(oom)?;
             layers.push((k, v));
         }
-        Ok(CudaKv { layout, layers })
+        Ok(CudaKv { layout, layers, queue: self.queue.clone() })
     }
 
     fn memory_available(&self) -> Option<u64> {
@@ -397,11 +466,13 @@ impl Backend for CudaBackend {
 
     fn kv_export(&self, kv: &CudaKv, layer: usize, slots: &[u32], out: &mut Vec<u16>) -> Result<(), BackendError> {
         let _op = self.enter("kv_export");
+        self.flush();
         ops::kv_export(self, kv, layer, slots, out)
     }
 
     fn kv_import(&self, kv: &mut CudaKv, layer: usize, slots: &[u32], rows: &[u16]) -> Result<(), BackendError> {
         let _op = self.enter("kv_import");
+        self.flush();
         ops::kv_import(self, kv, layer, slots, rows)
     }
 

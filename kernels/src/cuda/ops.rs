@@ -1,10 +1,11 @@
 //! Launches of the element-wise and row-wise kernels of `ops.cu`.
 
+use super::graph::launch;
 use super::scratch::{upload_cached, upload_u32};
-use super::{check, CudaBackend, CudaBuf, CudaKv, CudaWeight};
+use super::{CudaBackend, CudaBuf, CudaKv, CudaWeight};
 use crate::backend::{Backend, BackendError, RopeConfig, RopeStyle};
 use crate::quant::DType;
-use cudarc::driver::{LaunchConfig, PushKernelArg};
+use cudarc::driver::LaunchConfig;
 
 /// A grid-stride launch over `n` elements.
 pub(super) fn grid(n: usize) -> LaunchConfig {
@@ -44,11 +45,9 @@ fn add_raw<T>(be: &CudaBackend, x: &mut CudaBuf, y: &cudarc::driver::CudaSlice<T
         return;
     }
     let cols = x.cols as u32;
-    let mut b = be.stream.launch_builder(&be.kernels.add);
-    b.arg(x.slice_mut()).arg(y).arg(&n).arg(&cols).arg(&broadcast);
     // SAFETY: add_f32(float*, const float*, u64, u32, u32); x holds n values,
     // y n (or cols when broadcast) f32 values.
-    check("add", unsafe { b.launch(grid(n as usize)) });
+    launch!(be, "add", &be.kernels.add, grid(n as usize); x.slice_mut(), y, n, cols, broadcast);
 }
 
 pub(super) fn silu_mul(be: &CudaBackend, gate: &mut CudaBuf, up: &CudaBuf) {
@@ -57,10 +56,8 @@ pub(super) fn silu_mul(be: &CudaBackend, gate: &mut CudaBuf, up: &CudaBuf) {
     if n == 0 {
         return;
     }
-    let mut b = be.stream.launch_builder(&be.kernels.silu_mul);
-    b.arg(gate.slice_mut()).arg(up.slice()).arg(&n);
     // SAFETY: silu_mul_f32(float*, const float*, u64); both hold n values.
-    check("silu_mul", unsafe { b.launch(grid(n as usize)) });
+    launch!(be, "silu_mul", &be.kernels.silu_mul, grid(n as usize); gate.slice_mut(), up.slice(), n);
 }
 
 pub(super) fn rms_norm(be: &CudaBackend, x: &CudaBuf, w: &CudaWeight, eps: f32, out: &mut CudaBuf) {
@@ -70,11 +67,9 @@ pub(super) fn rms_norm(be: &CudaBackend, x: &CudaBuf, w: &CudaWeight, eps: f32, 
     }
     let wv = vector(w, x.cols);
     let group = x.cols as u32;
-    let mut b = be.stream.launch_builder(&be.kernels.rms_norm);
-    b.arg(x.slice()).arg(wv).arg(out.slice_mut()).arg(&group).arg(&eps);
     // SAFETY: rms_norm_f32(const float*, const float*, float*, u32, float);
     // one block per row of `cols` values; out has x's shape.
-    check("rms_norm", unsafe { b.launch(per_group(x.rows, x.cols)) });
+    launch!(be, "rms_norm", &be.kernels.rms_norm, per_group(x.rows, x.cols); x.slice(), wv, out.slice_mut(), group, eps);
 }
 
 pub(super) fn rms_norm_heads(be: &CudaBackend, x: &mut CudaBuf, w: &CudaWeight, eps: f32, head_dim: usize) {
@@ -85,11 +80,9 @@ pub(super) fn rms_norm_heads(be: &CudaBackend, x: &mut CudaBuf, w: &CudaWeight, 
     let wv = vector(w, head_dim);
     let group = head_dim as u32;
     let groups = x.len() / head_dim;
-    let mut b = be.stream.launch_builder(&be.kernels.rms_norm_inplace);
-    b.arg(x.slice_mut()).arg(wv).arg(&group).arg(&eps);
     // SAFETY: rms_norm_inplace_f32(float*, const float*, u32, float); one
     // block per head of head_dim values.
-    check("rms_norm_heads", unsafe { b.launch(per_group(groups, head_dim)) });
+    launch!(be, "rms_norm_heads", &be.kernels.rms_norm_inplace, per_group(groups, head_dim); x.slice_mut(), wv, group, eps);
 }
 
 pub(super) fn rope_table(be: &CudaBackend, positions: &[u32], rope: &RopeConfig, out: &mut CudaBuf) {
@@ -103,15 +96,13 @@ pub(super) fn rope_table(be: &CudaBackend, positions: &[u32], rope: &RopeConfig,
     let mut host: Vec<u32> = positions.to_vec();
     host.extend((0..half).map(|i| crate::cpu::ops::inv_freq(rope, i).to_bits()));
     let mut scratch = be.scratch();
-    let idx = upload_u32(&be.stream, &mut scratch.idx, &host);
+    let idx = upload_u32(be, &mut scratch.idx, &host);
     let pos = idx.slice(0..positions.len());
     let freq = idx.slice(positions.len()..host.len());
     let (n, h) = (positions.len() as u32, half as u32);
-    let mut b = be.stream.launch_builder(&be.kernels.rope_table);
-    b.arg(&pos).arg(&freq).arg(out.slice_mut()).arg(&n).arg(&h);
     // SAFETY: rope_table_f32(const u32*, const u32*, float*, u32, u32); out
     // holds n × head_dim values.
-    check("rope_table", unsafe { b.launch(grid(positions.len() * half)) });
+    launch!(be, "rope_table", &be.kernels.rope_table, grid(positions.len() * half); pos, freq, out.slice_mut(), n, h);
 }
 
 pub(super) fn rope(be: &CudaBackend, x: &mut CudaBuf, table: &CudaBuf, rope: &RopeConfig) {
@@ -124,11 +115,9 @@ pub(super) fn rope(be: &CudaBackend, x: &mut CudaBuf, table: &CudaBuf, rope: &Ro
     let (rows, cols, hd) = (x.rows as u32, x.cols as u32, d as u32);
     let interleaved = (rope.style == RopeStyle::Interleaved) as u32;
     let cfg = grid(x.len() / 2);
-    let mut b = be.stream.launch_builder(&be.kernels.rope);
-    b.arg(x.slice_mut()).arg(table.slice()).arg(&rows).arg(&cols).arg(&hd).arg(&interleaved);
     // SAFETY: rope_f32(float*, const float*, u32, u32, u32, u32); x is
     // rows × cols, table rows × head_dim.
-    check("rope", unsafe { b.launch(cfg) });
+    launch!(be, "rope", &be.kernels.rope, cfg; x.slice_mut(), table.slice(), rows, cols, hd, interleaved);
 }
 
 pub(super) fn gather_rows(be: &CudaBackend, x: &CudaBuf, rows: &[usize], out: &mut CudaBuf) {
@@ -144,13 +133,11 @@ pub(super) fn gather_rows(be: &CudaBackend, x: &CudaBuf, rows: &[usize], out: &m
         })
         .collect();
     let mut scratch = be.scratch();
-    let idx = upload_u32(&be.stream, &mut scratch.idx, &host);
+    let idx = upload_u32(be, &mut scratch.idx, &host);
     let (n, cols) = (rows.len() as u32, x.cols as u32);
-    let mut b = be.stream.launch_builder(&be.kernels.gather_rows);
-    b.arg(x.slice()).arg(idx).arg(out.slice_mut()).arg(&n).arg(&cols);
     // SAFETY: gather_rows_f32(const float*, const u32*, float*, u32, u32);
     // every index is a row of x (checked), out holds n × cols values.
-    check("gather_rows", unsafe { b.launch(grid(rows.len() * x.cols)) });
+    launch!(be, "gather_rows", &be.kernels.gather_rows, grid(rows.len() * x.cols); x.slice(), idx, out.slice_mut(), n, cols);
 }
 
 /// Rows of `slots` of `layer` to the host (see [`crate::backend::Backend::kv_export`]): one
@@ -170,20 +157,19 @@ pub(super) fn kv_export(
         return Ok(());
     }
     let device = |e: cudarc::driver::DriverError| BackendError::Device(format!("K/V export: {e}"));
-    let mut k_out = be.stream.alloc_zeros::<u16>(n).map_err(device)?;
-    let mut v_out = be.stream.alloc_zeros::<u16>(n).map_err(device)?;
+    let k_out = be.stream.alloc_zeros::<u16>(n).map_err(device)?;
+    let v_out = be.stream.alloc_zeros::<u16>(n).map_err(device)?;
     {
         let mut scratch = be.scratch();
-        let idx = upload_u32(&be.stream, &mut scratch.idx, slots);
+        let idx = upload_u32(be, &mut scratch.idx, slots);
         let (kc, vc) = &kv.layers[layer];
         let (rows, c) = (slots.len() as u32, cols as u32);
-        let mut b = be.stream.launch_builder(&be.kernels.kv_gather);
-        b.arg(kc).arg(vc).arg(idx).arg(&mut k_out).arg(&mut v_out).arg(&rows).arg(&c);
         // SAFETY: kv_gather_f16(const u16*, const u16*, const u32*, u16*, u16*, u32, u32);
         // every slot is inside the layer (checked), k_out and v_out hold n values each.
-        check("kv_gather", unsafe { b.launch(grid(n)) });
+        launch!(be, "kv_gather", &be.kernels.kv_gather, grid(n); kc, vc, idx, k_out, v_out, rows, c);
     }
     let (k, v) = out.split_at_mut(n);
+    be.flush();
     be.stream.memcpy_dtoh(&k_out, k).map_err(device)?;
     be.stream.memcpy_dtoh(&v_out, v).map_err(device)?;
     be.synchronize();
@@ -207,14 +193,12 @@ pub(super) fn kv_import(
     let k = be.stream.clone_htod(&rows[..n]).map_err(device)?;
     let v = be.stream.clone_htod(&rows[n..]).map_err(device)?;
     let mut scratch = be.scratch();
-    let idx = upload_u32(&be.stream, &mut scratch.idx, slots);
+    let idx = upload_u32(be, &mut scratch.idx, slots);
     let (kc, vc) = &mut kv.layers[layer];
     let (count, c) = (slots.len() as u32, cols as u32);
-    let mut b = be.stream.launch_builder(&be.kernels.kv_scatter);
-    b.arg(&k).arg(&v).arg(kc).arg(vc).arg(idx).arg(&count).arg(&c);
     // SAFETY: kv_scatter_f16(const u16*, const u16*, u16*, u16*, const u32*, u32, u32);
     // every slot is inside the layer (checked), k and v hold n values each.
-    check("kv_scatter", unsafe { b.launch(grid(n)) });
+    launch!(be, "kv_scatter", &be.kernels.kv_scatter, grid(n); k, v, kc, vc, idx, count, c);
     drop(scratch);
     // The host rows are borrowed only until the copies are queued; wait so that `k` and `v`
     // outlive the scatter.
@@ -233,13 +217,11 @@ pub(super) fn kv_store(be: &CudaBackend, kv: &mut CudaKv, layer: usize, k: &Cuda
         return;
     }
     let mut scratch = be.scratch();
-    let idx = upload_cached(&be.stream, &mut scratch.kv_slots, slots);
+    let idx = upload_cached(be, &mut scratch.kv_slots, slots);
     let (kc, vc) = &mut kv.layers[layer];
     let (n, c) = (slots.len() as u32, cols as u32);
-    let mut b = be.stream.launch_builder(&be.kernels.kv_store);
-    b.arg(k.slice()).arg(v.slice()).arg(kc).arg(vc).arg(idx).arg(&n).arg(&c);
     // SAFETY: kv_store_f16(const float*, const float*, u16*, u16*, const u32*,
     // u32, u32); every slot is inside the layer (checked), k and v hold
     // n × cols values.
-    check("kv_store", unsafe { b.launch(grid(slots.len() * cols)) });
+    launch!(be, "kv_store", &be.kernels.kv_store, grid(slots.len() * cols); k.slice(), v.slice(), kc, vc, idx, n, c);
 }

@@ -5,8 +5,8 @@
 //! Every use is queued on the backend's one stream, so a later upload into the
 //! same buffer cannot overtake a kernel still reading it.
 
-use cudarc::driver::{CudaSlice, CudaStream, DeviceRepr, ValidAsZeroBits};
-use std::sync::Arc;
+use super::CudaBackend;
+use cudarc::driver::{CudaSlice, DeviceRepr, ValidAsZeroBits};
 
 /// The backend's reusable buffers (behind its mutex).
 #[derive(Debug, Default)]
@@ -23,30 +23,29 @@ pub(super) struct Scratch {
 
 /// `slot`, grown to hold at least `need` elements (at least doubling).
 pub(super) fn grown<'a, T: DeviceRepr + ValidAsZeroBits>(
-    stream: &Arc<CudaStream>,
+    be: &CudaBackend,
     slot: &'a mut Option<CudaSlice<T>>,
     need: usize,
 ) -> &'a mut CudaSlice<T> {
     let have = slot.as_ref().map_or(0, |s| s.len());
     if have < need || slot.is_none() {
         let size = need.max(2 * have).max(1024);
+        // Queued work may use the old buffer: run it before freeing that.
+        be.flush();
         *slot = None;
-        *slot = Some(super::check("allocating scratch", stream.alloc_zeros::<T>(size)));
+        *slot = Some(super::check("allocating scratch", be.stream.alloc_zeros::<T>(size)));
     }
     slot.as_mut().expect("allocated above")
 }
 
 /// Copies `data` into the index scratch and returns it.
 pub(super) fn upload_u32<'a>(
-    stream: &Arc<CudaStream>,
+    be: &CudaBackend,
     slot: &'a mut Option<CudaSlice<u32>>,
     data: &[u32],
 ) -> &'a CudaSlice<u32> {
-    let buf = grown(stream, slot, data.len());
-    if !data.is_empty() {
-        let mut dst = buf.slice_mut(0..data.len());
-        super::check("uploading indices", stream.memcpy_htod(data, &mut dst));
-    }
+    let buf = grown(be, slot, data.len());
+    be.upload_to(buf, data);
     buf
 }
 
@@ -59,10 +58,10 @@ pub(super) struct Cached {
 
 /// Like [`upload_u32`], but skips the copy when the buffer already holds `data` (nothing else
 /// writes it, and uses are ordered on the one stream).
-pub(super) fn upload_cached<'a>(stream: &Arc<CudaStream>, c: &'a mut Cached, data: &[u32]) -> &'a CudaSlice<u32> {
+pub(super) fn upload_cached<'a>(be: &CudaBackend, c: &'a mut Cached, data: &[u32]) -> &'a CudaSlice<u32> {
     if c.buf.is_none() || c.host != data {
         c.host.clear();
-        upload_u32(stream, &mut c.buf, data);
+        upload_u32(be, &mut c.buf, data);
         c.host.extend_from_slice(data);
     }
     c.buf.as_ref().expect("uploaded above")
