@@ -73,21 +73,21 @@ if [ -z "$PREBUILT" ]; then
   fi
 fi
 
+# REPS rounds of decode and prefill at batch 1/8/64 into $OUT/$1, with CACHET_CUDA_GRAPHS=$2.
+bench_rounds() {
+  : > "$OUT/$1"
+  for _ in $(seq "$REPS"); do
+    CACHET_CUDA_GRAPHS=$2 RUST_LOG=warn timeout 300 $CACHET bench --device cuda --model "$MODEL" --prompt 512 \
+      --gen 128 --batch 1,8,64 --reps 1 --json >> "$OUT/$1" || status=1
+  done
+  cat "$OUT/$1" >> "$OUT/summary.md"
+}
+
 step "decode and prefill, batch 1/8/64"
-: > "$OUT/bench.jsonl"
-for _ in $(seq "$REPS"); do
-  RUST_LOG=warn timeout 300 $CACHET bench --device cuda --model "$MODEL" --prompt 512 --gen 128 --batch 1,8,64 --reps 1 --json \
-    >> "$OUT/bench.jsonl" || status=1
-done
-cat "$OUT/bench.jsonl" >> "$OUT/summary.md"
+bench_rounds bench.jsonl 0
 
 step "the same with CUDA graphs (CACHET_CUDA_GRAPHS=1), for comparison"
-: > "$OUT/bench-graphs.jsonl"
-for _ in $(seq "$REPS"); do
-  CACHET_CUDA_GRAPHS=1 RUST_LOG=warn timeout 300 $CACHET bench --device cuda --model "$MODEL" --prompt 512 --gen 128 \
-    --batch 1,8,64 --reps 1 --json >> "$OUT/bench-graphs.jsonl" || status=1
-done
-cat "$OUT/bench-graphs.jsonl" >> "$OUT/summary.md"
+bench_rounds bench-graphs.jsonl 1
 
 step "where the time goes (per op: host time, GPU time, GPU idle): decode at batch 1, then prefill 512"
 RUST_LOG=warn timeout 120 $CACHET bench --device cuda --model "$MODEL" --prompt 0 --gen 128 --batch 1 --reps 1 --profile \

@@ -32,23 +32,8 @@ fn main() {
 
 type Result<T> = std::result::Result<T, Box<dyn std::error::Error>>;
 
-fn dtype_name(d: DType) -> String {
-    format!("{d:?}")
-}
-
 fn dtype_from(name: &str) -> Result<DType> {
-    let all = [
-        DType::F32,
-        DType::F16,
-        DType::BF16,
-        DType::Q4_0,
-        DType::Q5_0,
-        DType::Q8_0,
-        DType::Q4_K,
-        DType::Q5_K,
-        DType::Q6_K,
-    ];
-    all.into_iter().find(|d| dtype_name(*d) == name).ok_or_else(|| format!("unknown tensor type {name}").into())
+    DType::ALL.into_iter().find(|d| d.name() == name).ok_or_else(|| format!("unknown tensor type {name}").into())
 }
 
 fn strip(src: &Path, dst: &Path) -> Result<()> {
@@ -62,7 +47,7 @@ fn strip(src: &Path, dst: &Path) -> Result<()> {
         .iter()
         .map(|t| {
             let dims: Vec<String> = t.shape.iter().map(usize::to_string).collect();
-            format!("{}|{}|{}", t.name, dtype_name(t.dtype), dims.join("x"))
+            format!("{}|{}|{}", t.name, t.dtype.name(), dims.join("x"))
         })
         .collect();
     w.metadata(LAYOUT_KEY, Value::strings(&layout));

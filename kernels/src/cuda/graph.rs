@@ -23,7 +23,7 @@
 use super::check;
 use cudarc::driver::sys::{self, CUdeviceptr, CUfunction};
 use cudarc::driver::{result, CudaGraph, CudaStream, LaunchConfig};
-use std::collections::{HashMap, VecDeque};
+use std::collections::{HashMap, HashSet, VecDeque};
 use std::ffi::c_void;
 use std::sync::{Arc, Mutex};
 
@@ -126,7 +126,7 @@ pub(super) struct Recorder {
     arena: Option<Pinned>,
     used: usize,
     /// Lists run once, waiting to be seen again.
-    seen: HashMap<Vec<Item>, u32>,
+    seen: HashSet<Vec<Item>>,
     graphs: HashMap<Vec<Item>, Graph>,
     order: VecDeque<Vec<Item>>,
     pub(super) stats: GraphStats,
@@ -140,7 +140,7 @@ impl Recorder {
             items: Vec::new(),
             arena: None,
             used: 0,
-            seen: HashMap::new(),
+            seen: HashSet::new(),
             graphs: HashMap::new(),
             order: VecDeque::new(),
             stats: GraphStats::default(),
@@ -222,7 +222,7 @@ impl Recorder {
         if let Some(Graph(graph)) = self.graphs.get(&items) {
             check("launching a graph", graph.launch());
             self.stats.graph_runs += 1;
-        } else if self.seen.get(&items).copied().unwrap_or(0) >= 1 {
+        } else if self.seen.contains(&items) {
             match capture(stream, &items, arena) {
                 Ok(graph) => {
                     check("launching a graph", graph.launch());
@@ -254,7 +254,7 @@ impl Recorder {
             if self.seen.len() > 64 {
                 self.seen.clear();
             }
-            self.seen.insert(items.clone(), 1);
+            self.seen.insert(items.clone());
         }
         // The next list writes the arena from its start: this one's copies must have read it.
         if self.used > 0 {

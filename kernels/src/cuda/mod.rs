@@ -248,7 +248,6 @@ impl CudaBackend {
 
     /// The totals so far (waits for the stream); `None` without [`CudaBackend::with_timing`].
     pub fn profile(&self) -> Option<CudaProfile> {
-        let _bound = self.enter("profile");
         self.flush();
         self.timing.as_ref().map(|t| t.flush(&self.stream))
     }
@@ -258,7 +257,7 @@ impl CudaBackend {
     /// current on the dropping thread), and times the op when asked to.
     fn enter(&self, op: &'static str) -> timing::Span<'_> {
         check("binding the context", self.ctx.bind_to_thread());
-        timing::Span::start(if op == "profile" { None } else { self.timing.as_ref() }, &self.stream, op)
+        timing::Span::start(self.timing.as_ref(), &self.stream, op)
     }
 
     /// The device this backend runs on.
@@ -466,13 +465,11 @@ impl Backend for CudaBackend {
 
     fn kv_export(&self, kv: &CudaKv, layer: usize, slots: &[u32], out: &mut Vec<u16>) -> Result<(), BackendError> {
         let _op = self.enter("kv_export");
-        self.flush();
         ops::kv_export(self, kv, layer, slots, out)
     }
 
     fn kv_import(&self, kv: &mut CudaKv, layer: usize, slots: &[u32], rows: &[u16]) -> Result<(), BackendError> {
         let _op = self.enter("kv_import");
-        self.flush();
         ops::kv_import(self, kv, layer, slots, rows)
     }
 

@@ -14,6 +14,11 @@ fn tier(s: &mut cachet_api::config::Settings) {
     s.engine.kv_tier_chunk_tokens = 32;
 }
 
+fn prefill_role(s: &mut cachet_api::config::Settings) {
+    tier(s);
+    s.disagg.role = Role::Prefill;
+}
+
 fn decode_from(urls: Vec<String>) -> impl FnOnce(&mut cachet_api::config::Settings) {
     move |s| {
         tier(s);
@@ -46,11 +51,7 @@ fn cached(v: &Value) -> u64 {
 #[tokio::test]
 async fn a_decode_server_answers_as_a_unified_one_with_the_prefill_done_elsewhere() {
     let unified = spawn_app().await;
-    let prefill = spawn_with(|s| {
-        tier(s);
-        s.disagg.role = Role::Prefill;
-    })
-    .await;
+    let prefill = spawn_with(prefill_role).await;
     let decode = spawn_with(decode_from(vec![prefill.address.clone()])).await;
     let (unified_tenant, on_unified) = unified.tenant("acme").await;
     let (decode_tenant, on_decode) = decode.tenant("acme").await;
@@ -102,11 +103,7 @@ async fn a_decode_server_answers_as_a_unified_one_with_the_prefill_done_elsewher
 #[tokio::test]
 async fn an_early_reserving_decode_server_answers_as_a_unified_one() {
     let unified = spawn_app().await;
-    let prefill = spawn_with(|s| {
-        tier(s);
-        s.disagg.role = Role::Prefill;
-    })
-    .await;
+    let prefill = spawn_with(prefill_role).await;
     let decode = spawn_with(|s| {
         decode_from(vec![prefill.address.clone()])(s);
         s.disagg.reserve = Reserve::Early;
@@ -212,11 +209,7 @@ fn functions(prefix: &str, n: usize) -> String {
 
 #[tokio::test]
 async fn a_decode_servers_push_prewarm_is_computed_by_its_prefill_server() {
-    let prefill = spawn_with(|s| {
-        tier(s);
-        s.disagg.role = Role::Prefill;
-    })
-    .await;
+    let prefill = spawn_with(prefill_role).await;
     let decode = spawn_with(decode_from(vec![prefill.address.clone()])).await;
     let (_, token) = decode.tenant("acme").await;
     let (a, b) = (functions("add", 30), functions("sub", 30));
