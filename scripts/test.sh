@@ -36,6 +36,12 @@ cargo run -q -p cachet-api -- models pull
 echo "== cargo test"
 REQUIRE_MODEL=1 REQUIRE_CHROMIUM=1 REQUIRE_NVRTC=1 cargo test --workspace
 
+echo "== the engine loop and the OpenAI API again, serving a tiny mixture-of-experts model (Qwen3-MoE)"
+# Radix reuse, retraction, batch invariance, chat, tools and the Responses API; the models
+# themselves are checked against transformers and llama.cpp by scripts/moe-check.sh.
+CACHET_TINY_ARCH=qwen3moe cargo test -p cachet-engine --test engine runtime::
+CACHET_TINY_ARCH=qwen3moe cargo test -p cachet-tests --test api -- chat:: tools:: responses:: prefixes::
+
 echo "== the openai Python package against cachet serve (real model)"
 ./scripts/openai-check.sh
 

@@ -14,6 +14,11 @@ pub enum Arch {
     Llama,
     /// Qwen3: RMSNorm on each head of Q and K, no biases.
     Qwen3,
+    /// Qwen2-MoE (Qwen1.5-MoE, Qwen2-57B-A14B): Qwen2's attention; routed experts plus a shared
+    /// expert behind a sigmoid gate.
+    Qwen2Moe,
+    /// Qwen3-MoE (Qwen3-30B-A3B, Qwen3-Coder-30B-A3B): Qwen3's attention; routed experts.
+    Qwen3Moe,
 }
 
 impl Arch {
@@ -22,7 +27,11 @@ impl Arch {
             "qwen2" | "Qwen2ForCausalLM" => Ok(Arch::Qwen2),
             "llama" | "LlamaForCausalLM" => Ok(Arch::Llama),
             "qwen3" | "Qwen3ForCausalLM" => Ok(Arch::Qwen3),
-            other => Err(LoadError::Unsupported(format!("architecture {other:?} (supported: qwen2, llama, qwen3)"))),
+            "qwen2moe" | "Qwen2MoeForCausalLM" => Ok(Arch::Qwen2Moe),
+            "qwen3moe" | "Qwen3MoeForCausalLM" => Ok(Arch::Qwen3Moe),
+            other => Err(LoadError::Unsupported(format!(
+                "architecture {other:?} (supported: qwen2, llama, qwen3, qwen2moe, qwen3moe)"
+            ))),
         }
     }
 
@@ -32,8 +41,36 @@ impl Arch {
             Arch::Qwen2 => "qwen2",
             Arch::Llama => "llama",
             Arch::Qwen3 => "qwen3",
+            Arch::Qwen2Moe => "qwen2moe",
+            Arch::Qwen3Moe => "qwen3moe",
         }
     }
+
+    /// Whether the feed-forward blocks are mixtures of experts.
+    pub fn is_moe(self) -> bool {
+        matches!(self, Arch::Qwen2Moe | Arch::Qwen3Moe)
+    }
+
+    /// Whether the attention is Qwen3's (Q/K norms, no biases by default).
+    fn qwen3_attention(self) -> bool {
+        matches!(self, Arch::Qwen3 | Arch::Qwen3Moe)
+    }
+}
+
+/// The mixture-of-experts part of a model's shape.
+#[derive(Clone, Debug, PartialEq)]
+pub struct MoeConfig {
+    /// Routed experts per layer.
+    pub experts: usize,
+    /// Experts each token is routed to (top-k of the router's softmax).
+    pub active: usize,
+    /// Hidden width of one expert's FFN.
+    pub expert_ff: usize,
+    /// Whether the top-k weights are renormalised to sum to 1 (Qwen3-MoE's `norm_topk_prob`).
+    pub norm_topk: bool,
+    /// Hidden width of the shared expert (Qwen2-MoE), which every token goes through, scaled by
+    /// the sigmoid of its own gate.
+    pub shared_ff: Option<usize>,
 }
 
 /// Everything the forward pass needs to know about a model's shape.
@@ -56,6 +93,8 @@ pub struct ModelConfig {
     pub qkv_bias: bool,
     /// Per-head RMSNorm of Q and K (Qwen3).
     pub qk_norm: bool,
+    /// Routed experts in every layer's FFN (in place of the dense one).
+    pub moe: Option<MoeConfig>,
 }
 
 impl ModelConfig {
@@ -78,11 +117,31 @@ impl ModelConfig {
         if f.get(&format!("{a}.rope.scaling.type")).is_some() || f.tensor_info("rope_freqs.weight").is_some() {
             return Err(LoadError::Unsupported("RoPE scaling (rope.scaling / rope_freqs) is not supported yet".into()));
         }
+        let moe = if arch.is_moe() {
+            let expert_ff = req("expert_feed_forward_length")?;
+            Some(MoeConfig {
+                experts: req("expert_count")?,
+                active: req("expert_used_count")?,
+                expert_ff,
+                // llama.cpp renormalises Qwen3-MoE's top-k weights and not Qwen2-MoE's; a file may say.
+                norm_topk: f.get_bool(&format!("{a}.expert_weights_norm"))?.unwrap_or(arch == Arch::Qwen3Moe),
+                shared_ff: f
+                    .get_u64(&format!("{a}.expert_shared_feed_forward_length"))?
+                    .map(|v| v as usize)
+                    .filter(|_| f.tensor_info("blk.0.ffn_gate_shexp.weight").is_some()),
+            })
+        } else {
+            None
+        };
+        let intermediate = match &moe {
+            Some(m) => f.get_u64(&format!("{a}.feed_forward_length"))?.map_or(m.expert_ff, |v| v as usize),
+            None => req("feed_forward_length")?,
+        };
         let config = ModelConfig {
             arch,
             vocab_size,
             hidden,
-            intermediate: req("feed_forward_length")?,
+            intermediate,
             n_layers: req("block_count")?,
             n_heads,
             n_kv_heads,
@@ -95,6 +154,7 @@ impl ModelConfig {
             max_context: f.get_u64(&format!("{a}.context_length"))?.map_or(2048, |v| v as usize),
             qkv_bias: f.tensor_info("blk.0.attn_q.bias").is_some(),
             qk_norm: f.tensor_info("blk.0.attn_q_norm.weight").is_some(),
+            moe,
         };
         config.validate()?;
         Ok(config)
@@ -114,6 +174,35 @@ impl ModelConfig {
         if !json["rope_scaling"].is_null() {
             return Err(LoadError::Unsupported("config.json rope_scaling is not supported yet".into()));
         }
+        // transformers 5 writes `rope_parameters` in place of `rope_theta` / `rope_scaling`.
+        let rope = &json["rope_parameters"];
+        if rope["rope_type"].as_str().is_some_and(|t| t != "default") {
+            return Err(LoadError::Unsupported(format!(
+                "config.json rope_type {} is not supported yet",
+                rope["rope_type"]
+            )));
+        }
+        let rope_theta = json["rope_theta"].as_f64().or_else(|| rope["rope_theta"].as_f64()).unwrap_or(10_000.0);
+        let moe = if arch.is_moe() {
+            if json["decoder_sparse_step"].as_u64().is_some_and(|s| s != 1)
+                || json["mlp_only_layers"].as_array().is_some_and(|l| !l.is_empty())
+            {
+                return Err(LoadError::Unsupported(
+                    "mixture-of-experts models with dense layers (decoder_sparse_step, mlp_only_layers)".into(),
+                ));
+            }
+            Some(MoeConfig {
+                experts: int("num_experts")
+                    .or_else(|| int("num_local_experts"))
+                    .ok_or_else(|| missing("num_experts"))?,
+                active: req("num_experts_per_tok")?,
+                expert_ff: req("moe_intermediate_size")?,
+                norm_topk: json["norm_topk_prob"].as_bool().unwrap_or(false),
+                shared_ff: int("shared_expert_intermediate_size").filter(|&n| n > 0 && arch == Arch::Qwen2Moe),
+            })
+        } else {
+            None
+        };
         let config = ModelConfig {
             arch,
             vocab_size: req("vocab_size")?,
@@ -123,12 +212,17 @@ impl ModelConfig {
             n_heads,
             n_kv_heads: int("num_key_value_heads").unwrap_or(n_heads),
             head_dim: int("head_dim").unwrap_or(hidden.checked_div(n_heads).unwrap_or(0)),
-            rope_theta: json["rope_theta"].as_f64().unwrap_or(10_000.0) as f32,
+            rope_theta: rope_theta as f32,
             rope_style: RopeStyle::Neox,
             rms_eps: json["rms_norm_eps"].as_f64().unwrap_or(1e-6) as f32,
             max_context: int("max_position_embeddings").unwrap_or(2048),
-            qkv_bias: arch == Arch::Qwen2 || json["attention_bias"].as_bool() == Some(true),
-            qk_norm: arch == Arch::Qwen3,
+            qkv_bias: match arch {
+                Arch::Qwen2 => true,
+                Arch::Qwen2Moe => json["qkv_bias"].as_bool().unwrap_or(true),
+                _ => json["attention_bias"].as_bool() == Some(true),
+            },
+            qk_norm: arch.qwen3_attention(),
+            moe,
         };
         config.validate()?;
         Ok(config)
@@ -157,6 +251,14 @@ impl ModelConfig {
         }
         if self.n_layers > 1024 || self.hidden > 1 << 16 || self.head_dim > 1024 || self.vocab_size > 1 << 24 {
             return bad(format!("implausible shape {self:?}"));
+        }
+        if let Some(m) = &self.moe {
+            if m.experts == 0 || m.expert_ff == 0 || m.active == 0 || m.active > m.experts || m.experts > 1 << 12 {
+                return bad(format!("implausible experts {m:?}"));
+            }
+            if m.shared_ff == Some(0) {
+                return bad("a shared expert of width 0".into());
+            }
         }
         if !(self.rms_eps.is_finite() && self.rms_eps > 0.0 && self.rope_theta.is_finite() && self.rope_theta > 0.0) {
             return bad(format!("rms_eps {} / rope_theta {} out of range", self.rms_eps, self.rope_theta));

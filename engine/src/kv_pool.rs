@@ -261,6 +261,7 @@ mod tests {
             max_context: 64,
             qkv_bias: false,
             qk_norm: false,
+            moe: None,
         }
     }
 

@@ -13,16 +13,67 @@ pub enum TinyArch {
     Qwen2,
     Llama,
     Qwen3,
+    /// Qwen2's attention, 4 routed experts (2 active, weights not renormalised) and a shared one.
+    Qwen2Moe,
+    /// Qwen3's attention, 4 routed experts (2 active, weights renormalised).
+    Qwen3Moe,
 }
 
 impl TinyArch {
+    /// Every architecture.
+    pub const ALL: [TinyArch; 5] =
+        [TinyArch::Qwen2, TinyArch::Llama, TinyArch::Qwen3, TinyArch::Qwen2Moe, TinyArch::Qwen3Moe];
+
     pub fn name(self) -> &'static str {
         match self {
             TinyArch::Qwen2 => "qwen2",
             TinyArch::Llama => "llama",
             TinyArch::Qwen3 => "qwen3",
+            TinyArch::Qwen2Moe => "qwen2moe",
+            TinyArch::Qwen3Moe => "qwen3moe",
         }
     }
+
+    /// The architecture of the tiny model the engine loop's and the API's tests serve:
+    /// `$CACHET_TINY_ARCH` (`qwen2`, `llama`, `qwen3`, `qwen2moe`, `qwen3moe`), else Qwen2.
+    /// `scripts/test.sh` runs those tests a second time with `qwen3moe`.
+    pub fn from_env() -> TinyArch {
+        match std::env::var("CACHET_TINY_ARCH") {
+            Ok(n) if !n.is_empty() => TinyArch::ALL
+                .into_iter()
+                .find(|a| a.name() == n)
+                .unwrap_or_else(|| panic!("unknown CACHET_TINY_ARCH {n:?}")),
+            _ => TinyArch::Qwen2,
+        }
+    }
+
+    fn hf_name(self) -> &'static str {
+        match self {
+            TinyArch::Qwen2 => "Qwen2ForCausalLM",
+            TinyArch::Llama => "LlamaForCausalLM",
+            TinyArch::Qwen3 => "Qwen3ForCausalLM",
+            TinyArch::Qwen2Moe => "Qwen2MoeForCausalLM",
+            TinyArch::Qwen3Moe => "Qwen3MoeForCausalLM",
+        }
+    }
+
+    fn qkv_bias(self) -> bool {
+        matches!(self, TinyArch::Qwen2 | TinyArch::Qwen2Moe)
+    }
+
+    fn qk_norm(self) -> bool {
+        matches!(self, TinyArch::Qwen3 | TinyArch::Qwen3Moe)
+    }
+}
+
+/// The experts of a tiny mixture-of-experts model.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct TinyMoe {
+    pub experts: usize,
+    pub active: usize,
+    pub expert_ff: usize,
+    pub norm_topk: bool,
+    pub shared_ff: Option<usize>,
 }
 
 /// A tiny model: shapes chosen so every format (K formats need rows of 256)
@@ -40,13 +91,24 @@ pub struct Tiny {
     pub theta: f32,
     pub eps: f32,
     pub tied: bool,
-    /// (name, shape outermost first, values)
+    /// Routed experts in place of the dense FFN (whose tensors are then absent).
+    pub moe: Option<TinyMoe>,
+    /// (name, shape outermost first, values); experts stacked (`GateExps`: `[experts, ff, hidden]`).
     pub tensors: Vec<(TensorName, Vec<usize>, Vec<f32>)>,
 }
 
 impl Tiny {
     pub fn random(arch: TinyArch, seed: u64, tied: bool) -> Tiny {
         let (vocab, hidden, inter, layers, heads, kv_heads, head_dim) = (320, 256, 512, 2, 4, 2, 64);
+        let moe = match arch {
+            TinyArch::Qwen2Moe => {
+                Some(TinyMoe { experts: 4, active: 2, expert_ff: 256, norm_topk: false, shared_ff: Some(256) })
+            }
+            TinyArch::Qwen3Moe => {
+                Some(TinyMoe { experts: 4, active: 2, expert_ff: 256, norm_topk: true, shared_ff: None })
+            }
+            _ => None,
+        };
         let mut rng = Lcg(seed);
         let mut tensors = Vec::new();
         let mut add = |name: TensorName, shape: Vec<usize>, scale: f32, offset: f32| {
@@ -62,34 +124,68 @@ impl Tiny {
             add(Q(l), vec![q, hidden], 0.12, 0.0);
             add(K(l), vec![kv, hidden], 0.12, 0.0);
             add(V(l), vec![kv, hidden], 0.12, 0.0);
-            if arch == TinyArch::Qwen2 {
+            if arch.qkv_bias() {
                 add(QBias(l), vec![q], 0.3, 0.0);
                 add(KBias(l), vec![kv], 0.3, 0.0);
                 add(VBias(l), vec![kv], 0.3, 0.0);
             }
-            if arch == TinyArch::Qwen3 {
+            if arch.qk_norm() {
                 add(QNorm(l), vec![head_dim], 0.2, 1.0);
                 add(KNorm(l), vec![head_dim], 0.2, 1.0);
             }
             add(AttnOut(l), vec![hidden, q], 0.08, 0.0);
             add(FfnNorm(l), vec![hidden], 0.2, 1.0);
-            add(Gate(l), vec![inter, hidden], 0.1, 0.0);
-            add(Up(l), vec![inter, hidden], 0.1, 0.0);
-            add(Down(l), vec![hidden, inter], 0.06, 0.0);
+            match moe {
+                None => {
+                    add(Gate(l), vec![inter, hidden], 0.1, 0.0);
+                    add(Up(l), vec![inter, hidden], 0.1, 0.0);
+                    add(Down(l), vec![hidden, inter], 0.06, 0.0);
+                }
+                Some(m) => {
+                    // A wide router: its choices are far from ties, so 8-bit activations make
+                    // the same ones as the f64 reference.
+                    add(Router(l), vec![m.experts, hidden], 1.0, 0.0);
+                    add(GateExps(l), vec![m.experts, m.expert_ff, hidden], 0.1, 0.0);
+                    add(UpExps(l), vec![m.experts, m.expert_ff, hidden], 0.1, 0.0);
+                    add(DownExps(l), vec![m.experts, hidden, m.expert_ff], 0.08, 0.0);
+                    if let Some(sf) = m.shared_ff {
+                        add(SharedGate(l), vec![sf, hidden], 0.1, 0.0);
+                        add(SharedUp(l), vec![sf, hidden], 0.1, 0.0);
+                        add(SharedDown(l), vec![hidden, sf], 0.06, 0.0);
+                        add(SharedRouter(l), vec![1, hidden], 0.1, 0.0);
+                    }
+                }
+            }
         }
         add(OutputNorm, vec![hidden], 0.2, 1.0);
         if !tied {
             add(Output, vec![vocab, hidden], 0.15, 0.0);
         }
-        Tiny { arch, vocab, hidden, inter, layers, heads, kv_heads, head_dim, theta: 10000.0, eps: 1e-6, tied, tensors }
+        Tiny {
+            arch,
+            vocab,
+            hidden,
+            inter,
+            layers,
+            heads,
+            kv_heads,
+            head_dim,
+            theta: 10000.0,
+            eps: 1e-6,
+            tied,
+            moe,
+            tensors,
+        }
     }
 
     pub fn get(&self, name: TensorName) -> Option<&[f32]> {
         self.tensors.iter().find(|(n, _, _)| *n == name).map(|(_, _, v)| v.as_slice())
     }
 
-    fn is_matrix(shape: &[usize]) -> bool {
-        shape.len() == 2
+    /// Matrices (and stacks of them) take the file's format; vectors, the router and the shared
+    /// expert's gate stay F32, as llama.cpp's converter leaves them.
+    fn takes_format(name: TensorName, shape: &[usize]) -> bool {
+        shape.len() >= 2 && !matches!(name, TensorName::Router(_) | TensorName::SharedRouter(_))
     }
 
     /// Writes a GGUF with every matrix in `dtype` (vectors stay F32). Llama's
@@ -107,8 +203,16 @@ impl Tiny {
             .metadata(&format!("{a}.attention.head_count_kv"), Value::U32(self.kv_heads as u32))
             .metadata(&format!("{a}.rope.freq_base"), Value::F32(self.theta))
             .metadata(&format!("{a}.attention.layer_norm_rms_epsilon"), Value::F32(self.eps));
-        if self.arch == TinyArch::Qwen3 {
+        if self.arch.qk_norm() {
             w.metadata(&format!("{a}.attention.key_length"), Value::U32(self.head_dim as u32));
+        }
+        if let Some(m) = self.moe {
+            w.metadata(&format!("{a}.expert_count"), Value::U32(m.experts as u32))
+                .metadata(&format!("{a}.expert_used_count"), Value::U32(m.active as u32))
+                .metadata(&format!("{a}.expert_feed_forward_length"), Value::U32(m.expert_ff as u32));
+            if let Some(sf) = m.shared_ff {
+                w.metadata(&format!("{a}.expert_shared_feed_forward_length"), Value::U32(sf as u32));
+            }
         }
         tiny_vocab(&mut w, self.vocab);
         for (name, shape, values) in &self.tensors {
@@ -121,7 +225,7 @@ impl Tiny {
                 }
             }
             // Vectors stay F32 next to quantized matrices (as in llama.cpp's files).
-            let dt = if Self::is_matrix(shape) || !dtype.is_quantized() { dtype } else { DType::F32 };
+            let dt = if Self::takes_format(*name, shape) || !dtype.is_quantized() { dtype } else { DType::F32 };
             let mut bytes = vec![0u8; dt.bytes_for(values.len()).map_err(std::io::Error::other)?];
             quantize_row(dt, &values, &mut bytes).map_err(std::io::Error::other)?;
             w.tensor(&name.gguf(), dt, shape, bytes);
@@ -132,13 +236,8 @@ impl Tiny {
     /// Writes a Hugging Face directory: `config.json` and `model.safetensors`
     /// with every tensor in `dtype` (F32, F16 or BF16).
     pub fn write_hf(&self, dtype: DType, dir: &Path) -> std::io::Result<()> {
-        let arch = match self.arch {
-            TinyArch::Qwen2 => "Qwen2ForCausalLM",
-            TinyArch::Llama => "LlamaForCausalLM",
-            TinyArch::Qwen3 => "Qwen3ForCausalLM",
-        };
-        let config = serde_json::json!({
-            "architectures": [arch],
+        let mut config = serde_json::json!({
+            "architectures": [self.arch.hf_name()],
             "model_type": self.arch.name(),
             "vocab_size": self.vocab,
             "hidden_size": self.hidden,
@@ -153,6 +252,15 @@ impl Tiny {
             "tie_word_embeddings": self.tied,
             "rope_scaling": null,
         });
+        if let Some(m) = self.moe {
+            config["num_experts"] = m.experts.into();
+            config["num_experts_per_tok"] = m.active.into();
+            config["moe_intermediate_size"] = m.expert_ff.into();
+            config["norm_topk_prob"] = m.norm_topk.into();
+            if let Some(sf) = m.shared_ff {
+                config["shared_expert_intermediate_size"] = sf.into();
+            }
+        }
         std::fs::write(dir.join("config.json"), serde_json::to_string_pretty(&config)?)?;
         let st_dtype = match dtype {
             DType::F32 => safetensors::Dtype::F32,
@@ -162,9 +270,28 @@ impl Tiny {
         };
         let mut data: Vec<(String, Vec<u8>, Vec<usize>)> = Vec::new();
         for (name, shape, values) in &self.tensors {
-            let mut bytes = vec![0u8; dtype.bytes_for(values.len()).map_err(std::io::Error::other)?];
-            quantize_row(dtype, values, &mut bytes).map_err(std::io::Error::other)?;
-            data.push((name.hf(), bytes, shape.clone()));
+            // Hugging Face checkpoints store each expert apart.
+            let parts: Vec<(String, &[f32], Vec<usize>)> = match *name {
+                TensorName::GateExps(l) | TensorName::UpExps(l) | TensorName::DownExps(l) => {
+                    let each = values.len() / shape[0];
+                    (0..shape[0])
+                        .map(|e| {
+                            let one = match name {
+                                TensorName::GateExps(_) => TensorName::ExpertGate(l, e),
+                                TensorName::UpExps(_) => TensorName::ExpertUp(l, e),
+                                _ => TensorName::ExpertDown(l, e),
+                            };
+                            (one.hf(), &values[e * each..(e + 1) * each], shape[1..].to_vec())
+                        })
+                        .collect()
+                }
+                _ => vec![(name.hf(), values.as_slice(), shape.clone())],
+            };
+            for (n, v, s) in parts {
+                let mut bytes = vec![0u8; dtype.bytes_for(v.len()).map_err(std::io::Error::other)?];
+                quantize_row(dtype, v, &mut bytes).map_err(std::io::Error::other)?;
+                data.push((n, bytes, s));
+            }
         }
         let views = data
             .iter()

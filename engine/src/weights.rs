@@ -30,6 +30,23 @@ pub enum TensorName {
     Gate(usize),
     Up(usize),
     Down(usize),
+    /// The router of a mixture-of-experts layer: `[experts, hidden]`.
+    Router(usize),
+    /// Every expert's gate (or up) projection of a layer in one tensor, `[experts, ff, hidden]`
+    /// (llama.cpp's merged `ffn_*_exps`).
+    GateExps(usize),
+    UpExps(usize),
+    /// Every expert's down projection, `[experts, hidden, ff]`.
+    DownExps(usize),
+    /// One expert's projections (Hugging Face checkpoints store each expert apart).
+    ExpertGate(usize, usize),
+    ExpertUp(usize, usize),
+    ExpertDown(usize, usize),
+    /// The shared expert of a Qwen2-MoE layer and its gate (`[1, hidden]`).
+    SharedGate(usize),
+    SharedUp(usize),
+    SharedDown(usize),
+    SharedRouter(usize),
 }
 
 impl TensorName {
@@ -55,6 +72,18 @@ impl TensorName {
             Gate(l) => blk(l, "ffn_gate.weight"),
             Up(l) => blk(l, "ffn_up.weight"),
             Down(l) => blk(l, "ffn_down.weight"),
+            Router(l) => blk(l, "ffn_gate_inp.weight"),
+            GateExps(l) => blk(l, "ffn_gate_exps.weight"),
+            UpExps(l) => blk(l, "ffn_up_exps.weight"),
+            DownExps(l) => blk(l, "ffn_down_exps.weight"),
+            // GGUF files hold experts merged; these names are only for messages.
+            ExpertGate(l, e) => blk(l, &format!("ffn_gate_exps.weight[{e}]")),
+            ExpertUp(l, e) => blk(l, &format!("ffn_up_exps.weight[{e}]")),
+            ExpertDown(l, e) => blk(l, &format!("ffn_down_exps.weight[{e}]")),
+            SharedGate(l) => blk(l, "ffn_gate_shexp.weight"),
+            SharedUp(l) => blk(l, "ffn_up_shexp.weight"),
+            SharedDown(l) => blk(l, "ffn_down_shexp.weight"),
+            SharedRouter(l) => blk(l, "ffn_gate_inp_shexp.weight"),
         }
     }
 
@@ -80,6 +109,19 @@ impl TensorName {
             Gate(l) => layer(l, "mlp.gate_proj.weight"),
             Up(l) => layer(l, "mlp.up_proj.weight"),
             Down(l) => layer(l, "mlp.down_proj.weight"),
+            Router(l) => layer(l, "mlp.gate.weight"),
+            // Experts stacked in one 3-D tensor each (released checkpoints, and transformers'
+            // `save_pretrained`, store them apart: the names below).
+            GateExps(l) => layer(l, "mlp.experts.gate_proj"),
+            UpExps(l) => layer(l, "mlp.experts.up_proj"),
+            DownExps(l) => layer(l, "mlp.experts.down_proj"),
+            ExpertGate(l, e) => layer(l, &format!("mlp.experts.{e}.gate_proj.weight")),
+            ExpertUp(l, e) => layer(l, &format!("mlp.experts.{e}.up_proj.weight")),
+            ExpertDown(l, e) => layer(l, &format!("mlp.experts.{e}.down_proj.weight")),
+            SharedGate(l) => layer(l, "mlp.shared_expert.gate_proj.weight"),
+            SharedUp(l) => layer(l, "mlp.shared_expert.up_proj.weight"),
+            SharedDown(l) => layer(l, "mlp.shared_expert.down_proj.weight"),
+            SharedRouter(l) => layer(l, "mlp.shared_expert_gate.weight"),
         }
     }
 }

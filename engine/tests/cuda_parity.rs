@@ -47,7 +47,7 @@ fn tiny_models_match_the_cpu_in_every_format() {
     let dir = tempfile::tempdir().unwrap();
     // A prompt long enough for the cuBLAS prefill path (≥ dense_min_rows rows).
     let long: Vec<u32> = (0..40u32).map(|i| (i * 37 + 5) % 320).collect();
-    for arch in [TinyArch::Qwen2, TinyArch::Llama, TinyArch::Qwen3] {
+    for arch in TinyArch::ALL {
         for dtype in DType::ALL {
             let tied = matches!(dtype, DType::Q4_0 | DType::Q6_K | DType::BF16);
             let tiny = Tiny::random(arch, 11, tied);

@@ -6,6 +6,7 @@ mod cuda_parity;
 mod fidelity_qwen;
 mod kv_tier;
 mod logprobs;
+mod moe_reference;
 mod overload;
 mod runtime;
 mod tiny_models;

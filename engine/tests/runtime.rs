@@ -221,7 +221,7 @@ fn bad_requests_are_refused_with_reasons() {
 fn a_pool_that_does_not_fit_is_a_clear_error() {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("tiny.gguf");
-    Tiny::random(TinyArch::Qwen2, 77, false).write_gguf(DType::Q8_0, &path).unwrap();
+    Tiny::random(TinyArch::from_env(), 77, false).write_gguf(DType::Q8_0, &path).unwrap();
     let backend = CpuBackend::new(1).unwrap();
     let loaded = cachet_engine::loader::load(&path, &backend).unwrap();
     let cfg = EngineConfig { pool: PoolSize::Bytes(1 << 50), ..Default::default() };

@@ -18,25 +18,36 @@ use common::*;
 /// matches the f64 reference on the same (dequantized) weights. Tolerances:
 /// F32/F16/BF16 weights keep f32 activations, so only the f16 KV cache and
 /// summation order differ (≤ 1%); quantized formats also quantize activations
-/// to 8 bits per block (≤ 4% of the largest logit).
+/// to 8 bits per block (≤ 4% of the largest logit), and a mixture of experts is compared up to
+/// the first position whose routing nearly tied in the reference.
 #[test]
 fn gguf_every_format_matches_the_reference() {
     let dir = tempfile::tempdir().unwrap();
-    for arch in [TinyArch::Qwen2, TinyArch::Llama, TinyArch::Qwen3] {
+    for arch in TinyArch::ALL {
+        let (mut compared, mut positions) = (0, 0);
         for dtype in DType::ALL {
             let tied = matches!(dtype, DType::Q4_0 | DType::Q6_K | DType::BF16);
             let tiny = Tiny::random(arch, 11, tied);
             let path = dir.path().join(format!("{}-{dtype}.gguf", arch.name()));
             tiny.write_gguf(dtype, &path).unwrap();
             let file = GgufFile::open(&path).unwrap();
-            let reference = reference_logits(&dequantized(&tiny, &file), &PROMPT);
+            let (reference, margins) = reference_forward(&dequantized(&tiny, &file), &PROMPT);
             let mut r = Runner::gguf(CpuBackend::new(2).unwrap(), &path);
             let ours = r.logits(&PROMPT, PROMPT.len());
-            let err = worst(&ours, &reference);
+            // A mixture of experts in a quantized format: from the first position where the
+            // reference's router nearly tied, 8-bit activations may choose another expert.
+            let upto = match dtype.is_quantized() {
+                true => margins.iter().position(|&m| m < 0.05).unwrap_or(PROMPT.len()),
+                false => PROMPT.len(),
+            };
+            let err = worst(&ours[..upto], &reference[..upto]);
             let tol = if dtype.is_quantized() { 0.04 } else { 0.01 };
-            println!("{:6} {dtype:5} tied={tied:5} rel err {err:.5}", arch.name());
+            println!("{:8} {dtype:5} tied={tied:5} rel err {err:.5} (positions {upto})", arch.name());
             assert!(err < tol, "{} {dtype}: relative error {err} ≥ {tol}", arch.name());
+            (compared, positions) = (compared + upto, positions + PROMPT.len());
         }
+        // Near-ties are rare: two thirds of the positions or more are compared in every architecture.
+        assert!(compared * 3 >= positions * 2, "{}: only {compared} of {positions} positions compared", arch.name());
     }
 }
 
@@ -45,7 +56,7 @@ fn gguf_every_format_matches_the_reference() {
 /// equals the same Llama converted to GGUF (permuted Q/K, interleaved RoPE).
 #[test]
 fn safetensors_match_the_reference_and_the_gguf() {
-    for arch in [TinyArch::Qwen2, TinyArch::Llama, TinyArch::Qwen3] {
+    for arch in TinyArch::ALL {
         for dtype in [DType::F32, DType::F16, DType::BF16] {
             let dir = tempfile::tempdir().unwrap();
             let tiny = Tiny::random(arch, 5, arch == TinyArch::Qwen2);
@@ -77,21 +88,29 @@ fn safetensors_match_the_reference_and_the_gguf() {
 #[test]
 fn batching_and_chunking_do_not_change_results() {
     let dir = tempfile::tempdir().unwrap();
-    for dtype in [DType::Q5_0, DType::Q4_K, DType::F16] {
-        let path = dir.path().join(format!("m-{dtype}.gguf"));
-        Tiny::random(TinyArch::Qwen2, 23, false).write_gguf(dtype, &path).unwrap();
+    let cases = [
+        (TinyArch::Qwen2, DType::Q5_0),
+        (TinyArch::Qwen2, DType::Q4_K),
+        (TinyArch::Qwen2, DType::F16),
+        // Mixtures of experts: a row's experts and their sum do not depend on the batch either.
+        (TinyArch::Qwen3Moe, DType::Q4_K),
+        (TinyArch::Qwen2Moe, DType::Q8_0),
+    ];
+    for (arch, dtype) in cases {
+        let path = dir.path().join(format!("m-{}-{dtype}.gguf", arch.name()));
+        Tiny::random(arch, 23, false).write_gguf(dtype, &path).unwrap();
         let mut r = Runner::gguf(CpuBackend::new(2).unwrap(), &path);
         let vocab = r.model.config().vocab_size;
         let seqs: [&[u32]; 3] = [&PROMPT[..5], &PROMPT[..], &[7, 8, 9]];
         let alone: Vec<Vec<Vec<f32>>> = seqs.iter().map(|s| r.logits(s, s.len())).collect();
 
         // Chunked prefill of the long prompt: 4 + 4 + 4 tokens.
-        assert_eq!(r.logits(seqs[1], 4), alone[1], "{dtype}: chunking changed the logits");
+        assert_eq!(r.logits(seqs[1], 4), alone[1], "{arch:?} {dtype}: chunking changed the logits");
 
         // All three at once, with slots interleaved in the pool.
         let (rows, slots) = r.batched(&seqs);
         for (got, expected) in rows.iter().zip(&alone) {
-            assert_eq!(got, expected, "{dtype}: batching changed the logits");
+            assert_eq!(got, expected, "{arch:?} {dtype}: batching changed the logits");
         }
         let mut out = Vec::new();
 
@@ -114,7 +133,11 @@ fn batching_and_chunking_do_not_change_results() {
             let mut with = s.to_vec();
             with.push(42);
             let single = r.logits(&with, with.len());
-            assert_eq!(&out[k * vocab..(k + 1) * vocab], single.last().unwrap().as_slice(), "{dtype}: decode batch");
+            assert_eq!(
+                &out[k * vocab..(k + 1) * vocab],
+                single.last().unwrap().as_slice(),
+                "{arch:?} {dtype}: decode batch"
+            );
         }
     }
 }

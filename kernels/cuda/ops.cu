@@ -87,6 +87,19 @@ extern "C" __global__ void gather_rows_f32(const float* x, const u32* rows, floa
     }
 }
 
+// x[table[i]] += bits_as_float(table[n + i]) * y[i] (cols wide); the rows are distinct, so no two
+// threads write one value.
+extern "C" __global__ void add_rows_scaled_f32(float* x, const float* y, const u32* table, u32 n, u32 cols) {
+    const u64 total = (u64)n * cols;
+    for (u64 i = global_index(); i < total; i += grid_stride()) {
+        const u64 r = i / cols;
+        const u32 c = (u32)(i % cols);
+        const float s = __uint_as_float(table[n + r]);
+        float* d = x + (u64)table[r] * cols + c;
+        *d = __fadd_rn(*d, __fmul_rn(s, y[i]));
+    }
+}
+
 // Row i of k and v (cols wide) into slot slots[i] of the layer's K/V (f16).
 extern "C" __global__ void kv_store_f16(const float* k, const float* v, u16* kc, u16* vc, const u32* slots, u32 n, u32 cols) {
     const u64 total = (u64)n * cols;

@@ -190,4 +190,21 @@ pub trait Backend: Send + Sync {
     );
     /// `out[i] = x[rows[i]]`.
     fn gather_rows(&self, x: &Self::Buf, rows: &[usize], out: &mut Self::Buf);
+    /// `x[rows[i]] += scales[i] · y[i]` for every row `i` of `y` (the weighted sum of the
+    /// experts a token was routed to). `rows` are distinct rows of `x`.
+    fn add_rows_scaled(&self, x: &mut Self::Buf, y: &Self::Buf, rows: &[usize], scales: &[f32]);
+}
+
+/// Panics unless [`Backend::add_rows_scaled`]'s arguments fit: a caller's bug, like a shape
+/// mismatch in any other op.
+pub fn check_add_rows(x_rows: usize, x_cols: usize, y_rows: usize, y_cols: usize, rows: &[usize], scales: &[f32]) {
+    assert!(
+        y_cols == x_cols && rows.len() == y_rows && scales.len() == y_rows,
+        "add_rows_scaled of {y_rows}×{y_cols} into {x_rows}×{x_cols} with {} rows and {} scales",
+        rows.len(),
+        scales.len()
+    );
+    if let Some(&r) = rows.iter().find(|&&r| r >= x_rows) {
+        panic!("add_rows_scaled into row {r} of {x_rows}");
+    }
 }

@@ -43,6 +43,14 @@ impl Bytes {
         (range.start <= range.end && range.end <= len).then_some(Bytes { owner, range })
     }
 
+    /// The part `range` of these bytes (offsets relative to them); `None` if it does not fit.
+    pub fn slice(&self, range: Range<usize>) -> Option<Bytes> {
+        (range.start <= range.end && range.end <= self.len()).then(|| Bytes {
+            owner: self.owner.clone(),
+            range: self.range.start + range.start..self.range.start + range.end,
+        })
+    }
+
     /// A copy of `data` in 64-byte aligned storage.
     pub fn copy_from(data: &[u8]) -> Bytes {
         let mut words = vec![[0u64; 8]; data.len().div_ceil(64)];
@@ -117,6 +125,28 @@ impl HostTensor {
     /// Columns (the last dimension).
     pub fn cols(&self) -> usize {
         self.shape.last().copied().unwrap_or(1)
+    }
+
+    /// The tensor split along its outermost dimension: `[n, …]` into `n` tensors of shape `[…]`
+    /// sharing these bytes (a stack of expert matrices into one matrix per expert).
+    pub fn split_outer(&self) -> Result<Vec<HostTensor>, QuantError> {
+        let (&n, inner) = self.shape.split_first().ok_or(QuantError::ByteLength {
+            dtype: self.dtype,
+            expected: 0,
+            got: self.bytes.len(),
+        })?;
+        let cols = inner.last().copied().unwrap_or(1);
+        let rows: usize = inner.iter().rev().skip(1).product();
+        let each = self.dtype.bytes_for(cols)? * rows;
+        if each.checked_mul(n) != Some(self.bytes.len()) {
+            return Err(QuantError::ByteLength { dtype: self.dtype, expected: each * n, got: self.bytes.len() });
+        }
+        (0..n)
+            .map(|i| {
+                let part = self.bytes.slice(i * each..(i + 1) * each).expect("inside the checked length");
+                HostTensor::new(self.dtype, inner.to_vec(), part)
+            })
+            .collect()
     }
 
     /// All values as f32.

@@ -321,7 +321,8 @@ fn speeds<B: Backend>(
         println!(
             "{}",
             serde_json::json!({"model": loaded.name, "backend": bench.b.name(), "tests": tests,
-                "read_gbs": read_gbs, "copy_gbs": copy_gbs, "step_bytes": step_bytes})
+                "read_gbs": read_gbs, "copy_gbs": copy_gbs, "step_bytes": step_bytes,
+                "expert_bytes": bench.model.expert_bytes().map(|(all, read)| serde_json::json!({"all": all, "read": read}))})
         );
     } else {
         println!("model: {} · backend: {}", loaded.name, bench.b.name());
@@ -331,6 +332,16 @@ fn speeds<B: Backend>(
             step_bytes as f64 / 1e6,
             read_gbs * 1e9 / step_bytes as f64
         );
+        if let (Some((all, read)), Some(m)) = (bench.model.expert_bytes(), &bench.model.config().moe) {
+            println!(
+                "mixture of experts: {} of {} experts active; a step reads {:.1} of their {:.1} MB \
+                 (counted above; a batch reads the union of its tokens' experts)",
+                m.active,
+                m.experts,
+                read as f64 / 1e6,
+                all as f64 / 1e6
+            );
+        }
         println!("| test | sequences | tokens/s (median of {}) | weight GB/s | of read bandwidth |", args.reps.max(1));
         println!("|---|---:|---:|---:|---:|");
         for (test, batch, tps, _) in &rows {

@@ -2,7 +2,7 @@
 //! tokens of several sequences go through every matmul together, and each
 //! sequence attends over its own slots.
 
-use super::Model;
+use super::{Ffn, Model};
 use crate::EngineError;
 use cachet_kernels::backend::{AttnSeq, AttnShape, Backend};
 
@@ -32,18 +32,22 @@ pub struct SeqChunk<'a> {
 /// Activation buffers, kept between passes so steady-state decoding does not
 /// allocate.
 pub struct ForwardScratch<B: Backend> {
-    x: B::Buf,
-    h: B::Buf,
+    pub(super) x: B::Buf,
+    pub(super) h: B::Buf,
     q: B::Buf,
     k: B::Buf,
     v: B::Buf,
     attn: B::Buf,
-    o: B::Buf,
-    gate: B::Buf,
-    up: B::Buf,
+    pub(super) o: B::Buf,
+    pub(super) gate: B::Buf,
+    pub(super) up: B::Buf,
     rope: B::Buf,
     last: B::Buf,
     logits: B::Buf,
+    /// Mixture-of-experts layers: the router's scores, the rows routed to one expert.
+    pub(super) router: B::Buf,
+    pub(super) routed: B::Buf,
+    pub(super) routing: super::moe::Routing,
     tokens: Vec<u32>,
     positions: Vec<u32>,
     store_slots: Vec<u32>,
@@ -74,6 +78,9 @@ impl<B: Backend> ForwardScratch<B> {
             rope: b.buf(),
             last: b.buf(),
             logits: b.buf(),
+            router: b.buf(),
+            routed: b.buf(),
+            routing: Default::default(),
             tokens: Vec::new(),
             positions: Vec::new(),
             store_slots: Vec::new(),
@@ -191,10 +198,15 @@ impl<B: Backend> Model<B> {
             b.add(&mut s.x, &s.o);
 
             b.rms_norm(&s.x, &layer.ffn_norm, c.rms_eps, &mut s.h);
-            b.matmul(&s.h, &mut [(&layer.gate, &mut s.gate), (&layer.up, &mut s.up)]);
-            b.silu_mul(&mut s.gate, &s.up);
-            b.matmul(&s.gate, &mut [(&layer.down, &mut s.o)]);
-            b.add(&mut s.x, &s.o);
+            match &layer.ffn {
+                Ffn::Dense { gate, up, down } => {
+                    b.matmul(&s.h, &mut [(gate, &mut s.gate), (up, &mut s.up)]);
+                    b.silu_mul(&mut s.gate, &s.up);
+                    b.matmul(&s.gate, &mut [(down, &mut s.o)]);
+                    b.add(&mut s.x, &s.o);
+                }
+                Ffn::Moe(m) => self.moe_ffn(b, m, s),
+            }
         }
         b.gather_rows(&s.x, &s.logit_rows, &mut s.last);
         b.rms_norm(&s.last, &self.norm, c.rms_eps, &mut s.h);

@@ -1,9 +1,10 @@
 //! The generic decoder: one set of weights and one forward pass for Qwen2,
 //! Llama and Qwen3 (they differ only in Q/K/V biases, Q/K norms and RoPE
-//! pairing). The model holds no KV cache: K/V live in a pool owned by the
+//! pairing), and their mixture-of-experts forms (Qwen2-MoE, Qwen3-MoE). The model holds no KV cache: K/V live in a pool owned by the
 //! caller and are addressed by slot.
 
 mod forward;
+mod moe;
 
 pub use forward::{ForwardScratch, LogitsFor, SeqChunk};
 
@@ -11,6 +12,7 @@ use crate::config::ModelConfig;
 use crate::weights::{TensorName, WeightSource};
 use crate::LoadError;
 use cachet_kernels::backend::Backend;
+use cachet_kernels::tensor::HostTensor;
 
 struct Layer<B: Backend> {
     attn_norm: B::Weight,
@@ -21,12 +23,18 @@ struct Layer<B: Backend> {
     qk_norm: Option<[B::Weight; 2]>,
     wo: B::Weight,
     ffn_norm: B::Weight,
-    gate: B::Weight,
-    up: B::Weight,
-    down: B::Weight,
+    ffn: Ffn<B>,
 }
 
-/// A loaded model on backend `B`.
+/// A layer's feed-forward block.
+enum Ffn<B: Backend> {
+    /// `down(silu(gate(x)) · up(x))`.
+    Dense { gate: B::Weight, up: B::Weight, down: B::Weight },
+    /// Routed experts (and a shared one): `moe.rs`.
+    Moe(moe::MoeFfn<B>),
+}
+
+/// A model on backend `B`.
 pub struct Model<B: Backend> {
     config: ModelConfig,
     embed: B::Weight,
@@ -35,8 +43,12 @@ pub struct Model<B: Backend> {
     /// `None` when the output projection is tied to the embeddings.
     output: Option<B::Weight>,
     /// Weight bytes one decode step reads (all but the embedding table, whose
-    /// rows are gathered; the output projection even when tied).
+    /// rows are gathered; the output projection even when tied; of a
+    /// mixture of experts, the router, the shared expert and the active share
+    /// of the routed ones).
     step_bytes: usize,
+    /// Bytes of all routed experts' weights, and the share a decode step reads.
+    expert_bytes: (usize, usize),
 }
 
 impl<B: Backend> std::fmt::Debug for Model<B> {
@@ -45,66 +57,91 @@ impl<B: Backend> std::fmt::Debug for Model<B> {
     }
 }
 
+/// Takes tensors from a source, checks their shapes and hands them to the
+/// backend, counting the bytes a decode step reads.
+struct Loader<'a, B: Backend> {
+    backend: &'a B,
+    src: &'a dyn WeightSource,
+    step_bytes: usize,
+    /// Routed experts: all their bytes, and the active share (counted in `step_bytes` too).
+    expert_bytes: (usize, usize),
+}
+
+impl<B: Backend> Loader<'_, B> {
+    /// The tensor `name` as the file holds it.
+    fn host(&self, name: TensorName) -> Result<HostTensor, LoadError> {
+        self.src.get(name)?.ok_or_else(|| LoadError::MissingTensor(self.src.file_name(name)))
+    }
+
+    /// `t` (named `name` in messages) on the backend, if its shape is `shape`.
+    fn upload(&self, name: TensorName, t: HostTensor, shape: &[usize]) -> Result<B::Weight, LoadError> {
+        // Vectors may be stored as [n] or [1, n].
+        let found: Vec<usize> =
+            t.shape.iter().copied().skip_while(|&d| d == 1 && t.shape.len() > shape.len()).collect();
+        if found != shape {
+            return Err(LoadError::Shape { name: self.src.file_name(name), expected: shape.to_vec(), found: t.shape });
+        }
+        Ok(self.backend.load(t)?)
+    }
+
+    /// A tensor every decode step reads (the embedding table excepted).
+    fn get(&mut self, name: TensorName, shape: &[usize]) -> Result<B::Weight, LoadError> {
+        let t = self.host(name)?;
+        if name != TensorName::Embed {
+            self.step_bytes += t.bytes.len();
+        }
+        self.upload(name, t, shape)
+    }
+
+    fn opt(&mut self, name: TensorName, shape: &[usize]) -> Result<Option<B::Weight>, LoadError> {
+        match self.src.get(name)? {
+            Some(_) => self.get(name, shape).map(Some),
+            None => Ok(None),
+        }
+    }
+}
+
 impl<B: Backend> Model<B> {
     /// Loads every tensor the architecture needs from `src`, checking shapes
     /// against `config`.
     pub fn load(backend: &B, src: &dyn WeightSource, config: ModelConfig) -> Result<Model<B>, LoadError> {
         let c = &config;
-        let step_bytes = std::cell::Cell::new(0usize);
-        let get = |name: TensorName, shape: &[usize]| -> Result<B::Weight, LoadError> {
-            let t = src.get(name)?.ok_or_else(|| LoadError::MissingTensor(src.file_name(name)))?;
-            if name != TensorName::Embed {
-                step_bytes.set(step_bytes.get() + t.bytes.len());
-            }
-            // Vectors may be stored as [n] or [1, n].
-            let found: Vec<usize> =
-                t.shape.iter().copied().skip_while(|&d| d == 1 && t.shape.len() > shape.len()).collect();
-            if found != shape {
-                return Err(LoadError::Shape { name: src.file_name(name), expected: shape.to_vec(), found: t.shape });
-            }
-            Ok(backend.load(t)?)
-        };
-        let opt = |name: TensorName, shape: &[usize]| -> Result<Option<B::Weight>, LoadError> {
-            match src.get(name)? {
-                Some(_) => get(name, shape).map(Some),
-                None => Ok(None),
-            }
-        };
+        let mut ld = Loader { backend, src, step_bytes: 0, expert_bytes: (0, 0) };
         let (h, q, kv, ff) = (c.hidden, c.q_dim(), c.kv_dim(), c.intermediate);
         let mut layers = Vec::with_capacity(c.n_layers);
         for l in 0..c.n_layers {
             use TensorName::*;
             let bias = if c.qkv_bias {
-                Some([get(QBias(l), &[q])?, get(KBias(l), &[kv])?, get(VBias(l), &[kv])?])
+                Some([ld.get(QBias(l), &[q])?, ld.get(KBias(l), &[kv])?, ld.get(VBias(l), &[kv])?])
             } else {
                 None
             };
-            let qk_norm =
-                if c.qk_norm { Some([get(QNorm(l), &[c.head_dim])?, get(KNorm(l), &[c.head_dim])?]) } else { None };
-            layers.push(Layer {
-                attn_norm: get(AttnNorm(l), &[h])?,
-                wq: get(Q(l), &[q, h])?,
-                wk: get(K(l), &[kv, h])?,
-                wv: get(V(l), &[kv, h])?,
-                bias,
-                qk_norm,
-                wo: get(AttnOut(l), &[h, q])?,
-                ffn_norm: get(FfnNorm(l), &[h])?,
-                gate: get(Gate(l), &[ff, h])?,
-                up: get(Up(l), &[ff, h])?,
-                down: get(Down(l), &[h, ff])?,
-            });
+            let qk_norm = if c.qk_norm {
+                Some([ld.get(QNorm(l), &[c.head_dim])?, ld.get(KNorm(l), &[c.head_dim])?])
+            } else {
+                None
+            };
+            let attn_norm = ld.get(AttnNorm(l), &[h])?;
+            let (wq, wk, wv) = (ld.get(Q(l), &[q, h])?, ld.get(K(l), &[kv, h])?, ld.get(V(l), &[kv, h])?);
+            let wo = ld.get(AttnOut(l), &[h, q])?;
+            let ffn_norm = ld.get(FfnNorm(l), &[h])?;
+            let ffn = match &c.moe {
+                Some(m) => Ffn::Moe(moe::MoeFfn::load(&mut ld, l, h, m)?),
+                None => Ffn::Dense {
+                    gate: ld.get(Gate(l), &[ff, h])?,
+                    up: ld.get(Up(l), &[ff, h])?,
+                    down: ld.get(Down(l), &[h, ff])?,
+                },
+            };
+            layers.push(Layer { attn_norm, wq, wk, wv, bias, qk_norm, wo, ffn_norm, ffn });
         }
-        let embed = get(TensorName::Embed, &[c.vocab_size, h])?;
-        let norm = get(TensorName::OutputNorm, &[h])?;
-        let output = opt(TensorName::Output, &[c.vocab_size, h])?;
+        let embed = ld.get(TensorName::Embed, &[c.vocab_size, h])?;
+        let norm = ld.get(TensorName::OutputNorm, &[h])?;
+        let output = ld.opt(TensorName::Output, &[c.vocab_size, h])?;
         if output.is_none() {
-            let t = src
-                .get(TensorName::Embed)?
-                .ok_or_else(|| LoadError::MissingTensor(src.file_name(TensorName::Embed)))?;
-            step_bytes.set(step_bytes.get() + t.bytes.len());
+            ld.step_bytes += ld.host(TensorName::Embed)?.bytes.len();
         }
-        Ok(Model { embed, norm, output, layers, config, step_bytes: step_bytes.get() })
+        Ok(Model { embed, norm, output, layers, config, step_bytes: ld.step_bytes, expert_bytes: ld.expert_bytes })
     }
 
     /// The model's hyper-parameters.
@@ -116,6 +153,13 @@ impl<B: Backend> Model<B> {
     /// speed (bytes ÷ memory bandwidth).
     pub fn step_bytes(&self) -> usize {
         self.step_bytes
+    }
+
+    /// Of a mixture of experts: `(all, read)`, the bytes of every routed expert's weights and
+    /// the share a one-token decode step reads (its active experts, on average; part of
+    /// [`Model::step_bytes`]). A batch reads the union of its tokens' experts.
+    pub fn expert_bytes(&self) -> Option<(usize, usize)> {
+        self.config.moe.as_ref().map(|_| self.expert_bytes)
     }
 
     fn output(&self) -> &B::Weight {

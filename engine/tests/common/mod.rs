@@ -72,7 +72,15 @@ fn rope(x: &mut [f64], pos: usize, theta: f32) {
 /// Logits of every position of `tokens`, computed naively in f64 from the
 /// Hugging Face layout of the weights.
 pub fn reference_logits(m: &Tiny, tokens: &[u32]) -> Vec<Vec<f32>> {
+    reference_forward(m, tokens).0
+}
+
+/// [`reference_logits`], and for a mixture of experts each position's router margin: the
+/// smallest gap, over layers, between the router scores of the last expert chosen and the best
+/// one not chosen (infinite for a dense model).
+pub fn reference_forward(m: &Tiny, tokens: &[u32]) -> (Vec<Vec<f32>>, Vec<f64>) {
     use TensorName::*;
+    let mut margins = vec![f64::INFINITY; tokens.len()];
     let (hd, nh, nkv) = (m.head_dim, m.heads, m.kv_heads);
     let g = |n| m.get(n).unwrap();
     let mut xs: Vec<Vec<f64>> = tokens
@@ -132,17 +140,55 @@ pub fn reference_logits(m: &Tiny, tokens: &[u32]) -> Vec<Vec<f32>> {
             let o = matvec(g(AttnOut(l)), &attn, m.hidden);
             x.iter_mut().zip(&o).for_each(|(a, b)| *a += b);
             let h = rms(x, g(FfnNorm(l)), m.eps);
-            let gate = matvec(g(Gate(l)), &h, m.inter);
-            let up = matvec(g(Up(l)), &h, m.inter);
-            let act: Vec<f64> = gate.iter().zip(&up).map(|(g, u)| g / (1.0 + (-g).exp()) * u).collect();
-            let d = matvec(g(Down(l)), &act, m.hidden);
+            let ffn = |gate: &[f32], up: &[f32], down: &[f32], ff: usize| -> Vec<f64> {
+                let gate = matvec(gate, &h, ff);
+                let up = matvec(up, &h, ff);
+                let act: Vec<f64> = gate.iter().zip(&up).map(|(g, u)| g / (1.0 + (-g).exp()) * u).collect();
+                matvec(down, &act, m.hidden)
+            };
+            let d = match m.moe {
+                None => ffn(g(Gate(l)), g(Up(l)), g(Down(l)), m.inter),
+                Some(moe) => {
+                    // Softmax over the router's scores, the `active` best, their weights
+                    // renormalised or not; a shared expert scaled by the sigmoid of its gate.
+                    let scores = matvec(g(Router(l)), &h, moe.experts);
+                    let max = scores.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
+                    let e: Vec<f64> = scores.iter().map(|s| (s - max).exp()).collect();
+                    let sum: f64 = e.iter().sum();
+                    let mut order: Vec<usize> = (0..moe.experts).collect();
+                    order.sort_by(|&a, &b| e[b].total_cmp(&e[a]).then(a.cmp(&b)));
+                    let chosen = &order[..moe.active];
+                    if let Some(&next) = order.get(moe.active) {
+                        margins[pos] = margins[pos].min(scores[order[moe.active - 1]] - scores[next]);
+                    }
+                    let total: f64 = chosen.iter().map(|&i| e[i] / sum).sum();
+                    let mut out = vec![0f64; m.hidden];
+                    let (gate, up, down) = (g(GateExps(l)), g(UpExps(l)), g(DownExps(l)));
+                    let each = moe.expert_ff * m.hidden;
+                    for &i in chosen {
+                        let w = e[i] / sum / if moe.norm_topk { total } else { 1.0 };
+                        let at = i * each..(i + 1) * each;
+                        let y = ffn(&gate[at.clone()], &up[at.clone()], &down[at], moe.expert_ff);
+                        out.iter_mut().zip(&y).for_each(|(o, y)| *o += w * y);
+                    }
+                    if let Some(sf) = moe.shared_ff {
+                        let y = ffn(g(SharedGate(l)), g(SharedUp(l)), g(SharedDown(l)), sf);
+                        let gate = matvec(g(SharedRouter(l)), &h, 1)[0];
+                        let s = 1.0 / (1.0 + (-gate).exp());
+                        out.iter_mut().zip(&y).for_each(|(o, y)| *o += s * y);
+                    }
+                    out
+                }
+            };
             x.iter_mut().zip(&d).for_each(|(a, b)| *a += b);
         }
     }
     let out = m.get(Output).unwrap_or_else(|| g(Embed));
-    xs.iter()
+    let logits = xs
+        .iter()
         .map(|x| matvec(out, &rms(x, g(OutputNorm), m.eps), m.vocab).into_iter().map(|v| v as f32).collect())
-        .collect()
+        .collect();
+    (logits, margins)
 }
 
 /// max |a - b| / max |b|.
@@ -221,11 +267,11 @@ pub fn worst(ours: &[Vec<f32>], reference: &[Vec<f32>]) -> f32 {
     ours.iter().zip(reference).map(|(a, b)| rel_err(a, b)).fold(0.0, f32::max)
 }
 
-/// A running engine loop (2 threads) serving `Tiny::random(Qwen2, 77)` in Q8_0.
+/// A running engine loop (2 threads) serving `Tiny::random(TinyArch::from_env(), 77)` in Q8_0.
 pub fn tiny_engine(cfg: cachet_engine::runtime::EngineConfig) -> cachet_engine::runtime::EngineHandle {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("tiny.gguf");
-    Tiny::random(TinyArch::Qwen2, 77, false).write_gguf(cachet_kernels::quant::DType::Q8_0, &path).unwrap();
+    Tiny::random(TinyArch::from_env(), 77, false).write_gguf(cachet_kernels::quant::DType::Q8_0, &path).unwrap();
     let backend = cachet_kernels::cpu::CpuBackend::new(2).unwrap();
     let loaded = cachet_engine::loader::load(&path, &backend).unwrap();
     cachet_engine::runtime::start(backend, loaded, cfg).unwrap()

@@ -321,4 +321,19 @@ impl Backend for CpuBackend {
             out.data[i * x.cols..(i + 1) * x.cols].copy_from_slice(&x.data[r * x.cols..(r + 1) * x.cols]);
         }
     }
+
+    fn add_rows_scaled(&self, x: &mut CpuBuf, y: &CpuBuf, rows: &[usize], scales: &[f32]) {
+        crate::backend::check_add_rows(x.rows, x.cols, y.rows, y.cols, rows, scales);
+        let cols = x.cols;
+        self.timed(
+            || "add_rows_scaled".into(),
+            || {
+                for ((&r, &s), src) in rows.iter().zip(scales).zip(y.data.chunks_exact(cols)) {
+                    for (d, &v) in x.data[r * cols..(r + 1) * cols].iter_mut().zip(src) {
+                        *d += s * v;
+                    }
+                }
+            },
+        );
+    }
 }

@@ -496,4 +496,9 @@ impl Backend for CudaBackend {
         let _op = self.enter("gather_rows");
         ops::gather_rows(self, x, rows, out);
     }
+
+    fn add_rows_scaled(&self, x: &mut CudaBuf, y: &CudaBuf, rows: &[usize], scales: &[f32]) {
+        let _op = self.enter("add_rows_scaled");
+        ops::add_rows_scaled(self, x, y, rows, scales);
+    }
 }

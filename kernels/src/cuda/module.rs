@@ -191,7 +191,7 @@ impl PerFormat {
 }
 
 /// The kernels of ops.cu, in the order of [`Kernels`]' fields.
-const OPS: [&str; 11] = [
+const OPS: [&str; 12] = [
     "add_f32",
     "silu_mul_f32",
     "rms_norm_f32",
@@ -203,6 +203,7 @@ const OPS: [&str; 11] = [
     "activations_to_bf16",
     "kv_gather_f16",
     "kv_scatter_f16",
+    "add_rows_scaled_f32",
 ];
 /// The kernels of attention.cu.
 const ATTENTION: [&str; 2] = ["attention_chunk", "attention_combine"];
@@ -233,6 +234,7 @@ pub(crate) struct Kernels {
     pub activations_to_bf16: CudaFunction,
     pub kv_gather: CudaFunction,
     pub kv_scatter: CudaFunction,
+    pub add_rows_scaled: CudaFunction,
     pub attention_chunk: CudaFunction,
     pub attention_combine: CudaFunction,
     pub matmul: PerFormat,
@@ -263,10 +265,10 @@ impl Kernels {
             Ok(PerFormat(fns.try_into().map_err(|_| "one kernel per format".to_string())?))
         };
         let Ok(
-            [add, silu_mul, rms_norm, rms_norm_inplace, rope_table, rope, gather_rows, kv_store, activations_to_bf16, kv_gather, kv_scatter],
-        ) = <[CudaFunction; 11]>::try_from(all("ops.cu", &OPS)?)
+            [add, silu_mul, rms_norm, rms_norm_inplace, rope_table, rope, gather_rows, kv_store, activations_to_bf16, kv_gather, kv_scatter, add_rows_scaled],
+        ) = <[CudaFunction; 12]>::try_from(all("ops.cu", &OPS)?)
         else {
-            unreachable!("OPS has eleven kernels")
+            unreachable!("OPS has twelve kernels")
         };
         let Ok([attention_chunk, attention_combine]) = <[CudaFunction; 2]>::try_from(all("attention.cu", &ATTENTION)?)
         else {
@@ -285,6 +287,7 @@ impl Kernels {
             activations_to_bf16,
             kv_gather,
             kv_scatter,
+            add_rows_scaled,
             attention_chunk,
             attention_combine,
             matmul: per(matmul)?,

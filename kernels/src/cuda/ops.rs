@@ -140,6 +140,22 @@ pub(super) fn gather_rows(be: &CudaBackend, x: &CudaBuf, rows: &[usize], out: &m
     launch!(be, "gather_rows", &be.kernels.gather_rows, grid(rows.len() * x.cols); x.slice(), idx, out.slice_mut(), n, cols);
 }
 
+pub(super) fn add_rows_scaled(be: &CudaBackend, x: &mut CudaBuf, y: &CudaBuf, rows: &[usize], scales: &[f32]) {
+    crate::backend::check_add_rows(x.rows, x.cols, y.rows, y.cols, rows, scales);
+    if rows.is_empty() || x.cols == 0 {
+        return;
+    }
+    // One table: the rows, then the scales' bits.
+    let host: Vec<u32> = rows.iter().map(|&r| r as u32).chain(scales.iter().map(|s| s.to_bits())).collect();
+    let mut scratch = be.scratch();
+    let table = upload_u32(be, &mut scratch.idx, &host);
+    let (n, cols) = (rows.len() as u32, x.cols as u32);
+    // SAFETY: add_rows_scaled_f32(float*, const float*, const u32*, u32, u32); every row is a
+    // row of x (checked) and distinct (the caller's contract), y holds n × cols values, the
+    // table 2n.
+    launch!(be, "add_rows_scaled", &be.kernels.add_rows_scaled, grid(rows.len() * x.cols); x.slice_mut(), y.slice(), table, n, cols);
+}
+
 /// Rows of `slots` of `layer` to the host (see [`crate::backend::Backend::kv_export`]): one
 /// gather into device buffers, one copy each for K and V.
 pub(super) fn kv_export(

@@ -45,9 +45,10 @@ pub fn tiny_model() -> PathBuf {
         // folder, written under a unique name and renamed into place, so runs in
         // parallel never see half a file and nothing is left in /tmp.
         let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR"));
-        let path = dir.join("api-tiny-qwen2-seed5-q8_0.gguf");
+        let arch = TinyArch::from_env();
+        let path = dir.join(format!("api-tiny-{}-seed5-q8_0.gguf", arch.name()));
         let part = tempfile::Builder::new().prefix("api-tiny").suffix(".part").tempfile_in(&dir).unwrap();
-        Tiny::random(TinyArch::Qwen2, 5, false).write_gguf(DType::Q8_0, part.path()).unwrap();
+        Tiny::random(arch, 5, false).write_gguf(DType::Q8_0, part.path()).unwrap();
         part.persist(&path).unwrap();
         path
     })
