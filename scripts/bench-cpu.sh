@@ -3,7 +3,8 @@
 # GGUF with the same thread count, alternating the two for REPS rounds and
 # reporting medians (these machines are shared: only ratios from one run count).
 #
-#   scripts/bench-cpu.sh [THREADS=2] [REPS=5] [BATCH=1,4,16] [LEVEL=native|avx2]   (environment)
+#   scripts/bench-cpu.sh [THREADS=2] [REPS=5] [BATCH=1,4,16] [LEVEL=native|avx2] [MODEL=file.gguf]
+#   (environment; MODEL defaults to the default model)
 #
 # Needs llama-bench: $LLAMA_BIN, else ~/.cache/cachet-peer/llama.cpp/build/bin,
 # else it is built from the llama.cpp checkout at $LLAMA_SRC (scripts/llama-peer.sh).
@@ -28,7 +29,7 @@ MULTI=$(echo "$BATCH" | tr ',' '\n' | awk '$1 > 1' | paste -sd, -)
 MAXB=$(echo "$BATCH" | tr ',' '\n' | sort -n | tail -n 1)
 cargo build -q --release -p cachet-api
 CACHET=target/release/cachet
-MODEL=$($CACHET models pull 2>/dev/null | tail -n 1)
+MODEL=${MODEL:-$($CACHET models pull 2>/dev/null | tail -n 1)}
 
 : > "$OUT/llama.jsonl"
 : > "$OUT/cachet.jsonl"

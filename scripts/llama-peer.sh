@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Prints the folder holding llama.cpp's binaries (llama-server, llama-bench, and
+# Prints the folder holding llama.cpp's binaries (llama-server, llama-bench, llama-quantize, and
 # llama-batched-bench when built) for the side-by-side scripts: $LLAMA_BIN, else
 # ~/.cache/cachet-peer/llama.cpp/build/bin, else it builds them there (CPU only, no AMX) from
 # the llama.cpp checkout at $LLAMA_SRC.
@@ -18,7 +18,7 @@ if [ "$LEVEL" = native ] && [ -n "${LLAMA_BIN:-}" ]; then
 else
   BIN=$BUILD/bin
 fi
-if [ -x "$BIN/llama-server" ] && [ -x "$BIN/llama-bench" ]; then
+if [ -x "$BIN/llama-server" ] && [ -x "$BIN/llama-bench" ] && [ -x "$BIN/llama-quantize" ]; then
   echo "$BIN"
   exit 0
 fi
@@ -37,5 +37,5 @@ cmake -S "$LLAMA_SRC" -B "$BUILD" -DCMAKE_BUILD_TYPE=Release -DGGML_CUDA=OFF -DL
   -DGGML_AVX="$(has avx)" -DGGML_AVX2="$(has avx2)" -DGGML_FMA="$(has fma)" -DGGML_F16C="$(has f16c)" \
   -DGGML_AVX_VNNI="$(wide avx_vnni)" -DGGML_AVX512="$(wide avx512f)" -DGGML_AVX512_VBMI="$(wide avx512vbmi)" \
   -DGGML_AVX512_VNNI="$(wide avx512_vnni)" -DGGML_AVX512_BF16="$(wide avx512_bf16)" >&2
-cmake --build "$BUILD" -j "$(nproc)" --target llama-server llama-bench llama-batched-bench >&2
+cmake --build "$BUILD" -j "$(nproc)" --target llama-server llama-bench llama-batched-bench llama-quantize >&2
 echo "$BUILD/bin"

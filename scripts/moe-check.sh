@@ -20,15 +20,9 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 : "${LLAMA_SRC:?set LLAMA_SRC to a llama.cpp checkout (see the header of this script)}"
 [ -f "$LLAMA_SRC/convert_hf_to_gguf.py" ] || { echo "no convert_hf_to_gguf.py in $LLAMA_SRC" >&2; exit 1; }
-VENV=${MOE_VENV:-target/moe-venv}
+. scripts/lib.sh
 OUT=${OUT:-target/moe-fixtures}
-
-if ! "$VENV/bin/python" -c "import torch, transformers, gguf, tokenizers" 2>/dev/null; then
-  echo "== a Python environment with torch and transformers in $VENV"
-  python3 -m venv "$VENV"
-  "$VENV/bin/pip" install -q --upgrade pip
-  "$VENV/bin/pip" install -q torch transformers safetensors gguf tokenizers numpy sentencepiece
-fi
+VENV=$(moe_venv)
 
 echo "== tiny MoE models and transformers' reference outputs in $OUT"
 rm -rf "$OUT"

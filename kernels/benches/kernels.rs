@@ -131,6 +131,24 @@ fn main() {
         println!("| {dtype} | {:.1} | {gflops:.1} |", d.as_secs_f64() * 1e3);
     }
 
+    // Expert-sized GEMM: a mixture of experts' prefill runs each expert over the few rows routed
+    // to it (Qwen3-Coder-30B-A3B: 128 experts of 768 × 2048, 8 per token: 32 rows per expert
+    // in a 512-token pass on average).
+    println!("\n| expert GEMM, t × [768 × 2048] | t | ms | GFLOP/s |\n|---|---:|---:|---:|");
+    let (n, k) = (768, 2048);
+    for dtype in [DType::Q4_K, DType::Q6_K] {
+        let w = matrix(&cpu, dtype, n, k);
+        for t in [1usize, 4, 8, 32, 128, 512] {
+            let xs = random(t * k, 5);
+            let (mut x, mut y) = (cpu.buf(), cpu.buf());
+            cpu.upload(&mut x, t, k, &xs);
+            let d = best(reps, || cpu.matmul(&x, &mut [(&w, &mut y)]));
+            let gflops = 2.0 * (t * n * k) as f64 / d.as_secs_f64() / 1e9;
+            println!("| {dtype} | {t} | {:.3} | {gflops:.1} |", d.as_secs_f64() * 1e3);
+        }
+    }
+    println!();
+
     // Decode attention: one query token over `ctx` cached tokens (Qwen2.5-0.5B heads).
     println!("\n| decode attention, 14 heads / 2 KV heads × 64 | µs per token per layer |\n|---|---:|");
     let (heads, kv_heads, hd) = (14, 2, 64);

@@ -7,7 +7,6 @@
 mod q32;
 mod qk;
 
-use super::scalar::combine_k_min;
 use super::GemmJob;
 use crate::quant::*;
 use half::{bf16, f16};

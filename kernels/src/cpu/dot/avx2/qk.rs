@@ -14,58 +14,121 @@ use super::*;
 pub(super) struct Chunks {
     w: [__m256i; 8],
     sc: [__m256i; 8],
+    /// `Q4_K`/`Q5_K`: the 8 sub-block mins (i16).
+    mins: __m128i,
+    /// `Q6_K`: the 16 sub-block scales (i16).
+    sc16: __m256i,
+    /// The block's scales as f32 (`d`, and `dmin` where there is one).
+    d: f32,
+    dmin: f32,
 }
+
+const EMPTY: Chunks = Chunks {
+    w: [unsafe { std::mem::transmute::<[u8; 32], __m256i>([0; 32]) }; 8],
+    sc: [unsafe { std::mem::transmute::<[u8; 32], __m256i>([0; 32]) }; 8],
+    mins: unsafe { std::mem::transmute::<[u8; 16], __m128i>([0; 16]) },
+    sc16: unsafe { std::mem::transmute::<[u8; 32], __m256i>([0; 32]) },
+    d: 0.0,
+    dmin: 0.0,
+};
 
 pub(super) trait KBlock: Block {
     unsafe fn chunks(&self) -> Chunks;
-    /// The block's contribution added to `acc`, given the integer sum of its chunks.
-    unsafe fn finish(&self, acc: f32, a: &BlockQ8K, sumi: i32) -> f32;
+    /// What `finish` needs of a token's block, prepared once for all the rows of a tile.
+    unsafe fn token(a: &BlockQ8K) -> __m256i;
+    /// The block's contribution added to `acc`, given its unpacked form `c`, the token's block
+    /// `a` and what `token` made of it, and the integer sum of its chunks.
+    unsafe fn finish(&self, c: &Chunks, acc: f32, a: &BlockQ8K, t: __m256i, sumi: i32) -> f32;
 }
 
-/// Σ m_j · (bsums[2j] + bsums[2j + 1]) over the 8 sub-blocks of a `Q4_K`/`Q5_K` block: integer
-/// arithmetic, exactly `k_mins`.
+/// Pairs of a `BlockQ8K`'s bsums (i16, at most 2 × 16 × 127 each) summed into 8 i32 and packed
+/// back to i16, in the low 128-bit lane: the sums of the 8 sub-blocks of 32 values.
 #[inline(always)]
-unsafe fn mins_dot(scales: &[u8; 12], bsums: &[i16; 16]) -> i32 {
-    let mut m = [0i16; 8];
-    for (j, v) in m.iter_mut().enumerate() {
-        *v = i16::from(scale_min_k4(j, scales).1);
-    }
+unsafe fn bsum_pairs(a: &BlockQ8K) -> __m256i {
     unsafe {
-        let b = _mm256_loadu_si256(bsums.as_ptr().cast());
-        // Pairs of bsums (i16, at most 2 × 16 × 127 each) summed into 8 i32, packed back to i16.
+        let b = _mm256_loadu_si256(a.bsums.as_ptr().cast());
         let pairs = _mm256_madd_epi16(b, _mm256_set1_epi16(1));
-        let pairs = _mm_packs_epi32(_mm256_castsi256_si128(pairs), _mm256_extracti128_si256(pairs, 1));
-        let prod = _mm_madd_epi16(_mm_loadu_si128(m.as_ptr().cast()), pairs);
+        _mm256_castsi128_si256(_mm_packs_epi32(_mm256_castsi256_si128(pairs), _mm256_extracti128_si256(pairs, 1)))
+    }
+}
+
+/// The 8 sub-block scales and 8 mins of a `Q4_K`/`Q5_K` block's 12 packed bytes, all at once
+/// (what `scale_min_k4` gives one at a time): scales as i16 in the low 128-bit lane of the
+/// result's source, mins in the high one.
+#[inline(always)]
+unsafe fn scales_mins_k4(q: &[u8; 12]) -> (__m128i, __m128i) {
+    const M6: u32 = 0x3f3f_3f3f;
+    const M4: u32 = 0x0f0f_0f0f;
+    const M2: u32 = 0x0303_0303;
+    let u = |i: usize| u32::from_le_bytes([q[4 * i], q[4 * i + 1], q[4 * i + 2], q[4 * i + 3]]);
+    let (u0, u1, u2) = (u(0), u(1), u(2));
+    // Scales 0..4: the low 6 bits of bytes 0..4; 4..8: the low nibbles of bytes 8..12 and the
+    // top 2 bits of bytes 0..4. Mins likewise from bytes 4..8 and the high nibbles of 8..12.
+    let scales_lo = u0 & M6;
+    let scales_hi = (u2 & M4) | (((u0 >> 6) & M2) << 4);
+    let mins_lo = u1 & M6;
+    let mins_hi = ((u2 >> 4) & M4) | (((u1 >> 6) & M2) << 4);
+    unsafe {
+        let v = _mm_set_epi32(mins_hi as i32, mins_lo as i32, scales_hi as i32, scales_lo as i32);
+        let wide = _mm256_cvtepu8_epi16(v);
+        (_mm256_castsi256_si128(wide), _mm256_extracti128_si256(wide, 1))
+    }
+}
+
+/// Each of the 8 i16 `scales` spread over the 16 lanes of its chunk's scale vector.
+#[inline(always)]
+unsafe fn spread(scales: __m128i, sc: &mut [__m256i; 8]) {
+    unsafe {
+        let both = _mm256_broadcastsi128_si256(scales);
+        for (k, v) in sc.iter_mut().enumerate() {
+            let pick = _mm256_set1_epi16((((2 * k + 1) << 8) | (2 * k)) as i16);
+            *v = _mm256_shuffle_epi8(both, pick);
+        }
+    }
+}
+
+/// Σ m_j · (bsums[2j] + bsums[2j + 1]) over the 8 sub-blocks of a `Q4_K`/`Q5_K` block (`pairs`
+/// from `bsum_pairs`): integer arithmetic, exactly `k_mins`.
+#[inline(always)]
+unsafe fn mins_dot(mins: __m128i, pairs: __m256i) -> i32 {
+    unsafe {
+        let prod = _mm_madd_epi16(mins, _mm256_castsi256_si128(pairs));
         let s = _mm_add_epi32(prod, _mm_shuffle_epi32(prod, 0b01_00_11_10));
         _mm_cvtsi128_si32(_mm_add_epi32(s, _mm_shuffle_epi32(s, 0b10_11_00_01)))
     }
 }
 
-/// The i16 scale vector of a chunk whose 16 lanes share `scale`.
+/// `combine_k_min` with the block's scales already converted (the same float steps).
 #[inline(always)]
-unsafe fn same(scale: u8) -> __m256i {
-    _mm256_set1_epi16(i16::from(scale))
+fn combine(acc: f32, a: &BlockQ8K, c: &Chunks, sumi: i32, summ: i32) -> f32 {
+    acc + (a.d * c.d) * sumi as f32 - (a.d * c.dmin) * summ as f32
 }
 
 impl KBlock for BlockQ4K {
     #[inline(always)]
     unsafe fn chunks(&self) -> Chunks {
         let low = _mm256_set1_epi8(0x0F);
-        let mut c = Chunks { w: [_mm256_setzero_si256(); 8], sc: [_mm256_setzero_si256(); 8] };
-        for j in 0..4 {
-            unsafe {
+        let mut c = EMPTY;
+        unsafe {
+            let (scales, mins) = scales_mins_k4(&self.scales);
+            spread(scales, &mut c.sc);
+            c.mins = mins;
+            for j in 0..4 {
                 let q = load256(self.qs[32 * j..].as_ptr());
                 c.w[2 * j] = _mm256_and_si256(q, low);
                 c.w[2 * j + 1] = _mm256_and_si256(_mm256_srli_epi16(q, 4), low);
-                c.sc[2 * j] = same(scale_min_k4(2 * j, &self.scales).0);
-                c.sc[2 * j + 1] = same(scale_min_k4(2 * j + 1, &self.scales).0);
             }
         }
+        (c.d, c.dmin) = (self.d.to_f32(), self.dmin.to_f32());
         c
     }
     #[inline(always)]
-    unsafe fn finish(&self, acc: f32, a: &BlockQ8K, sumi: i32) -> f32 {
-        combine_k_min(acc, a, self.d, self.dmin, sumi, unsafe { mins_dot(&self.scales, &a.bsums) })
+    unsafe fn token(a: &BlockQ8K) -> __m256i {
+        unsafe { bsum_pairs(a) }
+    }
+    #[inline(always)]
+    unsafe fn finish(&self, c: &Chunks, acc: f32, a: &BlockQ8K, t: __m256i, sumi: i32) -> f32 {
+        combine(acc, a, c, sumi, unsafe { mins_dot(c.mins, t) })
     }
 }
 
@@ -74,8 +137,11 @@ impl KBlock for BlockQ5K {
     unsafe fn chunks(&self) -> Chunks {
         let low = _mm256_set1_epi8(0x0F);
         let one = _mm256_set1_epi8(1);
-        let mut c = Chunks { w: [_mm256_setzero_si256(); 8], sc: [_mm256_setzero_si256(); 8] };
+        let mut c = EMPTY;
         unsafe {
+            let (scales, mins) = scales_mins_k4(&self.scales);
+            spread(scales, &mut c.sc);
+            c.mins = mins;
             let qh = load256(self.qh.as_ptr());
             for j in 0..4 {
                 let q = load256(self.qs[32 * j..].as_ptr());
@@ -84,15 +150,18 @@ impl KBlock for BlockQ5K {
                 c.w[2 * j] = _mm256_or_si256(_mm256_and_si256(q, low), _mm256_slli_epi16(h0, 4));
                 c.w[2 * j + 1] =
                     _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(q, 4), low), _mm256_slli_epi16(h1, 4));
-                c.sc[2 * j] = same(scale_min_k4(2 * j, &self.scales).0);
-                c.sc[2 * j + 1] = same(scale_min_k4(2 * j + 1, &self.scales).0);
             }
         }
+        (c.d, c.dmin) = (self.d.to_f32(), self.dmin.to_f32());
         c
     }
     #[inline(always)]
-    unsafe fn finish(&self, acc: f32, a: &BlockQ8K, sumi: i32) -> f32 {
-        combine_k_min(acc, a, self.d, self.dmin, sumi, unsafe { mins_dot(&self.scales, &a.bsums) })
+    unsafe fn token(a: &BlockQ8K) -> __m256i {
+        unsafe { bsum_pairs(a) }
+    }
+    #[inline(always)]
+    unsafe fn finish(&self, c: &Chunks, acc: f32, a: &BlockQ8K, t: __m256i, sumi: i32) -> f32 {
+        combine(acc, a, c, sumi, unsafe { mins_dot(c.mins, t) })
     }
 }
 
@@ -101,36 +170,43 @@ impl KBlock for BlockQ6K {
     unsafe fn chunks(&self) -> Chunks {
         let low = _mm256_set1_epi8(0x0F);
         let three = _mm256_set1_epi8(3);
-        let mut c = Chunks { w: [_mm256_setzero_si256(); 8], sc: [_mm256_setzero_si256(); 8] };
-        for half in 0..2 {
-            let sc = |g: usize| self.scales[8 * half + g] as i16;
-            unsafe {
+        let mut c = EMPTY;
+        unsafe {
+            // The 16 sub-block scales as i16; chunk g of a half takes scale 2g for its first 16
+            // values (the low 128-bit lane) and 2g + 1 for the next 16.
+            let s16 = _mm256_cvtepi8_epi16(_mm_loadu_si128(self.scales.as_ptr().cast()));
+            c.sc16 = s16;
+            let halves = [_mm256_permute2x128_si256(s16, s16, 0x00), _mm256_permute2x128_si256(s16, s16, 0x11)];
+            for (half, scales) in halves.into_iter().enumerate() {
                 let ql0 = load256(self.ql[64 * half..].as_ptr());
                 let ql1 = load256(self.ql[64 * half + 32..].as_ptr());
                 let qh = load256(self.qh[32 * half..].as_ptr());
-                let hbits = |shift: i32| {
-                    let h = _mm256_and_si256(_mm256_srl_epi16(qh, _mm_cvtsi32_si128(shift)), three);
-                    _mm256_slli_epi16(h, 4)
-                };
+                let h = |v: __m256i| _mm256_slli_epi16(_mm256_and_si256(v, three), 4);
                 let k = 4 * half;
-                c.w[k] = _mm256_or_si256(_mm256_and_si256(ql0, low), hbits(0));
-                c.w[k + 1] = _mm256_or_si256(_mm256_and_si256(ql1, low), hbits(2));
-                c.w[k + 2] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(ql0, 4), low), hbits(4));
-                c.w[k + 3] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(ql1, 4), low), hbits(6));
+                c.w[k] = _mm256_or_si256(_mm256_and_si256(ql0, low), h(qh));
+                c.w[k + 1] = _mm256_or_si256(_mm256_and_si256(ql1, low), h(_mm256_srli_epi16(qh, 2)));
+                c.w[k + 2] =
+                    _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(ql0, 4), low), h(_mm256_srli_epi16(qh, 4)));
+                c.w[k + 3] =
+                    _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(ql1, 4), low), h(_mm256_srli_epi16(qh, 6)));
                 for g in 0..4 {
-                    c.sc[k + g] = _mm256_set_m128i(_mm_set1_epi16(sc(2 * g + 1)), _mm_set1_epi16(sc(2 * g)));
+                    let (lo, hi) = (((4 * g + 1) << 8) | (4 * g), ((4 * g + 3) << 8) | (4 * g + 2));
+                    let pick = _mm256_set_m128i(_mm_set1_epi16(hi as i16), _mm_set1_epi16(lo as i16));
+                    c.sc[k + g] = _mm256_shuffle_epi8(scales, pick);
                 }
             }
         }
+        c.d = self.d.to_f32();
         c
     }
     #[inline(always)]
-    unsafe fn finish(&self, acc: f32, a: &BlockQ8K, sumi: i32) -> f32 {
-        let offset = unsafe {
-            let s = _mm256_cvtepi8_epi16(_mm_loadu_si128(self.scales.as_ptr().cast()));
-            hsum_epi32(_mm256_madd_epi16(s, _mm256_loadu_si256(a.bsums.as_ptr().cast()))) * 32
-        };
-        acc + (a.d * self.d.to_f32()) * (sumi - offset) as f32
+    unsafe fn token(a: &BlockQ8K) -> __m256i {
+        unsafe { _mm256_loadu_si256(a.bsums.as_ptr().cast()) }
+    }
+    #[inline(always)]
+    unsafe fn finish(&self, c: &Chunks, acc: f32, a: &BlockQ8K, t: __m256i, sumi: i32) -> f32 {
+        let offset = unsafe { hsum_epi32(_mm256_madd_epi16(c.sc16, t)) * 32 };
+        acc + (a.d * c.d) * (sumi - offset) as f32
     }
 }
 
@@ -143,14 +219,16 @@ pub(super) unsafe fn tilek<B: KBlock, const R: usize, const C: usize>(
     let n = w[0].len();
     let mut out = [[0f32; C]; R];
     unsafe {
-        let mut prep = [Chunks { w: [_mm256_setzero_si256(); 8], sc: [_mm256_setzero_si256(); 8] }; R];
+        let mut prep = [EMPTY; R];
         let mut iacc = [[_mm256_setzero_si256(); C]; R];
+        let mut tok = [_mm256_setzero_si256(); C];
         for i in 0..n {
             for r in 0..R {
                 prep[r] = w[r].get_unchecked(i).chunks();
             }
             for c in 0..C {
                 let a = x[c].get_unchecked(i);
+                tok[c] = B::token(a);
                 let mut xs = [_mm256_setzero_si256(); 8];
                 for (k, v) in xs.iter_mut().enumerate() {
                     *v = load256(a.qs.as_ptr().add(32 * k).cast());
@@ -169,7 +247,8 @@ pub(super) unsafe fn tilek<B: KBlock, const R: usize, const C: usize>(
             for r in 0..R {
                 let sums = hsum4(&iacc[r]);
                 for c in 0..C {
-                    out[r][c] = w[r].get_unchecked(i).finish(out[r][c], x[c].get_unchecked(i), sums[c]);
+                    out[r][c] =
+                        w[r].get_unchecked(i).finish(&prep[r], out[r][c], x[c].get_unchecked(i), tok[c], sums[c]);
                 }
             }
         }
