@@ -169,7 +169,7 @@ pub unsafe fn gemm_q8_0(job: &GemmJob<'_, BlockQ8_0, BlockQ8A>) {
 #[target_feature(enable = "avx2,fma,f16c")]
 pub unsafe fn q4_k(w: &[BlockQ4K], x: &[BlockQ8K]) -> f32 {
     let n = w.len().min(x.len());
-    unsafe { qk::tilek::<BlockQ4K, 1, 1>([&w[..n]], [&x[..n]])[0][0] }
+    unsafe { qk::rowdot::<BlockQ4K>(&w[..n], &x[..n]) }
 }
 
 #[target_feature(enable = "avx2,fma,f16c")]
@@ -180,7 +180,7 @@ pub unsafe fn gemm_q4_k(job: &GemmJob<'_, BlockQ4K, BlockQ8K>) {
 #[target_feature(enable = "avx2,fma,f16c")]
 pub unsafe fn q5_k(w: &[BlockQ5K], x: &[BlockQ8K]) -> f32 {
     let n = w.len().min(x.len());
-    unsafe { qk::tilek::<BlockQ5K, 1, 1>([&w[..n]], [&x[..n]])[0][0] }
+    unsafe { qk::rowdot::<BlockQ5K>(&w[..n], &x[..n]) }
 }
 
 #[target_feature(enable = "avx2,fma,f16c")]
@@ -191,7 +191,7 @@ pub unsafe fn gemm_q5_k(job: &GemmJob<'_, BlockQ5K, BlockQ8K>) {
 #[target_feature(enable = "avx2,fma,f16c")]
 pub unsafe fn q6_k(w: &[BlockQ6K], x: &[BlockQ8K]) -> f32 {
     let n = w.len().min(x.len());
-    unsafe { qk::tilek::<BlockQ6K, 1, 1>([&w[..n]], [&x[..n]])[0][0] }
+    unsafe { qk::rowdot::<BlockQ6K>(&w[..n], &x[..n]) }
 }
 
 #[target_feature(enable = "avx2,fma,f16c")]

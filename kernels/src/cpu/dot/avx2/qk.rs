@@ -33,7 +33,21 @@ const EMPTY: Chunks = Chunks {
 };
 
 pub(super) trait KBlock: Block {
-    unsafe fn chunks(&self) -> Chunks;
+    /// The block's scales (spread per chunk), mins and float scales; no weights yet.
+    unsafe fn head(&self) -> Chunks;
+    /// The unsigned weights of chunks `2j` and `2j + 1` (`j < 4`).
+    unsafe fn pair(&self, j: usize) -> [__m256i; 2];
+    /// The whole block unpacked.
+    #[inline(always)]
+    unsafe fn chunks(&self) -> Chunks {
+        unsafe {
+            let mut c = self.head();
+            for j in 0..4 {
+                [c.w[2 * j], c.w[2 * j + 1]] = self.pair(j);
+            }
+            c
+        }
+    }
     /// What `finish` needs of a token's block, prepared once for all the rows of a tile.
     unsafe fn token(a: &BlockQ8K) -> __m256i;
     /// The block's contribution added to `acc`, given its unpacked form `c`, the token's block
@@ -106,21 +120,23 @@ fn combine(acc: f32, a: &BlockQ8K, c: &Chunks, sumi: i32, summ: i32) -> f32 {
 
 impl KBlock for BlockQ4K {
     #[inline(always)]
-    unsafe fn chunks(&self) -> Chunks {
-        let low = _mm256_set1_epi8(0x0F);
+    unsafe fn head(&self) -> Chunks {
         let mut c = EMPTY;
         unsafe {
             let (scales, mins) = scales_mins_k4(&self.scales);
             spread(scales, &mut c.sc);
             c.mins = mins;
-            for j in 0..4 {
-                let q = load256(self.qs[32 * j..].as_ptr());
-                c.w[2 * j] = _mm256_and_si256(q, low);
-                c.w[2 * j + 1] = _mm256_and_si256(_mm256_srli_epi16(q, 4), low);
-            }
         }
         (c.d, c.dmin) = (self.d.to_f32(), self.dmin.to_f32());
         c
+    }
+    #[inline(always)]
+    unsafe fn pair(&self, j: usize) -> [__m256i; 2] {
+        let low = _mm256_set1_epi8(0x0F);
+        unsafe {
+            let q = load256(self.qs.as_ptr().add(32 * j));
+            [_mm256_and_si256(q, low), _mm256_and_si256(_mm256_srli_epi16(q, 4), low)]
+        }
     }
     #[inline(always)]
     unsafe fn token(a: &BlockQ8K) -> __m256i {
@@ -134,26 +150,30 @@ impl KBlock for BlockQ4K {
 
 impl KBlock for BlockQ5K {
     #[inline(always)]
-    unsafe fn chunks(&self) -> Chunks {
-        let low = _mm256_set1_epi8(0x0F);
-        let one = _mm256_set1_epi8(1);
+    unsafe fn head(&self) -> Chunks {
         let mut c = EMPTY;
         unsafe {
             let (scales, mins) = scales_mins_k4(&self.scales);
             spread(scales, &mut c.sc);
             c.mins = mins;
-            let qh = load256(self.qh.as_ptr());
-            for j in 0..4 {
-                let q = load256(self.qs[32 * j..].as_ptr());
-                let h0 = _mm256_and_si256(_mm256_srl_epi16(qh, _mm_cvtsi32_si128(2 * j as i32)), one);
-                let h1 = _mm256_and_si256(_mm256_srl_epi16(qh, _mm_cvtsi32_si128(2 * j as i32 + 1)), one);
-                c.w[2 * j] = _mm256_or_si256(_mm256_and_si256(q, low), _mm256_slli_epi16(h0, 4));
-                c.w[2 * j + 1] =
-                    _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(q, 4), low), _mm256_slli_epi16(h1, 4));
-            }
         }
         (c.d, c.dmin) = (self.d.to_f32(), self.dmin.to_f32());
         c
+    }
+    #[inline(always)]
+    unsafe fn pair(&self, j: usize) -> [__m256i; 2] {
+        let low = _mm256_set1_epi8(0x0F);
+        let one = _mm256_set1_epi8(1);
+        unsafe {
+            let qh = load256(self.qh.as_ptr());
+            let q = load256(self.qs.as_ptr().add(32 * j));
+            let h0 = _mm256_and_si256(_mm256_srl_epi16(qh, _mm_cvtsi32_si128(2 * j as i32)), one);
+            let h1 = _mm256_and_si256(_mm256_srl_epi16(qh, _mm_cvtsi32_si128(2 * j as i32 + 1)), one);
+            [
+                _mm256_or_si256(_mm256_and_si256(q, low), _mm256_slli_epi16(h0, 4)),
+                _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(q, 4), low), _mm256_slli_epi16(h1, 4)),
+            ]
+        }
     }
     #[inline(always)]
     unsafe fn token(a: &BlockQ8K) -> __m256i {
@@ -167,9 +187,7 @@ impl KBlock for BlockQ5K {
 
 impl KBlock for BlockQ6K {
     #[inline(always)]
-    unsafe fn chunks(&self) -> Chunks {
-        let low = _mm256_set1_epi8(0x0F);
-        let three = _mm256_set1_epi8(3);
+    unsafe fn head(&self) -> Chunks {
         let mut c = EMPTY;
         unsafe {
             // The 16 sub-block scales as i16; chunk g of a half takes scale 2g for its first 16
@@ -178,26 +196,40 @@ impl KBlock for BlockQ6K {
             c.sc16 = s16;
             let halves = [_mm256_permute2x128_si256(s16, s16, 0x00), _mm256_permute2x128_si256(s16, s16, 0x11)];
             for (half, scales) in halves.into_iter().enumerate() {
-                let ql0 = load256(self.ql[64 * half..].as_ptr());
-                let ql1 = load256(self.ql[64 * half + 32..].as_ptr());
-                let qh = load256(self.qh[32 * half..].as_ptr());
-                let h = |v: __m256i| _mm256_slli_epi16(_mm256_and_si256(v, three), 4);
-                let k = 4 * half;
-                c.w[k] = _mm256_or_si256(_mm256_and_si256(ql0, low), h(qh));
-                c.w[k + 1] = _mm256_or_si256(_mm256_and_si256(ql1, low), h(_mm256_srli_epi16(qh, 2)));
-                c.w[k + 2] =
-                    _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(ql0, 4), low), h(_mm256_srli_epi16(qh, 4)));
-                c.w[k + 3] =
-                    _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(ql1, 4), low), h(_mm256_srli_epi16(qh, 6)));
                 for g in 0..4 {
                     let (lo, hi) = (((4 * g + 1) << 8) | (4 * g), ((4 * g + 3) << 8) | (4 * g + 2));
                     let pick = _mm256_set_m128i(_mm_set1_epi16(hi as i16), _mm_set1_epi16(lo as i16));
-                    c.sc[k + g] = _mm256_shuffle_epi8(scales, pick);
+                    c.sc[4 * half + g] = _mm256_shuffle_epi8(scales, pick);
                 }
             }
         }
         c.d = self.d.to_f32();
         c
+    }
+    /// Chunks `4·half + {0, 1}` (`j = 2·half`) or `4·half + {2, 3}` (`j = 2·half + 1`): the low
+    /// or the high nibbles of the half's two 32-byte `ql` runs, with their 2-bit `qh` parts.
+    #[inline(always)]
+    unsafe fn pair(&self, j: usize) -> [__m256i; 2] {
+        let low = _mm256_set1_epi8(0x0F);
+        let three = _mm256_set1_epi8(3);
+        let half = j / 2;
+        unsafe {
+            let ql0 = load256(self.ql.as_ptr().add(64 * half));
+            let ql1 = load256(self.ql.as_ptr().add(64 * half + 32));
+            let qh = load256(self.qh.as_ptr().add(32 * half));
+            let h = |v: __m256i| _mm256_slli_epi16(_mm256_and_si256(v, three), 4);
+            if j.is_multiple_of(2) {
+                [
+                    _mm256_or_si256(_mm256_and_si256(ql0, low), h(qh)),
+                    _mm256_or_si256(_mm256_and_si256(ql1, low), h(_mm256_srli_epi16(qh, 2))),
+                ]
+            } else {
+                [
+                    _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(ql0, 4), low), h(_mm256_srli_epi16(qh, 4))),
+                    _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(ql1, 4), low), h(_mm256_srli_epi16(qh, 6))),
+                ]
+            }
+        }
     }
     #[inline(always)]
     unsafe fn token(a: &BlockQ8K) -> __m256i {
@@ -256,6 +288,29 @@ pub(super) unsafe fn tilek<B: KBlock, const R: usize, const C: usize>(
     out
 }
 
+/// One row against one token, unpacking each chunk pair right before its products (nothing of
+/// the block is kept beyond its scales): the same integer sums and float steps as the 1 × 1 tile
+/// of [`tilek`], so the same bits.
+#[inline(always)]
+pub(super) unsafe fn rowdot<B: KBlock>(w: &[B], x: &[BlockQ8K]) -> f32 {
+    let mut acc = 0f32;
+    unsafe {
+        for (b, a) in w.iter().zip(x) {
+            let h = b.head();
+            let mut iacc = _mm256_setzero_si256();
+            for j in 0..4 {
+                let [w0, w1] = b.pair(j);
+                let x0 = load256(a.qs.as_ptr().add(64 * j).cast());
+                let x1 = load256(a.qs.as_ptr().add(64 * j + 32).cast());
+                iacc = _mm256_add_epi32(iacc, _mm256_madd_epi16(_mm256_maddubs_epi16(w0, x0), h.sc[2 * j]));
+                iacc = _mm256_add_epi32(iacc, _mm256_madd_epi16(_mm256_maddubs_epi16(w1, x1), h.sc[2 * j + 1]));
+            }
+            acc = b.finish(&h, acc, a, B::token(a), hsum_epi32(iacc));
+        }
+    }
+    acc
+}
+
 /// The lane sums of up to 4 vectors (exact: integer adds in any order give the same i32).
 #[inline(always)]
 unsafe fn hsum4<const C: usize>(v: &[__m256i; C]) -> [i32; 4] {
@@ -280,6 +335,11 @@ impl<B: KBlock> TileKernel for QK<B> {
     const ROWS: usize = 4;
     #[inline(always)]
     unsafe fn tile<const R: usize, const C: usize>(w: [&[B]; R], x: [&[BlockQ8K]; C]) -> [[f32; C]; R] {
+        if R == 1 && C == 1 {
+            let mut out = [[0f32; C]; R];
+            out[0][0] = unsafe { rowdot(w[0], x[0]) };
+            return out;
+        }
         unsafe { tilek(w, x) }
     }
 }
