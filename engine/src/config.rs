@@ -285,3 +285,56 @@ impl ModelConfig {
 fn missing(key: &str) -> LoadError {
     LoadError::BadConfig(format!("missing {key:?}"))
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn qwen3_moe() -> serde_json::Value {
+        json!({
+            "architectures": ["Qwen3MoeForCausalLM"], "vocab_size": 151936, "hidden_size": 2048,
+            "intermediate_size": 6144, "num_hidden_layers": 48, "num_attention_heads": 32,
+            "num_key_value_heads": 4, "head_dim": 128, "rms_norm_eps": 1e-6,
+            "max_position_embeddings": 262144, "rope_theta": 10000000.0, "num_experts": 128,
+            "num_experts_per_tok": 8, "moe_intermediate_size": 768, "norm_topk_prob": true,
+            "decoder_sparse_step": 1, "mlp_only_layers": []
+        })
+    }
+
+    /// Qwen3-Coder-30B-A3B's config.json: a mixture of experts with Qwen3's attention.
+    #[test]
+    fn a_qwen3_moe_config_reads_its_experts() {
+        let c = ModelConfig::from_hf(&qwen3_moe()).unwrap();
+        assert_eq!((c.arch, c.qk_norm, c.qkv_bias, c.rope_theta), (Arch::Qwen3Moe, true, false, 1e7));
+        let m = c.moe.unwrap();
+        assert_eq!((m.experts, m.active, m.expert_ff, m.norm_topk, m.shared_ff), (128, 8, 768, true, None));
+    }
+
+    /// transformers 5 writes `rope_parameters` and `num_local_experts`; dense layers among the
+    /// sparse ones and RoPE scaling are refused, not run wrongly.
+    #[test]
+    fn transformers_5_configs_and_unsupported_shapes() {
+        let mut j = qwen3_moe();
+        let o = j.as_object_mut().unwrap();
+        o.remove("rope_theta");
+        o.remove("num_experts");
+        o.insert("rope_parameters".into(), json!({"rope_theta": 1000000.0, "rope_type": "default"}));
+        o.insert("num_local_experts".into(), json!(64));
+        let c = ModelConfig::from_hf(&j).unwrap();
+        assert_eq!((c.rope_theta, c.moe.unwrap().experts), (1e6, 64));
+
+        j["rope_parameters"]["rope_type"] = json!("yarn");
+        let err = ModelConfig::from_hf(&j).unwrap_err().to_string();
+        assert!(err.contains("rope_type"), "{err}");
+
+        let mut j = qwen3_moe();
+        j["mlp_only_layers"] = json!([0, 1]);
+        let err = ModelConfig::from_hf(&j).unwrap_err().to_string();
+        assert!(err.contains("dense layers"), "{err}");
+
+        let mut j = qwen3_moe();
+        j["num_experts_per_tok"] = json!(200);
+        assert!(ModelConfig::from_hf(&j).is_err(), "more active experts than experts");
+    }
+}

@@ -130,21 +130,25 @@ impl Routing {
             self.probs.extend(logits.iter().map(|&v| (v - max).exp()));
             let sum: f32 = self.probs.iter().sum();
             self.probs.iter_mut().for_each(|p| *p /= sum);
-            // The `active` most probable (ties to the lower index); a chosen one is marked -1.
+            // The `active` most probable (ties to the lower index), each once; NaN (from
+            // non-finite scores) never wins over a number.
             let mut total = 0.0f32;
-            let first = self.weights.iter().map(Vec::len).sum::<usize>();
             for _ in 0..active {
-                let (best, &p) =
-                    self.probs
-                        .iter()
-                        .enumerate()
-                        .fold((0, &f32::NEG_INFINITY), |acc, x| if x.1 > acc.1 { x } else { acc });
-                self.probs[best] = -1.0;
+                let mut best: Option<usize> = None;
+                for (e, &p) in self.probs.iter().enumerate() {
+                    if self.rows[e].last() == Some(&row) {
+                        continue;
+                    }
+                    if best.is_none_or(|b| p > self.probs[b] || (self.probs[b].is_nan() && !p.is_nan())) {
+                        best = Some(e);
+                    }
+                }
+                let best = best.expect("active ≤ experts (checked when the config is read)");
+                let p = self.probs[best];
                 total += p;
                 self.rows[best].push(row);
                 self.weights[best].push(p);
             }
-            debug_assert_eq!(self.weights.iter().map(Vec::len).sum::<usize>(), first + active);
             if norm_topk && total > 0.0 {
                 for (rows, weights) in self.rows.iter().zip(&mut self.weights) {
                     if rows.last() == Some(&row) {
@@ -208,5 +212,20 @@ mod tests {
         assert!((r.weights[1][0] - 0.5).abs() < 1e-6, "{:?}", r.weights);
         let (a, d) = (r.weights[0][0], r.weights[3][1]);
         assert!((a + d - 1.0).abs() < 1e-6 && a > d, "{a} {d}");
+    }
+
+    /// Non-finite scores (a corrupt file) still route each row to `active` distinct experts:
+    /// `add_rows_scaled` needs distinct rows per expert.
+    #[test]
+    fn non_finite_scores_still_route_to_distinct_experts() {
+        for bad in [f32::NAN, f32::INFINITY, f32::NEG_INFINITY] {
+            let mut r = Routing { logits: vec![bad, 1.0, bad, 0.5, bad, bad, bad, bad], ..Default::default() };
+            r.route(2, 4, 3, true);
+            for row in 0..2 {
+                let n = r.rows.iter().filter(|rows| rows.contains(&row)).count();
+                assert_eq!(n, 3, "{bad}: row {row} in {:?}", r.rows);
+            }
+            assert!(r.rows.iter().all(|rows| rows.windows(2).all(|w| w[0] < w[1])), "{:?}", r.rows);
+        }
     }
 }
