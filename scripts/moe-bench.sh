@@ -9,7 +9,7 @@
 #   LLAMA_SRC=path/to/llama.cpp scripts/moe-bench.sh      LAYERS="2 4" REPS=5 THREADS=2 LEVEL=native
 #
 # Needs what scripts/moe-check.sh needs (LLAMA_SRC, a Python environment with torch in
-# target/moe-venv or MOE_VENV); the models (1.0 and 1.8 GB) stay in target/moe-shapes/.
+# target/moe-venv or MOE_VENV); the models (1.2 and 1.9 GB) stay in target/moe-shapes/.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 . scripts/lib.sh
