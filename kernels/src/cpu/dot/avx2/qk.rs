@@ -23,14 +23,8 @@ pub(super) struct Chunks {
     dmin: f32,
 }
 
-const EMPTY: Chunks = Chunks {
-    w: [unsafe { std::mem::transmute::<[u8; 32], __m256i>([0; 32]) }; 8],
-    sc: [unsafe { std::mem::transmute::<[u8; 32], __m256i>([0; 32]) }; 8],
-    mins: unsafe { std::mem::transmute::<[u8; 16], __m128i>([0; 16]) },
-    sc16: unsafe { std::mem::transmute::<[u8; 32], __m256i>([0; 32]) },
-    d: 0.0,
-    dmin: 0.0,
-};
+// SAFETY: every field is a vector or a float, for which all-zero bits are valid.
+const EMPTY: Chunks = unsafe { std::mem::zeroed() };
 
 pub(super) trait KBlock: Block {
     /// The block's scales (spread per chunk), mins and float scales; no weights yet.
@@ -112,6 +106,19 @@ unsafe fn mins_dot(mins: __m128i, pairs: __m256i) -> i32 {
     }
 }
 
+/// The head of a `Q4_K`/`Q5_K` block (their scales, mins and float scales share one layout).
+#[inline(always)]
+unsafe fn head_k4(scales: &[u8; 12], d: f16, dmin: f16) -> Chunks {
+    let mut c = EMPTY;
+    unsafe {
+        let (scales, mins) = scales_mins_k4(scales);
+        spread(scales, &mut c.sc);
+        c.mins = mins;
+    }
+    (c.d, c.dmin) = (d.to_f32(), dmin.to_f32());
+    c
+}
+
 /// `combine_k_min` with the block's scales already converted (the same float steps).
 #[inline(always)]
 fn combine(acc: f32, a: &BlockQ8K, c: &Chunks, sumi: i32, summ: i32) -> f32 {
@@ -121,14 +128,7 @@ fn combine(acc: f32, a: &BlockQ8K, c: &Chunks, sumi: i32, summ: i32) -> f32 {
 impl KBlock for BlockQ4K {
     #[inline(always)]
     unsafe fn head(&self) -> Chunks {
-        let mut c = EMPTY;
-        unsafe {
-            let (scales, mins) = scales_mins_k4(&self.scales);
-            spread(scales, &mut c.sc);
-            c.mins = mins;
-        }
-        (c.d, c.dmin) = (self.d.to_f32(), self.dmin.to_f32());
-        c
+        unsafe { head_k4(&self.scales, self.d, self.dmin) }
     }
     #[inline(always)]
     unsafe fn pair(&self, j: usize) -> [__m256i; 2] {
@@ -151,14 +151,7 @@ impl KBlock for BlockQ4K {
 impl KBlock for BlockQ5K {
     #[inline(always)]
     unsafe fn head(&self) -> Chunks {
-        let mut c = EMPTY;
-        unsafe {
-            let (scales, mins) = scales_mins_k4(&self.scales);
-            spread(scales, &mut c.sc);
-            c.mins = mins;
-        }
-        (c.d, c.dmin) = (self.d.to_f32(), self.dmin.to_f32());
-        c
+        unsafe { head_k4(&self.scales, self.d, self.dmin) }
     }
     #[inline(always)]
     unsafe fn pair(&self, j: usize) -> [__m256i; 2] {
