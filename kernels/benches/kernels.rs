@@ -5,7 +5,8 @@
 //! - GEMM (512 activation rows, as in prefill) per format, in GFLOP/s,
 //! - decode attention over 512 … 16k cached tokens.
 //!
-//! `cargo bench -p cachet-kernels --bench kernels -- [--threads N] [--quick]`
+//! `cargo bench -p cachet-kernels --bench kernels -- [--threads N] [--quick] [--only SECTIONS]`
+//! (`SECTIONS`: a comma-separated subset of `memory,gemv,gemm,expert,attention`; all by default)
 
 use cachet_kernels::backend::{AttnSeq, AttnShape, Backend, KvLayout};
 use cachet_kernels::cpu::{CpuBackend, SimdLevel};
@@ -55,101 +56,115 @@ fn main() {
     let threads: usize = arg("--threads").map_or(2, |t| t.parse().unwrap());
     let quick = std::env::args().any(|a| a == "--quick");
     let reps = if quick { 3 } else { 7 };
+    let only = arg("--only");
+    let run = |section: &str| only.as_deref().is_none_or(|o| o.split(',').any(|s| s == section));
     let level = SimdLevel::detect();
     let cpu = CpuBackend::with_level(threads, level).unwrap();
     let pool = rayon::ThreadPoolBuilder::new().num_threads(threads).build().unwrap();
     println!("# cachet kernel benchmarks: {threads} threads, {} kernels\n", level.name());
 
-    // Bandwidth: copy 256 MiB to another 256 MiB (read + write).
-    let n = 64 << 20;
-    let src = vec![1f32; n];
-    let mut dst = vec![0f32; n];
-    let copy = best(reps, || {
-        pool.install(|| {
-            dst.par_chunks_mut(1 << 16).zip(src.par_chunks(1 << 16)).for_each(|(d, s)| d.copy_from_slice(s))
-        })
-    });
-    let words: Vec<u64> = vec![1; n / 2];
-    let read_only = best(reps, || {
-        let s: u64 = pool.install(|| {
-            words
-                .par_chunks(1 << 15)
-                .map(|c| c.iter().fold(0u64, |a, &b| a.wrapping_add(b)))
-                .reduce(|| 0, u64::wrapping_add)
+    // Bandwidth: copy 256 MiB to another 256 MiB (read + write); GEMV needs the read figure.
+    let mut read_gbs = f64::NAN;
+    if run("memory") || run("gemv") {
+        let n = 64 << 20;
+        let src = vec![1f32; n];
+        let mut dst = vec![0f32; n];
+        let copy = best(reps, || {
+            pool.install(|| {
+                dst.par_chunks_mut(1 << 16).zip(src.par_chunks(1 << 16)).for_each(|(d, s)| d.copy_from_slice(s))
+            })
         });
-        std::hint::black_box(s);
-    });
-    let copy_gbs = (2 * n * 4) as f64 / copy.as_secs_f64() / 1e9;
-    let read_gbs = (n * 4) as f64 / read_only.as_secs_f64() / 1e9;
-    println!("| memory | GB/s |\n|---|---:|");
-    println!("| copy (STREAM-style, read + write counted) | {copy_gbs:.1} |");
-    println!("| read (integer sum) | {read_gbs:.1} |\n");
-    drop((src, dst, words));
+        let words: Vec<u64> = vec![1; n / 2];
+        let read_only = best(reps, || {
+            let s: u64 = pool.install(|| {
+                words
+                    .par_chunks(1 << 15)
+                    .map(|c| c.iter().fold(0u64, |a, &b| a.wrapping_add(b)))
+                    .reduce(|| 0, u64::wrapping_add)
+            });
+            std::hint::black_box(s);
+        });
+        let copy_gbs = (2 * n * 4) as f64 / copy.as_secs_f64() / 1e9;
+        read_gbs = (n * 4) as f64 / read_only.as_secs_f64() / 1e9;
+        println!("| memory | GB/s |\n|---|---:|");
+        println!("| copy (STREAM-style, read + write counted) | {copy_gbs:.1} |");
+        println!("| read (integer sum) | {read_gbs:.1} |\n");
+        drop((src, dst, words));
+    }
 
     // GEMV: one row against ~128 MB of weights (far beyond the 32 MiB L3).
-    println!("| GEMV, 1 row × [rows × 4096] | weight MB | ms | GB/s | of read bandwidth |");
-    println!("|---|---:|---:|---:|---:|");
-    let cols = 4096;
-    for dtype in DType::ALL {
-        let rows = (128usize << 20) / dtype.bytes_for(cols).unwrap();
-        let w = matrix(&cpu, dtype, rows, cols);
-        let mb = (rows * dtype.bytes_for(cols).unwrap()) as f64 / 1e6;
-        let (mut x, mut y) = (cpu.buf(), cpu.buf());
-        cpu.upload(&mut x, 1, cols, &random(cols, 3));
-        let t = best(reps, || cpu.matmul(&x, &mut [(&w, &mut y)]));
-        let gbs = mb / 1e3 / t.as_secs_f64();
-        println!(
-            "| {dtype} ({rows} rows) | {mb:.0} | {:.2} | {gbs:.1} | {:.0}% |",
-            t.as_secs_f64() * 1e3,
-            100.0 * gbs / read_gbs
-        );
-    }
-    {
-        let w = matrix(&cpu, DType::Q8_0, 151_936, 896);
-        let mb = (151_936 * DType::Q8_0.bytes_for(896).unwrap()) as f64 / 1e6;
-        let (mut x, mut y) = (cpu.buf(), cpu.buf());
-        cpu.upload(&mut x, 1, 896, &random(896, 3));
-        let t = best(reps, || cpu.matmul(&x, &mut [(&w, &mut y)]));
-        let gbs = mb / 1e3 / t.as_secs_f64();
-        println!(
-            "| Q8_0 output projection 151936 × 896 | {mb:.0} | {:.2} | {gbs:.1} | {:.0}% |\n",
-            t.as_secs_f64() * 1e3,
-            100.0 * gbs / read_gbs
-        );
+    if run("gemv") {
+        println!("| GEMV, 1 row × [rows × 4096] | weight MB | ms | GB/s | of read bandwidth |");
+        println!("|---|---:|---:|---:|---:|");
+        let cols = 4096;
+        for dtype in DType::ALL {
+            let rows = (128usize << 20) / dtype.bytes_for(cols).unwrap();
+            let w = matrix(&cpu, dtype, rows, cols);
+            let mb = (rows * dtype.bytes_for(cols).unwrap()) as f64 / 1e6;
+            let (mut x, mut y) = (cpu.buf(), cpu.buf());
+            cpu.upload(&mut x, 1, cols, &random(cols, 3));
+            let t = best(reps, || cpu.matmul(&x, &mut [(&w, &mut y)]));
+            let gbs = mb / 1e3 / t.as_secs_f64();
+            println!(
+                "| {dtype} ({rows} rows) | {mb:.0} | {:.2} | {gbs:.1} | {:.0}% |",
+                t.as_secs_f64() * 1e3,
+                100.0 * gbs / read_gbs
+            );
+        }
+        {
+            let w = matrix(&cpu, DType::Q8_0, 151_936, 896);
+            let mb = (151_936 * DType::Q8_0.bytes_for(896).unwrap()) as f64 / 1e6;
+            let (mut x, mut y) = (cpu.buf(), cpu.buf());
+            cpu.upload(&mut x, 1, 896, &random(896, 3));
+            let t = best(reps, || cpu.matmul(&x, &mut [(&w, &mut y)]));
+            let gbs = mb / 1e3 / t.as_secs_f64();
+            println!(
+                "| Q8_0 output projection 151936 × 896 | {mb:.0} | {:.2} | {gbs:.1} | {:.0}% |\n",
+                t.as_secs_f64() * 1e3,
+                100.0 * gbs / read_gbs
+            );
+        }
     }
 
     // GEMM: 512 rows (a prefill) × [4096 × 1536].
-    println!("| GEMM, 512 × [4096 × 1536] | ms | GFLOP/s |\n|---|---:|---:|");
-    let (t, n, k) = (512, 4096, 1536);
-    let xs = random(t * k, 5);
-    for dtype in DType::ALL {
-        let w = matrix(&cpu, dtype, n, k);
-        let (mut x, mut y) = (cpu.buf(), cpu.buf());
-        cpu.upload(&mut x, t, k, &xs);
-        let d = best(reps.min(3), || cpu.matmul(&x, &mut [(&w, &mut y)]));
-        let gflops = 2.0 * (t * n * k) as f64 / d.as_secs_f64() / 1e9;
-        println!("| {dtype} | {:.1} | {gflops:.1} |", d.as_secs_f64() * 1e3);
+    if run("gemm") {
+        println!("| GEMM, 512 × [4096 × 1536] | ms | GFLOP/s |\n|---|---:|---:|");
+        let (t, n, k) = (512, 4096, 1536);
+        let xs = random(t * k, 5);
+        for dtype in DType::ALL {
+            let w = matrix(&cpu, dtype, n, k);
+            let (mut x, mut y) = (cpu.buf(), cpu.buf());
+            cpu.upload(&mut x, t, k, &xs);
+            let d = best(reps.min(3), || cpu.matmul(&x, &mut [(&w, &mut y)]));
+            let gflops = 2.0 * (t * n * k) as f64 / d.as_secs_f64() / 1e9;
+            println!("| {dtype} | {:.1} | {gflops:.1} |", d.as_secs_f64() * 1e3);
+        }
     }
 
     // Expert-sized GEMM: a mixture of experts' prefill runs each expert over the few rows routed
     // to it (Qwen3-Coder-30B-A3B: 128 experts of 768 × 2048, 8 per token: 32 rows per expert
     // in a 512-token pass on average).
-    println!("\n| expert GEMM, t × [768 × 2048] | t | ms | GFLOP/s |\n|---|---:|---:|---:|");
-    let (n, k) = (768, 2048);
-    for dtype in [DType::Q4_K, DType::Q6_K] {
-        let w = matrix(&cpu, dtype, n, k);
-        for t in [1usize, 4, 8, 32, 128, 512] {
-            let xs = random(t * k, 5);
-            let (mut x, mut y) = (cpu.buf(), cpu.buf());
-            cpu.upload(&mut x, t, k, &xs);
-            let d = best(reps, || cpu.matmul(&x, &mut [(&w, &mut y)]));
-            let gflops = 2.0 * (t * n * k) as f64 / d.as_secs_f64() / 1e9;
-            println!("| {dtype} | {t} | {:.3} | {gflops:.1} |", d.as_secs_f64() * 1e3);
+    if run("expert") {
+        println!("\n| expert GEMM, t × [768 × 2048] | t | ms | GFLOP/s |\n|---|---:|---:|---:|");
+        let (n, k) = (768, 2048);
+        for dtype in [DType::Q4_K, DType::Q6_K] {
+            let w = matrix(&cpu, dtype, n, k);
+            for t in [1usize, 4, 8, 32, 128, 512] {
+                let xs = random(t * k, 5);
+                let (mut x, mut y) = (cpu.buf(), cpu.buf());
+                cpu.upload(&mut x, t, k, &xs);
+                let d = best(reps, || cpu.matmul(&x, &mut [(&w, &mut y)]));
+                let gflops = 2.0 * (t * n * k) as f64 / d.as_secs_f64() / 1e9;
+                println!("| {dtype} | {t} | {:.3} | {gflops:.1} |", d.as_secs_f64() * 1e3);
+            }
         }
+        println!();
     }
-    println!();
 
     // Decode attention: one query token over `ctx` cached tokens (Qwen2.5-0.5B heads).
+    if !run("attention") {
+        return;
+    }
     println!("\n| decode attention, 14 heads / 2 KV heads × 64 | µs per token per layer |\n|---|---:|");
     let (heads, kv_heads, hd) = (14, 2, 64);
     for ctx in [512usize, 4096, 16384] {

@@ -334,3 +334,42 @@ fn every_simd_silu_matches_scalar() {
         }
     }
 }
+
+/// The activation quantizers of every level give the bits of the obvious definition
+/// (`f32::round`, saturating cast), on ties, tiny and huge blocks, NaN and infinities.
+#[test]
+fn every_level_quantizes_activations_like_the_definition() {
+    let reference_q = |xs: &[f32]| {
+        let d = xs.iter().fold(0.0f32, |m, v| m.max(v.abs())) / 127.0;
+        let id = if d != 0.0 { 1.0 / d } else { 0.0 };
+        (d, xs.iter().map(|&v| (v * id).round() as i8).collect::<Vec<i8>>())
+    };
+    let mut rng = Lcg(11);
+    let mut inputs: Vec<Vec<f32>> = (0..6).map(|i| rng.vec(512, [1.0, 1e-3, 1e4, 1e-37, 3e38, 0.0][i])).collect();
+    // Exact ties after scaling: amax 127 makes id 1, so k + 0.5 lands on a half.
+    inputs
+        .push((0..512).map(|i| if i == 0 { 127.0 } else { (i % 255) as f32 - 127.0 + 0.5 * (i % 2) as f32 }).collect());
+    let mut special = rng.vec(512, 1.0);
+    (special[3], special[40], special[300], special[301]) = (f32::NAN, -0.0, f32::INFINITY, -1e-40);
+    inputs.push(special);
+    for d in levels() {
+        for x in &inputs {
+            let mut k = vec![BlockQ8K::default(); x.len() / 256];
+            (d.quant_q8k)(x, &mut k);
+            let mut a = vec![BlockQ8A::default(); x.len() / 32];
+            (d.quant_q8a)(x, &mut a);
+            for (i, b) in k.iter().enumerate() {
+                let (rd, rq) = reference_q(&x[256 * i..256 * (i + 1)]);
+                assert_eq!((b.d.to_bits(), b.qs.to_vec()), (rd.to_bits(), rq), "{:?} Q8_K block {i}", d.level);
+                for (g, s) in b.bsums.iter().enumerate() {
+                    assert_eq!(*s, b.qs[16 * g..16 * g + 16].iter().map(|&q| q as i16).sum::<i16>());
+                }
+            }
+            for (i, b) in a.iter().enumerate() {
+                let (rd, rq) = reference_q(&x[32 * i..32 * (i + 1)]);
+                assert_eq!((b.d.to_bits(), b.qs.to_vec()), (rd.to_bits(), rq.clone()), "{:?} Q8_A block {i}", d.level);
+                assert_eq!(b.sum, rq.iter().map(|&q| q as i32).sum::<i32>());
+            }
+        }
+    }
+}

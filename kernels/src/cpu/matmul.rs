@@ -115,11 +115,11 @@ pub fn matmul_many(
     let uses = |f: fn(DType) -> bool| jobs.iter().any(|(w, _)| f(w.tensor.dtype));
     if uses(|d| matches!(d, DType::Q4_0 | DType::Q5_0 | DType::Q8_0)) {
         s.q8a.resize(t * k / 32, BlockQ8A::default());
-        x.par_chunks(k).zip(s.q8a.par_chunks_mut(k / 32)).for_each(|(xr, qr)| quantize_q8a(xr, qr));
+        x.par_chunks(k).zip(s.q8a.par_chunks_mut(k / 32)).for_each(|(xr, qr)| (kernels.quant_q8a)(xr, qr));
     }
     if uses(|d| matches!(d, DType::Q4_K | DType::Q5_K | DType::Q6_K)) {
         s.q8k.resize(t * k / 256, BlockQ8K::default());
-        x.par_chunks(k).zip(s.q8k.par_chunks_mut(k / 256)).for_each(|(xr, qr)| quantize_q8k(xr, qr));
+        x.par_chunks(k).zip(s.q8k.par_chunks_mut(k / 256)).for_each(|(xr, qr)| (kernels.quant_q8k)(xr, qr));
     }
     for (w, out) in jobs.iter_mut() {
         let n = w.rows();

@@ -8,6 +8,8 @@ mod quantize;
 
 pub use blocks::*;
 pub use dequant::dequantize_row;
+#[cfg(target_arch = "x86_64")]
+pub(crate) use quantize::simd;
 pub use quantize::{quantize_q8a, quantize_q8k, quantize_row};
 
 /// Errors of the format helpers.

@@ -199,31 +199,75 @@ fn q6_k(xs: &[f32]) -> BlockQ6K {
 /// Quantizes activations for the 32-value formats: per block, `d = amax/127`
 /// and `q = round(x/d)`, plus the block's sum of `q`.
 pub fn quantize_q8a(x: &[f32], out: &mut [BlockQ8A]) {
-    debug_assert_eq!(x.len(), out.len() * 32);
-    for (xs, b) in x.chunks_exact(32).zip(out.iter_mut()) {
-        let amax = xs.iter().fold(0.0f32, |m, v| m.max(v.abs()));
-        let d = amax / 127.0;
-        let id = if d != 0.0 { 1.0 / d } else { 0.0 };
-        let mut sum = 0i32;
-        for (q, &v) in b.qs.iter_mut().zip(xs) {
-            *q = (v * id).round() as i8;
-            sum += *q as i32;
-        }
-        b.d = d;
-        b.sum = sum;
-    }
+    q8a(x, out)
 }
 
 /// Quantizes activations for the K formats: per 256 values, `d = amax/127`,
 /// `q = round(x/d)`, and the sum of every 16 `q`.
 pub fn quantize_q8k(x: &[f32], out: &mut [BlockQ8K]) {
-    debug_assert_eq!(x.len(), out.len() * 256);
-    for (xs, b) in x.chunks_exact(256).zip(out.iter_mut()) {
-        let amax = xs.iter().fold(0.0f32, |m, v| m.max(v.abs()));
-        let d = amax / 127.0;
+    q8k(x, out)
+}
+
+/// `f32::round` (halves away from zero) in operations a compiler vectorizes: `v − trunc(v)` is
+/// exact, so this is the same value for every input, NaN and infinities included.
+#[inline(always)]
+fn round_away(v: f32) -> f32 {
+    let t = v.trunc();
+    if (v - t).abs() >= 0.5 {
+        t + 1f32.copysign(v)
+    } else {
+        t
+    }
+}
+
+/// The largest `|v|` (`f32::max` ignores NaN, as a fold over `xs` does), in 16 lanes so that it
+/// vectorizes: `max` is exact, so the order does not change the result.
+#[inline(always)]
+fn amax(xs: &[f32]) -> f32 {
+    let mut m = [0f32; 16];
+    let mut chunks = xs.chunks_exact(16);
+    for c in &mut chunks {
+        for (m, v) in m.iter_mut().zip(c) {
+            *m = m.max(v.abs());
+        }
+    }
+    let tail = chunks.remainder().iter().fold(0f32, |m, v| m.max(v.abs()));
+    m.iter().fold(tail, |a, &b| a.max(b))
+}
+
+/// `v.round() as i8` (saturating; NaN gives 0), through `i32` so that it vectorizes.
+#[inline(always)]
+fn to_i8(v: f32) -> i8 {
+    let r = round_away(v).clamp(-128.0, 127.0);
+    let r = if r.is_nan() { 0.0 } else { r };
+    // SAFETY: `r` is an integer in -128..=127 (not NaN, not infinite).
+    unsafe { r.to_int_unchecked::<i32>() as i8 }
+}
+
+/// The body of `quantize_q8a`, inlined into each SIMD level's copy (see `simd`).
+#[inline(always)]
+fn q8a(x: &[f32], out: &mut [BlockQ8A]) {
+    debug_assert_eq!(x.len(), out.len() * 32);
+    for (xs, b) in x.chunks_exact(32).zip(out.iter_mut()) {
+        let d = amax(xs) / 127.0;
         let id = if d != 0.0 { 1.0 / d } else { 0.0 };
         for (q, &v) in b.qs.iter_mut().zip(xs) {
-            *q = (v * id).round() as i8;
+            *q = to_i8(v * id);
+        }
+        b.d = d;
+        b.sum = b.qs.iter().map(|&q| q as i32).sum();
+    }
+}
+
+/// The body of `quantize_q8k`, inlined into each SIMD level's copy (see `simd`).
+#[inline(always)]
+fn q8k(x: &[f32], out: &mut [BlockQ8K]) {
+    debug_assert_eq!(x.len(), out.len() * 256);
+    for (xs, b) in x.chunks_exact(256).zip(out.iter_mut()) {
+        let d = amax(xs) / 127.0;
+        let id = if d != 0.0 { 1.0 / d } else { 0.0 };
+        for (q, &v) in b.qs.iter_mut().zip(xs) {
+            *q = to_i8(v * id);
         }
         for (s, g) in b.bsums.iter_mut().zip(b.qs.chunks_exact(16)) {
             *s = g.iter().map(|&q| q as i16).sum();
@@ -232,6 +276,42 @@ pub fn quantize_q8k(x: &[f32], out: &mut [BlockQ8K]) {
             *m = d * (pair[0] as i32 + pair[1] as i32) as f32;
         }
         b.d = d;
+    }
+}
+
+/// The activation quantizers compiled for the x86 SIMD levels (the CPU backend's kernel table
+/// picks them; the portable copies above are the scalar level's). Every operation is exact or
+/// the same IEEE operation at every level, so all copies give the same bits.
+#[cfg(target_arch = "x86_64")]
+pub(crate) mod simd {
+    use super::*;
+
+    /// # Safety
+    /// The CPU must have AVX2, FMA and F16C.
+    #[target_feature(enable = "avx2,fma,f16c")]
+    pub unsafe fn q8a_avx2(x: &[f32], out: &mut [BlockQ8A]) {
+        q8a(x, out)
+    }
+
+    /// # Safety
+    /// As `q8a_avx2`.
+    #[target_feature(enable = "avx2,fma,f16c")]
+    pub unsafe fn q8k_avx2(x: &[f32], out: &mut [BlockQ8K]) {
+        q8k(x, out)
+    }
+
+    /// # Safety
+    /// The CPU must have AVX-512 F, BW, DQ and VL (and AVX2, FMA, F16C).
+    #[target_feature(enable = "avx512f,avx512bw,avx512dq,avx512vl,avx2,fma,f16c")]
+    pub unsafe fn q8a_avx512(x: &[f32], out: &mut [BlockQ8A]) {
+        q8a(x, out)
+    }
+
+    /// # Safety
+    /// As `q8a_avx512`.
+    #[target_feature(enable = "avx512f,avx512bw,avx512dq,avx512vl,avx2,fma,f16c")]
+    pub unsafe fn q8k_avx512(x: &[f32], out: &mut [BlockQ8K]) {
+        q8k(x, out)
     }
 }
 

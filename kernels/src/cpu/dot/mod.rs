@@ -168,6 +168,9 @@ pub struct Kernels {
     pub gemm_q4_k: Option<GemmFn<BlockQ4K, BlockQ8K>>,
     pub gemm_q5_k: Option<GemmFn<BlockQ5K, BlockQ8K>>,
     pub gemm_q6_k: Option<GemmFn<BlockQ6K, BlockQ8K>>,
+    /// Activation quantizers (the same bits at every level; vectorized where the level allows).
+    pub quant_q8a: fn(&[f32], &mut [BlockQ8A]),
+    pub quant_q8k: fn(&[f32], &mut [BlockQ8K]),
 }
 
 /// Wraps `unsafe fn`s that need CPU features into safe `fn`s. Only
@@ -233,6 +236,8 @@ macro_rules! safe_table {
             gemm_q4_k: None,
             gemm_q5_k: None,
             gemm_q6_k: None,
+            quant_q8a: crate::quant::quantize_q8a,
+            quant_q8k: crate::quant::quantize_q8k,
         }
     }};
 }
@@ -270,6 +275,30 @@ fn silu_mul_avx512(gate: &mut [f32], up: &[f32]) {
     unsafe { super::attention::avx512::silu_mul(gate, up) }
 }
 
+#[cfg(target_arch = "x86_64")]
+fn quant_q8a_avx2(x: &[f32], out: &mut [BlockQ8A]) {
+    // SAFETY: reachable only through `Kernels::for_level`, which checked the features.
+    unsafe { crate::quant::simd::q8a_avx2(x, out) }
+}
+
+#[cfg(target_arch = "x86_64")]
+fn quant_q8k_avx2(x: &[f32], out: &mut [BlockQ8K]) {
+    // SAFETY: as above.
+    unsafe { crate::quant::simd::q8k_avx2(x, out) }
+}
+
+#[cfg(target_arch = "x86_64")]
+fn quant_q8a_avx512(x: &[f32], out: &mut [BlockQ8A]) {
+    // SAFETY: as above.
+    unsafe { crate::quant::simd::q8a_avx512(x, out) }
+}
+
+#[cfg(target_arch = "x86_64")]
+fn quant_q8k_avx512(x: &[f32], out: &mut [BlockQ8K]) {
+    // SAFETY: as above.
+    unsafe { crate::quant::simd::q8k_avx512(x, out) }
+}
+
 impl Kernels {
     /// The portable reference.
     pub fn scalar() -> Kernels {
@@ -293,6 +322,8 @@ impl Kernels {
             gemm_q4_k: None,
             gemm_q5_k: None,
             gemm_q6_k: None,
+            quant_q8a: crate::quant::quantize_q8a,
+            quant_q8k: crate::quant::quantize_q8k,
         }
     }
 
@@ -313,6 +344,8 @@ impl Kernels {
                 gemm_q4_k: Some(avx2::gemm_q4_k),
                 gemm_q5_k: Some(avx2::gemm_q5_k),
                 gemm_q6_k: Some(avx2::gemm_q6_k),
+                quant_q8a: quant_q8a_avx2,
+                quant_q8k: quant_q8k_avx2,
                 ..safe_table!(SimdLevel::Avx2, avx2)
             }),
             #[cfg(target_arch = "x86_64")]
@@ -326,6 +359,8 @@ impl Kernels {
                 gemm_q4_k: Some(avx512::gemm_q4_k),
                 gemm_q5_k: Some(avx512::gemm_q5_k),
                 gemm_q6_k: Some(avx512::gemm_q6_k),
+                quant_q8a: quant_q8a_avx512,
+                quant_q8k: quant_q8k_avx512,
                 ..safe_table!(SimdLevel::Avx512, avx512)
             }),
             #[cfg(not(target_arch = "x86_64"))]

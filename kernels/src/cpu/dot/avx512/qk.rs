@@ -179,6 +179,20 @@ impl KBlock for BlockQ6K {
     }
 }
 
+/// `vpdpwssd`, written out: given `_mm512_dpwssd_epi32`, LLVM's generic x86-64 tuning splits it
+/// into `vpmaddwd` + `vpaddd` (one more uop per 64 values; the kernels' hottest instruction).
+#[inline]
+#[target_feature(enable = "avx512f,avx512vnni")]
+unsafe fn dpwssd(acc: __m512i, a: __m512i, b: __m512i) -> __m512i {
+    let mut acc = acc;
+    // SAFETY: a register-only instruction of AVX-512 VNNI, which the callers' levels require.
+    unsafe {
+        std::arch::asm!("vpdpwssd {acc}, {a}, {b}", acc = inout(zmm_reg) acc, a = in(zmm_reg) a, b = in(zmm_reg) b,
+            options(pure, nomem, nostack, preserves_flags));
+    }
+    acc
+}
+
 /// An `R`-row × `C`-token tile. Each element: per block, exact i32 lanes
 /// from `vpdpwssd`, then `acc = fma(float(lanes), d_w·d_x, acc)` (and the
 /// mins FMA); one horizontal sum at the end.
@@ -215,7 +229,7 @@ unsafe fn tilek_core<B: KBlock, const R: usize, const C: usize, const PACKED: bo
                 let mut lanes = _mm512_setzero_si512();
                 for j in 0..4 {
                     let xv = _mm512_loadu_si512(a.qs.as_ptr().add(64 * j).cast());
-                    lanes = _mm512_dpwssd_epi32(lanes, _mm512_maddubs_epi16(p.wv[j], xv), p.sc[j]);
+                    lanes = dpwssd(lanes, _mm512_maddubs_epi16(p.wv[j], xv), p.sc[j]);
                 }
                 if B::OFFSET {
                     let o = _mm256_madd_epi16(p.off, _mm256_loadu_si256(a.bsums.as_ptr().cast()));
