@@ -6,7 +6,8 @@
 //! - decode attention over 512 … 16k cached tokens.
 //!
 //! `cargo bench -p cachet-kernels --bench kernels -- [--threads N] [--quick] [--only SECTIONS]`
-//! (`SECTIONS`: a comma-separated subset of `memory,gemv,gemm,expert,attention`; all by default)
+//! (`SECTIONS`: a comma-separated subset of `memory,gemv,compute,gemm,expert,attention`; all by
+//! default)
 
 use cachet_kernels::backend::{AttnSeq, AttnShape, Backend, KvLayout};
 use cachet_kernels::cpu::{CpuBackend, SimdLevel};
@@ -124,6 +125,32 @@ fn main() {
                 100.0 * gbs / read_gbs
             );
         }
+    }
+
+    // Compute cost: one thread, a 512 KiB matrix that stays in L2, so memory bandwidth (which
+    // moves a lot on shared machines) does not enter: ns per 256 weights for 1, 4 and 16 tokens.
+    if run("compute") {
+        println!("| compute, 1 thread, L2-resident [rows × 2048] | tokens | ns per 256 weights per token |");
+        println!("|---|---:|---:|");
+        let one = CpuBackend::with_level(1, level).unwrap();
+        let cols = 2048;
+        for dtype in DType::ALL.into_iter().filter(|d| d.is_quantized()) {
+            let rows = (512 << 10) / dtype.bytes_for(cols).unwrap() / 4 * 4;
+            let w = matrix(&one, dtype, rows, cols);
+            for t in [1usize, 4, 16] {
+                let (mut x, mut y) = (one.buf(), one.buf());
+                one.upload(&mut x, t, cols, &random(t * cols, 3));
+                let inner = 64;
+                let d = best(reps, || {
+                    for _ in 0..inner {
+                        one.matmul(&x, &mut [(&w, &mut y)]);
+                    }
+                });
+                let ns = d.as_secs_f64() * 1e9 / inner as f64 / (rows * cols / 256 * t) as f64;
+                println!("| {dtype} ({rows} rows) | {t} | {ns:.2} |");
+            }
+        }
+        println!();
     }
 
     // GEMM: 512 rows (a prefill) × [4096 × 1536].

@@ -1,9 +1,11 @@
 //! Tiles of the K formats (`Q4_K`, `Q5_K`, `Q6_K`) against `BlockQ8K`
 //! activations. Per 256-value block: four chunks of 64 unsigned weights,
-//! `vpmaddubsw` with the activations, `vpdpwssd` with the sub-block scales
-//! into i32 lanes, then one float FMA with `d_w · d_x` (and one with the mins
-//! for `Q4_K`/`Q5_K`). The weights' scales are unpacked once per block and row
-//! and reused for every token of the tile.
+//! `vpdpbusd` with the activations (sums of 4 products, at most 4 · 63 · 127:
+//! they fit i16), two `vpackssdw` to i16 and two `vpdpwssd` with the sub-block
+//! scales into i32 lanes — 6 multiplies per block where `vpmaddubsw` +
+//! `vpdpwssd` per chunk took 8 — then one float FMA with `d_w · d_x` (and one
+//! with the mins for `Q4_K`/`Q5_K`). The weights' scales are unpacked once per
+//! block and row and reused for every token of the tile.
 
 use super::*;
 
@@ -12,8 +14,8 @@ use super::*;
 pub(super) struct Prep {
     /// Chunk `j`: the 64 unsigned values at positions `64j..64j + 64`.
     wv: [__m512i; 4],
-    /// Chunk `j`: the scale of each i16 lane of `vpmaddubsw`'s result.
-    sc: [__m512i; 4],
+    /// The scale of each i16 lane of the packed chunk sums: chunks 0 and 1, then 2 and 3.
+    sc: [__m512i; 2],
     /// `-dmin · m_j` in lanes 0..8 (`Q4_K`/`Q5_K`), zero elsewhere.
     min: __m512,
     /// The 16 group scales as i16 (`Q6_K`'s offset correction).
@@ -42,17 +44,38 @@ fn scales_mins(q: &[u8; 12]) -> (u64, u64) {
     ((w0 & LOW6) as u64 | (sc_hi as u64) << 32, (w1 & LOW6) as u64 | (m_hi as u64) << 32)
 }
 
-/// i16 lane `k` of chunk `j` takes scale `2j + k / 16` (`Q4_K`/`Q5_K`).
-#[inline(always)]
-unsafe fn sub_block_scales(sc: u64) -> [__m512i; 4] {
-    let s = _mm512_castsi128_si512(_mm_cvtepu8_epi16(_mm_cvtsi64_si128(sc as i64)));
-    let mut out = [_mm512_setzero_si512(); 4];
-    for (j, o) in out.iter_mut().enumerate() {
-        let j = j as i16;
-        let idx = _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_set1_epi16(2 * j)), _mm256_set1_epi16(2 * j + 1), 1);
-        *o = _mm512_permutexvar_epi16(idx, s);
+/// Where the packed sums come from: i16 lane `k` of `vpackssdw(d_a, d_b)` (128-bit lane
+/// `L = k / 8`, position `p = k % 8`) is i32 lane `4L + p` of `d_a` for `p < 4`, else lane
+/// `4L + p − 4` of `d_b`; i32 lane `i` of chunk `j`'s sums covers values `64j + 4i .. + 4`.
+/// Those values' scale is number `(64j + 4i) / size` (`size`: values per scale); the result
+/// indexes the scales for chunks `2h` and `2h + 1`.
+const fn pack_index(h: usize, size: usize) -> [i16; 32] {
+    let mut idx = [0i16; 32];
+    let mut k = 0;
+    while k < 32 {
+        let (l, p) = (k / 8, k % 8);
+        let (j, i) = if p < 4 { (2 * h, 4 * l + p) } else { (2 * h + 1, 4 * l + p - 4) };
+        idx[k] = ((64 * j + 4 * i) / size) as i16;
+        k += 1;
     }
-    out
+    idx
+}
+
+/// `Q4_K`/`Q5_K`: 8 sub-blocks of 32 values.
+const K4_IDX: [[i16; 32]; 2] = [pack_index(0, 32), pack_index(1, 32)];
+/// `Q6_K`: 16 groups of 16 values.
+const K6_IDX: [[i16; 32]; 2] = [pack_index(0, 16), pack_index(1, 16)];
+
+/// The scales (i16, in the low lanes of `s`) spread over the packed sums' lanes.
+#[inline(always)]
+unsafe fn spread(s: __m512i, idx: &[[i16; 32]; 2]) -> [__m512i; 2] {
+    unsafe { idx.map(|i| _mm512_permutexvar_epi16(_mm512_loadu_si512(i.as_ptr().cast()), s)) }
+}
+
+/// `Q4_K`/`Q5_K`'s 8 sub-block scales, spread.
+#[inline(always)]
+unsafe fn sub_block_scales(sc: u64) -> [__m512i; 2] {
+    unsafe { spread(_mm512_castsi128_si512(_mm_cvtepu8_epi16(_mm_cvtsi64_si128(sc as i64))), &K4_IDX) }
 }
 
 #[inline(always)]
@@ -134,47 +157,7 @@ impl KBlock for BlockQ6K {
             wv[2 * half + 1] = _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi16::<4>(ql), low), hz);
         }
         let off = _mm256_cvtepi8_epi16(_mm_loadu_si128(self.scales.as_ptr().cast()));
-        let s = _mm512_castsi256_si512(off);
-        // i16 lane k of chunk j covers values 64j + 2k, +1: group 4j + k / 8.
-        let mut sc = [_mm512_setzero_si512(); 4];
-        for (j, o) in sc.iter_mut().enumerate() {
-            let g = 4 * j as i16;
-            let idx = _mm512_set_epi16(
-                g + 3,
-                g + 3,
-                g + 3,
-                g + 3,
-                g + 3,
-                g + 3,
-                g + 3,
-                g + 3,
-                g + 2,
-                g + 2,
-                g + 2,
-                g + 2,
-                g + 2,
-                g + 2,
-                g + 2,
-                g + 2,
-                g + 1,
-                g + 1,
-                g + 1,
-                g + 1,
-                g + 1,
-                g + 1,
-                g + 1,
-                g + 1,
-                g,
-                g,
-                g,
-                g,
-                g,
-                g,
-                g,
-                g,
-            );
-            *o = _mm512_permutexvar_epi16(idx, s);
-        }
+        let sc = spread(_mm512_castsi256_si512(off), &K6_IDX);
         Prep { wv, sc, min: _mm512_setzero_ps(), off, d: f16_to_f32(self.d) }
     }
 }
@@ -226,11 +209,12 @@ unsafe fn tilek_core<B: KBlock, const R: usize, const C: usize, const PACKED: bo
             };
             for c in 0..C {
                 let a = x[c].get_unchecked(s);
-                let mut lanes = _mm512_setzero_si512();
-                for j in 0..4 {
+                let d: [__m512i; 4] = std::array::from_fn(|j| {
                     let xv = _mm512_loadu_si512(a.qs.as_ptr().add(64 * j).cast());
-                    lanes = dpwssd(lanes, _mm512_maddubs_epi16(p.wv[j], xv), p.sc[j]);
-                }
+                    _mm512_dpbusd_epi32(_mm512_setzero_si512(), p.wv[j], xv)
+                });
+                let lanes = _mm512_madd_epi16(_mm512_packs_epi32(d[0], d[1]), p.sc[0]);
+                let mut lanes = dpwssd(lanes, _mm512_packs_epi32(d[2], d[3]), p.sc[1]);
                 if B::OFFSET {
                     let o = _mm256_madd_epi16(p.off, _mm256_loadu_si256(a.bsums.as_ptr().cast()));
                     let o = _mm512_inserti64x4(_mm512_setzero_si512(), _mm256_slli_epi32::<5>(o), 0);
