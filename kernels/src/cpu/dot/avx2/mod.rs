@@ -64,6 +64,27 @@ pub(super) unsafe fn bits32(bits: u32, val: i8) -> __m256i {
     _mm256_and_si256(set, _mm256_set1_epi8(val))
 }
 
+/// The 6-bit scales and mins of a `Q4_K`/`Q5_K` block: the 8 scales in bytes 0..8, the 8 mins
+/// in bytes 8..16 (what `scale_min_k4` gives one at a time), in vector registers: the three
+/// 32-bit words' masks and shifts at once (as scalar code this was a third of a one-token
+/// row's instructions). Exact, like any unpacking: every level may use it.
+#[inline(always)]
+pub(super) unsafe fn k4_scales_mins(q: &[u8; 12]) -> __m128i {
+    unsafe {
+        let w2 = i32::from_le_bytes([q[8], q[9], q[10], q[11]]);
+        // Lanes: w0, w1, w2, 0.
+        let v = _mm_insert_epi32::<2>(_mm_loadl_epi64(q.as_ptr().cast()), w2);
+        // Scales 0..4 and mins 0..4: the low 6 bits of w0 and w1.
+        let lo = _mm_and_si128(v, _mm_set1_epi8(0x3f));
+        // Scales and mins 4..8: the nibbles of w2 (low for scales, high for mins) below the top
+        // two bits of w0 and w1.
+        let top = _mm_slli_epi32::<4>(_mm_and_si128(_mm_srli_epi32::<6>(v), _mm_set1_epi8(3)));
+        let nib = _mm_srlv_epi32(_mm_shuffle_epi32::<0b10_10_10_10>(v), _mm_setr_epi32(0, 4, 0, 0));
+        let hi = _mm_or_si128(_mm_and_si128(nib, _mm_set1_epi8(0x0f)), top);
+        _mm_unpacklo_epi32(lo, hi)
+    }
+}
+
 /// Σ u8 × i8 over 32 bytes as 8 i32 lanes.
 #[inline(always)]
 unsafe fn dot_u8i8(w: __m256i, x: __m256i) -> __m256i {

@@ -61,24 +61,12 @@ unsafe fn bsum_pairs(a: &BlockQ8K) -> __m256i {
 }
 
 /// The 8 sub-block scales and 8 mins of a `Q4_K`/`Q5_K` block's 12 packed bytes, all at once
-/// (what `scale_min_k4` gives one at a time): scales as i16 in the low 128-bit lane of the
-/// result's source, mins in the high one.
+/// (what `scale_min_k4` gives one at a time): scales as i16 in the first result, mins in the
+/// second.
 #[inline(always)]
 unsafe fn scales_mins_k4(q: &[u8; 12]) -> (__m128i, __m128i) {
-    const M6: u32 = 0x3f3f_3f3f;
-    const M4: u32 = 0x0f0f_0f0f;
-    const M2: u32 = 0x0303_0303;
-    let u = |i: usize| u32::from_le_bytes([q[4 * i], q[4 * i + 1], q[4 * i + 2], q[4 * i + 3]]);
-    let (u0, u1, u2) = (u(0), u(1), u(2));
-    // Scales 0..4: the low 6 bits of bytes 0..4; 4..8: the low nibbles of bytes 8..12 and the
-    // top 2 bits of bytes 0..4. Mins likewise from bytes 4..8 and the high nibbles of 8..12.
-    let scales_lo = u0 & M6;
-    let scales_hi = (u2 & M4) | (((u0 >> 6) & M2) << 4);
-    let mins_lo = u1 & M6;
-    let mins_hi = ((u2 >> 4) & M4) | (((u1 >> 6) & M2) << 4);
     unsafe {
-        let v = _mm_set_epi32(mins_hi as i32, mins_lo as i32, scales_hi as i32, scales_lo as i32);
-        let wide = _mm256_cvtepu8_epi16(v);
+        let wide = _mm256_cvtepu8_epi16(k4_scales_mins(q));
         (_mm256_castsi256_si128(wide), _mm256_extracti128_si256(wide, 1))
     }
 }

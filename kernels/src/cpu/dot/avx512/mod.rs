@@ -6,7 +6,7 @@
 //! Safety: every function here requires the features of `SimdLevel::Avx512`;
 //! `Kernels::for_level` hands them out only after detecting them.
 
-use super::avx2::{bits32, nibbles32};
+use super::avx2::{bits32, k4_scales_mins, nibbles32};
 use super::GemmJob;
 use crate::quant::*;
 use half::{bf16, f16};
@@ -41,6 +41,50 @@ pub(super) unsafe fn join(lo: __m256i, hi: __m256i) -> __m512i {
 #[inline(always)]
 pub(super) unsafe fn hsum256(v: __m256) -> f32 {
     _mm512_reduce_add_ps(_mm512_insertf32x8(_mm512_setzero_ps(), v, 0))
+}
+
+/// The lane sum of `v` in a fixed order: the 256-bit halves added, then the 128-bit halves of
+/// that, then the 64-bit halves, then the two lanes left. [`reduce16`] computes each of its
+/// sums in exactly this order, so a tile's elements equal the 1 × 1 tile's bit for bit.
+#[inline(always)]
+pub(super) unsafe fn reduce1(v: __m512) -> f32 {
+    let s8 = _mm256_add_ps(_mm512_castps512_ps256(v), _mm512_extractf32x8_ps::<1>(v));
+    let s4 = _mm_add_ps(_mm256_castps256_ps128(s8), _mm256_extractf128_ps::<1>(s8));
+    let s2 = _mm_add_ps(s4, _mm_movehl_ps(s4, s4));
+    _mm_cvtss_f32(_mm_add_ss(s2, _mm_movehdup_ps(s2)))
+}
+
+/// The lane sums of 16 vectors (`out[i]` is `reduce1(v[i])`, bit for bit): the same tree of
+/// additions, done for all of them at once by shuffles that bring the halves of two vectors
+/// side by side — 30 shuffles and 15 adds where 16 separate sums take about 130 operations
+/// (a K-format tile over a 768-value row spends a fifth of its time there otherwise).
+#[inline(always)]
+pub(super) unsafe fn reduce16(v: &[__m512; 16]) -> [f32; 16] {
+    // 512 → 256 bits: w[p] holds the 8-lane partial sums of v[2p] (low half) and v[2p + 1].
+    let mut w = [_mm512_setzero_ps(); 8];
+    for (p, w) in w.iter_mut().enumerate() {
+        let (a, b) = (v[2 * p], v[2 * p + 1]);
+        *w = _mm512_add_ps(_mm512_shuffle_f32x4::<0b01_00_01_00>(a, b), _mm512_shuffle_f32x4::<0b11_10_11_10>(a, b));
+    }
+    // 256 → 128: block k of x[q] holds the 4-lane partial sums of v[4q + k].
+    let mut x = [_mm512_setzero_ps(); 4];
+    for (q, x) in x.iter_mut().enumerate() {
+        let (a, b) = (w[2 * q], w[2 * q + 1]);
+        *x = _mm512_add_ps(_mm512_shuffle_f32x4::<0b10_00_10_00>(a, b), _mm512_shuffle_f32x4::<0b11_01_11_01>(a, b));
+    }
+    // 128 → 64: block k of y[r] holds the 2-lane sums of v[8r + k], then of v[8r + 4 + k].
+    let mut y = [_mm512_setzero_ps(); 2];
+    for (r, y) in y.iter_mut().enumerate() {
+        let (a, b) = (x[2 * r], x[2 * r + 1]);
+        *y = _mm512_add_ps(_mm512_shuffle_ps::<0b01_00_01_00>(a, b), _mm512_shuffle_ps::<0b11_10_11_10>(a, b));
+    }
+    // 64 → 32: lane 4k + m of z is the sum of v[k + 4m].
+    let z =
+        _mm512_add_ps(_mm512_shuffle_ps::<0b10_00_10_00>(y[0], y[1]), _mm512_shuffle_ps::<0b11_01_11_01>(y[0], y[1]));
+    let natural = _mm512_permutexvar_ps(_mm512_setr_epi32(0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15), z);
+    let mut out = [0f32; 16];
+    unsafe { _mm512_storeu_ps(out.as_mut_ptr(), natural) };
+    out
 }
 
 /// Broadcasts `a` to the low 8 lanes and `b` to the high 8.

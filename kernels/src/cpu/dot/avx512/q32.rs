@@ -152,9 +152,24 @@ pub(super) unsafe fn tile32<B: Block32, const R: usize, const C: usize>(
             i += 2;
         }
         let mut out = [[0f32; C]; R];
-        for r in 0..R {
-            for c in 0..C {
-                out[r][c] = _mm512_reduce_add_ps(acc[r][c]);
+        if R * C == 16 {
+            let mut v = [_mm512_setzero_ps(); 16];
+            for r in 0..R {
+                for c in 0..C {
+                    v[r * C + c] = acc[r][c];
+                }
+            }
+            let sums = reduce16(&v);
+            for r in 0..R {
+                for c in 0..C {
+                    out[r][c] = sums[r * C + c];
+                }
+            }
+        } else {
+            for r in 0..R {
+                for c in 0..C {
+                    out[r][c] = reduce1(acc[r][c]);
+                }
             }
         }
         if i < n {
@@ -310,7 +325,7 @@ unsafe fn gemv32<B: Block32>(job: &GemmJob<'_, B, BlockQ8A>) {
                 let d = _mm512_dpbusd_epi32(init, wv, xv);
                 acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(d), _mm512_mul_ps(sw, sx), acc);
             }
-            let mut v = _mm512_reduce_add_ps(acc);
+            let mut v = reduce1(acc);
             if n % 2 == 1 {
                 let b = w.get_unchecked(n - 1);
                 v += odd_block(b, b.weights(), x.get_unchecked(n - 1));
@@ -353,11 +368,33 @@ unsafe fn packed_tile<B: Block32, const C: usize>(
                 }
             }
         }
+        // The lane sums, in `reduce1`'s order (all 16 at once for a full tile).
+        let mut sums = [[0f32; C]; R];
+        if C == 4 {
+            let mut v = [_mm512_setzero_ps(); 16];
+            for i in 0..R {
+                for c in 0..C {
+                    v[i * C + c] = acc[i][c];
+                }
+            }
+            let all = reduce16(&v);
+            for i in 0..R {
+                for c in 0..C {
+                    sums[i][c] = all[i * C + c];
+                }
+            }
+        } else {
+            for i in 0..R {
+                for c in 0..C {
+                    sums[i][c] = reduce1(acc[i][c]);
+                }
+            }
+        }
         for i in 0..R {
             let w = job.w.get_unchecked((r + i) * n..(r + i + 1) * n);
             for c in 0..C {
                 let tok = job.toks.start + t + c;
-                let mut v = _mm512_reduce_add_ps(acc[i][c]);
+                let mut v = sums[i][c];
                 if n % 2 == 1 {
                     let b = w.get_unchecked(n - 1);
                     v += odd_block(b, b.weights(), job.x.get_unchecked(tok * job.apr + n - 1));

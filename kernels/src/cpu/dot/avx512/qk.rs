@@ -31,26 +31,6 @@ pub(super) trait KBlock: Block {
     unsafe fn prep(&self) -> Prep;
 }
 
-/// The 6-bit scales and mins of a `Q4_K`/`Q5_K` block: the 8 scales in bytes 0..8, the 8 mins
-/// in bytes 8..16, in vector registers (the three 32-bit words' masks and shifts at once; as
-/// scalar code this was a third of a one-token row's instructions).
-#[inline(always)]
-unsafe fn scales_mins(q: &[u8; 12]) -> __m128i {
-    unsafe {
-        let w2 = i32::from_le_bytes([q[8], q[9], q[10], q[11]]);
-        // Lanes: w0, w1, w2, 0.
-        let v = _mm_insert_epi32::<2>(_mm_loadl_epi64(q.as_ptr().cast()), w2);
-        // Scales 0..4 and mins 0..4: the low 6 bits of w0 and w1.
-        let lo = _mm_and_si128(v, _mm_set1_epi8(0x3f));
-        // Scales and mins 4..8: the nibbles of w2 (low for scales, high for mins) below the top
-        // two bits of w0 and w1.
-        let top = _mm_slli_epi32::<4>(_mm_and_si128(_mm_srli_epi32::<6>(v), _mm_set1_epi8(3)));
-        let nib = _mm_srlv_epi32(_mm_shuffle_epi32::<0b10_10_10_10>(v), _mm_setr_epi32(0, 4, 0, 0));
-        let hi = _mm_or_si128(_mm_and_si128(nib, _mm_set1_epi8(0x0f)), top);
-        _mm_unpacklo_epi32(lo, hi)
-    }
-}
-
 /// Where the packed sums come from: i16 lane `k` of `vpackssdw(d_a, d_b)` (128-bit lane
 /// `L = k / 8`, position `p = k % 8`) is i32 lane `4L + p` of `d_a` for `p < 4`, else lane
 /// `4L + p − 4` of `d_b`; i32 lane `i` of chunk `j`'s sums covers values `64j + 4i .. + 4`.
@@ -114,7 +94,7 @@ impl KBlock for BlockQ4K {
     const MINS: bool = true;
     #[inline(always)]
     unsafe fn prep(&self) -> Prep {
-        let sm = scales_mins(&self.scales);
+        let sm = k4_scales_mins(&self.scales);
         let (d, dmin) = scales_f32(self.d, self.dmin);
         let mut wv = [_mm512_setzero_si512(); 4];
         for (j, w) in wv.iter_mut().enumerate() {
@@ -129,7 +109,7 @@ impl KBlock for BlockQ5K {
     const MINS: bool = true;
     #[inline(always)]
     unsafe fn prep(&self) -> Prep {
-        let sm = scales_mins(&self.scales);
+        let sm = k4_scales_mins(&self.scales);
         let (d, dmin) = scales_f32(self.d, self.dmin);
         // The 32 qh bytes in both halves; bit 2j of byte i is the fifth bit of chunk j's value
         // i (low half), bit 2j + 1 that of its value 32 + i (high half): 16 where it is set.
@@ -213,8 +193,12 @@ unsafe fn tilek_core<B: KBlock, const R: usize, const C: usize, const PACKED: bo
 ) -> [[f32; C]; R] {
     let n = w[0].len();
     let mut acc = [[_mm512_setzero_ps(); C]; R];
-    for s in 0..n {
-        for r in 0..R {
+    // Row by row, and each row's blocks in order: the row's C accumulators stay in registers
+    // for the whole row (with the blocks outermost they lived on the stack), and the tokens'
+    // blocks are loaded as operands (they stay in L1 for the R rows).
+    for r in 0..R {
+        let mut row = [_mm512_setzero_ps(); C];
+        for s in 0..n {
             let p = if PACKED {
                 *preps.get_unchecked(r * n + s)
             } else {
@@ -223,7 +207,7 @@ unsafe fn tilek_core<B: KBlock, const R: usize, const C: usize, const PACKED: bo
                 }
                 w[r].get_unchecked(s).prep()
             };
-            for c in 0..C {
+            for (c, acc) in row.iter_mut().enumerate() {
                 let a = x[c].get_unchecked(s);
                 let mut d = [_mm512_setzero_si512(); 4];
                 for (j, d) in d.iter_mut().enumerate() {
@@ -237,18 +221,34 @@ unsafe fn tilek_core<B: KBlock, const R: usize, const C: usize, const PACKED: bo
                     let o = _mm512_inserti64x4(_mm512_setzero_si512(), _mm256_slli_epi32::<5>(o), 0);
                     lanes = _mm512_sub_epi32(lanes, o);
                 }
-                acc[r][c] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(lanes), _mm512_set1_ps(p.d * a.d), acc[r][c]);
+                *acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(lanes), _mm512_set1_ps(p.d * a.d), *acc);
                 if B::MINS {
                     let ms = _mm512_insertf32x8(_mm512_setzero_ps(), _mm256_loadu_ps(a.msum.as_ptr()), 0);
-                    acc[r][c] = _mm512_fmadd_ps(p.min, ms, acc[r][c]);
+                    *acc = _mm512_fmadd_ps(p.min, ms, *acc);
                 }
             }
         }
+        acc[r] = row;
     }
     let mut out = [[0f32; C]; R];
-    for r in 0..R {
-        for c in 0..C {
-            out[r][c] = _mm512_reduce_add_ps(acc[r][c]);
+    if R * C == 16 {
+        let mut v = [_mm512_setzero_ps(); 16];
+        for r in 0..R {
+            for c in 0..C {
+                v[r * C + c] = acc[r][c];
+            }
+        }
+        let sums = reduce16(&v);
+        for r in 0..R {
+            for c in 0..C {
+                out[r][c] = sums[r * C + c];
+            }
+        }
+    } else {
+        for r in 0..R {
+            for c in 0..C {
+                out[r][c] = reduce1(acc[r][c]);
+            }
         }
     }
     out
