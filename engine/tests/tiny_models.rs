@@ -107,12 +107,33 @@ fn batching_and_chunking_do_not_change_results() {
         // Chunked prefill of the long prompt: 4 + 4 + 4 tokens.
         assert_eq!(r.logits(seqs[1], 4), alone[1], "{arch:?} {dtype}: chunking changed the logits");
 
+        // The last layer's feed-forward block runs only for the rows that want logits: a chunk
+        // wanting none, then the rest of that prompt wanting its last token beside a prompt
+        // wanting every row, give the bits of every row computed.
+        let long = r.pool.allocate(seqs[1].len()).unwrap();
+        let short = r.pool.allocate(seqs[2].len()).unwrap();
+        let mut out = Vec::new();
+        let first =
+            [SeqChunk { tokens: &seqs[1][..8], start_pos: 0, slots: SlotId::raw(&long[..8]), logits: LogitsFor::None }];
+        r.model.forward(&r.b, r.pool.storage_mut(), &first, &mut r.scratch, &mut out).unwrap();
+        assert!(out.is_empty());
+        let rest = [
+            SeqChunk { tokens: &seqs[1][8..], start_pos: 8, slots: SlotId::raw(&long), logits: LogitsFor::Last },
+            SeqChunk { tokens: seqs[2], start_pos: 0, slots: SlotId::raw(&short), logits: LogitsFor::All },
+        ];
+        r.model.forward(&r.b, r.pool.storage_mut(), &rest, &mut r.scratch, &mut out).unwrap();
+        let got: Vec<&[f32]> = out.chunks(vocab).collect();
+        let expected: Vec<&[f32]> =
+            std::iter::once(alone[1].last().unwrap().as_slice()).chain(alone[2].iter().map(Vec::as_slice)).collect();
+        assert_eq!(got, expected, "{arch:?} {dtype}: logits of some rows only");
+        r.pool.free(&long).unwrap();
+        r.pool.free(&short).unwrap();
+
         // All three at once, with slots interleaved in the pool.
         let (rows, slots) = r.batched(&seqs);
         for (got, expected) in rows.iter().zip(&alone) {
             assert_eq!(got, expected, "{arch:?} {dtype}: batching changed the logits");
         }
-        let mut out = Vec::new();
 
         // Decode one more token for each sequence in one batch vs alone.
         let extra: Vec<SlotId> = r.pool.allocate(3).unwrap();

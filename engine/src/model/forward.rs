@@ -178,6 +178,9 @@ impl<B: Backend> Model<B> {
         };
         b.embed(&self.embed, &s.tokens, &mut s.x)?;
         b.rope_table(&s.positions, &rope, &mut s.rope);
+        let last_layer = self.layers.len().saturating_sub(1);
+        // Whether `s.x` holds only the rows that want logits (in `logit_rows` order).
+        let mut pruned = false;
         for (l, layer) in self.layers.iter().enumerate() {
             b.rms_norm(&s.x, &layer.attn_norm, c.rms_eps, &mut s.h);
             b.matmul(&s.h, &mut [(&layer.wq, &mut s.q), (&layer.wk, &mut s.k), (&layer.wv, &mut s.v)]);
@@ -197,6 +200,20 @@ impl<B: Backend> Model<B> {
             b.matmul(&s.attn, &mut [(&layer.wo, &mut s.o)]);
             b.add(&mut s.x, &s.o);
 
+            // The last layer's feed-forward block only for the rows whose logits are wanted:
+            // every row's K/V is stored above and nothing else reads the other rows (llama.cpp
+            // does the same). A prompt chunk with no logits skips the block; a whole prompt
+            // saves one layer's feed-forward work (for a mixture of experts, one layer's
+            // experts), and each kept row's result is the same as without the pruning.
+            if l == last_layer && s.logit_rows.len() < s.tokens.len() {
+                if s.logit_rows.is_empty() {
+                    break;
+                }
+                b.gather_rows(&s.x, &s.logit_rows, &mut s.last);
+                std::mem::swap(&mut s.x, &mut s.last);
+                pruned = true;
+            }
+
             b.rms_norm(&s.x, &layer.ffn_norm, c.rms_eps, &mut s.h);
             match &layer.ffn {
                 Ffn::Dense { gate, up, down } => {
@@ -208,8 +225,12 @@ impl<B: Backend> Model<B> {
                 Ffn::Moe(m) => self.moe_ffn(b, m, s),
             }
         }
-        b.gather_rows(&s.x, &s.logit_rows, &mut s.last);
-        b.rms_norm(&s.last, &self.norm, c.rms_eps, &mut s.h);
+        if pruned {
+            b.rms_norm(&s.x, &self.norm, c.rms_eps, &mut s.h);
+        } else {
+            b.gather_rows(&s.x, &s.logit_rows, &mut s.last);
+            b.rms_norm(&s.last, &self.norm, c.rms_eps, &mut s.h);
+        }
         if s.logit_rows.is_empty() {
             b.resize(&mut s.logits, 0, c.vocab_size);
         } else {
