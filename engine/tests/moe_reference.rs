@@ -154,13 +154,31 @@ fn check<B: Backend>(make: impl Fn() -> B, what: &str) {
                 println!("{what} {} prompt {i}: greedy = llama.cpp's for {same} of {} tokens", case.file, out.len());
                 if case.format == "Q8_0" {
                     // 8-bit activations: llama.cpp's and cachet's arithmetic differ in order and
-                    // rounding, so a near-tie may go either way; cachet must then follow one of the
-                    // two references all the way.
-                    assert!(
-                        out == theirs[i] || out == p.greedy,
-                        "{what} {}: prompt {i}: greedy continuation equals neither llama.cpp's nor transformers'",
-                        case.file
-                    );
+                    // rounding, so a near-tie may go either way. Where cachet follows neither
+                    // reference all the way, the token it chose and the one the reference that
+                    // agreed longer chose must be a near-tie in cachet's own logits at that step
+                    // (closer than the format's logit tolerance).
+                    if out != theirs[i] && out != p.greedy {
+                        let agree = |t: &[u32]| out.iter().zip(t).take_while(|(a, b)| a == b).count();
+                        let (d, other) = [theirs[i].as_slice(), p.greedy.as_slice()]
+                            .into_iter()
+                            .map(|t| (agree(t), t))
+                            .max_by_key(|(d, _)| *d)
+                            .expect("two references");
+                        let seq: Vec<u32> = p.ids.iter().chain(&out[..d]).copied().collect();
+                        let at = r.logits(&seq, seq.len()).pop().expect("logits of the last position");
+                        let scale = at.iter().fold(0f32, |m, v| m.max(v.abs()));
+                        let gap = (at[out[d] as usize] - at[other[d] as usize]) / scale;
+                        println!(
+                            "{what} {} prompt {i}: token {d}: {} where a reference has {} (gap {gap:.5} of the largest logit)",
+                            case.file, out[d], other[d]
+                        );
+                        assert!(
+                            gap < tolerance(&case.format),
+                            "{what} {}: prompt {i}: greedy continuation leaves both references at token {d} by a gap of {gap}",
+                            case.file
+                        );
+                    }
                 } else {
                     assert_eq!(&out, &theirs[i], "{what} {}: prompt {i}: greedy continuation vs llama.cpp", case.file);
                 }

@@ -87,6 +87,31 @@ pub(super) unsafe fn reduce16(v: &[__m512; 16]) -> [f32; 16] {
     out
 }
 
+/// Every accumulator's lane sum in [`reduce1`]'s order; a full 4 × 4 tile's all at once.
+#[inline(always)]
+pub(super) unsafe fn tile_sums<const R: usize, const C: usize>(acc: &[[__m512; C]; R]) -> [[f32; C]; R] {
+    let mut out = [[0f32; C]; R];
+    unsafe {
+        if R * C == 16 {
+            let mut v = [_mm512_setzero_ps(); 16];
+            for r in 0..R {
+                v[r * C..(r + 1) * C].copy_from_slice(&acc[r]);
+            }
+            let sums = reduce16(&v);
+            for (r, row) in out.iter_mut().enumerate() {
+                row.copy_from_slice(&sums[r * C..(r + 1) * C]);
+            }
+        } else {
+            for (row, acc) in out.iter_mut().zip(acc) {
+                for (o, a) in row.iter_mut().zip(acc) {
+                    *o = reduce1(*a);
+                }
+            }
+        }
+    }
+    out
+}
+
 /// Broadcasts `a` to the low 8 lanes and `b` to the high 8.
 #[inline(always)]
 pub(super) unsafe fn pair(a: f32, b: f32) -> __m512 {

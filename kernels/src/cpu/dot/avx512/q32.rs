@@ -151,27 +151,7 @@ pub(super) unsafe fn tile32<B: Block32, const R: usize, const C: usize>(
             }
             i += 2;
         }
-        let mut out = [[0f32; C]; R];
-        if R * C == 16 {
-            let mut v = [_mm512_setzero_ps(); 16];
-            for r in 0..R {
-                for c in 0..C {
-                    v[r * C + c] = acc[r][c];
-                }
-            }
-            let sums = reduce16(&v);
-            for r in 0..R {
-                for c in 0..C {
-                    out[r][c] = sums[r * C + c];
-                }
-            }
-        } else {
-            for r in 0..R {
-                for c in 0..C {
-                    out[r][c] = reduce1(acc[r][c]);
-                }
-            }
-        }
+        let mut out = tile_sums(&acc);
         if i < n {
             for r in 0..R {
                 let b = w[r].get_unchecked(i);
@@ -368,28 +348,7 @@ unsafe fn packed_tile<B: Block32, const C: usize>(
                 }
             }
         }
-        // The lane sums, in `reduce1`'s order (all 16 at once for a full tile).
-        let mut sums = [[0f32; C]; R];
-        if C == 4 {
-            let mut v = [_mm512_setzero_ps(); 16];
-            for i in 0..R {
-                for c in 0..C {
-                    v[i * C + c] = acc[i][c];
-                }
-            }
-            let all = reduce16(&v);
-            for i in 0..R {
-                for c in 0..C {
-                    sums[i][c] = all[i * C + c];
-                }
-            }
-        } else {
-            for i in 0..R {
-                for c in 0..C {
-                    sums[i][c] = reduce1(acc[i][c]);
-                }
-            }
-        }
+        let sums = tile_sums(&acc);
         for i in 0..R {
             let w = job.w.get_unchecked((r + i) * n..(r + i + 1) * n);
             for c in 0..C {

@@ -230,28 +230,7 @@ unsafe fn tilek_core<B: KBlock, const R: usize, const C: usize, const PACKED: bo
         }
         acc[r] = row;
     }
-    let mut out = [[0f32; C]; R];
-    if R * C == 16 {
-        let mut v = [_mm512_setzero_ps(); 16];
-        for r in 0..R {
-            for c in 0..C {
-                v[r * C + c] = acc[r][c];
-            }
-        }
-        let sums = reduce16(&v);
-        for r in 0..R {
-            for c in 0..C {
-                out[r][c] = sums[r * C + c];
-            }
-        }
-    } else {
-        for r in 0..R {
-            for c in 0..C {
-                out[r][c] = reduce1(acc[r][c]);
-            }
-        }
-    }
-    out
+    tile_sums(&acc)
 }
 
 /// The K formats as a tile kernel.
