@@ -196,18 +196,6 @@ fn q6_k(xs: &[f32]) -> BlockQ6K {
     BlockQ6K { ql, qh, scales, d: dh }
 }
 
-/// Quantizes activations for the 32-value formats: per block, `d = amax/127`
-/// and `q = round(x/d)`, plus the block's sum of `q`.
-pub fn quantize_q8a(x: &[f32], out: &mut [BlockQ8A]) {
-    q8a(x, out)
-}
-
-/// Quantizes activations for the K formats: per 256 values, `d = amax/127`,
-/// `q = round(x/d)`, and the sum of every 16 `q`.
-pub fn quantize_q8k(x: &[f32], out: &mut [BlockQ8K]) {
-    q8k(x, out)
-}
-
 /// `f32::round` (halves away from zero) in operations a compiler vectorizes: `v − trunc(v)` is
 /// exact, so this is the same value for every input, NaN and infinities included.
 #[inline(always)]
@@ -244,9 +232,11 @@ fn to_i8(v: f32) -> i8 {
     unsafe { r.to_int_unchecked::<i32>() as i8 }
 }
 
-/// The body of `quantize_q8a`, inlined into each SIMD level's copy (see `simd`).
+/// Quantizes activations for the 32-value formats: per block, `d = amax/127`
+/// and `q = round(x/d)`, plus the block's sum of `q`. Inlined into each SIMD level's copy
+/// (see `simd`).
 #[inline(always)]
-fn q8a(x: &[f32], out: &mut [BlockQ8A]) {
+pub fn quantize_q8a(x: &[f32], out: &mut [BlockQ8A]) {
     debug_assert_eq!(x.len(), out.len() * 32);
     for (xs, b) in x.chunks_exact(32).zip(out.iter_mut()) {
         let d = amax(xs) / 127.0;
@@ -259,9 +249,11 @@ fn q8a(x: &[f32], out: &mut [BlockQ8A]) {
     }
 }
 
-/// The body of `quantize_q8k`, inlined into each SIMD level's copy (see `simd`).
+/// Quantizes activations for the K formats: per 256 values, `d = amax/127`,
+/// `q = round(x/d)`, and the sum of every 16 `q`. Inlined into each SIMD level's copy (see
+/// `simd`).
 #[inline(always)]
-fn q8k(x: &[f32], out: &mut [BlockQ8K]) {
+pub fn quantize_q8k(x: &[f32], out: &mut [BlockQ8K]) {
     debug_assert_eq!(x.len(), out.len() * 256);
     for (xs, b) in x.chunks_exact(256).zip(out.iter_mut()) {
         let d = amax(xs) / 127.0;
@@ -290,28 +282,28 @@ pub(crate) mod simd {
     /// The CPU must have AVX2, FMA and F16C.
     #[target_feature(enable = "avx2,fma,f16c")]
     pub unsafe fn q8a_avx2(x: &[f32], out: &mut [BlockQ8A]) {
-        q8a(x, out)
+        quantize_q8a(x, out)
     }
 
     /// # Safety
     /// As `q8a_avx2`.
     #[target_feature(enable = "avx2,fma,f16c")]
     pub unsafe fn q8k_avx2(x: &[f32], out: &mut [BlockQ8K]) {
-        q8k(x, out)
+        quantize_q8k(x, out)
     }
 
     /// # Safety
     /// The CPU must have AVX-512 F, BW, DQ and VL (and AVX2, FMA, F16C).
     #[target_feature(enable = "avx512f,avx512bw,avx512dq,avx512vl,avx2,fma,f16c")]
     pub unsafe fn q8a_avx512(x: &[f32], out: &mut [BlockQ8A]) {
-        q8a(x, out)
+        quantize_q8a(x, out)
     }
 
     /// # Safety
     /// As `q8a_avx512`.
     #[target_feature(enable = "avx512f,avx512bw,avx512dq,avx512vl,avx2,fma,f16c")]
     pub unsafe fn q8k_avx512(x: &[f32], out: &mut [BlockQ8K]) {
-        q8k(x, out)
+        quantize_q8k(x, out)
     }
 }
 

@@ -116,16 +116,8 @@ impl KBlock for BlockQ5K {
         let qh = _mm512_broadcast_i64x4(load256(self.qh.as_ptr()));
         let mut wv = [_mm512_setzero_si512(); 4];
         for (j, w) in wv.iter_mut().enumerate() {
-            let shift = _mm512_set_epi64(
-                (2 * j + 1) as i64,
-                (2 * j + 1) as i64,
-                (2 * j + 1) as i64,
-                (2 * j + 1) as i64,
-                2 * j as i64,
-                2 * j as i64,
-                2 * j as i64,
-                2 * j as i64,
-            );
+            // Bit 2j in the low half, 2j + 1 in the high half.
+            let shift = _mm512_add_epi64(_mm512_set1_epi64(2 * j as i64), _mm512_set_epi64(1, 1, 1, 1, 0, 0, 0, 0));
             let high = _mm512_slli_epi64::<4>(_mm512_and_si512(_mm512_srlv_epi64(qh, shift), _mm512_set1_epi8(1)));
             *w = _mm512_or_si512(nibble_chunk(self.qs[32 * j..].as_ptr()), high);
         }
@@ -196,8 +188,7 @@ unsafe fn tilek_core<B: KBlock, const R: usize, const C: usize, const PACKED: bo
     // Row by row, and each row's blocks in order: the row's C accumulators stay in registers
     // for the whole row (with the blocks outermost they lived on the stack), and the tokens'
     // blocks are loaded as operands (they stay in L1 for the R rows).
-    for r in 0..R {
-        let mut row = [_mm512_setzero_ps(); C];
+    for (r, row) in acc.iter_mut().enumerate() {
         for s in 0..n {
             let p = if PACKED {
                 *preps.get_unchecked(r * n + s)
@@ -228,7 +219,6 @@ unsafe fn tilek_core<B: KBlock, const R: usize, const C: usize, const PACKED: bo
                 }
             }
         }
-        acc[r] = row;
     }
     tile_sums(&acc)
 }
