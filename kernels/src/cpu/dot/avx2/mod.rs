@@ -1,11 +1,13 @@
 //! AVX2 + FMA + F16C dot products (`u8 × i8` via `maddubs`); the quantized formats as register
-//! tiles (`q32`, `qk`), whose 1 × 1 tile is the dot product.
+//! tiles (`q32`, `qk`), whose 1 × 1 tile is the dot product, and the K formats' prompt-sized
+//! GEMM with 8 rows side by side (`qk8`), bit for bit the same.
 //!
 //! Safety: every function here requires the `avx2`, `fma` and `f16c` CPU
 //! features; `Kernels::for_level` hands them out only after detecting them.
 
 mod q32;
 mod qk;
+mod qk8;
 
 use super::GemmJob;
 use crate::quant::*;
@@ -195,7 +197,7 @@ pub unsafe fn q4_k(w: &[BlockQ4K], x: &[BlockQ8K]) -> f32 {
 
 #[target_feature(enable = "avx2,fma,f16c")]
 pub unsafe fn gemm_q4_k(job: &GemmJob<'_, BlockQ4K, BlockQ8K>) {
-    unsafe { gemm::<qk::QK<BlockQ4K>>(job) }
+    unsafe { qk8::gemm8::<BlockQ4K>(job) }
 }
 
 #[target_feature(enable = "avx2,fma,f16c")]
@@ -206,7 +208,7 @@ pub unsafe fn q5_k(w: &[BlockQ5K], x: &[BlockQ8K]) -> f32 {
 
 #[target_feature(enable = "avx2,fma,f16c")]
 pub unsafe fn gemm_q5_k(job: &GemmJob<'_, BlockQ5K, BlockQ8K>) {
-    unsafe { gemm::<qk::QK<BlockQ5K>>(job) }
+    unsafe { qk8::gemm8::<BlockQ5K>(job) }
 }
 
 #[target_feature(enable = "avx2,fma,f16c")]
@@ -217,7 +219,7 @@ pub unsafe fn q6_k(w: &[BlockQ6K], x: &[BlockQ8K]) -> f32 {
 
 #[target_feature(enable = "avx2,fma,f16c")]
 pub unsafe fn gemm_q6_k(job: &GemmJob<'_, BlockQ6K, BlockQ8K>) {
-    unsafe { gemm::<qk::QK<BlockQ6K>>(job) }
+    unsafe { qk8::gemm8::<BlockQ6K>(job) }
 }
 
 /// Dense dot with 8-wide FMA; `load(i)` widens the 8 weights at `i` to f32.
