@@ -136,7 +136,7 @@ fn matmul_rows_do_not_depend_on_the_batch() {
 /// Prompt-sized K-format matmuls at every level (AVX2: 8 rows side by side, repacked per job;
 /// the rows left over in tiles) give each element the single dot product's value — at AVX2
 /// bit for bit the scalar path's — for row counts that leave 8-row groups, 4-row tiles and
-/// single rows, and token counts that leave partial 4-token tiles.
+/// single rows, and token counts that leave partial 4-token tiles (one token: 4 rows at once).
 #[test]
 fn k_format_matmul_equals_the_dot_product() {
     let mut rng = Lcg(11);
@@ -145,7 +145,7 @@ fn k_format_matmul_equals_the_dot_product() {
         let cpu = CpuBackend::with_level(2, level).unwrap();
         let kernels = Kernels::for_level(level).unwrap();
         for dtype in [DType::Q4_K, DType::Q5_K, DType::Q6_K] {
-            for (rows, cols, t) in [(203, 768, 70), (45, 2048, 9), (16, 256, 4)] {
+            for (rows, cols, t) in [(203, 768, 70), (45, 2048, 9), (16, 256, 4), (203, 2048, 1), (7, 768, 2)] {
                 let wf = rng.vec(rows * cols, 1.0);
                 let wb = quantized(dtype, &wf);
                 let tensor = HostTensor::new(dtype, vec![rows, cols], wb.clone()).unwrap();

@@ -47,6 +47,20 @@ pub(super) trait KBlock: Block {
     /// The block's contribution added to `acc`, given its unpacked form `c`, the token's block
     /// `a` and what `token` made of it, and the integer sum of its chunks.
     unsafe fn finish(&self, c: &Chunks, acc: f32, a: &BlockQ8K, t: __m256i, sumi: i32) -> f32;
+    /// Lanes whose sum is the block's integer correction that `finish` computes (`Q4_K`/`Q5_K`:
+    /// the mins' dot with the bsum pairs; `Q6_K`: the scales' dot with the bsums, before × 32).
+    unsafe fn corr(c: &Chunks, t: __m256i) -> __m256i;
+    /// `finish` for 4 rows in the lanes of `acc` (`ad`: the token's scale; `d`, `dmin`: the
+    /// rows'; `sumi`, `corr`: their exact sums): the same float steps per lane.
+    unsafe fn finish4(acc: __m128, ad: f32, d: __m128, dmin: __m128, sumi: __m128i, corr: __m128i) -> __m128;
+}
+
+/// `Q4_K`/`Q5_K`'s `finish4`: `acc + (d_x · d) · sumi − (d_x · dmin) · summ` per lane.
+#[inline(always)]
+unsafe fn finish4_k4(acc: __m128, ad: f32, d: __m128, dmin: __m128, sumi: __m128i, summ: __m128i) -> __m128 {
+    let ad = _mm_set1_ps(ad);
+    let acc = _mm_add_ps(acc, _mm_mul_ps(_mm_mul_ps(ad, d), _mm_cvtepi32_ps(sumi)));
+    _mm_sub_ps(acc, _mm_mul_ps(_mm_mul_ps(ad, dmin), _mm_cvtepi32_ps(summ)))
 }
 
 /// Pairs of a `BlockQ8K`'s bsums (i16, at most 2 × 16 × 127 each) summed into 8 i32 and packed
@@ -103,7 +117,7 @@ unsafe fn head_k4(scales: &[u8; 12], d: f16, dmin: f16) -> Chunks {
         spread(scales, &mut c.sc);
         c.mins = mins;
     }
-    (c.d, c.dmin) = (d.to_f32(), dmin.to_f32());
+    (c.d, c.dmin) = unsafe { (f16_to_f32(d), f16_to_f32(dmin)) };
     c
 }
 
@@ -133,6 +147,14 @@ impl KBlock for BlockQ4K {
     #[inline(always)]
     unsafe fn finish(&self, c: &Chunks, acc: f32, a: &BlockQ8K, t: __m256i, sumi: i32) -> f32 {
         combine(acc, a, c, sumi, unsafe { mins_dot(c.mins, t) })
+    }
+    #[inline(always)]
+    unsafe fn corr(c: &Chunks, t: __m256i) -> __m256i {
+        _mm256_zextsi128_si256(_mm_madd_epi16(c.mins, _mm256_castsi256_si128(t)))
+    }
+    #[inline(always)]
+    unsafe fn finish4(acc: __m128, ad: f32, d: __m128, dmin: __m128, sumi: __m128i, corr: __m128i) -> __m128 {
+        unsafe { finish4_k4(acc, ad, d, dmin, sumi, corr) }
     }
 }
 
@@ -164,6 +186,14 @@ impl KBlock for BlockQ5K {
     unsafe fn finish(&self, c: &Chunks, acc: f32, a: &BlockQ8K, t: __m256i, sumi: i32) -> f32 {
         combine(acc, a, c, sumi, unsafe { mins_dot(c.mins, t) })
     }
+    #[inline(always)]
+    unsafe fn corr(c: &Chunks, t: __m256i) -> __m256i {
+        _mm256_zextsi128_si256(_mm_madd_epi16(c.mins, _mm256_castsi256_si128(t)))
+    }
+    #[inline(always)]
+    unsafe fn finish4(acc: __m128, ad: f32, d: __m128, dmin: __m128, sumi: __m128i, corr: __m128i) -> __m128 {
+        unsafe { finish4_k4(acc, ad, d, dmin, sumi, corr) }
+    }
 }
 
 impl KBlock for BlockQ6K {
@@ -184,7 +214,7 @@ impl KBlock for BlockQ6K {
                 }
             }
         }
-        c.d = self.d.to_f32();
+        c.d = unsafe { f16_to_f32(self.d) };
         c
     }
     /// Chunks `4·half + {0, 1}` (`j = 2·half`) or `4·half + {2, 3}` (`j = 2·half + 1`): the low
@@ -220,6 +250,15 @@ impl KBlock for BlockQ6K {
     unsafe fn finish(&self, c: &Chunks, acc: f32, a: &BlockQ8K, t: __m256i, sumi: i32) -> f32 {
         let offset = unsafe { hsum_epi32(_mm256_madd_epi16(c.sc16, t)) * 32 };
         acc + (a.d * c.d) * (sumi - offset) as f32
+    }
+    #[inline(always)]
+    unsafe fn corr(c: &Chunks, t: __m256i) -> __m256i {
+        _mm256_madd_epi16(c.sc16, t)
+    }
+    #[inline(always)]
+    unsafe fn finish4(acc: __m128, ad: f32, d: __m128, _: __m128, sumi: __m128i, corr: __m128i) -> __m128 {
+        let d = _mm_mul_ps(_mm_set1_ps(ad), d);
+        _mm_add_ps(acc, _mm_mul_ps(d, _mm_cvtepi32_ps(_mm_sub_epi32(sumi, _mm_slli_epi32::<5>(corr)))))
     }
 }
 
@@ -300,11 +339,79 @@ unsafe fn hsum4<const C: usize>(v: &[__m256i; C]) -> [i32; 4] {
     }
     let mut at = [_mm256_setzero_si256(); 4];
     at[..C].copy_from_slice(v);
-    let s = _mm256_hadd_epi32(_mm256_hadd_epi32(at[0], at[1]), _mm256_hadd_epi32(at[2], at[3]));
-    let s = _mm_add_epi32(_mm256_castsi256_si128(s), _mm256_extracti128_si256(s, 1));
     let mut out = [0i32; 4];
-    unsafe { _mm_storeu_si128(out.as_mut_ptr().cast(), s) };
+    unsafe { _mm_storeu_si128(out.as_mut_ptr().cast(), sums4(at)) };
     out
+}
+
+/// The lane sums of 4 vectors, in the lanes of one.
+#[inline(always)]
+unsafe fn sums4(v: [__m256i; 4]) -> __m128i {
+    let s = _mm256_hadd_epi32(_mm256_hadd_epi32(v[0], v[1]), _mm256_hadd_epi32(v[2], v[3]));
+    _mm_add_epi32(_mm256_castsi256_si128(s), _mm256_extracti128_si256(s, 1))
+}
+
+/// One token against 4 rows, in the lanes of 4-wide vectors: each row's block as in
+/// [`rowdot`], then the 4 rows' integer sums and corrections reduced together and their float
+/// steps done side by side (a third of a one-token block's operations were the horizontal
+/// sums and the scalar steps). The same exact sums and float steps per row, so the same bits.
+#[inline(always)]
+unsafe fn gemv4<B: KBlock>(w: [&[B]; 4], x: &[BlockQ8K]) -> __m128 {
+    let mut acc = _mm_setzero_ps();
+    // The 4 rows are contiguous, and so are the next 4: the hardware sees 4 strided streams, so
+    // fetch the next group's bytes in step (one group ahead, `4 · size_of::<B>()` per block).
+    let ahead = w[3].as_ptr().wrapping_add(w[3].len()).cast::<u8>();
+    let step = 4 * std::mem::size_of::<B>();
+    unsafe {
+        for (s, a) in x.iter().enumerate() {
+            let p = ahead.wrapping_add(s * step);
+            for line in (0..step).step_by(64) {
+                _mm_prefetch::<_MM_HINT_T0>(p.wrapping_add(line).cast());
+            }
+            let t = B::token(a);
+            let mut lanes = [_mm256_setzero_si256(); 4];
+            let mut corr = [_mm256_setzero_si256(); 4];
+            let (mut d, mut dmin) = ([0f32; 4], [0f32; 4]);
+            for r in 0..4 {
+                let b = w[r].get_unchecked(s);
+                let h = b.head();
+                let mut iacc = _mm256_setzero_si256();
+                for j in 0..4 {
+                    let [w0, w1] = b.pair(j);
+                    let x0 = load256(a.qs.as_ptr().add(64 * j).cast());
+                    let x1 = load256(a.qs.as_ptr().add(64 * j + 32).cast());
+                    iacc = _mm256_add_epi32(iacc, _mm256_madd_epi16(_mm256_maddubs_epi16(w0, x0), h.sc[2 * j]));
+                    iacc = _mm256_add_epi32(iacc, _mm256_madd_epi16(_mm256_maddubs_epi16(w1, x1), h.sc[2 * j + 1]));
+                }
+                lanes[r] = iacc;
+                corr[r] = B::corr(&h, t);
+                (d[r], dmin[r]) = (h.d, h.dmin);
+            }
+            let (d, dmin) = (_mm_loadu_ps(d.as_ptr()), _mm_loadu_ps(dmin.as_ptr()));
+            acc = B::finish4(acc, a.d, d, dmin, sums4(lanes), sums4(corr));
+        }
+    }
+    acc
+}
+
+/// A one-token job: rows 4 at a time through [`gemv4`], the rest through [`rowdot`].
+#[inline(always)]
+pub(super) unsafe fn gemv<B: KBlock>(job: &GemmJob<'_, B, BlockQ8K>) {
+    let n = job.wpr;
+    let t = job.toks.start;
+    unsafe {
+        let x = job.x.get_unchecked(t * job.apr..t * job.apr + n);
+        let out = job.out.add(t * job.ldo);
+        let mut r = job.rows.start;
+        while r + 4 <= job.rows.end {
+            let w: [&[B]; 4] = std::array::from_fn(|i| job.w.get_unchecked((r + i) * n..(r + i + 1) * n));
+            _mm_storeu_ps(out.add(r), gemv4(w, x));
+            r += 4;
+        }
+        for r in r..job.rows.end {
+            *out.add(r) = rowdot(job.w.get_unchecked(r * n..(r + 1) * n), x);
+        }
+    }
 }
 
 /// The K formats as a tile kernel.

@@ -327,6 +327,9 @@ const MIN_TOKENS: usize = 4;
 #[inline(always)]
 pub(super) unsafe fn gemm8<B: KBlock8>(job: &GemmJob<'_, B, BlockQ8K>) {
     let (toks, n) = (job.toks.len(), job.wpr);
+    if toks == 1 {
+        return unsafe { super::qk::gemv(job) };
+    }
     if toks < MIN_TOKENS || job.rows.len() < 8 || n == 0 {
         return unsafe { gemm::<super::qk::QK<B>>(job) };
     }
