@@ -6,8 +6,8 @@
 //! - decode attention over 512 … 16k cached tokens.
 //!
 //! `cargo bench -p cachet-kernels --bench kernels -- [--threads N] [--quick] [--only SECTIONS]`
-//! (`SECTIONS`: a comma-separated subset of `memory,gemv,compute,gemm,expert,attention`; all by
-//! default)
+//! (`SECTIONS`: a comma-separated subset of
+//! `memory,gemv,compute,gemm,expert,decode-experts,attention`; all by default)
 
 use cachet_kernels::backend::{AttnSeq, AttnShape, Backend, KvLayout};
 use cachet_kernels::cpu::{CpuBackend, SimdLevel};
@@ -184,6 +184,39 @@ fn main() {
                 let gflops = 2.0 * (t * n * k) as f64 / d.as_secs_f64() / 1e9;
                 println!("| {dtype} | {t} | {:.3} | {gflops:.1} |", d.as_secs_f64() * 1e3);
             }
+        }
+        println!();
+    }
+
+    // A mixture of experts' decode: one token through expert-sized gate + up projections
+    // (768 × 2048 `Q4_K` each), one call per expert, over 64 experts (113 MB, far beyond the
+    // caches), as a decode step does it; and the same bytes as 8 calls of 8 experts' rows, so the
+    // cost of a call per expert shows.
+    if run("decode-experts") {
+        println!("| decode, experts' gate + up, 1 token | µs per expert | GB/s of weights |\n|---|---:|---:|");
+        let (rows, k, experts) = (768, 2048, 64);
+        let ws: Vec<_> = (0..2 * experts).map(|_| matrix(&cpu, DType::Q4_K, rows, k)).collect();
+        let merged: Vec<_> = (0..experts / 8).map(|_| matrix(&cpu, DType::Q4_K, 16 * rows, k)).collect();
+        let (mut x, mut y1, mut y2) = (cpu.buf(), cpu.buf(), cpu.buf());
+        cpu.upload(&mut x, 1, k, &random(k, 9));
+        let mb = 2.0 * DType::Q4_K.bytes_for(rows * k).unwrap() as f64 / 1e6;
+        let per_expert = best(reps, || {
+            cpu.scope(|| {
+                for e in 0..experts {
+                    cpu.matmul(&x, &mut [(&ws[2 * e], &mut y1), (&ws[2 * e + 1], &mut y2)]);
+                }
+            })
+        });
+        let eight = best(reps, || {
+            cpu.scope(|| {
+                for w in &merged {
+                    cpu.matmul(&x, &mut [(w, &mut y1)]);
+                }
+            })
+        });
+        for (name, d) in [("one call per expert", per_expert), ("8 experts per call", eight)] {
+            let us = d.as_secs_f64() * 1e6 / experts as f64;
+            println!("| {name} | {us:.1} | {:.1} |", mb / us * 1e3);
         }
         println!();
     }
