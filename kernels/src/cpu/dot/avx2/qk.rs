@@ -127,11 +127,34 @@ fn combine(acc: f32, a: &BlockQ8K, c: &Chunks, sumi: i32, summ: i32) -> f32 {
     acc + (a.d * c.d) * sumi as f32 - (a.d * c.dmin) * summ as f32
 }
 
+/// What `Q4_K` and `Q5_K` share: the head (scales, mins and float scales in one layout), the
+/// token's bsum pairs and the float steps; only the chunk unpacking differs.
+macro_rules! k4_common {
+    () => {
+        #[inline(always)]
+        unsafe fn head(&self) -> Chunks {
+            unsafe { head_k4(&self.scales, self.d, self.dmin) }
+        }
+        #[inline(always)]
+        unsafe fn token(a: &BlockQ8K) -> __m256i {
+            unsafe { bsum_pairs(a) }
+        }
+        #[inline(always)]
+        unsafe fn finish(&self, c: &Chunks, acc: f32, a: &BlockQ8K, t: __m256i, sumi: i32) -> f32 {
+            combine(acc, a, c, sumi, unsafe { mins_dot(c.mins, t) })
+        }
+        #[inline(always)]
+        unsafe fn corr(c: &Chunks, t: __m256i) -> __m256i {
+            _mm256_zextsi128_si256(_mm_madd_epi16(c.mins, _mm256_castsi256_si128(t)))
+        }
+        #[inline(always)]
+        unsafe fn finish4(acc: __m128, ad: f32, d: __m128, dmin: __m128, sumi: __m128i, corr: __m128i) -> __m128 {
+            unsafe { finish4_k4(acc, ad, d, dmin, sumi, corr) }
+        }
+    };
+}
+
 impl KBlock for BlockQ4K {
-    #[inline(always)]
-    unsafe fn head(&self) -> Chunks {
-        unsafe { head_k4(&self.scales, self.d, self.dmin) }
-    }
     #[inline(always)]
     unsafe fn pair(&self, j: usize) -> [__m256i; 2] {
         let low = _mm256_set1_epi8(0x0F);
@@ -140,29 +163,10 @@ impl KBlock for BlockQ4K {
             [_mm256_and_si256(q, low), _mm256_and_si256(_mm256_srli_epi16(q, 4), low)]
         }
     }
-    #[inline(always)]
-    unsafe fn token(a: &BlockQ8K) -> __m256i {
-        unsafe { bsum_pairs(a) }
-    }
-    #[inline(always)]
-    unsafe fn finish(&self, c: &Chunks, acc: f32, a: &BlockQ8K, t: __m256i, sumi: i32) -> f32 {
-        combine(acc, a, c, sumi, unsafe { mins_dot(c.mins, t) })
-    }
-    #[inline(always)]
-    unsafe fn corr(c: &Chunks, t: __m256i) -> __m256i {
-        _mm256_zextsi128_si256(_mm_madd_epi16(c.mins, _mm256_castsi256_si128(t)))
-    }
-    #[inline(always)]
-    unsafe fn finish4(acc: __m128, ad: f32, d: __m128, dmin: __m128, sumi: __m128i, corr: __m128i) -> __m128 {
-        unsafe { finish4_k4(acc, ad, d, dmin, sumi, corr) }
-    }
+    k4_common!();
 }
 
 impl KBlock for BlockQ5K {
-    #[inline(always)]
-    unsafe fn head(&self) -> Chunks {
-        unsafe { head_k4(&self.scales, self.d, self.dmin) }
-    }
     #[inline(always)]
     unsafe fn pair(&self, j: usize) -> [__m256i; 2] {
         let low = _mm256_set1_epi8(0x0F);
@@ -178,22 +182,7 @@ impl KBlock for BlockQ5K {
             ]
         }
     }
-    #[inline(always)]
-    unsafe fn token(a: &BlockQ8K) -> __m256i {
-        unsafe { bsum_pairs(a) }
-    }
-    #[inline(always)]
-    unsafe fn finish(&self, c: &Chunks, acc: f32, a: &BlockQ8K, t: __m256i, sumi: i32) -> f32 {
-        combine(acc, a, c, sumi, unsafe { mins_dot(c.mins, t) })
-    }
-    #[inline(always)]
-    unsafe fn corr(c: &Chunks, t: __m256i) -> __m256i {
-        _mm256_zextsi128_si256(_mm_madd_epi16(c.mins, _mm256_castsi256_si128(t)))
-    }
-    #[inline(always)]
-    unsafe fn finish4(acc: __m128, ad: f32, d: __m128, dmin: __m128, sumi: __m128i, corr: __m128i) -> __m128 {
-        unsafe { finish4_k4(acc, ad, d, dmin, sumi, corr) }
-    }
+    k4_common!();
 }
 
 impl KBlock for BlockQ6K {
@@ -308,6 +297,23 @@ pub(super) unsafe fn tilek<B: KBlock, const R: usize, const C: usize>(
     out
 }
 
+/// A block's exact integer lanes against one token, unpacking each chunk pair right before its
+/// products (`h`: the block's head).
+#[inline(always)]
+unsafe fn lanes<B: KBlock>(b: &B, h: &Chunks, a: &BlockQ8K) -> __m256i {
+    let mut iacc = _mm256_setzero_si256();
+    unsafe {
+        for j in 0..4 {
+            let [w0, w1] = b.pair(j);
+            let x0 = load256(a.qs.as_ptr().add(64 * j).cast());
+            let x1 = load256(a.qs.as_ptr().add(64 * j + 32).cast());
+            iacc = _mm256_add_epi32(iacc, _mm256_madd_epi16(_mm256_maddubs_epi16(w0, x0), h.sc[2 * j]));
+            iacc = _mm256_add_epi32(iacc, _mm256_madd_epi16(_mm256_maddubs_epi16(w1, x1), h.sc[2 * j + 1]));
+        }
+    }
+    iacc
+}
+
 /// One row against one token, unpacking each chunk pair right before its products (nothing of
 /// the block is kept beyond its scales): the same integer sums and float steps as the 1 × 1 tile
 /// of [`tilek`], so the same bits.
@@ -317,15 +323,7 @@ pub(super) unsafe fn rowdot<B: KBlock>(w: &[B], x: &[BlockQ8K]) -> f32 {
     unsafe {
         for (b, a) in w.iter().zip(x) {
             let h = b.head();
-            let mut iacc = _mm256_setzero_si256();
-            for j in 0..4 {
-                let [w0, w1] = b.pair(j);
-                let x0 = load256(a.qs.as_ptr().add(64 * j).cast());
-                let x1 = load256(a.qs.as_ptr().add(64 * j + 32).cast());
-                iacc = _mm256_add_epi32(iacc, _mm256_madd_epi16(_mm256_maddubs_epi16(w0, x0), h.sc[2 * j]));
-                iacc = _mm256_add_epi32(iacc, _mm256_madd_epi16(_mm256_maddubs_epi16(w1, x1), h.sc[2 * j + 1]));
-            }
-            acc = b.finish(&h, acc, a, B::token(a), hsum_epi32(iacc));
+            acc = b.finish(&h, acc, a, B::token(a), hsum_epi32(lanes(b, &h, a)));
         }
     }
     acc
@@ -369,26 +367,18 @@ unsafe fn gemv4<B: KBlock>(w: [&[B]; 4], x: &[BlockQ8K]) -> __m128 {
                 _mm_prefetch::<_MM_HINT_T0>(p.wrapping_add(line).cast());
             }
             let t = B::token(a);
-            let mut lanes = [_mm256_setzero_si256(); 4];
+            let mut sums = [_mm256_setzero_si256(); 4];
             let mut corr = [_mm256_setzero_si256(); 4];
             let (mut d, mut dmin) = ([0f32; 4], [0f32; 4]);
             for r in 0..4 {
                 let b = w[r].get_unchecked(s);
                 let h = b.head();
-                let mut iacc = _mm256_setzero_si256();
-                for j in 0..4 {
-                    let [w0, w1] = b.pair(j);
-                    let x0 = load256(a.qs.as_ptr().add(64 * j).cast());
-                    let x1 = load256(a.qs.as_ptr().add(64 * j + 32).cast());
-                    iacc = _mm256_add_epi32(iacc, _mm256_madd_epi16(_mm256_maddubs_epi16(w0, x0), h.sc[2 * j]));
-                    iacc = _mm256_add_epi32(iacc, _mm256_madd_epi16(_mm256_maddubs_epi16(w1, x1), h.sc[2 * j + 1]));
-                }
-                lanes[r] = iacc;
+                sums[r] = lanes(b, &h, a);
                 corr[r] = B::corr(&h, t);
                 (d[r], dmin[r]) = (h.d, h.dmin);
             }
             let (d, dmin) = (_mm_loadu_ps(d.as_ptr()), _mm_loadu_ps(dmin.as_ptr()));
-            acc = B::finish4(acc, a.d, d, dmin, sums4(lanes), sums4(corr));
+            acc = B::finish4(acc, a.d, d, dmin, sums4(sums), sums4(corr));
         }
     }
     acc

@@ -128,55 +128,39 @@ unsafe fn scales_k4(cols: [__m128i; 8], p: &mut Pack) {
     }
 }
 
-impl KBlock8 for BlockQ4K {
-    // Pair sums of at most 2 · 15 · 128: 8 of them fit i16.
-    const SPAN: usize = 8;
-    #[inline(always)]
-    unsafe fn scale_bytes(&self) -> __m128i {
-        unsafe { k4_scales_mins(&self.scales) }
-    }
-    #[inline(always)]
-    fn d_bits(&self) -> (u16, u16) {
-        (self.d.to_bits(), self.dmin.to_bits())
-    }
-    #[inline(always)]
-    unsafe fn scales(cols: [__m128i; 8], p: &mut Pack) {
-        unsafe { scales_k4(cols, p) }
-    }
-    #[inline(always)]
-    fn scale_index(k: usize, _: usize) -> usize {
-        k
-    }
-    #[inline(always)]
-    unsafe fn finish8(p: &Pack, sumi: __m256i, corr: __m256i, a: &BlockQ8K, acc: __m256) -> __m256 {
-        unsafe { finish_k4(p, sumi, corr, a, acc) }
-    }
+/// `Q4_K` and `Q5_K` share the scale layout and the float steps; only how many pair sums fit
+/// i16 differs.
+macro_rules! k4_block8 {
+    ($block:ty, $span:expr) => {
+        impl KBlock8 for $block {
+            const SPAN: usize = $span;
+            #[inline(always)]
+            unsafe fn scale_bytes(&self) -> __m128i {
+                unsafe { k4_scales_mins(&self.scales) }
+            }
+            #[inline(always)]
+            fn d_bits(&self) -> (u16, u16) {
+                (self.d.to_bits(), self.dmin.to_bits())
+            }
+            #[inline(always)]
+            unsafe fn scales(cols: [__m128i; 8], p: &mut Pack) {
+                unsafe { scales_k4(cols, p) }
+            }
+            #[inline(always)]
+            fn scale_index(k: usize, _: usize) -> usize {
+                k
+            }
+            #[inline(always)]
+            unsafe fn finish8(p: &Pack, sumi: __m256i, corr: __m256i, a: &BlockQ8K, acc: __m256) -> __m256 {
+                unsafe { finish_k4(p, sumi, corr, a, acc) }
+            }
+        }
+    };
 }
 
-impl KBlock8 for BlockQ5K {
-    // At most 2 · 31 · 128: 4 of them.
-    const SPAN: usize = 4;
-    #[inline(always)]
-    unsafe fn scale_bytes(&self) -> __m128i {
-        unsafe { k4_scales_mins(&self.scales) }
-    }
-    #[inline(always)]
-    fn d_bits(&self) -> (u16, u16) {
-        (self.d.to_bits(), self.dmin.to_bits())
-    }
-    #[inline(always)]
-    unsafe fn scales(cols: [__m128i; 8], p: &mut Pack) {
-        unsafe { scales_k4(cols, p) }
-    }
-    #[inline(always)]
-    fn scale_index(k: usize, _: usize) -> usize {
-        k
-    }
-    #[inline(always)]
-    unsafe fn finish8(p: &Pack, sumi: __m256i, corr: __m256i, a: &BlockQ8K, acc: __m256) -> __m256 {
-        unsafe { finish_k4(p, sumi, corr, a, acc) }
-    }
-}
+// Pair sums of at most 2 · 15 · 128 (`Q4_K`): 8 of them fit i16; 2 · 31 · 128 (`Q5_K`): 4.
+k4_block8!(BlockQ4K, 8);
+k4_block8!(BlockQ5K, 4);
 
 impl KBlock8 for BlockQ6K {
     // At most 2 · 63 · 128: 2 of them (and a scale covers 16 values, 4 groups).
