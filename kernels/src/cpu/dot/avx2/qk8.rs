@@ -306,8 +306,9 @@ thread_local! {
 /// Jobs with fewer tokens than this go to the tiles (the repacking would not pay).
 const MIN_TOKENS: usize = 4;
 
-/// The GEMM of a K format: 8-row groups through [`tile8`], the rows left over (and jobs with
-/// few tokens) through the register tiles. All give the same bits.
+/// The GEMM of a K format: one-token jobs through `qk::gemv` (4 rows at once), 8-row groups
+/// through [`tile8`], the rows left over (and jobs of 2 or 3 tokens) through the register tiles.
+/// All give the same bits.
 #[inline(always)]
 pub(super) unsafe fn gemm8<B: KBlock8>(job: &GemmJob<'_, B, BlockQ8K>) {
     let (toks, n) = (job.toks.len(), job.wpr);
