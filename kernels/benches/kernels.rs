@@ -7,7 +7,7 @@
 //!
 //! `cargo bench -p cachet-kernels --bench kernels -- [--threads N] [--quick] [--only SECTIONS]`
 //! (`SECTIONS`: a comma-separated subset of
-//! `memory,gemv,compute,gemm,expert,decode-experts,attention`; all by default)
+//! `memory,gemv,batch,compute,gemm,expert,decode-experts,attention`; all by default)
 
 use cachet_kernels::backend::{AttnSeq, AttnShape, Backend, KvLayout};
 use cachet_kernels::cpu::{CpuBackend, SimdLevel};
@@ -125,6 +125,33 @@ fn main() {
                 100.0 * gbs / read_gbs
             );
         }
+    }
+
+    // Batched decode: t sequences' tokens against ~64 MB of weights (beyond the caches), so an
+    // ideal kernel reads the weights once whatever t is: the time of t tokens over one token's.
+    if run("batch") {
+        let ts = [1usize, 2, 3, 4, 6, 8, 16];
+        print!("| batched decode, t × [rows × 4096], ms (× one token's) |");
+        ts.iter().for_each(|t| print!(" t = {t} |"));
+        println!("\n|---|{}", "---:|".repeat(ts.len()));
+        let cols = 4096;
+        for dtype in DType::ALL.into_iter().filter(|d| d.is_quantized()) {
+            let rows = (64usize << 20) / dtype.bytes_for(cols).unwrap() / 8 * 8;
+            let w = matrix(&cpu, dtype, rows, cols);
+            print!("| {dtype} |");
+            let mut one = f64::NAN;
+            for &t in &ts {
+                let (mut x, mut y) = (cpu.buf(), cpu.buf());
+                cpu.upload(&mut x, t, cols, &random(t * cols, 3));
+                let ms = best(reps, || cpu.matmul(&x, &mut [(&w, &mut y)])).as_secs_f64() * 1e3;
+                if t == 1 {
+                    one = ms;
+                }
+                print!(" {ms:.2} ({:.2}) |", ms / one);
+            }
+            println!();
+        }
+        println!();
     }
 
     // Compute cost: one thread, a 512 KiB matrix that stays in L2, so memory bandwidth (which

@@ -145,7 +145,9 @@ fn k_format_matmul_equals_the_dot_product() {
         let cpu = CpuBackend::with_level(2, level).unwrap();
         let kernels = Kernels::for_level(level).unwrap();
         for dtype in [DType::Q4_K, DType::Q5_K, DType::Q6_K] {
-            for (rows, cols, t) in [(203, 768, 70), (45, 2048, 9), (16, 256, 4), (203, 2048, 1), (7, 768, 2)] {
+            for (rows, cols, t) in
+                [(203, 768, 70), (45, 2048, 9), (16, 256, 4), (203, 2048, 1), (7, 768, 2), (13, 512, 3)]
+            {
                 let wf = rng.vec(rows * cols, 1.0);
                 let wb = quantized(dtype, &wf);
                 let tensor = HostTensor::new(dtype, vec![rows, cols], wb.clone()).unwrap();

@@ -349,57 +349,91 @@ unsafe fn sums4(v: [__m256i; 4]) -> __m128i {
     _mm_add_epi32(_mm256_castsi256_si128(s), _mm256_extracti128_si256(s, 1))
 }
 
-/// One token against 4 rows, in the lanes of 4-wide vectors: each row's block as in
-/// [`rowdot`], then the 4 rows' integer sums and corrections reduced together and their float
-/// steps done side by side (a third of a one-token block's operations were the horizontal
-/// sums and the scalar steps). The same exact sums and float steps per row, so the same bits.
+/// `C` tokens against 4 rows, in the lanes of 4-wide vectors: each row's block as in
+/// [`rowdot`], its head and weights unpacked once for all the tokens (a decode step of `C`
+/// sequences reads and unpacks the rows once), then per token the 4 rows' integer sums and
+/// corrections reduced together and their float steps done side by side (a third of a
+/// one-token block's operations were the horizontal sums and the scalar steps). Per token the
+/// same exact sums and float steps as [`rowdot`], so the same bits.
 #[inline(always)]
-unsafe fn gemv4<B: KBlock>(w: [&[B]; 4], x: &[BlockQ8K]) -> __m128 {
-    let mut acc = _mm_setzero_ps();
+unsafe fn gemv4c<B: KBlock, const C: usize>(w: [&[B]; 4], x: [&[BlockQ8K]; C]) -> [__m128; C] {
+    let mut acc = [_mm_setzero_ps(); C];
     // The 4 rows are contiguous, and so are the next 4: the hardware sees 4 strided streams, so
     // fetch the next group's bytes in step (one group ahead, `4 · size_of::<B>()` per block).
     let ahead = w[3].as_ptr().wrapping_add(w[3].len()).cast::<u8>();
     let step = 4 * std::mem::size_of::<B>();
     unsafe {
-        for (s, a) in x.iter().enumerate() {
+        for s in 0..w[0].len() {
             let p = ahead.wrapping_add(s * step);
             for line in (0..step).step_by(64) {
                 _mm_prefetch::<_MM_HINT_T0>(p.wrapping_add(line).cast());
             }
-            let t = B::token(a);
-            let mut sums = [_mm256_setzero_si256(); 4];
-            let mut corr = [_mm256_setzero_si256(); 4];
+            let a: [&BlockQ8K; C] = std::array::from_fn(|c| x[c].get_unchecked(s));
+            let mut sums = [[_mm256_setzero_si256(); 4]; C];
+            let mut corr = [[_mm256_setzero_si256(); 4]; C];
             let (mut d, mut dmin) = ([0f32; 4], [0f32; 4]);
             for r in 0..4 {
                 let b = w[r].get_unchecked(s);
                 let h = b.head();
-                sums[r] = lanes(b, &h, a);
-                corr[r] = B::corr(&h, t);
+                for j in 0..4 {
+                    let [w0, w1] = b.pair(j);
+                    for c in 0..C {
+                        let x0 = load256(a[c].qs.as_ptr().add(64 * j).cast());
+                        let x1 = load256(a[c].qs.as_ptr().add(64 * j + 32).cast());
+                        let p0 = _mm256_madd_epi16(_mm256_maddubs_epi16(w0, x0), h.sc[2 * j]);
+                        let p1 = _mm256_madd_epi16(_mm256_maddubs_epi16(w1, x1), h.sc[2 * j + 1]);
+                        sums[c][r] = _mm256_add_epi32(sums[c][r], _mm256_add_epi32(p0, p1));
+                    }
+                }
+                for c in 0..C {
+                    corr[c][r] = B::corr(&h, B::token(a[c]));
+                }
                 (d[r], dmin[r]) = (h.d, h.dmin);
             }
             let (d, dmin) = (_mm_loadu_ps(d.as_ptr()), _mm_loadu_ps(dmin.as_ptr()));
-            acc = B::finish4(acc, a.d, d, dmin, sums4(sums), sums4(corr));
+            for c in 0..C {
+                acc[c] = B::finish4(acc[c], a[c].d, d, dmin, sums4(sums[c]), sums4(corr[c]));
+            }
         }
     }
     acc
 }
 
-/// A one-token job: rows 4 at a time through [`gemv4`], the rest through [`rowdot`].
+/// A job of a few tokens (a decode step's): rows 4 at a time against up to 4 tokens at once
+/// ([`gemv4c`]), the rest through [`rowdot`].
 #[inline(always)]
 pub(super) unsafe fn gemv<B: KBlock>(job: &GemmJob<'_, B, BlockQ8K>) {
     let n = job.wpr;
-    let t = job.toks.start;
     unsafe {
-        let x = job.x.get_unchecked(t * job.apr..t * job.apr + n);
-        let out = job.out.add(t * job.ldo);
+        let x = |t: usize| job.x.get_unchecked(t * job.apr..t * job.apr + n);
         let mut r = job.rows.start;
         while r + 4 <= job.rows.end {
             let w: [&[B]; 4] = std::array::from_fn(|i| job.w.get_unchecked((r + i) * n..(r + i + 1) * n));
-            _mm_storeu_ps(out.add(r), gemv4(w, x));
+            let mut t = job.toks.start;
+            while t < job.toks.end {
+                let tt = (job.toks.end - t).min(4);
+                macro_rules! tile {
+                    ($c:literal) => {{
+                        let out = gemv4c::<B, $c>(w, std::array::from_fn(|j| x(t + j)));
+                        for (j, v) in out.iter().enumerate() {
+                            _mm_storeu_ps(job.out.add((t + j) * job.ldo + r), *v);
+                        }
+                    }};
+                }
+                match tt {
+                    4 => tile!(4),
+                    3 => tile!(3),
+                    2 => tile!(2),
+                    _ => tile!(1),
+                }
+                t += tt;
+            }
             r += 4;
         }
         for r in r..job.rows.end {
-            *out.add(r) = rowdot(job.w.get_unchecked(r * n..(r + 1) * n), x);
+            for t in job.toks.clone() {
+                *job.out.add(t * job.ldo + r) = rowdot(job.w.get_unchecked(r * n..(r + 1) * n), x(t));
+            }
         }
     }
 }

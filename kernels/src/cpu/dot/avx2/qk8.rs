@@ -303,19 +303,21 @@ thread_local! {
     static PACKS: std::cell::RefCell<Vec<Pack>> = const { std::cell::RefCell::new(Vec::new()) };
 }
 
-/// Jobs with fewer tokens than this go to the tiles (the repacking would not pay).
-const MIN_TOKENS: usize = 4;
+/// Jobs with fewer tokens than this (decode steps of a few sequences) go to `qk::gemv`, which
+/// unpacks each block once for all of them: up to 4 tokens it costs less than the repacking
+/// (`cargo bench -p cachet-kernels --bench kernels -- --only batch`).
+const MIN_TOKENS: usize = 5;
 
-/// The GEMM of a K format: one-token jobs through `qk::gemv` (4 rows at once), 8-row groups
-/// through [`tile8`], the rows left over (and jobs of 2 or 3 tokens) through the register tiles.
-/// All give the same bits.
+/// The GEMM of a K format: jobs of up to 4 tokens through `qk::gemv` (4 rows against all the
+/// tokens at once), 8-row groups through [`tile8`], the rows left over through the register
+/// tiles. All give the same bits.
 #[inline(always)]
 pub(super) unsafe fn gemm8<B: KBlock8>(job: &GemmJob<'_, B, BlockQ8K>) {
     let (toks, n) = (job.toks.len(), job.wpr);
-    if toks == 1 {
+    if toks < MIN_TOKENS {
         return unsafe { super::qk::gemv(job) };
     }
-    if toks < MIN_TOKENS || job.rows.len() < 8 || n == 0 {
+    if job.rows.len() < 8 || n == 0 {
         return unsafe { gemm::<super::qk::QK<B>>(job) };
     }
     // Out of the thread-local while in use (a job never nests another).
