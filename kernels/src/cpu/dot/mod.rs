@@ -1,6 +1,38 @@
 //! Row dot products between a quantized (or dense) weight row and an
 //! activation row, one implementation per SIMD level, chosen at run time.
 
+/// Runs `$body` for the tokens `$toks` in tiles of up to 4: `$t` is a tile's first token and
+/// `$c` its size as a constant, for the const-generic tile kernels' token count.
+#[cfg(target_arch = "x86_64")]
+macro_rules! token_tiles {
+    ($toks:expr, |$t:ident, $c:ident| $body:block) => {{
+        let toks = $toks;
+        let mut $t = toks.start;
+        while $t < toks.end {
+            let tt = (toks.end - $t).min(4);
+            match tt {
+                4 => {
+                    const $c: usize = 4;
+                    $body
+                }
+                3 => {
+                    const $c: usize = 3;
+                    $body
+                }
+                2 => {
+                    const $c: usize = 2;
+                    $body
+                }
+                _ => {
+                    const $c: usize = 1;
+                    $body
+                }
+            }
+            $t += tt;
+        }
+    }};
+}
+
 #[cfg(target_arch = "x86_64")]
 #[allow(unsafe_op_in_unsafe_fn)]
 mod avx2;

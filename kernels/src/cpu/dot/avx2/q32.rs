@@ -210,17 +210,7 @@ unsafe fn packed32<B: Block32>(job: &GemmJob<'_, B, BlockQ8A>) {
                     *dws.add(j * n + i) = _mm256_set1_ps(f16_to_f32(b.d()));
                 }
             }
-            let mut t = 0;
-            while t < toks {
-                let tt = (toks - t).min(4);
-                match tt {
-                    4 => packed_tile::<B, 4>(job, act, preps, dws, r, t),
-                    3 => packed_tile::<B, 3>(job, act, preps, dws, r, t),
-                    2 => packed_tile::<B, 2>(job, act, preps, dws, r, t),
-                    _ => packed_tile::<B, 1>(job, act, preps, dws, r, t),
-                }
-                t += tt;
-            }
+            token_tiles!(0..toks, |t, C| { packed_tile::<B, C>(job, act, preps, dws, r, t) });
             r += PACK_ROWS;
         }
         if r < job.rows.end {

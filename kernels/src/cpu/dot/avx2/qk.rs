@@ -409,25 +409,11 @@ pub(super) unsafe fn gemv<B: KBlock>(job: &GemmJob<'_, B, BlockQ8K>) {
         let mut r = job.rows.start;
         while r + 4 <= job.rows.end {
             let w: [&[B]; 4] = std::array::from_fn(|i| job.w.get_unchecked((r + i) * n..(r + i + 1) * n));
-            let mut t = job.toks.start;
-            while t < job.toks.end {
-                let tt = (job.toks.end - t).min(4);
-                macro_rules! tile {
-                    ($c:literal) => {{
-                        let out = gemv4c::<B, $c>(w, std::array::from_fn(|j| x(t + j)));
-                        for (j, v) in out.iter().enumerate() {
-                            _mm_storeu_ps(job.out.add((t + j) * job.ldo + r), *v);
-                        }
-                    }};
+            token_tiles!(job.toks.clone(), |t, C| {
+                for (j, v) in gemv4c::<B, C>(w, std::array::from_fn(|j| x(t + j))).iter().enumerate() {
+                    _mm_storeu_ps(job.out.add((t + j) * job.ldo + r), *v);
                 }
-                match tt {
-                    4 => tile!(4),
-                    3 => tile!(3),
-                    2 => tile!(2),
-                    _ => tile!(1),
-                }
-                t += tt;
-            }
+            });
             r += 4;
         }
         for r in r..job.rows.end {

@@ -331,25 +331,11 @@ pub(super) unsafe fn gemm8<B: KBlock8>(job: &GemmJob<'_, B, BlockQ8K>) {
             for (s, p) in packs.iter_mut().enumerate() {
                 pack(w, s, p);
             }
-            let mut t = job.toks.start;
-            while t < job.toks.end {
-                let tt = (job.toks.end - t).min(4);
-                macro_rules! tile {
-                    ($c:literal) => {{
-                        let out = tile8::<B, $c>(&packs, std::array::from_fn(|j| xrow(t + j)));
-                        for (j, v) in out.iter().enumerate() {
-                            _mm256_storeu_ps(job.out.add((t + j) * job.ldo + r), *v);
-                        }
-                    }};
+            token_tiles!(job.toks.clone(), |t, C| {
+                for (j, v) in tile8::<B, C>(&packs, std::array::from_fn(|j| xrow(t + j))).iter().enumerate() {
+                    _mm256_storeu_ps(job.out.add((t + j) * job.ldo + r), *v);
                 }
-                match tt {
-                    4 => tile!(4),
-                    3 => tile!(3),
-                    2 => tile!(2),
-                    _ => tile!(1),
-                }
-                t += tt;
-            }
+            });
             r += 8;
         }
         if r < job.rows.end {
