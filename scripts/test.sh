@@ -24,40 +24,44 @@ if ! command -v chromium >/dev/null 2>&1; then
   fi
 fi
 
-echo "== cargo fmt --check"
+# Each section's heading says when it started (seconds since the script did), so a slow CI run
+# shows where its time went.
+section() { echo "== $* [at ${SECONDS} s]"; }
+
+section "cargo fmt --check"
 cargo fmt --all -- --check
 
-echo "== NVRTC (the tests compile every CUDA kernel with it; no GPU needed)"
+section "NVRTC (the tests compile every CUDA kernel with it; no GPU needed)"
 export LD_LIBRARY_PATH="$(scripts/nvrtc.sh)${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 
 # Every cargo command below selects the whole workspace (`--workspace`, then a target filter):
 # with `-p one-crate` cargo resolves the dependencies' features for that crate alone, and builds
 # most of them a second time (8 minutes on a 2-core Zen 1 for the engine's tests).
-echo "== build the tests (and the cachet binary they run)"
+section "build the tests (and the cachet binary they run)"
 cargo test --workspace --no-run
 
-echo "== the default model"
+section "the default model"
 target/debug/cachet models pull
 
-echo "== cargo test"
+section "cargo test"
 REQUIRE_MODEL=1 REQUIRE_CHROMIUM=1 REQUIRE_NVRTC=1 cargo test --workspace
 
-echo "== the engine loop and the OpenAI API again, serving a tiny mixture-of-experts model (Qwen3-MoE)"
+section "the engine loop and the OpenAI API again, serving a tiny mixture-of-experts model (Qwen3-MoE)"
 # Radix reuse, retraction, batch invariance, chat, tools and the Responses API; the models
 # themselves are checked against transformers and llama.cpp by scripts/moe-check.sh.
 CACHET_TINY_ARCH=qwen3moe cargo test --workspace --test engine runtime::
 CACHET_TINY_ARCH=qwen3moe cargo test --workspace --test api -- chat:: tools:: responses:: prefixes::
 
-echo "== the openai Python package against cachet serve (real model)"
+section "the openai Python package against cachet serve (real model)"
 ./scripts/openai-check.sh
 
-echo "== real agent clients against cachet serve (real model): Qwen Code and Codex CLI (scripts/agents-check.sh)"
+section "real agent clients against cachet serve (real model): Qwen Code and Codex CLI (scripts/agents-check.sh)"
 ./scripts/agents-check.sh
 
-echo "== a restart with the KV disk tier (real model): same output, served from disk (scripts/restart-bench.sh)"
+section "a restart with the KV disk tier (real model): same output, served from disk (scripts/restart-bench.sh)"
 CACHET_BIN=target/debug/cachet ROUNDS=1 OUT=target/restart-check ./scripts/restart-bench.sh
 
-echo "== cargo clippy"
+section "cargo clippy"
 cargo clippy --workspace --all-targets -- -D warnings
 
-echo "all tests passed"
+echo "all tests passed in ${SECONDS} s"
