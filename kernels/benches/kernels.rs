@@ -218,11 +218,12 @@ fn main() {
     // A mixture of experts' decode: one token through expert-sized gate + up projections
     // (768 × 2048 `Q4_K` each), one call per expert, over 64 experts (113 MB, far beyond the
     // caches), as a decode step does it; and the same bytes as 8 calls of 8 experts' rows, so the
-    // cost of a call per expert shows.
+    // cost of a call per expert shows; and 8 calls of `matmul_picked` over 8 experts each.
     if run("decode-experts") {
         println!("| decode, experts' gate + up, 1 token | µs per expert | GB/s of weights |\n|---|---:|---:|");
         let (rows, k, experts) = (768, 2048, 64);
-        let ws: Vec<_> = (0..2 * experts).map(|_| matrix(&cpu, DType::Q4_K, rows, k)).collect();
+        let gates: Vec<_> = (0..experts).map(|_| matrix(&cpu, DType::Q4_K, rows, k)).collect();
+        let ups: Vec<_> = (0..experts).map(|_| matrix(&cpu, DType::Q4_K, rows, k)).collect();
         let merged: Vec<_> = (0..experts / 8).map(|_| matrix(&cpu, DType::Q4_K, 16 * rows, k)).collect();
         let (mut x, mut y1, mut y2) = (cpu.buf(), cpu.buf(), cpu.buf());
         cpu.upload(&mut x, 1, k, &random(k, 9));
@@ -230,7 +231,7 @@ fn main() {
         let per_expert = best(reps, || {
             cpu.scope(|| {
                 for e in 0..experts {
-                    cpu.matmul(&x, &mut [(&ws[2 * e], &mut y1), (&ws[2 * e + 1], &mut y2)]);
+                    cpu.matmul(&x, &mut [(&gates[e], &mut y1), (&ups[e], &mut y2)]);
                 }
             })
         });
@@ -241,7 +242,20 @@ fn main() {
                 }
             })
         });
-        for (name, d) in [("one call per expert", per_expert), ("8 experts per call", eight)] {
+        // As a decode step calls it: a token's 8 experts' gate + up in one `matmul_picked`.
+        let inputs: Vec<_> = (0..8).map(|_| x.clone()).collect();
+        let (mut g, mut u): (Vec<_>, Vec<_>) = (0..8).map(|_| (cpu.buf(), cpu.buf())).unzip();
+        let picks: Vec<Vec<usize>> = (0..experts / 8).map(|c| (8 * c..8 * c + 8).collect()).collect();
+        let picked = best(reps, || {
+            cpu.scope(|| {
+                for pick in &picks {
+                    cpu.matmul_picked(&inputs, pick, &mut [(&gates, &mut g), (&ups, &mut u)]);
+                }
+            })
+        });
+        for (name, d) in
+            [("one call per expert", per_expert), ("8 experts per call", eight), ("8 experts picked per call", picked)]
+        {
             let us = d.as_secs_f64() * 1e6 / experts as f64;
             println!("| {name} | {us:.1} | {:.1} |", mb / us * 1e3);
         }

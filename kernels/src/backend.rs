@@ -152,6 +152,20 @@ pub trait Backend: Send + Sync {
     fn embed(&self, table: &Self::Weight, tokens: &[u32], out: &mut Self::Buf) -> Result<(), BackendError>;
     /// For each job `(w, out)`: `out = x · wᵀ`. All jobs share `x`.
     fn matmul(&self, x: &Self::Buf, jobs: &mut [(&Self::Weight, &mut Self::Buf)]);
+    /// A mixture of experts' grouped matmul: for each group `(ws, outs)` and each `i <
+    /// pick.len()`, `outs[i] = xs[i] · ws[pick[i]]ᵀ`. Every output is, bit for bit, what
+    /// [`Backend::matmul`] gives for it alone; a backend may run them all as one batch of work
+    /// (the CPU: one parallel region, each input quantized once), which a decode step's many
+    /// small expert matmuls need. Panics unless `xs` and every `outs` have `pick.len()` entries
+    /// or more and every pick is inside its `ws`.
+    fn matmul_picked(&self, xs: &[Self::Buf], pick: &[usize], groups: &mut [PickedGroup<'_, Self>]) {
+        check_picked(xs.len(), pick, groups.iter().map(|(w, o)| (w.len(), o.len())));
+        for (ws, outs) in groups.iter_mut() {
+            for ((x, &p), out) in xs.iter().zip(pick).zip(outs.iter_mut()) {
+                self.matmul(x, &mut [(&ws[p], out)]);
+            }
+        }
+    }
     /// Adds the vector `bias` to every row of `x`.
     fn add_bias(&self, x: &mut Self::Buf, bias: &Self::Weight);
     /// `x += y`.
@@ -197,6 +211,20 @@ pub trait Backend: Send + Sync {
 
 /// Panics unless [`Backend::add_rows_scaled`]'s arguments fit: a caller's bug, like a shape
 /// mismatch in any other op.
+/// One group of [`Backend::matmul_picked`]: every weight of the group (by expert), and one output
+/// per input.
+pub type PickedGroup<'a, B> = (&'a [<B as Backend>::Weight], &'a mut [<B as Backend>::Buf]);
+
+/// The checks of [`Backend::matmul_picked`]: `groups` gives each group's `(weights, outputs)`
+/// counts.
+pub fn check_picked(inputs: usize, pick: &[usize], groups: impl Iterator<Item = (usize, usize)>) {
+    assert!(inputs >= pick.len(), "matmul_picked: {} picks for {inputs} inputs", pick.len());
+    for (weights, outs) in groups {
+        assert!(outs >= pick.len(), "matmul_picked: {} picks for {outs} outputs", pick.len());
+        assert!(pick.iter().all(|&p| p < weights), "matmul_picked: a pick beyond the group's {weights} weights");
+    }
+}
+
 pub fn check_add_rows(x_rows: usize, x_cols: usize, y_rows: usize, y_cols: usize, rows: &[usize], scales: &[f32]) {
     assert!(
         y_cols == x_cols && rows.len() == y_rows && scales.len() == y_rows,

@@ -133,6 +133,44 @@ fn matmul_rows_do_not_depend_on_the_batch() {
     }
 }
 
+/// `matmul_picked` (a mixture of experts' grouped call: every input times its picked weight of
+/// each group, in one parallel region) gives each output bit for bit what a `matmul` of its own
+/// gives, at every level and in every format, for one-token inputs (decode) and inputs of
+/// several rows, with the picks out of order and weights of one group left out.
+#[test]
+fn picked_matmuls_equal_their_own_calls() {
+    let mut rng = Lcg(41);
+    for level in SimdLevel::ALL.into_iter().filter(|l| l.is_supported()) {
+        let cpu = CpuBackend::with_level(2, level).unwrap();
+        for dtype in DType::ALL {
+            let (rows, cols) = (44, 512);
+            let group = |rng: &mut Lcg| (0..5).map(|_| matrix(&cpu, dtype, rows, cols, rng)).collect::<Vec<_>>();
+            let (gates, ups) = (group(&mut rng), group(&mut rng));
+            let pick = [3, 0, 4];
+            for t in [1, 3] {
+                let xs: Vec<_> = (0..pick.len() + 1)
+                    .map(|_| {
+                        let mut x = cpu.buf();
+                        cpu.upload(&mut x, t, cols, &rng.vec(t * cols, 1.0));
+                        x
+                    })
+                    .collect();
+                let bufs = || (0..pick.len()).map(|_| cpu.buf()).collect::<Vec<_>>();
+                let (mut g, mut u) = (bufs(), bufs());
+                cpu.matmul_picked(&xs, &pick, &mut [(&gates, &mut g), (&ups, &mut u)]);
+                for (i, &p) in pick.iter().enumerate() {
+                    let (mut g1, mut u1) = (cpu.buf(), cpu.buf());
+                    cpu.matmul(&xs[i], &mut [(&gates[p], &mut g1)]);
+                    cpu.matmul(&xs[i], &mut [(&ups[p], &mut u1)]);
+                    assert_eq!((g[i].rows, g[i].cols), (t, rows), "{level:?} {dtype}");
+                    assert_eq!(g[i].data, g1.data, "{level:?} {dtype} t={t} input {i}: gate");
+                    assert_eq!(u[i].data, u1.data, "{level:?} {dtype} t={t} input {i}: up");
+                }
+            }
+        }
+    }
+}
+
 /// Prompt-sized K-format matmuls at every level (AVX2: 8 rows side by side, repacked per job;
 /// the rows left over in tiles) give each element the single dot product's value — at AVX2
 /// bit for bit the scalar path's — for row counts that leave 8-row groups, 4-row tiles and

@@ -44,9 +44,11 @@ pub struct ForwardScratch<B: Backend> {
     rope: B::Buf,
     last: B::Buf,
     logits: B::Buf,
-    /// Mixture-of-experts layers: the router's scores, the rows routed to one expert.
+    /// Mixture-of-experts layers: the router's scores, the rows routed to one expert, and each
+    /// picked expert's buffers on the fused path.
     pub(super) router: B::Buf,
     pub(super) routed: B::Buf,
+    pub(super) experts: super::moe::ExpertBufs<B>,
     pub(super) routing: super::moe::Routing,
     tokens: Vec<u32>,
     positions: Vec<u32>,
@@ -80,6 +82,7 @@ impl<B: Backend> ForwardScratch<B> {
             logits: b.buf(),
             router: b.buf(),
             routed: b.buf(),
+            experts: Default::default(),
             routing: Default::default(),
             tokens: Vec::new(),
             positions: Vec::new(),

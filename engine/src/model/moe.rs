@@ -8,7 +8,11 @@
 //! Tokens are grouped by expert: each expert that any token of the pass chose runs once, as
 //! an ordinary matmul over the rows routed to it, so its weights are read once per pass (a
 //! grouped GEMM over the backend's own kernels) and a decode step reads only the chosen
-//! experts' weights. Each token's expert outputs are added to the residual in expert order,
+//! experts' weights. When the pass routes few rows (decode), all its experts' projections go
+//! to the backend as one [`Backend::matmul_picked`] call per stage (gate + up, then down), so
+//! a step pays two parallel regions per layer rather than two per expert; a prompt pass runs
+//! expert by expert through shared buffers. Either way each expert's output is the same, bit
+//! for bit, and each token's expert outputs are added to the residual in expert order,
 //! whatever else the pass holds, so a row's result does not depend on the batch.
 
 use super::{ForwardScratch, Loader, Model};
@@ -33,7 +37,10 @@ struct Shared<B: Backend> {
 /// One layer's experts.
 pub(super) struct MoeFfn<B: Backend> {
     router: B::Weight,
-    experts: Vec<Expert<B>>,
+    /// Every routed expert's gate, up and down projections, by expert.
+    gates: Vec<B::Weight>,
+    ups: Vec<B::Weight>,
+    downs: Vec<B::Weight>,
     shared: Option<Shared<B>>,
     active: usize,
     norm_topk: bool,
@@ -47,8 +54,6 @@ impl<B: Backend> MoeFfn<B> {
         let gates = stack(ld, GateExps(l), |e| ExpertGate(l, e), m, &[ff, h])?;
         let ups = stack(ld, UpExps(l), |e| ExpertUp(l, e), m, &[ff, h])?;
         let downs = stack(ld, DownExps(l), |e| ExpertDown(l, e), m, &[h, ff])?;
-        let experts =
-            gates.into_iter().zip(ups).zip(downs).map(|((gate, up), down)| Expert { gate, up, down }).collect();
         let shared = match m.shared_ff {
             Some(sf) => Some(Shared {
                 expert: Expert {
@@ -60,7 +65,7 @@ impl<B: Backend> MoeFfn<B> {
             }),
             None => None,
         };
-        Ok(MoeFfn { router, experts, shared, active: m.active, norm_topk: m.norm_topk })
+        Ok(MoeFfn { router, gates, ups, downs, shared, active: m.active, norm_topk: m.norm_topk })
     }
 }
 
@@ -114,6 +119,36 @@ pub(super) struct Routing {
     weights: Vec<Vec<f32>>,
     all_rows: Vec<usize>,
     scales: Vec<f32>,
+    /// The experts with rows in this pass, ascending.
+    picked: Vec<usize>,
+}
+
+/// Routed rows of [`FUSED_ROWS`] or fewer (a pass's rows × active experts) take the fused path.
+const FUSED_ROWS: usize = 256;
+
+/// Per-expert buffers of the fused path: slot `i` holds the `i`th picked expert's rows.
+pub(super) struct ExpertBufs<B: Backend> {
+    routed: Vec<B::Buf>,
+    gate: Vec<B::Buf>,
+    up: Vec<B::Buf>,
+    out: Vec<B::Buf>,
+}
+
+impl<B: Backend> Default for ExpertBufs<B> {
+    fn default() -> Self {
+        ExpertBufs { routed: Vec::new(), gate: Vec::new(), up: Vec::new(), out: Vec::new() }
+    }
+}
+
+impl<B: Backend> ExpertBufs<B> {
+    /// At least `n` slots (they are kept, so a steady decode does not allocate).
+    fn reserve(&mut self, b: &B, n: usize) {
+        for v in [&mut self.routed, &mut self.gate, &mut self.up, &mut self.out] {
+            while v.len() < n {
+                v.push(b.buf());
+            }
+        }
+    }
 }
 
 impl Routing {
@@ -167,14 +202,29 @@ impl<B: Backend> Model<B> {
         let r = &mut s.routing;
         b.matmul(&s.h, &mut [(&m.router, &mut s.router)]);
         b.download(&s.router, &mut r.logits);
-        r.route(n, m.experts.len(), m.active, m.norm_topk);
-        for (e, expert) in m.experts.iter().enumerate() {
-            if r.rows[e].is_empty() {
-                continue;
+        r.route(n, m.gates.len(), m.active, m.norm_topk);
+        r.picked.clear();
+        r.picked.extend((0..m.gates.len()).filter(|&e| !r.rows[e].is_empty()));
+        if n * m.active <= FUSED_ROWS {
+            let bufs = &mut s.experts;
+            bufs.reserve(b, r.picked.len());
+            for (slot, &e) in r.picked.iter().enumerate() {
+                b.gather_rows(&s.h, &r.rows[e], &mut bufs.routed[slot]);
             }
-            b.gather_rows(&s.h, &r.rows[e], &mut s.routed);
-            run_expert(b, expert, &s.routed, &mut s.gate, &mut s.up, &mut s.o);
-            b.add_rows_scaled(&mut s.x, &s.o, &r.rows[e], &r.weights[e]);
+            b.matmul_picked(&bufs.routed, &r.picked, &mut [(&m.gates, &mut bufs.gate), (&m.ups, &mut bufs.up)]);
+            for (gate, up) in bufs.gate.iter_mut().zip(&bufs.up).take(r.picked.len()) {
+                b.silu_mul(gate, up);
+            }
+            b.matmul_picked(&bufs.gate, &r.picked, &mut [(&m.downs, &mut bufs.out)]);
+            for (out, &e) in bufs.out.iter().zip(&r.picked) {
+                b.add_rows_scaled(&mut s.x, out, &r.rows[e], &r.weights[e]);
+            }
+        } else {
+            for &e in &r.picked {
+                b.gather_rows(&s.h, &r.rows[e], &mut s.routed);
+                run_expert(b, [&m.gates[e], &m.ups[e], &m.downs[e]], &s.routed, &mut s.gate, &mut s.up, &mut s.o);
+                b.add_rows_scaled(&mut s.x, &s.o, &r.rows[e], &r.weights[e]);
+            }
         }
         if let Some(shared) = &m.shared {
             b.matmul(&s.h, &mut [(&shared.gate, &mut s.router)]);
@@ -183,17 +233,25 @@ impl<B: Backend> Model<B> {
             r.scales.extend(r.logits.iter().map(|&g| 1.0 / (1.0 + (-g).exp())));
             r.all_rows.clear();
             r.all_rows.extend(0..n);
-            run_expert(b, &shared.expert, &s.h, &mut s.gate, &mut s.up, &mut s.o);
+            let e = &shared.expert;
+            run_expert(b, [&e.gate, &e.up, &e.down], &s.h, &mut s.gate, &mut s.up, &mut s.o);
             b.add_rows_scaled(&mut s.x, &s.o, &r.all_rows, &r.scales);
         }
     }
 }
 
 /// `out = down(silu(gate(x)) · up(x))`.
-fn run_expert<B: Backend>(b: &B, e: &Expert<B>, x: &B::Buf, gate: &mut B::Buf, up: &mut B::Buf, out: &mut B::Buf) {
-    b.matmul(x, &mut [(&e.gate, &mut *gate), (&e.up, &mut *up)]);
+fn run_expert<B: Backend>(
+    b: &B,
+    [gate_w, up_w, down_w]: [&B::Weight; 3],
+    x: &B::Buf,
+    gate: &mut B::Buf,
+    up: &mut B::Buf,
+    out: &mut B::Buf,
+) {
+    b.matmul(x, &mut [(gate_w, &mut *gate), (up_w, &mut *up)]);
     b.silu_mul(gate, up);
-    b.matmul(gate, &mut [(&e.down, out)]);
+    b.matmul(gate, &mut [(down_w, out)]);
 }
 
 #[cfg(test)]

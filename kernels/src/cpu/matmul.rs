@@ -17,6 +17,8 @@ use rayon::prelude::*;
 pub struct MatmulScratch {
     q8a: Vec<BlockQ8A>,
     q8k: Vec<BlockQ8K>,
+    /// Each input's first block in `q8a` and `q8k`.
+    offsets: Vec<(usize, usize)>,
     plan: Vec<Plan>,
 }
 
@@ -101,66 +103,145 @@ impl CpuMatrix {
     }
 }
 
-/// `x` is `t × k` f32; each job's output gets `t × rows(w)` values. All jobs
-/// share `x`, which is quantized once per dot-product format, and one parallel
-/// region: each job's rows are split into tasks (whole 4-row tiles, about four
-/// per thread and job) and all the jobs' tasks run together, so a thread that
-/// finishes one weight's rows goes on to the next instead of waiting at a
-/// barrier per weight (one fork-join per call: a mixture of experts' one-token
-/// gate + up calls 2–3% faster, `cargo bench -p cachet-kernels --bench kernels
-/// -- --only decode-experts`).
-pub fn matmul_many(
-    kernels: &Kernels,
-    x: &[f32],
-    t: usize,
-    jobs: &mut [(&CpuMatrix, &mut CpuBuf)],
-    s: &mut MatmulScratch,
-) {
-    if t == 0 {
-        return;
+/// The work of one parallel region: `jobs()` matmuls, job `j` multiplying input
+/// `job(j).0` (a `t × k` f32 buffer) by the weight `job(j).1` into `out(j)`.
+pub(crate) trait Jobs: Sync {
+    fn inputs(&self) -> usize;
+    fn input(&self, i: usize) -> &CpuBuf;
+    fn jobs(&self) -> usize;
+    fn job(&self, j: usize) -> (usize, &CpuMatrix);
+    fn out(&mut self, j: usize) -> &mut CpuBuf;
+}
+
+/// Jobs sharing one input ([`crate::backend::Backend::matmul`]).
+pub(crate) struct Shared<'a, 'w, 'o> {
+    pub x: &'a CpuBuf,
+    pub jobs: &'a mut [(&'w CpuMatrix, &'o mut CpuBuf)],
+}
+
+impl Jobs for Shared<'_, '_, '_> {
+    fn inputs(&self) -> usize {
+        1
     }
-    let k = x.len() / t;
-    let uses = |f: fn(DType) -> bool| jobs.iter().any(|(w, _)| f(w.tensor.dtype));
-    if uses(|d| matches!(d, DType::Q4_0 | DType::Q5_0 | DType::Q8_0)) {
-        s.q8a.resize(t * k / 32, BlockQ8A::default());
-        x.par_chunks(k).zip(s.q8a.par_chunks_mut(k / 32)).for_each(|(xr, qr)| (kernels.quant_q8a)(xr, qr));
+    fn input(&self, _: usize) -> &CpuBuf {
+        self.x
     }
-    if uses(|d| matches!(d, DType::Q4_K | DType::Q5_K | DType::Q6_K)) {
-        s.q8k.resize(t * k / 256, BlockQ8K::default());
-        x.par_chunks(k).zip(s.q8k.par_chunks_mut(k / 256)).for_each(|(xr, qr)| (kernels.quant_q8k)(xr, qr));
+    fn jobs(&self) -> usize {
+        self.jobs.len()
+    }
+    fn job(&self, j: usize) -> (usize, &CpuMatrix) {
+        (0, self.jobs[j].0)
+    }
+    fn out(&mut self, j: usize) -> &mut CpuBuf {
+        self.jobs[j].1
+    }
+}
+
+/// Each input `i` of `xs` times the `pick[i]`th weight of each group
+/// ([`crate::backend::Backend::matmul_picked`]); job `j` is group `j / n`, input `j % n`.
+pub(crate) struct Picked<'a, 'w, 'o> {
+    pub xs: &'a [CpuBuf],
+    pub pick: &'a [usize],
+    pub groups: &'a mut [(&'w [CpuMatrix], &'o mut [CpuBuf])],
+}
+
+impl Jobs for Picked<'_, '_, '_> {
+    fn inputs(&self) -> usize {
+        self.pick.len()
+    }
+    fn input(&self, i: usize) -> &CpuBuf {
+        &self.xs[i]
+    }
+    fn jobs(&self) -> usize {
+        self.groups.len() * self.pick.len()
+    }
+    fn job(&self, j: usize) -> (usize, &CpuMatrix) {
+        let i = j % self.pick.len();
+        (i, &self.groups[j / self.pick.len()].0[self.pick[i]])
+    }
+    fn out(&mut self, j: usize) -> &mut CpuBuf {
+        let n = self.pick.len();
+        &mut self.groups[j / n].1[j % n]
+    }
+}
+
+/// Runs `jobs` in one parallel region. Each input is quantized once per
+/// dot-product format its jobs use; each job's rows are split into tasks
+/// (whole 4-row tiles, about four per thread and job) and all the jobs' tasks
+/// run together, so a thread that finishes one weight's rows goes on to the
+/// next instead of waiting at a barrier per weight (one fork-join per call: a
+/// mixture of experts' one-token gate + up calls 2–3% faster, `cargo bench -p
+/// cachet-kernels --bench kernels -- --only decode-experts`). A job's values do
+/// not depend on the other jobs: each output element is the same row dot
+/// product (or GEMM tile over the job's own tokens) as in a call of its own.
+pub(crate) fn matmul_jobs(kernels: &Kernels, jobs: &mut impl Jobs, s: &mut MatmulScratch) {
+    let uses = |jobs: &dyn Fn(usize) -> DType, n: usize, f: fn(DType) -> bool| (0..n).any(|j| f(jobs(j)));
+    let n = jobs.jobs();
+    let dtype = |j: usize| jobs.job(j).1.tensor.dtype;
+    let a_fmt = uses(&dtype, n, |d| matches!(d, DType::Q4_0 | DType::Q5_0 | DType::Q8_0));
+    let k_fmt = uses(&dtype, n, |d| matches!(d, DType::Q4_K | DType::Q5_K | DType::Q6_K));
+    // Each input's activations, quantized: its first block in `q8a` / `q8k`.
+    s.offsets.clear();
+    let (mut a_len, mut k_len) = (0, 0);
+    for i in 0..jobs.inputs() {
+        s.offsets.push((a_len, k_len));
+        let x = jobs.input(i);
+        a_len += if a_fmt { x.data.len() / 32 } else { 0 };
+        k_len += if k_fmt { x.data.len() / 256 } else { 0 };
+    }
+    s.q8a.resize(a_len, BlockQ8A::default());
+    s.q8k.resize(k_len, BlockQ8K::default());
+    for i in 0..jobs.inputs() {
+        let x = jobs.input(i);
+        let ((a0, k0), k) = (s.offsets[i], x.cols);
+        if a_fmt && x.rows > 0 {
+            let q = &mut s.q8a[a0..a0 + x.data.len() / 32];
+            x.data.par_chunks(k).zip(q.par_chunks_mut(k / 32)).for_each(|(xr, qr)| (kernels.quant_q8a)(xr, qr));
+        }
+        if k_fmt && x.rows > 0 {
+            let q = &mut s.q8k[k0..k0 + x.data.len() / 256];
+            x.data.par_chunks(k).zip(q.par_chunks_mut(k / 256)).for_each(|(xr, qr)| (kernels.quant_q8k)(xr, qr));
+        }
     }
     let threads = rayon::current_num_threads().max(1);
     s.plan.clear();
     let mut total = 0;
-    for (w, out) in jobs.iter_mut() {
-        let n = w.rows();
-        debug_assert_eq!(w.cols(), k);
-        out.data.resize(t * n, 0.0);
-        (out.rows, out.cols) = (t, n);
-        let rows_per_task = (n / (threads * 4)).clamp(4, 256) / 4 * 4;
-        let tasks = n.div_ceil(rows_per_task);
-        s.plan.push(Plan { start: total, tasks, rows_per_task, out: OutPtr(out.data.as_mut_ptr()) });
+    for j in 0..n {
+        let (i, w) = jobs.job(j);
+        let (rows, t) = (w.rows(), jobs.input(i).rows);
+        debug_assert_eq!(w.cols(), jobs.input(i).cols);
+        let out = jobs.out(j);
+        out.data.resize(t * rows, 0.0);
+        (out.rows, out.cols) = (t, rows);
+        let out = OutPtr(out.data.as_mut_ptr());
+        let rows_per_task = (rows / (threads * 4)).clamp(4, 256) / 4 * 4;
+        let tasks = if t == 0 { 0 } else { rows.div_ceil(rows_per_task) };
+        s.plan.push(Plan { start: total, tasks, rows_per_task, out });
         total += tasks;
     }
-    let (plan, q8a, q8k) = (&s.plan, &s.q8a, &s.q8k);
+    let (plan, offsets, q8a, q8k) = (&s.plan, &s.offsets, &s.q8a, &s.q8k);
     let jobs = &*jobs;
-    (0..total).into_par_iter().for_each(|i| {
-        let j = plan.partition_point(|p| p.start + p.tasks <= i);
-        let (p, w) = (plan[j], jobs[j].0);
-        let n = w.rows();
-        let task = i - p.start;
+    (0..total).into_par_iter().for_each(|task| {
+        let j = plan.partition_point(|p| p.start + p.tasks <= task);
+        let (p, (i, w)) = (plan[j], jobs.job(j));
+        let x = jobs.input(i);
+        let (t, n, (a0, k0)) = (x.rows, w.rows(), offsets[i]);
+        let task = task - p.start;
         let rows = task * p.rows_per_task..((task + 1) * p.rows_per_task).min(n);
         let bytes = w.tensor.bytes.as_slice();
+        let xa = || &q8a[a0..a0 + x.data.len() / 32];
+        let xk = || &q8k[k0..k0 + x.data.len() / 256];
+        let x = x.data.as_slice();
         match w.tensor.dtype {
             DType::F32 => run_task(view::<f32>(bytes), x, t, n, rows, p.out, kernels.f32, None),
             DType::F16 => run_task(view::<f16>(bytes), x, t, n, rows, p.out, kernels.f16, None),
             DType::BF16 => run_task(view::<bf16>(bytes), x, t, n, rows, p.out, kernels.bf16, None),
-            DType::Q4_0 => run_task(view(bytes), q8a, t, n, rows, p.out, kernels.q4_0, kernels.gemm_q4_0),
-            DType::Q5_0 => run_task(view(bytes), q8a, t, n, rows, p.out, kernels.q5_0, kernels.gemm_q5_0),
-            DType::Q8_0 => run_task(view(bytes), q8a, t, n, rows, p.out, kernels.q8_0, kernels.gemm_q8_0),
-            DType::Q4_K => run_task(view(bytes), q8k, t, n, rows, p.out, kernels.q4_k, kernels.gemm_q4_k),
-            DType::Q5_K => run_task(view(bytes), q8k, t, n, rows, p.out, kernels.q5_k, kernels.gemm_q5_k),
-            DType::Q6_K => run_task(view(bytes), q8k, t, n, rows, p.out, kernels.q6_k, kernels.gemm_q6_k),
+            DType::Q4_0 => run_task(view(bytes), xa(), t, n, rows, p.out, kernels.q4_0, kernels.gemm_q4_0),
+            DType::Q5_0 => run_task(view(bytes), xa(), t, n, rows, p.out, kernels.q5_0, kernels.gemm_q5_0),
+            DType::Q8_0 => run_task(view(bytes), xa(), t, n, rows, p.out, kernels.q8_0, kernels.gemm_q8_0),
+            DType::Q4_K => run_task(view(bytes), xk(), t, n, rows, p.out, kernels.q4_k, kernels.gemm_q4_k),
+            DType::Q5_K => run_task(view(bytes), xk(), t, n, rows, p.out, kernels.q5_k, kernels.gemm_q5_k),
+            DType::Q6_K => run_task(view(bytes), xk(), t, n, rows, p.out, kernels.q6_k, kernels.gemm_q6_k),
         }
     });
 }

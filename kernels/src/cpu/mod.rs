@@ -9,7 +9,8 @@ pub mod ops;
 
 pub use attention::{Attend, AttendFn, LayerKv, Tile, TileFn, TileScratch, KEY_BLOCK};
 pub use dot::{Kernels, SimdLevel};
-pub use matmul::{matmul_many, CpuMatrix, MatmulScratch};
+use matmul::{matmul_jobs, Picked, Shared};
+pub use matmul::{CpuMatrix, MatmulScratch};
 
 use crate::backend::*;
 use crate::quant::{dequantize_row, DType};
@@ -219,7 +220,22 @@ impl Backend for CpuBackend {
         };
         let mut guard = self.scratch.lock().unwrap_or_else(|e| e.into_inner());
         let scratch: &mut MatmulScratch = &mut guard;
-        self.timed(label, || self.pool.install(|| matmul_many(&self.kernels, &x.data, x.rows, jobs, scratch)));
+        let mut jobs = Shared { x, jobs };
+        self.timed(label, || self.pool.install(|| matmul_jobs(&self.kernels, &mut jobs, scratch)));
+    }
+
+    fn matmul_picked(&self, xs: &[CpuBuf], pick: &[usize], groups: &mut [PickedGroup<'_, Self>]) {
+        check_picked(xs.len(), pick, groups.iter().map(|(w, o)| (w.len(), o.len())));
+        let label = || {
+            let parts: Vec<String> =
+                groups.iter().map(|(w, _)| format!("{} {}x{}", w[0].tensor.dtype, w[0].rows(), w[0].cols())).collect();
+            format!("matmul picked {} × ({})", pick.len(), parts.join(" + "))
+        };
+        let label = if self.profile.is_some() { label() } else { String::new() };
+        let mut guard = self.scratch.lock().unwrap_or_else(|e| e.into_inner());
+        let scratch: &mut MatmulScratch = &mut guard;
+        let mut jobs = Picked { xs, pick, groups };
+        self.timed(move || label, || self.pool.install(|| matmul_jobs(&self.kernels, &mut jobs, scratch)));
     }
 
     fn add_bias(&self, x: &mut CpuBuf, bias: &CpuMatrix) {
