@@ -209,8 +209,6 @@ pub trait Backend: Send + Sync {
     fn add_rows_scaled(&self, x: &mut Self::Buf, y: &Self::Buf, rows: &[usize], scales: &[f32]);
 }
 
-/// Panics unless [`Backend::add_rows_scaled`]'s arguments fit: a caller's bug, like a shape
-/// mismatch in any other op.
 /// One group of [`Backend::matmul_picked`]: every weight of the group (by expert), and one output
 /// per input.
 pub type PickedGroup<'a, B> = (&'a [<B as Backend>::Weight], &'a mut [<B as Backend>::Buf]);
@@ -225,6 +223,8 @@ pub fn check_picked(inputs: usize, pick: &[usize], groups: impl Iterator<Item = 
     }
 }
 
+/// Panics unless [`Backend::add_rows_scaled`]'s arguments fit: a caller's bug, like a shape
+/// mismatch in any other op.
 pub fn check_add_rows(x_rows: usize, x_cols: usize, y_rows: usize, y_cols: usize, rows: &[usize], scales: &[f32]) {
     assert!(
         y_cols == x_cols && rows.len() == y_rows && scales.len() == y_rows,

@@ -227,8 +227,11 @@ impl Backend for CpuBackend {
     fn matmul_picked(&self, xs: &[CpuBuf], pick: &[usize], groups: &mut [PickedGroup<'_, Self>]) {
         check_picked(xs.len(), pick, groups.iter().map(|(w, o)| (w.len(), o.len())));
         let label = || {
-            let parts: Vec<String> =
-                groups.iter().map(|(w, _)| format!("{} {}x{}", w[0].tensor.dtype, w[0].rows(), w[0].cols())).collect();
+            let parts: Vec<String> = groups
+                .iter()
+                .filter_map(|(w, _)| w.first())
+                .map(|w| format!("{} {}x{}", w.tensor.dtype, w.rows(), w.cols()))
+                .collect();
             format!("matmul picked {} × ({})", pick.len(), parts.join(" + "))
         };
         let label = if self.profile.is_some() { label() } else { String::new() };
