@@ -175,11 +175,10 @@ impl Jobs for Picked<'_, '_, '_> {
 /// not depend on the other jobs: each output element is the same row dot
 /// product (or GEMM tile over the job's own tokens) as in a call of its own.
 pub(crate) fn matmul_jobs(kernels: &Kernels, jobs: &mut impl Jobs, s: &mut MatmulScratch) {
-    let uses = |jobs: &dyn Fn(usize) -> DType, n: usize, f: fn(DType) -> bool| (0..n).any(|j| f(jobs(j)));
     let n = jobs.jobs();
-    let dtype = |j: usize| jobs.job(j).1.tensor.dtype;
-    let a_fmt = uses(&dtype, n, |d| matches!(d, DType::Q4_0 | DType::Q5_0 | DType::Q8_0));
-    let k_fmt = uses(&dtype, n, |d| matches!(d, DType::Q4_K | DType::Q5_K | DType::Q6_K));
+    let uses = |f: fn(DType) -> bool| (0..n).any(|j| f(jobs.job(j).1.tensor.dtype));
+    let a_fmt = uses(|d| matches!(d, DType::Q4_0 | DType::Q5_0 | DType::Q8_0));
+    let k_fmt = uses(|d| matches!(d, DType::Q4_K | DType::Q5_K | DType::Q6_K));
     // Each input's activations, quantized: its first block in `q8a` / `q8k`.
     s.offsets.clear();
     let (mut a_len, mut k_len) = (0, 0);
