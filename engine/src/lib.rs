@@ -51,6 +51,7 @@ pub mod constraint;
 mod error;
 pub mod generate;
 pub mod gguf;
+pub mod host_weights;
 pub mod kv_pool;
 pub mod kv_transfer;
 pub mod loader;

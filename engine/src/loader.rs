@@ -5,6 +5,7 @@
 use crate::chat_template::ChatTemplate;
 use crate::config::ModelConfig;
 use crate::gguf::GgufFile;
+use crate::host_weights::HostWeights;
 use crate::model::Model;
 use crate::tokenizer::{GgufTokenizerSpec, Tokenizer};
 use crate::weights::{SafetensorsDir, WeightSource};
@@ -20,8 +21,10 @@ pub struct LoadedModel<B: Backend> {
     pub chat_template: Option<ChatTemplate>,
     /// A display name (`general.name`, or the file/directory name).
     pub name: String,
-    /// Bytes of the weight files (memory-mapped, not copied).
+    /// Bytes of the weight files.
     pub file_bytes: u64,
+    /// Where those bytes are held while the model runs.
+    pub host_weights: HostWeights,
     /// An identity of the weight files (see [`weights_fingerprint`]): K/V stored by one model is
     /// never loaded into another.
     pub fingerprint: [u8; 32],
@@ -47,8 +50,24 @@ fn tok_err(e: impl std::fmt::Display) -> LoadError {
     LoadError::Tokenizer(e.to_string())
 }
 
+/// How to hold `files` for backend `b` (see [`HostWeights::choose`]), logged.
+fn host_weights<B: Backend>(b: &B, files: &[PathBuf]) -> Result<HostWeights, LoadError> {
+    let mut bytes = 0;
+    for f in files {
+        bytes += std::fs::metadata(f).map_err(|e| LoadError::Io { path: f.display().to_string(), source: e })?.len();
+    }
+    let (how, why) =
+        HostWeights::choose(b.reads_host_weights(), bytes, b.memory_available()).map_err(LoadError::BadConfig)?;
+    match how {
+        HostWeights::HugePages => tracing::info!("weights: {} MiB copied into 2 MiB pages ({why})", bytes >> 20),
+        HostWeights::Mapped => tracing::info!("weights: {} MiB memory-mapped ({why})", bytes >> 20),
+    }
+    Ok(how)
+}
+
 fn load_gguf<B: Backend>(path: &Path, b: &B, file_name: String) -> Result<LoadedModel<B>, LoadError> {
-    let file = GgufFile::open(path)?;
+    let host_weights = host_weights(b, &[path.to_path_buf()])?;
+    let file = GgufFile::open_as(path, host_weights)?;
     let config = ModelConfig::from_gguf(&file)?;
     let spec = GgufTokenizerSpec::from_gguf_file(&file).map_err(tok_err)?;
     let tokenizer = Tokenizer::from_gguf(spec).map_err(tok_err)?;
@@ -64,7 +83,7 @@ fn load_gguf<B: Backend>(path: &Path, b: &B, file_name: String) -> Result<Loaded
     let file_bytes = file.file_bytes();
     let model = Model::load(b, &file, config)?;
     let fingerprint = weights_fingerprint(&[path.to_path_buf()])?;
-    Ok(LoadedModel { model, tokenizer, chat_template, name, file_bytes, fingerprint })
+    Ok(LoadedModel { model, tokenizer, chat_template, name, file_bytes, host_weights, fingerprint })
 }
 
 fn load_hf_dir<B: Backend>(dir: &Path, b: &B, name: String) -> Result<LoadedModel<B>, LoadError> {
@@ -82,17 +101,19 @@ fn load_hf_dir<B: Backend>(dir: &Path, b: &B, name: String) -> Result<LoadedMode
         ),
         None => None,
     };
-    let weights = SafetensorsDir::open(dir)?;
-    let file_bytes = weights.file_bytes();
-    let model = Model::load(b, &weights, config)?;
     let mut files: Vec<PathBuf> = std::fs::read_dir(dir)
         .map_err(|e| LoadError::Io { path: dir.display().to_string(), source: e })?
         .filter_map(|e| e.ok().map(|e| e.path()))
         .filter(|p| p.extension().is_some_and(|x| x == "safetensors") || p.ends_with("config.json"))
         .collect();
     files.sort();
+    let tensor_files: Vec<PathBuf> = files.iter().filter(|p| !p.ends_with("config.json")).cloned().collect();
+    let host_weights = host_weights(b, &tensor_files)?;
+    let weights = SafetensorsDir::open_as(dir, host_weights)?;
+    let file_bytes = weights.file_bytes();
+    let model = Model::load(b, &weights, config)?;
     let fingerprint = weights_fingerprint(&files)?;
-    Ok(LoadedModel { model, tokenizer, chat_template, name, file_bytes, fingerprint })
+    Ok(LoadedModel { model, tokenizer, chat_template, name, file_bytes, host_weights, fingerprint })
 }
 
 /// An identity of weight files that costs little to compute for a large model: per file (in the

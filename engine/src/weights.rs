@@ -1,14 +1,14 @@
 //! Where a model's tensors come from: a GGUF file or a Hugging Face directory
-//! of safetensors. Both are memory-mapped and hand out tensors lazily under
-//! one canonical naming.
+//! of safetensors. Both are memory-mapped or copied into huge pages
+//! (`crate::host_weights`) and hand out tensors lazily under one canonical naming.
 
 use crate::gguf::GgufFile;
+use crate::host_weights::{self, HostWeights};
 use crate::LoadError;
 use cachet_kernels::quant::DType;
 use cachet_kernels::tensor::{Bytes, HostTensor};
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
-use std::sync::Arc;
 
 /// A model tensor, independent of the file format's naming.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -169,6 +169,11 @@ impl std::fmt::Debug for SafetensorsDir {
 impl SafetensorsDir {
     /// Maps every `*.safetensors` file in `dir` (sorted by name).
     pub fn open(dir: &Path) -> Result<SafetensorsDir, LoadError> {
+        SafetensorsDir::open_as(dir, HostWeights::Mapped)
+    }
+
+    /// Every `*.safetensors` file in `dir` (sorted by name), their bytes held as `how` says.
+    pub fn open_as(dir: &Path, how: HostWeights) -> Result<SafetensorsDir, LoadError> {
         let io = |p: &Path, e| LoadError::Io { path: p.display().to_string(), source: e };
         let mut files: Vec<PathBuf> = std::fs::read_dir(dir)
             .map_err(|e| io(dir, e))?
@@ -182,13 +187,11 @@ impl SafetensorsDir {
         let mut tensors = HashMap::new();
         let mut bytes = 0;
         for path in files {
-            let file = std::fs::File::open(&path).map_err(|e| io(&path, e))?;
-            // SAFETY: read-only map of a model file that is not modified while loaded.
-            let map = Arc::new(unsafe { memmap2::Mmap::map(&file) }.map_err(|e| io(&path, e))?);
+            let owner = host_weights::open(&path, how).map_err(|e| io(&path, e))?;
+            let map: &[u8] = (*owner).as_ref();
             bytes += map.len() as u64;
             let bad = |m: String| LoadError::BadFile { path: path.display().to_string(), reason: m };
-            let (header_len, meta) =
-                safetensors::SafeTensors::read_metadata(&map[..]).map_err(|e| bad(format!("{e:?}")))?;
+            let (header_len, meta) = safetensors::SafeTensors::read_metadata(map).map_err(|e| bad(format!("{e:?}")))?;
             let data_start = 8 + header_len;
             for (name, info) in meta.tensors() {
                 let dtype = match info.dtype {
@@ -198,8 +201,7 @@ impl SafetensorsDir {
                     other => return Err(bad(format!("tensor {name:?} has unsupported dtype {other:?}"))),
                 };
                 let (s, e) = info.data_offsets;
-                let owner: Arc<dyn cachet_kernels::tensor::ByteOwner> = map.clone();
-                let window = Bytes::window(owner, data_start + s..data_start + e)
+                let window = Bytes::window(owner.clone(), data_start + s..data_start + e)
                     .ok_or_else(|| bad(format!("tensor {name:?} lies outside the file")))?;
                 if tensors.insert(name.clone(), (dtype, info.shape.clone(), window)).is_some() {
                     return Err(bad(format!("tensor {name:?} appears in two files")));

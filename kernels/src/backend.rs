@@ -141,6 +141,11 @@ pub trait Backend: Send + Sync {
     fn memory_available(&self) -> Option<u64> {
         None
     }
+    /// Whether the backend multiplies straight from the host bytes of the weights it loads (the
+    /// CPU), so that where those bytes lie (2 MiB pages or a memory map) matters every step.
+    fn reads_host_weights(&self) -> bool {
+        false
+    }
 
     /// Runs `f` in the backend's execution context (e.g. its thread pool), so
     /// that a whole forward pass does not hop threads per op.

@@ -4,6 +4,7 @@
 
 use super::limits::*;
 use super::{ggml_type_name, GgufError, TensorInfo, Value, ValueType};
+use crate::host_weights::{self, HostWeights};
 use cachet_kernels::quant::DType;
 use cachet_kernels::tensor::{ByteOwner, Bytes, HostTensor};
 use std::collections::HashMap;
@@ -143,13 +144,14 @@ impl<'a> Cursor<'a> {
 impl GgufFile {
     /// Memory-maps and parses `path`.
     pub fn open(path: &Path) -> Result<GgufFile, GgufError> {
-        let io = |source| GgufError::Io { path: path.display().to_string(), source };
-        let file = std::fs::File::open(path).map_err(io)?;
-        // SAFETY: the map is read-only; cachet never writes model files while
-        // they are loaded (a file changed under a live map is undefined, as
-        // with every mmap-based loader).
-        let map = unsafe { memmap2::Mmap::map(&file) }.map_err(io)?;
-        GgufFile::parse(Arc::new(map))
+        GgufFile::open_as(path, HostWeights::Mapped)
+    }
+
+    /// Parses `path`, its bytes held as `how` says.
+    pub fn open_as(path: &Path, how: HostWeights) -> Result<GgufFile, GgufError> {
+        let bytes = host_weights::open(path, how)
+            .map_err(|source| GgufError::Io { path: path.display().to_string(), source })?;
+        GgufFile::parse(bytes)
     }
 
     /// Parses GGUF bytes held by `bytes`.

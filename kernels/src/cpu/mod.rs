@@ -188,6 +188,10 @@ impl Backend for CpuBackend {
         Some(kb * 1024)
     }
 
+    fn reads_host_weights(&self) -> bool {
+        true
+    }
+
     fn scope<R: Send>(&self, f: impl FnOnce() -> R + Send) -> R {
         self.pool.install(f)
     }
