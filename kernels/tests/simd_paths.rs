@@ -11,10 +11,17 @@ use half::{bf16, f16};
 
 use cachet_kernels::testing::Lcg;
 
+/// Every kernel table this CPU runs: each level, and the AVX-512 level with the K formats'
+/// AVX2 kernels too (the per-CPU choice; `Kernels::variants`).
 fn levels() -> Vec<Kernels> {
-    let v: Vec<Kernels> = SimdLevel::ALL.iter().filter_map(|&l| Kernels::for_level(l)).collect();
-    println!("levels on this CPU: {:?}", v.iter().map(|d| d.level).collect::<Vec<_>>());
+    let v = Kernels::variants();
+    println!("levels on this CPU: {:?}", v.iter().map(|d| (d.level, d.k_level)).collect::<Vec<_>>());
     v
+}
+
+/// A two-thread backend for each of [`levels`].
+fn backends() -> Vec<(Kernels, CpuBackend)> {
+    levels().into_iter().map(|k| (k, CpuBackend::with_kernels(2, k).unwrap())).collect()
 }
 
 fn quantized(dtype: DType, x: &[f32]) -> Bytes {
@@ -70,7 +77,7 @@ fn every_simd_dot_matches_scalar() {
                     let x = rng.vec(n, 2.0);
                     let (a, b) = (dot(&scalar, dtype, &w, &x), dot(&d, dtype, &w, &x));
                     let k_format = matches!(dtype, DType::Q4_K | DType::Q5_K | DType::Q6_K);
-                    if k_format && d.level == SimdLevel::Avx2 {
+                    if k_format && d.k_level == SimdLevel::Avx2 {
                         assert_eq!(a.to_bits(), b.to_bits(), "{:?} {dtype} n={n}: {a} vs {b}", d.level);
                     }
                     let tol = 1e-5 * magnitude(dtype, &w, &x) + 1e-30;
@@ -111,8 +118,8 @@ fn matrix(cpu: &CpuBackend, dtype: DType, rows: usize, cols: usize, rng: &mut Lc
 #[test]
 fn matmul_rows_do_not_depend_on_the_batch() {
     let mut rng = Lcg(3);
-    for level in SimdLevel::ALL.into_iter().filter(|l| l.is_supported()) {
-        let cpu = CpuBackend::with_level(2, level).unwrap();
+    for (kernels, cpu) in backends() {
+        let level = (kernels.level, kernels.k_level);
         for (dtype, cols) in DType::ALL.into_iter().flat_map(|d| [(d, 512), (d, 544)]) {
             if cols % dtype.block_len() != 0 {
                 continue;
@@ -140,8 +147,8 @@ fn matmul_rows_do_not_depend_on_the_batch() {
 #[test]
 fn picked_matmuls_equal_their_own_calls() {
     let mut rng = Lcg(41);
-    for level in SimdLevel::ALL.into_iter().filter(|l| l.is_supported()) {
-        let cpu = CpuBackend::with_level(2, level).unwrap();
+    for (kernels, cpu) in backends() {
+        let level = (kernels.level, kernels.k_level);
         for dtype in DType::ALL {
             let (rows, cols) = (44, 512);
             let group = |rng: &mut Lcg| (0..5).map(|_| matrix(&cpu, dtype, rows, cols, rng)).collect::<Vec<_>>();
@@ -179,9 +186,8 @@ fn picked_matmuls_equal_their_own_calls() {
 fn k_format_matmul_equals_the_dot_product() {
     let mut rng = Lcg(11);
     let scalar = Kernels::scalar();
-    for level in SimdLevel::ALL.into_iter().filter(|l| l.is_supported()) {
-        let cpu = CpuBackend::with_level(2, level).unwrap();
-        let kernels = Kernels::for_level(level).unwrap();
+    for (kernels, cpu) in backends() {
+        let level = (kernels.level, kernels.k_level);
         for dtype in [DType::Q4_K, DType::Q5_K, DType::Q6_K] {
             for (rows, cols, t) in
                 [(203, 768, 70), (45, 2048, 9), (16, 256, 4), (203, 2048, 1), (7, 768, 2), (13, 512, 3)]
@@ -202,7 +208,7 @@ fn k_format_matmul_equals_the_dot_product() {
                         let got = y.data[ti * rows + r];
                         let want = dot(&kernels, dtype, &wr, xr);
                         assert_eq!(got.to_bits(), want.to_bits(), "{level:?} {dtype} {rows}x{cols} row {r} token {ti}");
-                        if level == SimdLevel::Avx2 {
+                        if kernels.k_level == SimdLevel::Avx2 {
                             let s = dot(&scalar, dtype, &wr, xr);
                             assert_eq!(got.to_bits(), s.to_bits(), "{dtype} {rows}x{cols} row {r} token {ti}: scalar");
                         }
@@ -262,8 +268,8 @@ fn attention_matches_naive() {
 #[test]
 fn attention_rows_do_not_depend_on_the_batch() {
     let mut rng = Lcg(29);
-    for level in SimdLevel::ALL.into_iter().filter(|l| l.is_supported()) {
-        let cpu = CpuBackend::with_level(2, level).unwrap();
+    for (kernels, cpu) in backends() {
+        let level = (kernels.level, kernels.k_level);
         for (hd, rep) in [(64, 7), (64, 1), (128, 2), (80, 2)] {
             let (kv_heads, heads) = (2, 2 * rep);
             let layout = KvLayout { layers: 1, slots: 512, kv_heads, head_dim: hd };

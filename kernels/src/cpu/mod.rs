@@ -60,6 +60,12 @@ impl CpuBackend {
     pub fn with_level(threads: usize, level: SimdLevel) -> Result<CpuBackend, BackendError> {
         let kernels = Kernels::for_level(level)
             .ok_or_else(|| BackendError::Unsupported(format!("this CPU cannot run {} kernels", level.name())))?;
+        CpuBackend::with_kernels(threads, kernels)
+    }
+
+    /// A backend running `kernels` (one of [`Kernels::variants`]).
+    pub fn with_kernels(threads: usize, kernels: Kernels) -> Result<CpuBackend, BackendError> {
+        let level = kernels.level;
         let threads = if threads == 0 { std::thread::available_parallelism().map_or(1, |n| n.get()) } else { threads };
         let pool = rayon::ThreadPoolBuilder::new()
             .num_threads(threads)
@@ -121,7 +127,12 @@ impl Backend for CpuBackend {
     type Kv = CpuKv;
 
     fn name(&self) -> String {
-        format!("cpu ({}, {} threads)", self.kernels.level.name(), self.threads())
+        let k = self.kernels;
+        if k.k_level == k.level {
+            format!("cpu ({}, {} threads)", k.level.name(), self.threads())
+        } else {
+            format!("cpu ({}, K formats {}, {} threads)", k.level.name(), k.k_level.name(), self.threads())
+        }
     }
 
     fn load(&self, t: HostTensor) -> Result<CpuMatrix, BackendError> {

@@ -172,10 +172,46 @@ impl SimdLevel {
     }
 }
 
+/// The level whose kernels the K formats (`Q4_K`, `Q5_K`, `Q6_K`: dot products and GEMMs
+/// together, so that one token and a tile of tokens still give the same bits) use at `level` on
+/// this CPU: a per-CPU choice at the AVX-512 level. On Intel cores 512-bit integer work issues on
+/// two ports (0 and 5, port 5 shared with every lane crossing) where 256-bit work has three, and
+/// the AVX2 K kernels (8-row GEMM, one-token rows 4 at a time) were 1.10–1.38× faster there
+/// inside the AVX-512 level (`docs/performance.md`, Emerald Rapids); on AMD's Zen 4/5 the AVX-512
+/// kernels are the faster ones. `CACHET_SIMD_K=avx2|avx512` overrides.
+pub fn k_formats_level(level: SimdLevel) -> SimdLevel {
+    if level != SimdLevel::Avx512 {
+        return level;
+    }
+    match std::env::var("CACHET_SIMD_K").ok().as_deref().map(str::trim) {
+        Some("avx2") => SimdLevel::Avx2,
+        Some("avx512") => SimdLevel::Avx512,
+        _ if cpu_vendor() == *b"GenuineIntel" => SimdLevel::Avx2,
+        _ => SimdLevel::Avx512,
+    }
+}
+
+/// The CPUID vendor string (`GenuineIntel`, `AuthenticAMD`, …); zeros off x86.
+pub fn cpu_vendor() -> [u8; 12] {
+    #[cfg(target_arch = "x86_64")]
+    {
+        let r = std::arch::x86_64::__cpuid(0);
+        let mut v = [0u8; 12];
+        v[..4].copy_from_slice(&r.ebx.to_le_bytes());
+        v[4..8].copy_from_slice(&r.edx.to_le_bytes());
+        v[8..].copy_from_slice(&r.ecx.to_le_bytes());
+        v
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    [0; 12]
+}
+
 /// The dot products of one SIMD level.
 #[derive(Clone, Copy, Debug)]
 pub struct Kernels {
     pub level: SimdLevel,
+    /// The level of the K formats' kernels (see [`k_formats_level`]).
+    pub k_level: SimdLevel,
     pub q4_0: fn(&[BlockQ4_0], &[BlockQ8A]) -> f32,
     pub q5_0: fn(&[BlockQ5_0], &[BlockQ8A]) -> f32,
     pub q8_0: fn(&[BlockQ8_0], &[BlockQ8A]) -> f32,
@@ -250,6 +286,7 @@ macro_rules! safe_table {
         }
         Kernels {
             level: $level,
+            k_level: $level,
             q4_0: safe::q4_0,
             q5_0: safe::q5_0,
             q8_0: safe::q8_0,
@@ -336,6 +373,7 @@ impl Kernels {
     pub fn scalar() -> Kernels {
         Kernels {
             level: SimdLevel::Scalar,
+            k_level: SimdLevel::Scalar,
             q4_0: scalar::q4_0,
             q5_0: scalar::q5_0,
             q8_0: scalar::q8_0,
@@ -359,9 +397,24 @@ impl Kernels {
         }
     }
 
-    /// The kernels of `level`, or `None` when this CPU cannot run them.
+    /// The kernels of `level` with this CPU's choice for the K formats ([`k_formats_level`]),
+    /// or `None` when this CPU cannot run them.
     pub fn for_level(level: SimdLevel) -> Option<Kernels> {
-        if !level.is_supported() {
+        Kernels::with_k_level(level, k_formats_level(level))
+    }
+
+    /// Every kernel table this CPU can run: each level, and the AVX-512 level with either
+    /// choice for the K formats (what the tests compare).
+    pub fn variants() -> Vec<Kernels> {
+        let mut v: Vec<Kernels> = SimdLevel::ALL.iter().filter_map(|&l| Kernels::with_k_level(l, l)).collect();
+        v.extend(Kernels::with_k_level(SimdLevel::Avx512, SimdLevel::Avx2));
+        v
+    }
+
+    /// The kernels of `level`, the K formats' from `k_level` (`level`, or AVX2 at the AVX-512
+    /// level); `None` when this CPU cannot run them or the pair is not one of those.
+    pub fn with_k_level(level: SimdLevel, k_level: SimdLevel) -> Option<Kernels> {
+        if !level.is_supported() || !(k_level == level || (level, k_level) == (SimdLevel::Avx512, SimdLevel::Avx2)) {
             return None;
         }
         match level {
@@ -381,22 +434,42 @@ impl Kernels {
                 ..safe_table!(SimdLevel::Avx2, avx2)
             }),
             #[cfg(target_arch = "x86_64")]
-            SimdLevel::Avx512 => Some(Kernels {
-                attend: attend_avx512,
-                tile: Some(tile_avx512),
-                silu_mul: silu_mul_avx512,
-                gemm_q4_0: Some(avx512::gemm_q4_0),
-                gemm_q5_0: Some(avx512::gemm_q5_0),
-                gemm_q8_0: Some(avx512::gemm_q8_0),
-                gemm_q4_k: Some(avx512::gemm_q4_k),
-                gemm_q5_k: Some(avx512::gemm_q5_k),
-                gemm_q6_k: Some(avx512::gemm_q6_k),
-                quant_q8a: quant_q8a_avx512,
-                quant_q8k: quant_q8k_avx512,
-                ..safe_table!(SimdLevel::Avx512, avx512)
-            }),
+            SimdLevel::Avx512 if k_level == SimdLevel::Avx2 => {
+                let k = Kernels::with_k_level(SimdLevel::Avx2, SimdLevel::Avx2)?;
+                Some(Kernels {
+                    k_level,
+                    q4_k: k.q4_k,
+                    q5_k: k.q5_k,
+                    q6_k: k.q6_k,
+                    gemm_q4_k: k.gemm_q4_k,
+                    gemm_q5_k: k.gemm_q5_k,
+                    gemm_q6_k: k.gemm_q6_k,
+                    ..Kernels::avx512()
+                })
+            }
+            #[cfg(target_arch = "x86_64")]
+            SimdLevel::Avx512 => Some(Kernels::avx512()),
             #[cfg(not(target_arch = "x86_64"))]
             _ => None,
+        }
+    }
+
+    /// The AVX-512 level's own kernels for every format (the CPU must have been checked).
+    #[cfg(target_arch = "x86_64")]
+    fn avx512() -> Kernels {
+        Kernels {
+            attend: attend_avx512,
+            tile: Some(tile_avx512),
+            silu_mul: silu_mul_avx512,
+            gemm_q4_0: Some(avx512::gemm_q4_0),
+            gemm_q5_0: Some(avx512::gemm_q5_0),
+            gemm_q8_0: Some(avx512::gemm_q8_0),
+            gemm_q4_k: Some(avx512::gemm_q4_k),
+            gemm_q5_k: Some(avx512::gemm_q5_k),
+            gemm_q6_k: Some(avx512::gemm_q6_k),
+            quant_q8a: quant_q8a_avx512,
+            quant_q8k: quant_q8k_avx512,
+            ..safe_table!(SimdLevel::Avx512, avx512)
         }
     }
 
