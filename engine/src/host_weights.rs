@@ -32,6 +32,14 @@ const SPARE: u64 = 1 << 30;
 const HUGE_PAGE: usize = 2 << 20;
 
 impl HostWeights {
+    /// How the weights are held, for logs and reports.
+    pub fn describe(self) -> &'static str {
+        match self {
+            HostWeights::Mapped => "memory-mapped",
+            HostWeights::HugePages => "copied into 2 MiB pages",
+        }
+    }
+
     /// The choice for `file_bytes` of weights on a backend that does (`reads_host`) or does not
     /// compute from host memory, `available` bytes of memory free, with the reason; an error for
     /// a bad `CACHET_WEIGHTS`.

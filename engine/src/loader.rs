@@ -58,10 +58,7 @@ fn host_weights<B: Backend>(b: &B, files: &[PathBuf]) -> Result<HostWeights, Loa
     }
     let (how, why) =
         HostWeights::choose(b.reads_host_weights(), bytes, b.memory_available()).map_err(LoadError::BadConfig)?;
-    match how {
-        HostWeights::HugePages => tracing::info!("weights: {} MiB copied into 2 MiB pages ({why})", bytes >> 20),
-        HostWeights::Mapped => tracing::info!("weights: {} MiB memory-mapped ({why})", bytes >> 20),
-    }
+    tracing::info!("weights: {} MiB {} ({why})", bytes >> 20, how.describe());
     Ok(how)
 }
 

@@ -4,7 +4,6 @@
 //! single-token decode steps for each of `--batch` sequences at once.
 
 use anyhow::Context;
-use cachet_engine::host_weights::HostWeights;
 use cachet_engine::kv_pool::{KvPool, PoolSize, SlotId};
 use cachet_engine::model::{ForwardScratch, LogitsFor, Model, SeqChunk};
 use cachet_engine::sampler::Rng;
@@ -327,11 +326,7 @@ fn speeds<B: Backend>(
                 "expert_bytes": bench.model.expert_bytes().map(|(all, read)| serde_json::json!({"all": all, "read": read}))})
         );
     } else {
-        let held = match loaded.host_weights {
-            HostWeights::HugePages => "copied into 2 MiB pages",
-            HostWeights::Mapped => "memory-mapped",
-        };
-        println!("model: {} · backend: {} · weights {held}", loaded.name, bench.b.name());
+        println!("model: {} · backend: {} · weights {}", loaded.name, bench.b.name(), loaded.host_weights.describe());
         println!(
             "memory: read {read_gbs:.1} GB/s, copy {copy_gbs:.1} GB/s · a decode step reads {:.1} MB of weights \
              (limit at read bandwidth: {:.1} steps/s)",

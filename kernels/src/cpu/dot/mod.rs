@@ -192,7 +192,7 @@ pub fn k_formats_level(level: SimdLevel) -> SimdLevel {
 }
 
 /// The CPUID vendor string (`GenuineIntel`, `AuthenticAMD`, …); zeros off x86.
-pub fn cpu_vendor() -> [u8; 12] {
+fn cpu_vendor() -> [u8; 12] {
     #[cfg(target_arch = "x86_64")]
     {
         let r = std::arch::x86_64::__cpuid(0);
