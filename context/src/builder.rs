@@ -10,11 +10,14 @@ use moka::sync::Cache;
 use crate::cap::shown_outline;
 use crate::context::{assemble, Block, SegmentKind};
 use crate::history::{history, ChangeCache, History};
+use crate::manifest;
 use crate::order::{block_ages, order_blocks, BlockAges};
 use crate::outline::{plain_fence_tag, Lang};
 use crate::rank::rank;
 use crate::refs::{DefinitionShown, References};
-use crate::render::{full_block, outline_block, outline_version, HEADER, HEADER_VERSION, MAX_OUTLINE_BYTES};
+use crate::render::{
+    full_block, manifest_block, outline_block, outline_version, text_version, HEADER, HEADER_VERSION, MAX_OUTLINE_BYTES,
+};
 use crate::rules::FileFilter;
 use crate::select::{select, Budget};
 use crate::snapshot::{blob_text, candidates, BlobCache, Candidate};
@@ -156,7 +159,7 @@ impl ContextBuilder {
         let share = if opts.full_file_share.is_finite() { opts.full_file_share.clamp(0.0, 1.0) } else { 0.0 };
         let budget = Budget { total, full: ((share * opts.budget_tokens as f64) as usize).min(total) };
         let mut cost = |c: &Candidate, kind| block_tokens(repo, c, kind, &refs, tokens);
-        let chosen = select(&ranked, budget, &mut cost)?;
+        let chosen = select(&ranked, &refs, budget, &mut cost)?;
         let blocks = chosen
             .into_iter()
             .map(|(i, kind)| render(repo, ranked[i], kind, &refs, tokens))
@@ -221,23 +224,40 @@ fn ranked(files: &[Candidate]) -> Vec<&Candidate> {
     order.into_iter().map(|i| &files[i]).collect()
 }
 
-/// The token count of one block of a file, reading the file only on a tokenization miss.
+/// The token count of one block of a file, reading the file only on a tokenization miss (and for
+/// manifests, whose block text depends on what they hold); `None`: the block would show nothing.
 fn block_tokens(
     repo: &Repository,
     c: &Candidate,
     kind: SegmentKind,
     refs: &References,
     tokens: &Tokens<'_>,
-) -> Result<usize, ContextError> {
-    if kind == SegmentKind::Outline {
-        return Ok(render(repo, c, kind, refs, tokens)?.tokens.len());
+) -> Result<Option<usize>, ContextError> {
+    if kind == SegmentKind::Outline || manifest::applies(&c.path) {
+        let block = render(repo, c, kind, refs, tokens)?;
+        return Ok((!block.text.is_empty()).then_some(block.tokens.len()));
     }
     let render_full = || Ok(full_block(&c.path, fence_tag(&c.path), &blob_text(repo, c.oid)?));
-    Ok(tokens.get(kind, &c.path, &c.blob.0, render_full)?.len())
+    Ok(Some(tokens.get(kind, &c.path, &c.blob.0, render_full)?.len()))
 }
 
 fn fence_tag(path: &str) -> &'static str {
     Lang::from_path(path).map_or_else(|| plain_fence_tag(path), Lang::fence_tag)
+}
+
+/// A full block's text and version: a manifest without its metadata and tool settings (versioned
+/// by its text; empty when nothing is left), any other file as it is (versioned by its blob).
+fn full_text(repo: &Repository, c: &Candidate, tag: &str) -> Result<(String, String), ContextError> {
+    let content = blob_text(repo, c.oid)?;
+    Ok(match manifest::summarize(&c.path, &content) {
+        Some(m) if m.text.trim().is_empty() => (String::new(), text_version("manifest:", "")),
+        Some(m) => {
+            let text = manifest_block(&c.path, tag, &m.left_out, &m.text);
+            let version = text_version("manifest:", &text);
+            (text, version)
+        }
+        None => (full_block(&c.path, tag, &content), c.blob.0.clone()),
+    })
 }
 
 /// Renders and tokenizes one block of a file. The file's text is read only when the block is not
@@ -258,7 +278,7 @@ fn render(
             let version = outline_version(&text);
             (text, version)
         }
-        _ => (full_block(&c.path, tag, &blob_text(repo, c.oid)?), c.blob.0.clone()),
+        _ => full_text(repo, c, tag)?,
     };
     let toks = tokens.get(kind, &c.path, &version, || Ok(text.clone()))?;
     Ok(Block {

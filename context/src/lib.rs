@@ -35,6 +35,7 @@ pub mod context;
 pub mod error;
 mod history;
 pub mod ids;
+mod manifest;
 pub mod options;
 mod order;
 pub mod outline;

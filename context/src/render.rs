@@ -26,11 +26,23 @@ pub(crate) fn full_block(path: &str, tag: &str, content: &str) -> String {
     fenced(path, "full", tag, content)
 }
 
+/// `### path (manifest; left out: …)` and the manifest's kept text in a fenced block
+/// ([`crate::manifest`]).
+pub(crate) fn manifest_block(path: &str, tag: &str, left_out: &[String], kept: &str) -> String {
+    fenced(path, &format!("manifest; left out: {}", left_out.join(", ")), tag, kept)
+}
+
 /// The version of an outline block: `outline:` + 16 hex digits of SHA-256 of its text.
 pub(crate) fn outline_version(block_text: &str) -> String {
+    text_version("outline:", block_text)
+}
+
+/// The version of a block whose text is a function of its file's content: `prefix` + 16 hex
+/// digits of SHA-256 of the block's text (equal texts share their cached tokens and K/V).
+pub(crate) fn text_version(prefix: &str, block_text: &str) -> String {
     let digest = Sha256::digest(block_text.as_bytes());
-    let mut v = String::with_capacity(24);
-    v.push_str("outline:");
+    let mut v = String::with_capacity(prefix.len() + 16);
+    v.push_str(prefix);
     for b in &digest[..8] {
         v.push_str(&format!("{b:02x}"));
     }

@@ -142,6 +142,8 @@ pub fn variants() -> Vec<(&'static str, StabilityModel)> {
         ("no decay (count)", StabilityModel { half_life: f64::INFINITY, ..d }),
         ("outline weight 0.5", StabilityModel { outline_weight: 0.5, ..d }),
         ("+ recency 1.0/10", StabilityModel { recency_weight: 1.0, recency_half_life: 10.0, ..d }),
+        ("body edits 0.1", StabilityModel { body_edit_weight: 0.1, ..d }),
+        ("body edits 0.15", StabilityModel { body_edit_weight: 0.15, ..d }),
         ("body edits 0.25", StabilityModel { body_edit_weight: 0.25, ..d }),
         ("body edits 0.5", StabilityModel { body_edit_weight: 0.5, ..d }),
         ("body edits 1", StabilityModel { body_edit_weight: 1.0, ..d }),

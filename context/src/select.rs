@@ -2,7 +2,8 @@
 //!
 //! Files are taken by (rank desc, path asc): first the full text of code files while they fit in
 //! the full-file share of the budget, then the outlines of the remaining code files while they fit
-//! the rest, then, while anything is left, the full text of plain-text files class by class
+//! the rest (a test file's outline only when it defines something another file uses — a helper, a
+//! fixture — not for its own test cases), then, while anything is left, the full text of plain-text files class by class
 //! ([`crate::usefulness`]: manifests, the README, other source, documentation; never metadata or
 //! tool configuration).
 //!
@@ -14,11 +15,14 @@
 
 use crate::context::SegmentKind;
 use crate::snapshot::Candidate;
-use crate::usefulness::{text_class, TextClass};
+use crate::usefulness::{is_test_path, text_class, TextClass};
 use crate::ContextError;
 
 /// Bytes per token above which a file is taken to be too large to tokenize for a room.
 const MAX_BYTES_PER_TOKEN: u64 = 32;
+
+/// The tokens of a file's block of a kind; `None` when that block would show nothing.
+pub(crate) type BlockCost<'a> = dyn FnMut(&Candidate, SegmentKind) -> Result<Option<usize>, ContextError> + 'a;
 
 /// The budget of one selection, in tokens, after the header.
 #[derive(Clone, Copy, Debug)]
@@ -33,8 +37,9 @@ pub(crate) struct Budget {
 /// (index into `ranked`, kind) in selection order.
 pub(crate) fn select(
     ranked: &[&Candidate],
+    refs: &crate::refs::References,
     budget: Budget,
-    cost: &mut dyn FnMut(&Candidate, SegmentKind) -> Result<usize, ContextError>,
+    cost: &mut BlockCost<'_>,
 ) -> Result<Vec<(usize, SegmentKind)>, ContextError> {
     let mut chosen = Vec::new();
     let mut taken = vec![false; ranked.len()];
@@ -44,6 +49,7 @@ pub(crate) fn select(
     })?;
     let outlines = phase(ranked, &mut taken, &mut chosen, SegmentKind::Outline, total - full_files, cost, |c| {
         !c.analysis().outline.is_empty()
+            && (!is_test_path(&c.path) || refs.used_definitions(c.analysis()).next().is_some())
     })?;
     let mut left = total - full_files - outlines;
     for class in [TextClass::Manifest, TextClass::Readme, TextClass::Source, TextClass::Docs] {
@@ -63,7 +69,7 @@ fn phase(
     chosen: &mut Vec<(usize, SegmentKind)>,
     kind: SegmentKind,
     room: usize,
-    cost: &mut dyn FnMut(&Candidate, SegmentKind) -> Result<usize, ContextError>,
+    cost: &mut BlockCost<'_>,
     eligible: impl Fn(&Candidate) -> bool,
 ) -> Result<usize, ContextError> {
     let mut used = 0;
@@ -74,7 +80,7 @@ fn phase(
         if taken[i] || !eligible(c) || (kind == SegmentKind::File && !may_fit(c, room)) {
             continue;
         }
-        let t = cost(c, kind)?;
+        let Some(t) = cost(c, kind)? else { continue };
         if t > room {
             continue;
         }

@@ -66,6 +66,10 @@ const METADATA_STEMS: [&str; 12] = [
 /// nearly every commit and tell an agent nothing the code does not.
 const CHANGE_LOG_STEMS: [&str; 4] = ["changelog", "changes", "news", "contributing"];
 
+/// File names (any case, any extension) of licence texts and pages, wherever they are
+/// (`docs/license.rst`): they tell an agent nothing it acts on.
+const LICENCE_STEMS: [&str; 3] = ["license", "licence", "copying"];
+
 /// Directories whose plain-text files are test fixtures or examples' and documentation's own
 /// build files, not the project's: a template a test renders, `docs/Makefile`,
 /// `examples/x/pyproject.toml`. (Code files there are still outlined like any other.)
@@ -79,6 +83,27 @@ const DOCS: [&str; 5] = ["md", "markdown", "rst", "txt", "adoc"];
 const CONFIG: [&str; 13] =
     ["toml", "yaml", "yml", "json", "ini", "cfg", "conf", "xml", "properties", "env", "lock", "csv", "in"];
 
+/// Directories of tests.
+const TEST_DIRS: [&str; 5] = ["test", "tests", "__tests__", "spec", "specs"];
+
+/// Whether `path` is a test file: under a test directory, or named as one (`test_x.py`,
+/// `x_test.go`, `x.test.ts`, `x.spec.js`, `conftest.py`).
+pub(crate) fn is_test_path(path: &str) -> bool {
+    let lower = path.to_ascii_lowercase();
+    let mut parts = lower.split('/').rev();
+    let name = parts.next().unwrap_or("");
+    if parts.any(|d| TEST_DIRS.contains(&d)) {
+        return true;
+    }
+    let stem = name.split('.').next().unwrap_or(name);
+    stem.starts_with("test_")
+        || stem.ends_with("_test")
+        || stem.ends_with("_tests")
+        || stem == "conftest"
+        || name.contains(".test.")
+        || name.contains(".spec.")
+}
+
 /// The class of a plain-text file at `path` of `size` bytes.
 pub(crate) fn text_class(path: &str, size: u64) -> TextClass {
     let name = path.rsplit('/').next().unwrap_or(path);
@@ -88,7 +113,7 @@ pub(crate) fn text_class(path: &str, size: u64) -> TextClass {
     let (stem, ext) = name.rsplit_once('.').unwrap_or((name, ""));
     let stem = stem.to_ascii_lowercase();
     let ext = ext.to_ascii_lowercase();
-    if CHANGE_LOG_STEMS.contains(&stem.as_str()) {
+    if CHANGE_LOG_STEMS.contains(&stem.as_str()) || LICENCE_STEMS.contains(&stem.as_str()) {
         return TextClass::Skip;
     }
     let dirs: Vec<String> = path.split('/').rev().skip(1).map(str::to_ascii_lowercase).collect();
@@ -121,6 +146,26 @@ mod tests {
     use super::*;
 
     #[test]
+    fn test_paths() {
+        for p in [
+            "tests/test_cli.py",
+            "test/browser.ts",
+            "src/a/__tests__/b.tsx",
+            "x_test.go",
+            "pkg/conftest.py",
+            "src/ky.test.ts",
+            "lib/a.spec.js",
+            "test_app.py",
+            "crates/core/tests/it.rs",
+        ] {
+            assert!(is_test_path(p), "{p}");
+        }
+        for p in ["src/flask/testing.py", "latest.py", "contest.py", "src/attest/mod.rs", "testdata_gen.go"] {
+            assert!(!is_test_path(p), "{p}");
+        }
+    }
+
+    #[test]
     fn classes() {
         let cases = [
             ("Cargo.toml", 900, TextClass::Manifest),
@@ -149,6 +194,8 @@ mod tests {
             ("tests/fixtures/data.json", 500, TextClass::Skip),
             ("docs/security.md", 500, TextClass::Docs),
             ("docs/changes.rst", 500, TextClass::Skip),
+            ("docs/license.rst", 500, TextClass::Skip),
+            ("third_party/LICENSE.txt", 500, TextClass::Skip),
             ("docs/contributing.rst", 500, TextClass::Skip),
             ("docs/Makefile", 500, TextClass::Skip),
             ("doc/usage.txt", 500, TextClass::Docs),

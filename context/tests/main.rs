@@ -5,5 +5,6 @@ mod context;
 mod outline;
 mod replay;
 mod rules;
+mod selection;
 mod stability;
 mod store;
