@@ -2,9 +2,10 @@
 //! drops a block.
 //!
 //! What counts as a block's change is a change of its *text*: a full file changes with every edit
-//! of the file, an outline only when the file's outline changes (an edit inside a function body
-//! leaves it as it was). Ordering by file edits instead would move an outline block at every body
-//! edit, and the move alone breaks the reusable prefix where the block used to be.
+//! of the file, a manifest only when what it shows changes, an outline only when the file's
+//! outline changes (an edit inside a function body leaves it as it was). Ordering by file edits
+//! instead would move an outline block at every body edit, and the move alone breaks the reusable
+//! prefix where the block used to be.
 
 use std::cmp::Ordering;
 use std::collections::HashMap;
@@ -14,10 +15,11 @@ use git2::Repository;
 use crate::cap::shown_outline;
 use crate::context::{Block, SegmentKind};
 use crate::history::{Event, History};
+use crate::manifest;
 use crate::outline::Lang;
 use crate::refs::References;
 use crate::render::MAX_OUTLINE_BYTES;
-use crate::snapshot::{cached_info, BlobCache};
+use crate::snapshot::{blob_text, cached_info, BlobCache};
 use crate::stability::StabilityModel;
 use crate::{ContextError, Order};
 
@@ -44,7 +46,12 @@ pub(crate) fn block_ages(
         let Some(path) = &b.path else { continue };
         let (mut ages, mut body) = (Vec::new(), Vec::new());
         for e in history.events(path) {
-            if b.kind != SegmentKind::Outline || outline_changed(repo, path, e, refs, blobs)? {
+            let changed = match b.kind {
+                SegmentKind::Outline => outline_changed(repo, path, e, refs, blobs)?,
+                _ if manifest::applies(path) => manifest_changed(repo, path, e),
+                _ => true,
+            };
+            if changed {
                 ages.push(e.age);
             } else {
                 body.push(e.age);
@@ -74,6 +81,23 @@ fn outline_changed(
         })
     };
     Ok(outline(old)? != outline(new)?)
+}
+
+/// Whether a change of the manifest at `path` changed what its block shows (the manifest without
+/// its metadata and tool settings, [`crate::manifest`]); an addition, a deletion or a version that
+/// cannot be read as text always does.
+fn manifest_changed(repo: &Repository, path: &str, e: &Event) -> bool {
+    let (Some(old), Some(new)) = (e.old, e.new) else { return true };
+    let shown = |oid| {
+        blob_text(repo, oid).ok().map(|text| match manifest::summarize(path, &text) {
+            Some(s) => (s.text, s.left_out),
+            None => (text, Vec::new()),
+        })
+    };
+    match (shown(old), shown(new)) {
+        (Some(a), Some(b)) => a != b,
+        _ => true,
+    }
 }
 
 /// Sorts `blocks` (the header excluded) for `order`. `ages` is needed for `Stability` and

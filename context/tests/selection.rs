@@ -3,7 +3,7 @@
 use crate::common;
 
 use cachet_context::testing::TestRepo;
-use cachet_context::{ContextBuilder, ContextOptions, Mirror, Order, RepoContext, SegmentKind};
+use cachet_context::{CommitId, ContextBuilder, ContextOptions, Mirror, Order, RepoContext, SegmentKind};
 use common::Words;
 
 fn build(files: &[(&str, Option<&str>)], full_file_share: f64) -> RepoContext {
@@ -76,4 +76,34 @@ fn test_files_are_outlined_only_for_what_others_use() {
     let outlines: Vec<&str> =
         ctx.segments.iter().filter(|s| s.kind == SegmentKind::Outline).filter_map(|s| s.path.as_deref()).collect();
     assert_eq!(outlines, ["src/client.ts", "test/helpers/server.ts"]);
+}
+
+/// The stability order counts a manifest's edits only when they change what its block shows: ten
+/// edits of its keywords leave it before a smaller file that never changed (larger stable blocks
+/// first), ten edits of its scripts put it after.
+#[test]
+fn manifest_edits_of_left_out_keys_do_not_move_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let repo = TestRepo::init(dir.path()).unwrap();
+    let package = |keyword: usize, script: usize| {
+        format!(
+            "{{\n  \"name\": \"demo\",\n  \"keywords\": [\"k{keyword}\"],\n  \"scripts\": {{\n    \"test\": \"ava --match t{script}\",\n    \"build\": \"tsc --project tsconfig.dist.json\"\n  }}\n}}\n"
+        )
+    };
+    let small = ("src/index.ts", Some("export const a = 1;\n"));
+    let mut head = repo.commit(&[small, ("package.json", Some(package(0, 0).as_str()))], "initial").unwrap();
+    let mirror = Mirror::open_path(repo.path()).unwrap();
+    let order = |at: &CommitId| -> Vec<String> {
+        let o = ContextOptions::default();
+        let ctx = ContextBuilder::new(100).build(&mirror, at, &o, &Words).unwrap();
+        ctx.segments.iter().filter_map(|s| s.path.clone()).collect()
+    };
+    for i in 1..=10 {
+        head = repo.commit(&[("package.json", Some(package(i, 0).as_str()))], "keywords").unwrap();
+    }
+    assert_eq!(order(&head), ["package.json", "src/index.ts"]);
+    for i in 1..=10 {
+        head = repo.commit(&[("package.json", Some(package(10, i).as_str()))], "scripts").unwrap();
+    }
+    assert_eq!(order(&head), ["src/index.ts", "package.json"]);
 }
