@@ -108,8 +108,11 @@ pub(crate) fn summarize(path: &str, content: &str) -> Option<Summary> {
             content,
             &[("package", &CARGO_PACKAGE), ("workspace.package", &CARGO_PACKAGE)],
             &["badges", "workspace.metadata"],
+            false,
         )?,
-        "pyproject.toml" => pyproject(content)?,
+        "pyproject.toml" => {
+            toml_manifest(content, &[("project", &PYPROJECT_PROJECT), ("tool.poetry", &PYPROJECT_PROJECT)], &[], true)?
+        }
         _ => return None,
     };
     (!summary.left_out.is_empty()).then_some(summary)
@@ -150,8 +153,9 @@ fn indent_of(content: &str) -> &str {
         .unwrap_or("  ")
 }
 
-/// Removes `keys` from each of the (dotted) `tables`, and the whole (dotted) `items`.
-fn toml_manifest(content: &str, tables: &[(&str, &[&str])], items: &[&str]) -> Option<Summary> {
+/// Removes `keys` from each of the (dotted) `tables`, the whole (dotted) `items`, and with
+/// `tools` every `[tool.*]` table but Poetry's (which holds the dependencies of Poetry projects).
+fn toml_manifest(content: &str, tables: &[(&str, &[&str])], items: &[&str], tools: bool) -> Option<Summary> {
     let mut doc: DocumentMut = content.parse().ok()?;
     let mut left_out = Vec::new();
     for (table, keys) in tables {
@@ -163,27 +167,20 @@ fn toml_manifest(content: &str, tables: &[(&str, &[&str])], items: &[&str]) -> O
         let (table, key) = item.rsplit_once('.').unwrap_or(("", item));
         remove(&mut doc, table, key, &mut left_out);
     }
+    if tools {
+        let names: Vec<String> = doc
+            .get("tool")
+            .and_then(Item::as_table_like)
+            .map(|t| t.iter().map(|(k, _)| k.to_string()).filter(|k| k != "poetry").collect())
+            .unwrap_or_default();
+        for name in &names {
+            remove(&mut doc, "tool", name, &mut left_out);
+        }
+        if doc.get("tool").and_then(Item::as_table_like).is_some_and(|t| t.is_empty()) {
+            doc.remove("tool");
+        }
+    }
     Some(Summary { text: doc.to_string(), left_out })
-}
-
-/// `pyproject.toml`: the project's metadata and every `[tool.*]` table but Poetry's (which holds
-/// the dependencies of Poetry projects; its metadata goes too).
-fn pyproject(content: &str) -> Option<Summary> {
-    let mut s = toml_manifest(content, &[("project", &PYPROJECT_PROJECT), ("tool.poetry", &PYPROJECT_PROJECT)], &[])?;
-    let mut doc: DocumentMut = s.text.parse().ok()?;
-    let tools: Vec<String> = doc
-        .get("tool")
-        .and_then(Item::as_table_like)
-        .map(|t| t.iter().map(|(k, _)| k.to_string()).filter(|k| k != "poetry").collect())
-        .unwrap_or_default();
-    for tool in &tools {
-        remove(&mut doc, "tool", tool, &mut s.left_out);
-    }
-    if doc.get("tool").and_then(Item::as_table_like).is_some_and(|t| t.is_empty()) {
-        doc.remove("tool");
-    }
-    s.text = doc.to_string();
-    Some(s)
 }
 
 /// Removes `key` from the table at the dotted path `table` (`""`: the document), noting it.

@@ -3,9 +3,9 @@
 //! Files are taken by (rank desc, path asc): first the full text of code files while they fit in
 //! the full-file share of the budget, then the outlines of the remaining code files while they fit
 //! the rest (a test file's outline only when it defines something another file uses — a helper, a
-//! fixture — not for its own test cases), then, while anything is left, the full text of plain-text files class by class
-//! ([`crate::usefulness`]: manifests, the README, other source, documentation; never metadata or
-//! tool configuration).
+//! fixture — not for its own test cases), then, while anything is left, the full text of
+//! plain-text files class by class ([`crate::usefulness`]: manifests, the README, other source,
+//! documentation; never metadata or tool configuration).
 //!
 //! Each phase stops at the first block that does not fit the room left (blocks larger than the
 //! phase's whole room are skipped). Skipping and trying smaller blocks instead would pack the
@@ -14,6 +14,7 @@
 //! the context with it (measured with `replay`: 7 of 43 context-changing pushes against 2 of 43).
 
 use crate::context::SegmentKind;
+use crate::refs::References;
 use crate::snapshot::Candidate;
 use crate::usefulness::{is_test_path, text_class, TextClass};
 use crate::ContextError;
@@ -37,7 +38,7 @@ pub(crate) struct Budget {
 /// (index into `ranked`, kind) in selection order.
 pub(crate) fn select(
     ranked: &[&Candidate],
-    refs: &crate::refs::References,
+    refs: &References,
     budget: Budget,
     cost: &mut BlockCost<'_>,
 ) -> Result<Vec<(usize, SegmentKind)>, ContextError> {
