@@ -5,7 +5,8 @@
 //! of the file, a manifest only when what it shows changes, an outline only when the file's
 //! outline changes (an edit inside a function body leaves it as it was). Ordering by file edits
 //! instead would move an outline block at every body edit, and the move alone breaks the reusable
-//! prefix where the block used to be.
+//! prefix where the block used to be; body edits weigh in only once the outline's text changed
+//! after them ([`StabilityModel::lazy_body_edits`]).
 
 use std::cmp::Ordering;
 use std::collections::HashMap;

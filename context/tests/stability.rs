@@ -3,7 +3,7 @@
 use crate::common;
 
 use cachet_context::testing::TestRepo;
-use cachet_context::{CommitId, ContextBuilder, ContextOptions, Mirror, Order, RepoContext};
+use cachet_context::{CommitId, ContextBuilder, ContextOptions, Mirror, Order, RepoContext, SegmentKind};
 use common::Words;
 
 fn module(name: &str, version: usize) -> String {
@@ -102,4 +102,40 @@ fn history_depth_limits_what_is_remembered() {
     let o = ContextOptions { history_depth: 500, ..o };
     let deep = paths(&ContextBuilder::new(100).build(&mirror, &head, &o, &Words).unwrap());
     assert_eq!((deep[4].as_str(), deep[5].as_str()), ("src/b_warm.rs", "src/a_hot.rs"), "{deep:?}");
+}
+
+fn typed_module(name: &str, ty: &str, version: usize) -> String {
+    format!("pub fn {name}_entry(x: {ty}) -> {ty} {{\n    x + {version}\n}}\n")
+}
+
+/// Two outlines of the same size whose signatures changed together; then `a_busy.rs` gets eight
+/// body-only edits. Those edits leave its outline, and so the context, as it was (they would move
+/// it behind `b_calm.rs` if counted at once); at the next signature change of both they count, and
+/// the busy file goes last.
+#[test]
+fn body_edits_move_an_outline_only_when_its_text_changes() {
+    let dir = tempfile::tempdir().unwrap();
+    let repo = TestRepo::init(dir.path()).unwrap();
+    let both = |ty: &str, v: usize| [typed_module("a_busy", ty, v), typed_module("b_calm", ty, v)];
+    let commit_both = |m: &[String; 2], msg: &str| {
+        repo.commit(&[("src/a_busy.rs", Some(m[0].as_str())), ("src/b_calm.rs", Some(m[1].as_str()))], msg).unwrap()
+    };
+    commit_both(&both("u32", 0), "initial");
+    let mut head = commit_both(&both("u64", 0), "signatures");
+    let mirror = Mirror::open_path(dir.path()).unwrap();
+    let builder = ContextBuilder::new(100);
+    let o = ContextOptions { budget_tokens: 10_000, full_file_share: 0.0, ..ContextOptions::default() };
+    let before = builder.build(&mirror, &head, &o, &Words).unwrap();
+    assert_eq!(paths(&before), ["src/a_busy.rs", "src/b_calm.rs"]);
+    for v in 1..=8 {
+        head = repo.commit(&[("src/a_busy.rs", Some(&typed_module("a_busy", "u64", v)))], "body").unwrap();
+    }
+    let busy = builder.build(&mirror, &head, &o, &Words).unwrap();
+    assert_eq!(busy.segments.iter().map(|s| s.kind).collect::<Vec<_>>()[1..], [SegmentKind::Outline; 2]);
+    let blocks = |c: &RepoContext| c.text[c.segments[0].text.end..].to_owned();
+    assert_eq!(blocks(&busy), blocks(&before), "a body-only edit changed or moved a block");
+
+    let head = commit_both(&both("i64", 9), "signatures again");
+    let after = builder.build(&mirror, &head, &o, &Words).unwrap();
+    assert_eq!(paths(&after), ["src/b_calm.rs", "src/a_busy.rs"]);
 }
