@@ -55,8 +55,8 @@ impl StabilityModel {
     /// real and synthetic histories (`docs/context.md`): faster decay, epochs, outline weights
     /// below 1 and a recency term all measured worse on the real history; without the size term
     /// the real history lost half its reusable prefix; body edits counted at once (each body-only
-    /// edit moving its block) lowered the reusable token prefix by 3–8 points, counted lazily they
-    /// raised the share before the first changed block without lowering it.
+    /// edit moving its block) lowered the mean reusable token prefix by 3–12 points, counted
+    /// lazily they raised the share before the first changed block without lowering it.
     pub const DEFAULT: StabilityModel = StabilityModel {
         half_life: 200.0,
         outline_weight: 1.0,
