@@ -14,9 +14,9 @@ use crate::context::SegmentKind;
 /// `lazy_body_edits`, only those before its last text change);
 /// ages count first-parent commits back from the context's commit, `kind_weight` is
 /// `outline_weight` for outline blocks and 1 for full files, and the recency term is 0 for a path
-/// that did not change in the window. With `size_aware`, the score is divided by the block's token
-/// count, so that among equally (un)stable blocks the larger ones come first (the expected reusable
-/// prefix is larger that way).
+/// that did not change in the window. With a `size_prior`, the score plus the prior is divided by
+/// the block's token count, so that among equally (un)stable blocks the larger ones come first
+/// (the expected reusable prefix is larger that way).
 #[derive(Clone, Copy, Debug, PartialEq, Serialize)]
 pub struct StabilityModel {
     /// Half-life of a change's weight, in commits (`f64::INFINITY`: plain change count).
@@ -31,7 +31,7 @@ pub struct StabilityModel {
     /// Prior added to every score before dividing by the block's tokens; `None` keeps scores as is.
     pub size_prior: Option<f64>,
     /// Keys from the history before the current epoch only, blocks changed in the epoch last
-    /// (see [`crate::history::history`]); `false`: keys from the whole history up to the commit.
+    /// (see `history::history`); `false`: keys from the whole history up to the commit.
     pub epochs: bool,
     /// Scores quantised into this many tiers per doubling, blocks of one tier by path: scores
     /// drift as commits age every change, and two unrelated blocks whose scores cross swap places
