@@ -93,33 +93,45 @@ pub(crate) struct Summary {
     pub left_out: Vec<String>,
 }
 
+/// The manifests [`summarize`] knows.
+#[derive(Clone, Copy)]
+enum Kind {
+    PackageJson,
+    Cargo,
+    Pyproject,
+}
+
+fn kind(path: &str) -> Option<Kind> {
+    match path.rsplit('/').next().unwrap_or(path) {
+        "package.json" => Some(Kind::PackageJson),
+        "Cargo.toml" => Some(Kind::Cargo),
+        "pyproject.toml" => Some(Kind::Pyproject),
+        _ => None,
+    }
+}
+
 /// Whether `path` is a manifest [`summarize`] may shorten (its block's text then depends on the
 /// file's content, not only on its blob id).
 pub(crate) fn applies(path: &str) -> bool {
-    matches!(file_name(path), "package.json" | "Cargo.toml" | "pyproject.toml")
+    kind(path).is_some()
 }
 
 /// The manifest at `path` without its metadata and tool settings; `None` when it is not such a
 /// manifest, does not parse, or has nothing to leave out.
 pub(crate) fn summarize(path: &str, content: &str) -> Option<Summary> {
-    let summary = match file_name(path) {
-        "package.json" => package_json(content)?,
-        "Cargo.toml" => toml_manifest(
+    let summary = match kind(path)? {
+        Kind::PackageJson => package_json(content)?,
+        Kind::Cargo => toml_manifest(
             content,
             &[("package", &CARGO_PACKAGE), ("workspace.package", &CARGO_PACKAGE)],
             &["badges", "workspace.metadata"],
             false,
         )?,
-        "pyproject.toml" => {
+        Kind::Pyproject => {
             toml_manifest(content, &[("project", &PYPROJECT_PROJECT), ("tool.poetry", &PYPROJECT_PROJECT)], &[], true)?
         }
-        _ => return None,
     };
     (!summary.left_out.is_empty()).then_some(summary)
-}
-
-fn file_name(path: &str) -> &str {
-    path.rsplit('/').next().unwrap_or(path)
 }
 
 fn package_json(content: &str) -> Option<Summary> {
