@@ -207,6 +207,9 @@ pub struct ServerSettings {
     pub data_dir: PathBuf,
     /// Largest request body accepted (bytes); bigger bodies get 413.
     pub max_body_bytes: usize,
+    /// Seconds a request's body has to arrive whole after its head (a slower one gets 408 and
+    /// its connection is closed); the head itself has 5.
+    pub body_timeout_secs: u64,
     /// Seconds in-flight requests get to finish at shutdown.
     pub shutdown_timeout_secs: u64,
     /// HTTP worker threads (the engine has its own).
@@ -385,6 +388,7 @@ impl Default for ServerSettings {
             bind: "127.0.0.1:8080".into(),
             data_dir: default_data_dir(),
             max_body_bytes: 4 << 20,
+            body_timeout_secs: 15,
             shutdown_timeout_secs: 30,
             workers: 2,
             metrics_bind: String::new(),

@@ -84,6 +84,8 @@ impl Repos {
         let allowed_root = Some(settings.allowed_root.clone()).filter(|p| !p.as_os_str().is_empty());
         let policy = SourcePolicy {
             allowed_root,
+            // The ledger spool, secrets, the private cluster, the KV tier: never a source.
+            private_dirs: vec![data_dir.to_path_buf()],
             allow_remote: settings.allow_remote,
             allowed_hosts: settings.allowed_hosts.clone(),
             allow_private_hosts: settings.allow_private_hosts,

@@ -43,6 +43,9 @@ pub enum ApiError {
     /// The request body is too large (413).
     #[error("the request body is larger than {0} bytes")]
     PayloadTooLarge(usize),
+    /// The request body did not arrive within this many seconds of its head (408).
+    #[error("the request body did not arrive within {0} s")]
+    RequestTimeout(u64),
     /// The tenant's plan limits (429).
     #[error("{message}")]
     RateLimited { message: String, retry_after: Duration },
@@ -80,6 +83,7 @@ impl ApiError {
                 ("invalid_request_error", "context_length_exceeded")
             }
             ApiError::PayloadTooLarge(_) => ("invalid_request_error", "payload_too_large"),
+            ApiError::RequestTimeout(_) => ("invalid_request_error", "request_timeout"),
             ApiError::RateLimited { .. } => ("rate_limit_error", "rate_limit_exceeded"),
             ApiError::Overloaded { .. } => ("rate_limit_error", "overloaded"),
             ApiError::NotReady(_) => ("service_unavailable", "not_ready"),
@@ -100,6 +104,7 @@ impl ResponseError for ApiError {
             ApiError::ContextTooLong { .. } | ApiError::PromptTooLarge { .. } | ApiError::PayloadTooLarge(_) => {
                 StatusCode::PAYLOAD_TOO_LARGE
             }
+            ApiError::RequestTimeout(_) => StatusCode::REQUEST_TIMEOUT,
             ApiError::RateLimited { .. } | ApiError::Overloaded { .. } => StatusCode::TOO_MANY_REQUESTS,
             ApiError::NotReady(_) => StatusCode::SERVICE_UNAVAILABLE,
             ApiError::Internal(_) => StatusCode::INTERNAL_SERVER_ERROR,

@@ -27,6 +27,7 @@
 //! ```
 
 pub mod auth;
+mod body_deadline;
 pub mod cli;
 pub mod config;
 pub mod context;

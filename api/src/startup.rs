@@ -259,8 +259,10 @@ impl Application {
         let app_state = state.clone();
         // Names the replica that answered (behind a consistent-hash proxy: deploy/k8s/proxy.yaml).
         let replica = state.replica.to_string();
+        let body_timeout = std::time::Duration::from_secs(settings.server.body_timeout_secs.max(1));
         let server = HttpServer::new(move || {
             App::new()
+                .wrap_fn(move |req, srv| crate::body_deadline::call(req, srv, body_timeout))
                 .wrap(actix_web::middleware::DefaultHeaders::new().add(("x-cachet-replica", replica.clone())))
                 .wrap(tracing_actix_web::TracingLogger::<crate::telemetry::RequestSpan>::new())
                 .app_data(app_state.clone())
@@ -284,6 +286,10 @@ impl Application {
         };
         let server = server
             .workers(settings.server.workers.max(1))
+            // A client that goes away ends its request: the handler's future is dropped, and with
+            // it the engine request (a non-streaming answer would otherwise run to its end for
+            // nobody). HTTP clients do not half-close a connection to wait for an answer.
+            .h1_allow_half_closed(false)
             .shutdown_timeout(settings.server.shutdown_timeout_secs)
             .run();
         Ok(Application { port, server, state, db, ledger_task, sweeper, fanout, prefixes, announce })

@@ -66,7 +66,12 @@ impl RootSpanBuilder for RequestSpan {
                     .get::<Started>()
                     .map_or(0.0, |s| s.0.elapsed().as_secs_f64() * 1000.0);
                 let status = response.status().as_u16();
-                if response.status().is_server_error() {
+                // Probes poll: a 503 from `/readyz` while the model loads is the answer working,
+                // not a fault (an engine that died is logged as an error where it is seen).
+                let probe = matches!(response.request().path(), "/healthz" | "/readyz");
+                if probe {
+                    tracing::debug!(status, ms = format_args!("{ms:.1}"), "request");
+                } else if response.status().is_server_error() {
                     tracing::warn!(status, ms = format_args!("{ms:.1}"), "request");
                 } else {
                     tracing::info!(status, ms = format_args!("{ms:.1}"), "request");

@@ -15,7 +15,13 @@ fn fixture(allow_remote: bool) -> Fixture {
     let dir = tempfile::tempdir().unwrap();
     let root = dir.path().join("repos");
     std::fs::create_dir_all(&root).unwrap();
-    let policy = SourcePolicy { allowed_root: Some(root.clone()), allow_remote, ..SourcePolicy::default() };
+    std::fs::create_dir_all(dir.path().join("data")).unwrap();
+    let policy = SourcePolicy {
+        allowed_root: Some(root.clone()),
+        allow_remote,
+        private_dirs: vec![dir.path().join("data")],
+        ..SourcePolicy::default()
+    };
     let store = RepoStore::new(dir.path().join("mirrors"), policy).unwrap();
     Fixture { root: root.canonicalize().unwrap(), store, _dir: dir }
 }
@@ -28,7 +34,7 @@ fn is_bad_source(r: Result<Source, ContextError>) -> bool {
 fn validate_accepts_local_paths_inside_the_root_and_file_urls() {
     let f = fixture(false);
     let repo = f.root.join("app");
-    std::fs::create_dir_all(&repo).unwrap();
+    TestRepo::init(&repo).unwrap();
     assert_eq!(f.store.validate(repo.to_str().unwrap()).unwrap(), Source::Local(repo.clone()));
     let url = format!("file://{}", repo.display());
     assert_eq!(f.store.validate(&url).unwrap(), Source::Local(repo.clone()));
@@ -40,9 +46,10 @@ fn validate_accepts_local_paths_inside_the_root_and_file_urls() {
 #[test]
 fn validate_refuses_escapes_and_odd_sources() {
     let f = fixture(false);
-    std::fs::create_dir_all(f.root.join("app")).unwrap();
+    TestRepo::init(f.root.join("app")).unwrap();
+    std::fs::create_dir_all(f.root.join("not-a-repo")).unwrap();
     let outside = f.root.parent().unwrap().join("outside");
-    std::fs::create_dir_all(&outside).unwrap();
+    TestRepo::init(&outside).unwrap();
     std::os::unix::fs::symlink(&outside, f.root.join("link")).unwrap();
     let mirrors = f.store.mirrors_dir().to_path_buf();
     let cases = [
@@ -54,6 +61,7 @@ fn validate_refuses_escapes_and_odd_sources() {
         "/etc".to_string(),
         "relative/path".to_string(),
         format!("{}/missing", f.root.display()),
+        format!("{}/not-a-repo", f.root.display()),
         "ext::sh -c touch% /tmp/pwned".to_string(),
         "fd::17".to_string(),
         "-uhelp".to_string(),
@@ -132,11 +140,13 @@ fn create_mirror_from_a_path_and_a_file_url() {
 #[test]
 fn a_failed_first_fetch_leaves_no_mirror() {
     let f = fixture(false);
-    let not_a_repo = f.root.join("empty");
-    std::fs::create_dir_all(&not_a_repo).unwrap();
-    let source = f.store.validate(not_a_repo.to_str().unwrap()).unwrap();
+    let (repo, _) = grown_repo(&f.root);
+    let source = f.store.validate(repo.path().to_str().unwrap()).unwrap();
+    // A repository whose objects are gone: the fetch fails.
+    std::fs::remove_dir_all(repo.path().join(".git/objects")).unwrap();
+    std::fs::create_dir_all(repo.path().join(".git/objects")).unwrap();
     let err = f.store.create_mirror("empty", &source).unwrap_err();
-    assert!(matches!(err, ContextError::Fetch(_)), "{err:?}");
+    assert!(matches!(err, ContextError::Fetch(_) | ContextError::Git(_)), "{err:?}");
     assert!(matches!(f.store.mirror("empty"), Err(ContextError::NotFound(_))));
 }
 
@@ -304,4 +314,126 @@ fn shared_types_are_send_and_sync() {
     check::<RepoStore>();
     check::<Mirror>();
     check::<cachet_context::ContextBuilder>();
+}
+
+/// The victim: another tenant's mirror, holding a secret.
+fn secret_mirror(f: &Fixture) -> (std::path::PathBuf, CommitId) {
+    let victim = TestRepo::init(f.root.join("victim")).unwrap();
+    let secret = victim.commit(&[("secret.txt", Some("TOP SECRET\n"))], "secret").unwrap();
+    let source = f.store.validate(victim.path().to_str().unwrap()).unwrap();
+    let mirror = f.store.create_mirror("victim", &source).unwrap();
+    std::fs::remove_dir_all(victim.path()).unwrap();
+    (mirror.path().canonicalize().unwrap(), secret)
+}
+
+/// A refusal's words with the path it names taken out.
+fn refusal(f: &Fixture, path: &str) -> String {
+    let shown = path.strip_prefix("file://").unwrap_or(path);
+    match f.store.validate(path) {
+        Err(ContextError::BadSource(m)) => m.replace(shown, "<path>"),
+        other => panic!("{path}: not refused: {other:?}"),
+    }
+}
+
+#[test]
+fn local_sources_whose_git_data_leaves_the_root_are_refused_with_one_message() {
+    let f = fixture(false);
+    let (mirror, secret) = secret_mirror(&f);
+    let write = |p: std::path::PathBuf, text: String| {
+        std::fs::create_dir_all(p.parent().unwrap()).unwrap();
+        std::fs::write(p, text).unwrap();
+    };
+    let stolen_ref = |repo: &TestRepo| write(repo.path().join(".git/refs/heads/stolen"), format!("{}\n", secret.0));
+    let mut attacks = Vec::new();
+
+    // A `.git` file naming the mirror, and a `.git` symlink to it.
+    write(f.root.join("gitdir-file/.git"), format!("gitdir: {}\n", mirror.display()));
+    attacks.push(f.root.join("gitdir-file"));
+    std::fs::create_dir_all(f.root.join("symlinked")).unwrap();
+    std::os::unix::fs::symlink(&mirror, f.root.join("symlinked/.git")).unwrap();
+    attacks.push(f.root.join("symlinked"));
+    // A worktree whose common directory is the mirror.
+    let wt_git = f.root.join("wt-git");
+    write(wt_git.join("HEAD"), "ref: refs/heads/main\n".into());
+    write(wt_git.join("commondir"), format!("{}\n", mirror.display()));
+    write(wt_git.join("gitdir"), format!("{}/worktree/.git\n", f.root.display()));
+    write(f.root.join("worktree/.git"), format!("gitdir: {}\n", wt_git.display()));
+    attacks.push(f.root.join("worktree"));
+    // Alternates: absolute, relative, and through another repository under the root.
+    let absolute = TestRepo::init(f.root.join("alternates")).unwrap();
+    absolute.commit(&[("a", Some("a"))], "a").unwrap();
+    write(absolute.path().join(".git/objects/info/alternates"), format!("{}/objects\n", mirror.display()));
+    stolen_ref(&absolute);
+    attacks.push(absolute.path().to_path_buf());
+    let relative = TestRepo::init(f.root.join("relative")).unwrap();
+    let up = relative.path().join(".git/objects").canonicalize().unwrap();
+    let hops = up.components().count() - 1;
+    let back = format!("{}{}/objects\n", "../".repeat(hops), mirror.strip_prefix("/").unwrap().display());
+    write(relative.path().join(".git/objects/info/alternates"), back);
+    attacks.push(relative.path().to_path_buf());
+    let chained = TestRepo::init(f.root.join("chained")).unwrap();
+    write(chained.path().join(".git/objects/info/alternates"), format!("{}/.git/objects\n", absolute.path().display()));
+    attacks.push(chained.path().to_path_buf());
+    // A symlinked object store, and one symlinked pack file.
+    let linked = TestRepo::init(f.root.join("objects-link")).unwrap();
+    std::fs::remove_dir_all(linked.path().join(".git/objects")).unwrap();
+    std::os::unix::fs::symlink(mirror.join("objects"), linked.path().join(".git/objects")).unwrap();
+    stolen_ref(&linked);
+    attacks.push(linked.path().to_path_buf());
+    let one_pack = TestRepo::init(f.root.join("pack-link")).unwrap();
+    let pack = std::fs::read_dir(mirror.join("objects/pack")).unwrap().next().unwrap().unwrap().path();
+    let name = pack.file_name().unwrap();
+    std::os::unix::fs::symlink(&pack, one_pack.path().join(".git/objects/pack").join(name)).unwrap();
+    attacks.push(one_pack.path().to_path_buf());
+    // The mirror itself, under a symlink inside the root.
+    std::os::unix::fs::symlink(&mirror, f.root.join("mirror-link")).unwrap();
+    attacks.push(f.root.join("mirror-link"));
+
+    let words = refusal(&f, "/no/such/path");
+    for attack in &attacks {
+        let path = attack.display().to_string();
+        assert_eq!(refusal(&f, &path), words, "{path}");
+        assert_eq!(refusal(&f, &format!("file://{path}")), words, "file:// {path}");
+    }
+    // Whether a path outside the root exists is not told.
+    let outside = f.root.parent().unwrap().join("exists-outside");
+    TestRepo::init(&outside).unwrap();
+    assert_eq!(refusal(&f, &outside.display().to_string()), words);
+    assert_eq!(refusal(&f, "/etc"), words);
+    assert_eq!(refusal(&f, &format!("{}/missing", f.root.display())), words);
+}
+
+#[test]
+fn a_source_changed_after_its_registration_is_checked_again_before_each_fetch() {
+    let f = fixture(false);
+    let (mirror, _) = secret_mirror(&f);
+    let (repo, _) = grown_repo(&f.root);
+    let source = f.store.validate(repo.path().to_str().unwrap()).unwrap();
+    let swap = || {
+        std::fs::remove_dir_all(repo.path().join(".git")).unwrap();
+        std::fs::write(repo.path().join(".git"), format!("gitdir: {}\n", mirror.display())).unwrap();
+    };
+    let m = f.store.create_mirror("app", &source).unwrap();
+    swap();
+    assert!(matches!(m.fetch(), Err(ContextError::BadSource(_))));
+    assert!(matches!(f.store.create_mirror("app-2", &source), Err(ContextError::BadSource(_))));
+    assert!(matches!(f.store.mirror("app-2"), Err(ContextError::NotFound(_))));
+}
+
+#[test]
+fn worktrees_and_alternates_inside_the_root_are_sources() {
+    let f = fixture(false);
+    let (repo, commits) = grown_repo(&f.root);
+    // A linked worktree (its `.git` is a file; the common directory is the main repository's).
+    let git = git2::Repository::open(repo.path()).unwrap();
+    git.worktree("wt", &f.root.join("wt"), None).unwrap();
+    let wt = f.store.validate(f.root.join("wt").to_str().unwrap()).unwrap();
+    assert_eq!(f.store.create_mirror("wt", &wt).unwrap().branch_head("main").unwrap(), commits[1]);
+    // A repository borrowing its objects from another under the root (`git clone --shared`).
+    let shared = TestRepo::init(f.root.join("shared")).unwrap();
+    let objects = repo.path().join(".git/objects").canonicalize().unwrap();
+    std::fs::write(shared.path().join(".git/objects/info/alternates"), format!("{}\n", objects.display())).unwrap();
+    std::fs::write(shared.path().join(".git/refs/heads/main"), format!("{}\n", commits[0].0)).unwrap();
+    let source = f.store.validate(shared.path().to_str().unwrap()).unwrap();
+    assert_eq!(f.store.create_mirror("shared", &source).unwrap().branch_head("main").unwrap(), commits[0]);
 }

@@ -88,6 +88,10 @@ pub struct Grammar {
     /// Tokens the model has that the tokenizer does not (always masked).
     vocab: usize,
     eos: Arc<[u32]>,
+    /// Takes the grammar out of its model's cache (its lexer is shared by every copy: one
+    /// that failed — out of llguidance's limits — fails for every later request too, and must
+    /// not be kept with what it built).
+    evict: Arc<dyn Fn() + Send + Sync>,
 }
 
 impl std::fmt::Debug for Grammar {
@@ -119,7 +123,12 @@ impl Grammar {
     /// A fresh matcher state for one sequence. Copies share the grammar's lazily
     /// built lexer, so requests with the same grammar warm it up for each other.
     pub(crate) fn start(&self) -> Constraint {
-        Constraint { matcher: (*self.start).clone(), vocab: self.vocab, eos: self.eos.clone() }
+        Constraint {
+            matcher: (*self.start).clone(),
+            vocab: self.vocab,
+            eos: self.eos.clone(),
+            evict: self.evict.clone(),
+        }
     }
 }
 
@@ -128,6 +137,7 @@ pub(crate) struct Constraint {
     matcher: Matcher,
     vocab: usize,
     eos: Arc<[u32]>,
+    evict: Arc<dyn Fn() + Send + Sync>,
 }
 
 impl std::fmt::Debug for Constraint {
@@ -146,8 +156,14 @@ impl Constraint {
             Ok(Err(e)) if e.to_string().starts_with("NoExtensionBias") => {
                 Err("the grammar allows no token here".into())
             }
-            Ok(Err(e)) => Err(first_line(&e.to_string())),
-            Err(_) => Err("the grammar engine failed".into()),
+            Ok(Err(e)) => {
+                (self.evict)();
+                Err(first_line(&e.to_string()))
+            }
+            Err(_) => {
+                (self.evict)();
+                Err("the grammar engine failed".into())
+            }
         }
     }
 
@@ -178,8 +194,14 @@ impl Constraint {
         let m = &mut self.matcher;
         match std::panic::catch_unwind(AssertUnwindSafe(|| m.consume_token(token))) {
             Ok(Ok(())) => Ok(()),
-            Ok(Err(e)) => Err(e.to_string()),
-            Err(_) => Err("the grammar engine failed".into()),
+            Ok(Err(e)) => {
+                (self.evict)();
+                Err(first_line(&e.to_string()))
+            }
+            Err(_) => {
+                (self.evict)();
+                Err("the grammar engine failed".into())
+            }
         }
     }
 
@@ -204,7 +226,7 @@ pub struct Grammars {
     vocab: usize,
     eos: Arc<[u32]>,
     factory: OnceLock<Result<ParserFactory, GrammarError>>,
-    cache: moka::sync::Cache<GrammarSource, Grammar>,
+    cache: Arc<moka::sync::Cache<GrammarSource, Cached>>,
     compiled: std::sync::atomic::AtomicU64,
     hits: std::sync::atomic::AtomicU64,
 }
@@ -215,11 +237,74 @@ impl std::fmt::Debug for Grammars {
     }
 }
 
-/// Compiled grammars kept: weighed by their text plus a flat 128 KiB for what
-/// compiling and using them builds (lexer states grow as requests use them), so
-/// at most 512 grammars, fewer when they are large.
+/// A compiled grammar in the cache, with what it weighs.
+#[derive(Clone)]
+struct Cached {
+    grammar: Grammar,
+    weight: u32,
+}
+
+/// Compiled grammars kept: each weighed by its text, what its lexer held after its first mask
+/// (measured), and a flat 128 KiB for what using it builds (lexer states grow as requests use
+/// them, up to [`MAX_LEXER_STATES`]), so at most 512 grammars, fewer when they are large.
 const CACHE_WEIGHT: u64 = 64 << 20;
 const ENTRY_WEIGHT: u32 = 128 << 10;
+
+fn weight(text: usize, lexer: usize) -> u32 {
+    u32::try_from(text.saturating_add(lexer)).unwrap_or(u32::MAX).saturating_add(ENTRY_WEIGHT)
+}
+
+/// The longest a grammar's first mask may take (it builds most of its lexer); over it the
+/// grammar is refused. A cold compile of a large tool set takes tens of milliseconds.
+const FIRST_MASK_BUDGET: Duration = Duration::from_secs(2);
+
+/// The most lexer states a grammar may build (llguidance's default is 250,000, at 1-2 kB a
+/// state): one tenant's grammar must not hold hundreds of megabytes.
+const MAX_LEXER_STATES: usize = 50_000;
+
+/// Computes `parser`'s first mask, cancelled past `budget`; the bytes its lexer then holds.
+fn first_mask(parser: &mut llguidance::TokenParser, budget: Duration) -> Result<usize, GrammarError> {
+    let cancel = parser.enable_cancellation();
+    let (done, wait) = std::sync::mpsc::channel::<()>();
+    let watchdog = std::thread::Builder::new()
+        .name("cachet-grammar-budget".into())
+        .spawn(move || {
+            if let Err(std::sync::mpsc::RecvTimeoutError::Timeout) = wait.recv_timeout(budget) {
+                cancel.cancel();
+            }
+        })
+        .map_err(|e| GrammarError::Invalid(format!("the grammar could not be checked: {e}")))?;
+    let result = std::panic::catch_unwind(AssertUnwindSafe(|| {
+        parser.start_without_prompt();
+        // A grammar that allows only the empty output is stopped already: nothing to build.
+        if parser.stopped() {
+            return Ok(());
+        }
+        parser.compute_mask().map(drop)
+    }));
+    let _ = done.send(());
+    let cancelled = parser.cancellation_handle().is_some_and(|c| c.is_cancelled());
+    let _ = watchdog.join();
+    if cancelled {
+        return Err(GrammarError::Invalid(format!(
+            "the grammar takes longer than {} s to prepare; simplify it",
+            budget.as_secs()
+        )));
+    }
+    match result {
+        Ok(Ok(())) => {}
+        Ok(Err(e)) => return Err(GrammarError::Invalid(first_line(&e.to_string()))),
+        Err(_) => return Err(GrammarError::Invalid("the grammar engine failed on this grammar".into())),
+    }
+    if let Some(e) = parser.error_message() {
+        return Err(GrammarError::Invalid(first_line(&e)));
+    }
+    // A lexer that ran out of llguidance's budget may still give a (partial) first mask.
+    if let Some(e) = parser.parser.get_error() {
+        return Err(GrammarError::Invalid(first_line(&e.message())));
+    }
+    Ok(parser.parser.lexer_stats().num_bytes)
+}
 
 impl Grammars {
     /// The grammars of a model with `tokenizer` and `vocab` logits per token.
@@ -230,10 +315,12 @@ impl Grammars {
             vocab,
             eos,
             factory: OnceLock::new(),
-            cache: moka::sync::Cache::builder()
-                .max_capacity(CACHE_WEIGHT)
-                .weigher(|k: &GrammarSource, _| (k.len() as u32).saturating_add(ENTRY_WEIGHT))
-                .build(),
+            cache: Arc::new(
+                moka::sync::Cache::builder()
+                    .max_capacity(CACHE_WEIGHT)
+                    .weigher(|_: &GrammarSource, c: &Cached| c.weight)
+                    .build(),
+            ),
             compiled: Default::default(),
             hits: Default::default(),
         }
@@ -250,10 +337,10 @@ impl Grammars {
         if source.len() > MAX_GRAMMAR_BYTES {
             return Err(GrammarError::TooLarge { len: source.len(), limit: MAX_GRAMMAR_BYTES });
         }
-        if let Some(g) = self.cache.get(source) {
+        if let Some(c) = self.cache.get(source) {
             self.hits.fetch_add(1, Relaxed);
             metrics::counter!("cachet:grammar_cache_hits_total").increment(1);
-            return Ok(g);
+            return Ok(c.grammar);
         }
         let start = Instant::now();
         let factory = self.factory()?;
@@ -262,19 +349,30 @@ impl Grammars {
             let grammar = TopLevelGrammar::from_tagged_str(tag, text)?;
             factory.create_parser(grammar)
         }));
-        let parser = match built {
+        let mut parser = match built {
             Ok(Ok(parser)) => parser,
             Ok(Err(e)) => return Err(GrammarError::Invalid(first_line(&e.to_string()))),
             Err(_) => return Err(GrammarError::Invalid("the grammar engine failed on this grammar".into())),
         };
+        // The first mask, here (on the caller's thread, never the engine's) and within a time
+        // budget: much of a grammar's lexer is built lazily, at its first mask, and a grammar
+        // that cannot be built within llguidance's limits or the budget fails now, before it is
+        // cached or reaches the engine.
+        let held = first_mask(&mut parser, FIRST_MASK_BUDGET)?;
         let matcher = Matcher::new(Ok(parser));
         if let Some(e) = matcher.get_error() {
             return Err(GrammarError::Invalid(first_line(&e)));
         }
-        let grammar = Grammar { start: Arc::new(matcher), vocab: self.vocab, eos: self.eos.clone() };
+        let (cache, key) = (Arc::downgrade(&self.cache), source.clone());
+        let evict: Arc<dyn Fn() + Send + Sync> = Arc::new(move || {
+            if let Some(cache) = cache.upgrade() {
+                cache.invalidate(&key);
+            }
+        });
+        let grammar = Grammar { start: Arc::new(matcher), vocab: self.vocab, eos: self.eos.clone(), evict };
         self.compiled.fetch_add(1, Relaxed);
         metrics::histogram!("cachet:grammar_compile_seconds").record(start.elapsed().as_secs_f64());
-        self.cache.insert(source.clone(), grammar.clone());
+        self.cache.insert(source.clone(), Cached { grammar: grammar.clone(), weight: weight(source.len(), held) });
         Ok(grammar)
     }
 
@@ -357,6 +455,9 @@ fn build_factory(tokenizer: &Arc<Tokenizer>, eos: &[u32]) -> Result<ParserFactor
     let env: TokEnv = Arc::new(TokenizerView { trie, tokenizer: tokenizer.clone() });
     let mut factory = ParserFactory::new_simple(&env).map_err(|e| unsupported(e.to_string()))?;
     factory.quiet();
+    // Errors in one line, without the parser's state and grammar (they reach the client).
+    factory.limits_mut().verbose_errors = false;
+    factory.limits_mut().max_lexer_states = MAX_LEXER_STATES;
     Ok(factory)
 }
 

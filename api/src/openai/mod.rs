@@ -89,6 +89,9 @@ pub(crate) async fn encode(engine: &cachet_engine::runtime::EngineHandle, text: 
 
 /// The most stop sequences a request may give (Continue's autocomplete sends 16).
 const MAX_STOPS: usize = 32;
+/// The most bytes they may hold together: each is matched against the held-back text on the
+/// engine thread at every token.
+const MAX_STOP_BYTES: usize = 8 << 10;
 
 /// Checks the sampling fields (OpenAI's ranges) and builds the engine's.
 pub(crate) fn params(s: &Sampling, prompt_tokens: usize, served: &Served) -> Result<GenerateParams, ApiError> {
@@ -125,6 +128,11 @@ pub(crate) fn params(s: &Sampling, prompt_tokens: usize, served: &Served) -> Res
     }
     let stop = s.stop.clone().map(types::Stop::into_vec).unwrap_or_default();
     check(stop.len() <= MAX_STOPS, "stop", "at most 32 stop sequences")?;
+    check(
+        stop.iter().map(String::len).sum::<usize>() <= MAX_STOP_BYTES,
+        "stop",
+        "the stop sequences may hold at most 8192 bytes together",
+    )?;
     // A stop spelled as a special token is that token (specials never reach the text).
     let tokenizer = engine.tokenizer();
     let (stop_token_ids, stop): (Vec<_>, Vec<_>) =

@@ -102,7 +102,8 @@ impl Mirror {
     ///
     /// A mirror of the [`crate::RepoStore`] first checks a remote origin's host against the
     /// store's policy ([`ContextError::BadSource`] when refused: nothing is connected to), and
-    /// follows no redirect to another host. A failure of the remote itself is
+    /// follows no redirect to another host; a local origin must still be a repository whose git
+    /// data lies under the allowed root (see [`crate::RepoStore::validate`]). A failure of the remote itself is
     /// [`ContextError::Fetch`], whose message (libgit2's, naming what answered and how) is for
     /// the operator's log, not for the tenant.
     pub fn fetch(&self) -> Result<(), ContextError> {
@@ -117,6 +118,9 @@ impl Mirror {
             let url = remote.url().unwrap_or_default().to_string();
             if net::remote_endpoint(&url).is_some() {
                 net::check_remote(&url, policy)?;
+            } else {
+                // A local source is checked again: its directory may have changed since.
+                super::source::local_source(Path::new(&url), policy)?;
             }
             opts.follow_redirects(git2::RemoteRedirect::None);
             // Time and size limits, checked as the pack arrives (libgit2's own server timeout,

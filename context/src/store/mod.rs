@@ -1,5 +1,6 @@
 //! The repository store: one bare mirror per registered repository, read at exact commits.
 
+mod local;
 mod mirror;
 mod net;
 mod paths;

@@ -18,7 +18,6 @@ pub struct RepoStore {
 #[derive(Debug)]
 struct Inner {
     mirrors_dir: PathBuf,
-    allowed_root: Option<PathBuf>,
     /// Checked before every fetch of a remote mirror (see `net`).
     policy: Arc<SourcePolicy>,
 }
@@ -40,8 +39,17 @@ impl RepoStore {
             })?),
             None => None,
         };
-        let policy = Arc::new(SourcePolicy { allowed_root: allowed_root.clone(), ..policy });
-        let inner = Inner { mirrors_dir, allowed_root, policy };
+        // The server's own directories, canonical; one that holds the root keeps only the
+        // mirrors out (the root's part of it is the operator's to share).
+        let mut private_dirs = vec![mirrors_dir.clone()];
+        for dir in &policy.private_dirs {
+            let Ok(dir) = dir.canonicalize() else { continue };
+            if !allowed_root.as_ref().is_some_and(|root| root.starts_with(&dir)) && !private_dirs.contains(&dir) {
+                private_dirs.push(dir);
+            }
+        }
+        let policy = Arc::new(SourcePolicy { allowed_root, private_dirs, ..policy });
+        let inner = Inner { mirrors_dir, policy };
         Ok(RepoStore { inner: Arc::new(inner) })
     }
 
@@ -52,17 +60,18 @@ impl RepoStore {
 
     /// Checks a registration source against the policy without touching git.
     ///
-    /// Accepts a local path or `file://` URL whose canonical path is inside `allowed_root` (refused
-    /// if no root is configured, if it escapes through `..` or symlinks, or if it is inside the
-    /// mirrors directory), and `https://`, `http://`, `ssh://`, `git://` and scp-like `user@host:path`
+    /// Accepts a local path or `file://` URL naming a git repository whose canonical path and git
+    /// data (git directory, common directory, alternates, symlinks inside them) are inside
+    /// `allowed_root` and outside the mirrors and the policy's private directories (refused, with
+    /// one message whatever the reason, if no root is configured, if anything escapes through
+    /// `..`, symlinks or `gitdir:` files, or if it is not a repository), and `https://`, `http://`, `ssh://`, `git://` and scp-like `user@host:path`
     /// URLs when remote sources are allowed. Anything else (`ext::`, `fd::`, empty strings, strings
     /// starting with `-`, control characters, other schemes) is [`ContextError::BadSource`].
     ///
     /// This check is syntactic; where a remote URL's host leads (its allowed list, the addresses
     /// it resolves to) is checked before every fetch, when it matters.
     pub fn validate(&self, url: &str) -> Result<Source, ContextError> {
-        let i = &self.inner;
-        validate_source(url, i.allowed_root.as_deref(), &i.mirrors_dir, i.policy.allow_remote)
+        validate_source(url, &self.inner.policy)
     }
 
     /// Creates the bare mirror of repository `id` (`[A-Za-z0-9_-]{1,64}`, else `BadSource`) and

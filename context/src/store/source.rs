@@ -3,14 +3,19 @@
 
 use std::path::{Path, PathBuf};
 
+use super::local::Confinement;
 use crate::ContextError;
 
 /// What a deployment allows as repository sources.
 #[derive(Clone, Debug, Default)]
 pub struct SourcePolicy {
-    /// Local repositories must lie inside this directory (after resolving `..` and symlinks). `None`
-    /// refuses every local source.
+    /// Local repositories must lie inside this directory (after resolving `..` and symlinks), and
+    /// so must their git data (see `local`). `None` refuses every local source.
     pub allowed_root: Option<PathBuf>,
+    /// The server's own directories (its data directory): no local source, nor its git data, may
+    /// lie in one, unless the allowed root itself is inside it (then only the root's part is
+    /// reachable). The mirrors directory always counts.
+    pub private_dirs: Vec<PathBuf>,
     /// Accept remote URLs (`https://`, `http://`, `ssh://`, `git://`, scp-like `user@host:path`).
     pub allow_remote: bool,
     /// Hosts remote URLs may name: exact names, or `*.example.com` for any name below it. Empty:
@@ -47,13 +52,10 @@ impl Source {
 
 const REMOTE_SCHEMES: [&str; 4] = ["https", "http", "ssh", "git"];
 
-/// The checks of [`crate::RepoStore::validate`]; `root` and `mirrors` are canonical.
-pub(crate) fn validate_source(
-    url: &str,
-    root: Option<&Path>,
-    mirrors: &Path,
-    allow_remote: bool,
-) -> Result<Source, ContextError> {
+/// The checks of [`crate::RepoStore::validate`]; the policy's root and private directories are
+/// canonical, and no private directory contains the root.
+pub(crate) fn validate_source(url: &str, policy: &SourcePolicy) -> Result<Source, ContextError> {
+    let allow_remote = policy.allow_remote;
     let bad = |m: &str| Err(ContextError::BadSource(m.to_string()));
     if url.trim().is_empty() {
         return bad("empty repository source");
@@ -76,7 +78,7 @@ pub(crate) fn validate_source(
     if let Some((scheme, rest)) = url.split_once("://") {
         let scheme = scheme.to_ascii_lowercase();
         if scheme == "file" {
-            return local_source(&file_url_path(rest)?, root, mirrors);
+            return local_source(&file_url_path(rest)?, policy);
         }
         if !REMOTE_SCHEMES.contains(&scheme.as_str()) {
             return Err(ContextError::BadSource(format!(
@@ -88,7 +90,7 @@ pub(crate) fn validate_source(
     if is_scp_like(url) {
         return remote_source(url, allow_remote, true);
     }
-    local_source(Path::new(url), root, mirrors)
+    local_source(Path::new(url), policy)
 }
 
 /// `ext::cmd`, `fd::…` and other `<transport>::<address>` forms.
@@ -160,26 +162,23 @@ fn percent_decode(s: &str) -> Option<String> {
     String::from_utf8(out).ok()
 }
 
-fn local_source(path: &Path, root: Option<&Path>, mirrors: &Path) -> Result<Source, ContextError> {
-    let Some(root) = root else {
+/// A local repository: absolute, and a git repository all of whose data lies under the root and
+/// outside the server's own directories (`local`). Every refusal past the syntactic checks says
+/// the same words: which paths exist on the host is none of a tenant's business.
+pub(crate) fn local_source(path: &Path, policy: &SourcePolicy) -> Result<Source, ContextError> {
+    let Some(root) = policy.allowed_root.as_deref() else {
         return Err(ContextError::BadSource("local repositories are not allowed on this server".into()));
     };
     if !path.is_absolute() {
         return Err(ContextError::BadSource("a local repository must be given as an absolute path".into()));
     }
-    let canonical = path
-        .canonicalize()
-        .map_err(|_| ContextError::BadSource(format!("local path {} does not exist", path.display())))?;
-    if !canonical.starts_with(root) {
-        return Err(ContextError::BadSource(format!("local path {} is outside the allowed root", path.display())));
-    }
-    if canonical.starts_with(mirrors) {
-        return Err(ContextError::BadSource("local path is inside the server's mirror directory".into()));
-    }
-    if !canonical.is_dir() {
-        return Err(ContextError::BadSource(format!("local path {} is not a directory", path.display())));
-    }
-    Ok(Source::Local(canonical))
+    let confinement = Confinement { root, private: &policy.private_dirs };
+    confinement.check(path).map(Source::Local).ok_or_else(|| {
+        ContextError::BadSource(format!(
+            "local path {} is not a git repository under the allowed root whose git data stays there",
+            path.display()
+        ))
+    })
 }
 
 #[cfg(test)]

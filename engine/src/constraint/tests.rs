@@ -140,3 +140,37 @@ fn masks_cover_the_models_padding_rows_and_keep_special_tokens_out_of_text() {
     let a = tok.encode("a", false).unwrap()[0] as usize;
     assert_eq!(logits[a], 1.0, "allowed logits are left as they were");
 }
+
+#[test]
+fn a_grammar_whose_lexer_cannot_be_built_fails_at_compile_and_is_not_kept() {
+    let g = grammars();
+    for i in 0..2 {
+        let bad = GrammarSource::Regex(format!("(a{{1000}}){{1000}}z{i}"));
+        let err = g.compile(&bad).unwrap_err();
+        assert!(matches!(err, GrammarError::Invalid(_)), "{err:?}");
+        assert!(!err.to_string().contains('\n'), "one line: {err}");
+        assert!(!g.is_cached(&bad));
+    }
+    assert_eq!(g.stats().compiled, 0);
+    // A grammar that allows only the empty output is fine.
+    let empty = GrammarSource::Regex(String::new());
+    let grammar = g.compile(&empty).unwrap();
+    assert_eq!(grammar.check(&[]), Ok(true));
+}
+
+#[test]
+fn a_grammar_that_fails_while_in_use_leaves_the_cache() {
+    let g = grammars();
+    let source = GrammarSource::Regex("(yes|no)".into());
+    let grammar = g.compile(&source).unwrap();
+    assert!(g.is_cached(&source));
+    let mut c = grammar.start();
+    // A token the grammar does not allow, fed anyway: the matcher fails, and the grammar is
+    // no longer kept (its shared state may be what failed).
+    let z = tokenizer().encode("z", false).unwrap()[0];
+    assert!(c.commit(z).is_err());
+    assert!(!g.is_cached(&source));
+    // It compiles again when asked.
+    g.compile(&source).unwrap();
+    assert!(g.is_cached(&source));
+}

@@ -148,4 +148,9 @@ async fn not_ready_is_503() {
         .unwrap();
     let e = error(r, 503).await;
     assert!(e["message"].as_str().unwrap().contains("/nonexistent/model.gguf"), "{e}");
+    // A probe's 503 is the probe working, not a fault: not a warning in the operator's log.
+    let logs = logs();
+    let warned = |path: &str| logs.lines().any(|l| l.contains(" WARN ") && l.contains(&format!("path={path} ")));
+    assert!(warned("/v1/chat/completions"), "other 5xx answers are warnings:\n{logs}");
+    assert!(!warned("/readyz"), "a /readyz 503 is logged below WARN");
 }

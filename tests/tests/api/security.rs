@@ -588,3 +588,174 @@ async fn another_tenants_identical_long_prompt_is_cold_and_only_the_public_prefi
     // What the attacker can time: a cold prompt, not the victim's cache hit.
     assert!(probe > 2.0 * warm, "probe {probe:.1} ms vs the victim's warm turn {warm:.1} ms");
 }
+
+// ---- Second hardening round (issue "Hardening, second round") ----
+
+/// The words of a refused registration with the path it named taken out.
+async fn refused_registration(app: &TestApp, token: &str, path: &str) -> String {
+    let r = app.post(token, "/v1/repos", json!({ "url": path })).await;
+    let e = error(r, 400).await;
+    e["message"].as_str().unwrap().replace(path, "<path>")
+}
+
+#[tokio::test]
+async fn another_tenants_mirror_cannot_be_read_through_a_git_file_a_symlink_or_alternates() {
+    let app = spawn_app().await;
+    let (_, victim) = app.tenant("victim").await;
+    let (_, attacker) = app.tenant("attacker").await;
+    let secret = app.register(&victim, app.source_repo("secret", &[("secret.txt", Some("TOP SECRET\n"))])).await;
+    let mirror = app.state.settings.server.data_dir.join("mirrors").join(format!("{}.git", secret.id.replace('-', "")));
+    assert!(mirror.is_dir(), "{}", mirror.display());
+    let sources = app.sources();
+    // A `.git` file naming the mirror (as a worktree or submodule writes one).
+    std::fs::create_dir_all(sources.join("gitdir")).unwrap();
+    std::fs::write(sources.join("gitdir/.git"), format!("gitdir: {}\n", mirror.display())).unwrap();
+    // A `.git` symlink to it.
+    std::fs::create_dir_all(sources.join("symlink")).unwrap();
+    std::os::unix::fs::symlink(&mirror, sources.join("symlink/.git")).unwrap();
+    // A repository of its own that borrows the mirror's objects, with a branch at the secret.
+    let borrow = app.source_repo("borrow", &[("a.txt", Some("a\n"))]);
+    std::fs::write(borrow.path().join(".git/objects/info/alternates"), format!("{}/objects\n", mirror.display()))
+        .unwrap();
+    std::fs::write(borrow.path().join(".git/refs/heads/main"), format!("{}\n", secret.head)).unwrap();
+
+    let words = refused_registration(&app, &attacker, "/no/such/repository").await;
+    for path in [sources.join("gitdir"), sources.join("symlink"), borrow.path().to_path_buf()] {
+        let path = path.display().to_string();
+        assert_eq!(refused_registration(&app, &attacker, &path).await, words, "{path}");
+    }
+    // Nothing was registered, and the victim's repository is the victim's alone.
+    let listed: Value = app.get(&attacker, "/v1/repos").await.json().await.unwrap();
+    assert!(listed["data"].as_array().unwrap().is_empty(), "{listed}");
+}
+
+#[tokio::test]
+async fn a_refused_local_path_does_not_tell_whether_it_exists() {
+    let app = spawn_app().await;
+    let (_, token) = app.tenant("prober").await;
+    let words = refused_registration(&app, &token, "/no/such/path").await;
+    for path in ["/etc", "/root", "/proc/self", "/no/such/path/either", "/tmp"] {
+        assert_eq!(refused_registration(&app, &token, path).await, words, "{path}");
+    }
+    let inside_missing = app.sources().join("missing").display().to_string();
+    assert_eq!(refused_registration(&app, &token, &inside_missing).await, words);
+}
+
+#[tokio::test]
+async fn stop_strings_are_capped_by_their_bytes() {
+    let app = spawn_app().await;
+    let (_, token) = app.tenant("stops").await;
+    let mut body = app.chat_body("hi", 2);
+    body["stop"] = json!(vec!["x".repeat(300); 32]);
+    let e = error(app.chat(&token, body.clone()).await, 400).await;
+    assert_eq!(e["param"], "stop", "{e}");
+    assert!(e["message"].as_str().unwrap().contains("8192 bytes"), "{e}");
+    body["stop"] = json!(vec!["x".repeat(256); 32]);
+    assert_eq!(app.chat(&token, body).await.status(), 200, "32 stops of 256 bytes are fine");
+}
+
+/// Sends `head` and then `drip` every `gap`, until the server answers or closes; what it
+/// answered (empty if nothing) and how long after the head.
+async fn trickle(
+    address: &str,
+    head: String,
+    drip: &'static [u8],
+    gap: std::time::Duration,
+) -> (String, std::time::Duration) {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let host = address.trim_start_matches("http://");
+    let mut socket = tokio::net::TcpStream::connect(host).await.unwrap();
+    socket.write_all(head.as_bytes()).await.unwrap();
+    let start = std::time::Instant::now();
+    let mut answer = Vec::new();
+    let mut buf = [0u8; 4096];
+    loop {
+        tokio::select! {
+            n = socket.read(&mut buf) => match n {
+                Ok(0) | Err(_) => break,
+                Ok(n) => answer.extend_from_slice(&buf[..n]),
+            },
+            () = tokio::time::sleep(gap) => {
+                if socket.write_all(drip).await.is_err() {
+                    // The server closed its side; read what it said.
+                    let _ = socket.read_to_end(&mut answer).await;
+                    break;
+                }
+            }
+        }
+        assert!(
+            start.elapsed() < std::time::Duration::from_secs(30),
+            "the trickle was never cut off; the server said {:?}",
+            String::from_utf8_lossy(&answer)
+        );
+    }
+    (String::from_utf8_lossy(&answer).into_owned(), start.elapsed())
+}
+
+#[tokio::test]
+async fn a_body_that_trickles_in_is_cut_off_and_its_connection_closed() {
+    let app = spawn_with(|s| s.server.body_timeout_secs = 2).await;
+    let (_, token) = app.tenant("slow").await;
+    let gap = std::time::Duration::from_millis(250);
+    let webhook = format!(
+        "POST /v1/webhooks/git/{} HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: 900000\r\n\r\n{{",
+        Uuid::new_v4()
+    );
+    let chat = format!(
+        "POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {token}\r\n\
+         Content-Type: application/json\r\nTransfer-Encoding: chunked\r\n\r\n1\r\n{{\r\n"
+    );
+    let (a, b) =
+        tokio::join!(trickle(&app.address, webhook, b" ", gap), trickle(&app.address, chat, b"1\r\n \r\n", gap));
+    for (answer, took) in [a, b] {
+        assert!(answer.starts_with("HTTP/1.1 408"), "{answer}");
+        assert!(answer.contains("request_timeout"), "{answer}");
+        assert!(took < std::time::Duration::from_secs(10), "cut off after {took:?}");
+    }
+    // A body that comes in time is served as ever.
+    assert_eq!(app.chat(&token, app.chat_body("hi", 1)).await.status(), 200);
+}
+
+#[tokio::test]
+async fn a_non_streaming_request_whose_client_goes_away_stops_generating() {
+    use tokio::io::AsyncWriteExt;
+    let app = spawn_app().await;
+    let (tenant, token) = app.tenant("gone").await;
+    let mut body = app.chat_body("Write a very long story.", 4000);
+    body["ignore_eos"] = json!(true);
+    let body = body.to_string();
+    let head = format!(
+        "POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {token}\r\n\
+         Content-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
+        body.len()
+    );
+    let host = app.address.trim_start_matches("http://").to_string();
+    let mut socket = tokio::net::TcpStream::connect(&host).await.unwrap();
+    socket.write_all(head.as_bytes()).await.unwrap();
+    // Until the engine is generating for it.
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+    loop {
+        let rows = app.ledger(tenant).await;
+        if rows.first().is_some_and(|r| r.output_tokens > 0) {
+            break;
+        }
+        assert!(std::time::Instant::now() < deadline, "the request never started");
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    }
+    drop(socket);
+    let gone = std::time::Instant::now();
+    let row = loop {
+        let rows = app.ledger(tenant).await;
+        if let Some(r) = rows.first().filter(|r| r.status != RequestStatus::Running) {
+            break r.clone();
+        }
+        assert!(gone.elapsed() < std::time::Duration::from_secs(30), "still generating after the client left");
+        tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+    };
+    let stopped = gone.elapsed();
+    eprintln!("stopped {stopped:?} after the client left, at {} output tokens", row.output_tokens);
+    assert_eq!(row.status, RequestStatus::Cancelled);
+    assert!(row.output_tokens > 0 && row.output_tokens < 4000, "billed what was generated: {}", row.output_tokens);
+    assert!(row.cost > 0.0, "and billed");
+    assert!(stopped < std::time::Duration::from_secs(5), "stopped {stopped:?} after the client left");
+}

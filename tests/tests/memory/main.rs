@@ -25,6 +25,7 @@ fn reset_peak() {
 
 #[tokio::test]
 async fn a_named_file_over_the_limit_is_never_read() {
+    let _one = SERIAL.lock().await;
     let app = spawn_app().await;
     let (_, token) = app.tenant("acme").await;
     // 64 MiB of text (a few KiB in git, compressed): reading it would inflate all of it.
@@ -48,6 +49,7 @@ async fn a_named_file_over_the_limit_is_never_read() {
 
 #[tokio::test]
 async fn distinct_end_users_leave_nothing_behind() {
+    let _one = SERIAL.lock().await;
     // 1,000 requests, each from a different end user named by 2 MB of `user`: the engine's
     // scope table once kept every one of them for good.
     let app = spawn_with(|s| s.server.max_body_bytes = 4 << 20).await;
@@ -88,4 +90,45 @@ async fn distinct_end_users_leave_nothing_behind() {
     let grew = end.saturating_sub(start);
     eprintln!("resident memory: {} MiB before, {} MiB after", start >> 20, end >> 20);
     assert!(grew < 50 << 20, "resident memory grew by {} MiB after the requests finished", grew >> 20);
+}
+
+/// The tests of this binary one at a time: each measures the process's memory.
+static SERIAL: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+
+#[tokio::test]
+async fn failing_grammars_leave_nothing_behind() {
+    let _one = SERIAL.lock().await;
+    // Regular expressions whose lexer hits llguidance's limits only once it is built (at the
+    // first mask) with a real vocabulary's long tokens: each one once stayed in the grammar
+    // cache with its half-built lexer, ~200 MiB each with the default model. Its tokenizer
+    // (the vocabulary is what matters, not the weights).
+    let Some(path) = cachet_engine::testing::default_model() else { return };
+    let file = cachet_engine::gguf::GgufFile::open(&path).unwrap();
+    let spec = cachet_engine::tokenizer::GgufTokenizerSpec::from_gguf_file(&file).unwrap();
+    let tokenizer = std::sync::Arc::new(cachet_engine::tokenizer::Tokenizer::from_gguf(spec).unwrap());
+    let vocab = tokenizer.vocab_size();
+    let grammars = std::sync::Arc::new(cachet_engine::constraint::Grammars::new(tokenizer, vocab));
+    let compile = |i: usize| {
+        let g = grammars.clone();
+        tokio::task::spawn_blocking(move || {
+            let source = cachet_engine::constraint::GrammarSource::Regex(format!("(a{{1000}}){{1000}}z{i}"));
+            let r = g.compile(&source).map(drop);
+            (r, g.is_cached(&source))
+        })
+    };
+    // What any grammar needs first (the tokenizer's view for llguidance), and one failure.
+    grammars.warm_up().unwrap();
+    let (r, cached) = compile(0).await.unwrap();
+    let message = r.expect_err("the lexer cannot be built within llguidance's limits").to_string();
+    assert!(!message.contains('\n'), "a grammar error is one line: {message}");
+    assert!(!cached, "a grammar that failed is not kept");
+    let (start, _) = rss();
+    for i in 1..=6 {
+        let (r, cached) = compile(i).await.unwrap();
+        assert!(r.is_err() && !cached, "grammar {i}: {r:?}");
+    }
+    let (end, _) = rss();
+    let grew = end.saturating_sub(start);
+    eprintln!("resident memory: {} MiB before six failing grammars, {} MiB after", start >> 20, end >> 20);
+    assert!(grew < 50 << 20, "six failing grammars left {} MiB behind", grew >> 20);
 }
