@@ -262,6 +262,55 @@ const FIRST_MASK_BUDGET: Duration = Duration::from_secs(2);
 /// state): one tenant's grammar must not hold hundreds of megabytes.
 const MAX_LEXER_STATES: usize = 50_000;
 
+/// Runs `work` (compiling grammars) on the grammar threads, at a low scheduling priority: a
+/// tenant's costly grammar (up to the first-mask budget of CPU time, more with several at once)
+/// takes CPU time the engine and the HTTP workers do not need, never theirs. `None` if the work
+/// panicked.
+pub fn in_background<T: Send + 'static>(
+    work: impl FnOnce() -> T + Send + 'static,
+) -> impl std::future::Future<Output = Option<T>> {
+    static POOL: OnceLock<Option<rayon::ThreadPool>> = OnceLock::new();
+    let pool = POOL.get_or_init(|| {
+        let threads = std::thread::available_parallelism().map_or(2, |n| (n.get() / 2).max(2));
+        rayon::ThreadPoolBuilder::new()
+            .num_threads(threads)
+            .thread_name(|i| format!("cachet-grammar-{i}"))
+            .start_handler(|_| lower_priority())
+            .build()
+            .ok()
+    });
+    let (tx, rx) = tokio::sync::oneshot::channel();
+    let job = move || {
+        let out = std::panic::catch_unwind(AssertUnwindSafe(work)).ok();
+        let _ = tx.send(out);
+    };
+    match pool {
+        Some(pool) => pool.spawn(job),
+        None => job(),
+    }
+    async move { rx.await.ok().flatten() }
+}
+
+/// Lowers the calling thread's scheduling priority (Linux: `nice` is per thread).
+fn lower_priority() {
+    #[cfg(target_os = "linux")]
+    // SAFETY: setpriority on the calling thread (who = 0) changes nothing but its priority.
+    unsafe {
+        libc::setpriority(libc::PRIO_PROCESS, 0, 10);
+    }
+}
+
+/// Gives memory a failed grammar freed back to the system: a lexer that ran out of llguidance's
+/// limits built up to hundreds of megabytes in the allocator arena of the thread that compiled
+/// it, and glibc keeps what is freed in its arenas (each blocking thread may have its own).
+fn release_freed_memory() {
+    #[cfg(all(target_os = "linux", target_env = "gnu"))]
+    // SAFETY: malloc_trim only hands the allocator's free memory back to the system.
+    unsafe {
+        libc::malloc_trim(0);
+    }
+}
+
 /// Computes `parser`'s first mask, cancelled past `budget`; the bytes its lexer then holds.
 fn first_mask(parser: &mut llguidance::TokenParser, budget: Duration) -> Result<usize, GrammarError> {
     let cancel = parser.enable_cancellation();
@@ -358,7 +407,14 @@ impl Grammars {
         // budget: much of a grammar's lexer is built lazily, at its first mask, and a grammar
         // that cannot be built within llguidance's limits or the budget fails now, before it is
         // cached or reaches the engine.
-        let held = first_mask(&mut parser, FIRST_MASK_BUDGET)?;
+        let held = match first_mask(&mut parser, FIRST_MASK_BUDGET) {
+            Ok(held) => held,
+            Err(e) => {
+                drop(parser);
+                release_freed_memory();
+                return Err(e);
+            }
+        };
         let matcher = Matcher::new(Ok(parser));
         if let Some(e) = matcher.get_error() {
             return Err(GrammarError::Invalid(first_line(&e)));

@@ -278,3 +278,27 @@ fn requests_arriving_together_on_one_long_prefix_compute_it_once() {
     assert_eq!(b.result.unwrap().cached_tokens, 0);
     no_leaks(&h);
 }
+
+#[test]
+fn a_caller_can_end_a_request_from_its_text() {
+    // The caller's hook sees every piece of text in order and ends the request at the fifth:
+    // it finishes as a stop would, with what it generated so far, and batch-mates go on.
+    let h = tiny_engine(pool(4096));
+    let (whole, _) = run(&h, request("t", tokens(1, 40), 24));
+    let seen = std::sync::Arc::new(std::sync::Mutex::new(Vec::<String>::new()));
+    let mut req = request("t", tokens(1, 40), 24);
+    let log = seen.clone();
+    req.stop_when = Some(std::sync::Arc::new(move |piece: &str| {
+        let mut log = log.lock().unwrap();
+        log.push(piece.to_string());
+        log.len() == 5
+    }));
+    let other = h.submit(request("u", tokens(2, 30), 24));
+    let out = h.submit(req).collect_blocking();
+    let done = out.result.unwrap();
+    assert_eq!(done.finish_reason, cachet_engine::generate::FinishReason::Stop);
+    assert_eq!(out.tokens, whole[..5], "the same tokens, up to where the hook said stop");
+    assert_eq!(seen.lock().unwrap().concat(), out.text, "the hook saw exactly the text the caller got");
+    assert_eq!(other.collect_blocking().tokens.len(), 24);
+    no_leaks(&h);
+}

@@ -98,6 +98,8 @@ text_enum!(
         Stop = "stop",
         /// The token limit.
         Length = "length",
+        /// The answer ended with tool calls (the model stopped after them).
+        ToolCalls = "tool_calls",
     }
 );
 

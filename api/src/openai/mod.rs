@@ -459,6 +459,8 @@ pub(crate) async fn execute(
         let (row, ledger) = (row.clone(), ledger.clone());
         Arc::new(move |c: &Completion| ledger.record(row(RequestStatus::Running, None, c, None)))
     };
+    let watch = job.calls.clone().map(tools::CallWatch::new);
+    let answered = watch.clone();
     let hook: OnComplete = Arc::new(move |outcome: Outcome, c: &Completion| {
         let status = match outcome {
             Outcome::Finished => RequestStatus::Ok,
@@ -473,7 +475,11 @@ pub(crate) async fn execute(
             metrics::counter!("cachet:public_prefix_cached_tokens_total", public_labels.clone())
                 .increment(c.cached_tokens.min(public_tokens) as u64);
         }
-        let finish = (outcome == Outcome::Finished).then(|| ledger_finish(c.finish_reason));
+        // The finish reason the client saw: `tool_calls` for an answer that ended with calls.
+        let finish = (outcome == Outcome::Finished).then(|| match (&answered, c.finish_reason) {
+            (Some(w), FinishReason::Stop) if w.calls() > 0 => cachet_tenants::FinishReason::ToolCalls,
+            (_, r) => ledger_finish(r),
+        });
         // The SLO counts the K/V transfer before the engine took the request: the client waited.
         let mut seen = c.clone();
         if let Some(&(_, ms)) = transfer_hook.get() {
@@ -492,6 +498,7 @@ pub(crate) async fn execute(
     request.retention = retention;
     request.on_complete = Some(hook);
     request.on_progress = Some(progress);
+    request.stop_when = watch.as_ref().map(|w| w.stop_when());
     request.grammar = job.grammar;
     request.span = tracing::info_span!(parent: &http_span, "engine");
     let moving = std::time::Instant::now();

@@ -30,7 +30,8 @@ pub use config::{EngineConfig, Policy, SloClass, SloTargets};
 pub use handle::{EngineHandle, RequestStream};
 pub use remote::{RemoteFeed, RemoteKv};
 pub use request::{
-    Completion, Event, OnComplete, OnProgress, Outcome, PublicPrefix, Request, RequestError, TokenSpan, PROGRESS_TOKENS,
+    Completion, Event, OnComplete, OnProgress, Outcome, PublicPrefix, Request, RequestError, StopWhen, TokenSpan,
+    PROGRESS_TOKENS,
 };
 pub use stats::Snapshot;
 pub use tier::{chunk_keys, chunk_spans, KvTierConfig};

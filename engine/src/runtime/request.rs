@@ -44,6 +44,12 @@ pub type OnComplete = std::sync::Arc<dyn Fn(Outcome, &Completion) + Send + Sync>
 /// admission and keeps it current, so a crash leaves what was streamed billed). Must not block.
 pub type OnProgress = std::sync::Arc<dyn Fn(&Completion) + Send + Sync>;
 
+/// Called on the engine thread with each piece of final text of a request, in order (the
+/// pieces its events carry); `true` ends the request there, with finish reason `stop`, as a
+/// stop string would (the caller reads the answer so far and sees more is useless: a tool call
+/// repeated back to back). Must be quick: it runs once per token.
+pub type StopWhen = std::sync::Arc<dyn Fn(&str) -> bool + Send + Sync>;
+
 /// Output tokens between two progress reports.
 pub const PROGRESS_TOKENS: usize = 32;
 
@@ -81,6 +87,8 @@ pub struct Request {
     pub on_complete: Option<OnComplete>,
     /// The progress hook (see [`OnProgress`]).
     pub on_progress: Option<OnProgress>,
+    /// Ends the request when the text so far says so (see [`StopWhen`]).
+    pub stop_when: Option<StopWhen>,
     /// The request's tracing span: the engine logs this request's events (queued, admitted,
     /// first token, finished, refused, retracted) and runs its hooks inside it, so they carry
     /// the caller's fields (the HTTP layer's request id, tenant, session). `Span::none()` by
@@ -122,6 +130,7 @@ impl Request {
             grammar: None,
             on_complete: None,
             on_progress: None,
+            stop_when: None,
             span: tracing::Span::none(),
             charge: Default::default(),
         }

@@ -607,6 +607,16 @@ impl Scheduler {
                 }
                 None => None,
             };
+            // The caller's own judgment of the text so far (it sees every piece, the last too).
+            let reason = match &seq.req.stop_when {
+                Some(stop) if stop(&text) && reason.is_none() => {
+                    let rest = seq.output.flush(&self.tokenizer).unwrap_or_default();
+                    stop(&rest);
+                    text.push_str(&rest);
+                    Some(FinishReason::Stop)
+                }
+                _ => reason,
+            };
             seq.send(Event::Token { id: token, text, logprobs });
             if let Some(reason) = reason {
                 finished.push((seq.id, reason));

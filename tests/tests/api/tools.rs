@@ -338,3 +338,44 @@ async fn regex_and_lark_grammars_as_a_cachet_extension() {
         assert_eq!(error(app.chat(&token, b).await, 400).await["param"], "grammar");
     }
 }
+
+#[tokio::test]
+async fn required_parallel_calls_end_at_a_repeat_and_at_most_sixteen() {
+    // One tool whose only call is `ping {"host": "a"}`: under `required` with parallel calls, the
+    // model may only call it again and again. It once did until the context was full. Now the
+    // repeat ends the answer (and is left out of it): one call, finish reason `tool_calls`,
+    // streamed or not, and the ledger says `tool_calls` too.
+    let app = spawn_app().await;
+    let (tenant, token) = app.tenant("repeat").await;
+    let ping = json!([{"type": "function", "function": {"name": "ping", "parameters": {"type": "object",
+        "properties": {"host": {"enum": ["a"]}}, "required": ["host"]}}}]);
+    let mut b = json!({"model": app.model(), "messages": [{"role": "user", "content": "ping"}],
+                       "tools": ping, "tool_choice": "required", "temperature": 0.7, "seed": 5});
+    let v: Value = app.chat(&token, b.clone()).await.json().await.unwrap();
+    let choice = &v["choices"][0];
+    assert_eq!(choice["finish_reason"], "tool_calls", "{v}");
+    assert!(choice["message"]["content"].is_null(), "{v}");
+    let calls = choice["message"]["tool_calls"].as_array().unwrap();
+    assert_eq!(calls.len(), 1, "{v}");
+    assert_eq!(calls[0]["function"]["arguments"], "{\"host\": \"a\"}");
+    // A call is ~35 tokens of the tiny model's byte-level vocabulary: two, not sixteen.
+    assert!(v["usage"]["completion_tokens"].as_u64().unwrap() < 150, "ended at the repeat: {v}");
+    b["stream"] = json!(true);
+    let r = app.chat(&token, b).await;
+    let (content, scalls, finish) = reassemble(&sse_events(&r.text().await.unwrap()));
+    assert_eq!((content.as_str(), scalls.len(), finish.as_str()), ("", 1, "tool_calls"));
+    let rows = app.ledger(tenant).await;
+    assert_eq!(rows.len(), 2);
+    for row in rows {
+        assert_eq!(row.finish_reason, Some(cachet_tenants::FinishReason::ToolCalls), "{row:?}");
+    }
+
+    // Distinct calls: at most sixteen in one answer, whatever the model would write.
+    let many = json!([{"type": "function", "function": {"name": "read", "parameters": {"type": "object",
+        "properties": {"line": {"type": "integer", "minimum": 1, "maximum": 99999}}, "required": ["line"]}}}]);
+    let b = json!({"model": app.model(), "messages": [{"role": "user", "content": "read"}],
+                   "tools": many, "tool_choice": "required", "temperature": 1.0, "seed": 7, "max_tokens": 2000});
+    let v: Value = app.chat(&token, b).await.json().await.unwrap();
+    let n = v["choices"][0]["message"]["tool_calls"].as_array().unwrap().len();
+    assert!((1..=16).contains(&n), "{n} calls: {v}");
+}

@@ -24,6 +24,10 @@
 
 use serde_json::{json, Value};
 
+/// The most calls one answer may make (with `parallel_tool_calls`): the grammar ends the
+/// answer after them.
+pub(crate) const MAX_CALLS: usize = 16;
+
 /// How the model writes a call, as its chat template shows it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) enum CallFormat {
@@ -127,7 +131,10 @@ pub(crate) fn grammar(
     let free = if answer.is_some() { "answer" } else { "TEXT" };
     match format {
         CallFormat::Hermes | CallFormat::Xml => {
-            let more = if parallel { " (WS \"<tool_call>\" call)*" } else { "" };
+            // At most MAX_CALLS calls: a small model that keeps calling (the same call, under
+            // `required`) must end.
+            let more =
+                if parallel { format!(" (WS \"<tool_call>\" call){{0,{}}}", MAX_CALLS - 1) } else { String::new() };
             let hermes = format == CallFormat::Hermes;
             let start = match (auto, answer) {
                 // Small models often write the call as a bare or fenced JSON object instead of in

@@ -225,7 +225,7 @@ fn tool_plan(fields: ToolFields<'_>, template: &str) -> Result<Plan, ApiError> {
     })
 }
 
-/// Compiles a plan's grammar on a blocking thread (cached by its text). A grammar
+/// Compiles a plan's grammar on a grammar thread (cached by its text). A grammar
 /// llguidance refuses is a 400 naming the schema at fault: each tool's parameters
 /// and the response format are compiled alone to find it.
 pub(crate) async fn compile(
@@ -233,14 +233,16 @@ pub(crate) async fn compile(
     plan: &Plan,
 ) -> Result<Option<Grammar>, ApiError> {
     let Some(source) = plan.grammar.clone() else { return Ok(None) };
-    // Agents send the same tools every turn: a cached grammar needs no blocking thread.
+    // Agents send the same tools every turn: a cached grammar needs no grammar thread.
     if engine.grammars().is_cached(&source) {
         if let Ok(g) = engine.grammars().compile(&source) {
             return Ok(Some(g));
         }
     }
     let (handle, plan) = (engine.clone(), plan.clone());
-    actix_web::web::block(move || {
+    // On the grammar threads, at a low priority: a costly grammar takes no CPU time the engine
+    // and the other tenants' requests need.
+    cachet_engine::constraint::in_background(move || {
         let grammars = handle.grammars();
         let err = match grammars.compile(&source) {
             Ok(g) => return Ok(Some(g)),
@@ -267,7 +269,36 @@ pub(crate) async fn compile(
         Err(ApiError::bad_param(param_of(&plan), format!("{}: {err}", param_of(&plan))))
     })
     .await
-    .map_err(|e| ApiError::Internal(e.to_string()))?
+    .ok_or_else(|| ApiError::Internal("compiling the grammar failed".into()))?
+}
+
+/// The answer's calls as the engine writes it, on the engine thread: ends the request at a call
+/// repeated back to back (the repeat is left out of the answer, see [`parse`]), and tells the
+/// ledger whether the answer ended with calls (its finish reason is then `tool_calls`, as the
+/// client sees it).
+pub(crate) struct CallWatch(std::sync::Mutex<parse::CallParser>);
+
+impl CallWatch {
+    pub(crate) fn new(tools: ToolSet) -> std::sync::Arc<CallWatch> {
+        std::sync::Arc::new(CallWatch(std::sync::Mutex::new(parse::CallParser::new(tools))))
+    }
+
+    /// The engine's stop hook: true once the model repeated a call.
+    pub(crate) fn stop_when(self: &std::sync::Arc<Self>) -> cachet_engine::runtime::StopWhen {
+        let watch = self.clone();
+        std::sync::Arc::new(move |piece: &str| {
+            let mut parser = watch.0.lock().unwrap_or_else(|e| e.into_inner());
+            parser.push(piece);
+            parser.repeated()
+        })
+    }
+
+    /// The calls of the whole answer (once it is complete).
+    pub(crate) fn calls(&self) -> usize {
+        let mut parser = self.0.lock().unwrap_or_else(|e| e.into_inner());
+        parser.finish();
+        parser.calls()
+    }
 }
 
 fn param_of(plan: &Plan) -> &'static str {

@@ -24,7 +24,10 @@
 //!
 //! Text the parser is not sure about yet (a possible start of `<tool_call>`, the
 //! first key of a leading `{`, the first line of a leading fence) is held back,
-//! never sent as content and then taken back.
+//! never sent as content and then taken back. Markup never reaches content: a fence
+//! around a tagged call, and after the calls the start of another one that the token
+//! limit cut off (`\n<tool_`), are dropped. A call identical to the one before it (the
+//! same name and arguments) is left out ([`CallParser::repeated`] says it happened).
 
 use json::{probe_name, whole_calls, JsonCall, Probe};
 use serde_json::Value;
@@ -128,29 +131,48 @@ pub(crate) struct CallParser {
     buf: String,
     calls: usize,
     out: Vec<Delta>,
+    /// The last call was in a ```` ``` ```` fence that is still to close.
+    fenced: bool,
+    repeats: Repeats,
 }
 
 impl CallParser {
     pub(crate) fn new(tools: ToolSet) -> CallParser {
-        CallParser { tools, state: State::Text { fresh: true }, buf: String::new(), calls: 0, out: Vec::new() }
+        CallParser {
+            tools,
+            state: State::Text { fresh: true },
+            buf: String::new(),
+            calls: 0,
+            out: Vec::new(),
+            fenced: false,
+            repeats: Repeats::default(),
+        }
     }
 
-    /// Number of calls started so far.
+    /// Number of calls in the answer so far (repeats left out).
     pub(crate) fn calls(&self) -> usize {
-        self.calls
+        self.repeats.emitted
+    }
+
+    /// Whether the model repeated a call (the same name and arguments as the call before it):
+    /// the repeat is left out of the answer, and the output may as well end there.
+    pub(crate) fn repeated(&self) -> bool {
+        self.repeats.repeated
     }
 
     /// Takes the next piece of text.
     pub(crate) fn push(&mut self, text: &str) -> Vec<Delta> {
         self.buf.push_str(text);
         self.advance(false);
-        std::mem::take(&mut self.out)
+        let out = std::mem::take(&mut self.out);
+        self.repeats.filter(out, false)
     }
 
     /// The output is complete: whatever was held back.
     pub(crate) fn finish(&mut self) -> Vec<Delta> {
         self.advance(true);
-        std::mem::take(&mut self.out)
+        let out = std::mem::take(&mut self.out);
+        self.repeats.filter(out, true)
     }
 
     fn content(&mut self, text: &str) {
@@ -231,8 +253,13 @@ impl CallParser {
         }
         let line = line_start(&self.buf);
         if let Some(at) = self.buf.find(OPEN).filter(|&at| line.is_none_or(|l| at < l)) {
-            let before = self.buf[..at].to_string();
+            // A tagged call in a fence: the fence is markup, not content.
+            let (before, fenced) = match opening_fence(&self.buf[..at]) {
+                Some(f) => (self.buf[..f].to_string(), true),
+                None => (self.buf[..at].to_string(), false),
+            };
             self.content(&before);
+            self.fenced = fenced;
             self.buf.drain(..at + OPEN.len());
             return (State::TagBody, true);
         }
@@ -241,7 +268,12 @@ impl CallParser {
             self.content(&before);
             return (State::LineProbe, true);
         }
-        let keep = if end { 0 } else { held_back(&self.buf, OPEN).max(open_line(&self.buf)) };
+        let keep = if end {
+            0
+        } else {
+            let fence = opening_fence(&self.buf).map_or(0, |f| self.buf.len() - f);
+            held_back(&self.buf, OPEN).max(open_line(&self.buf)).max(fence)
+        };
         let emit: String = self.buf.drain(..self.buf.len() - keep).collect();
         self.content(&emit);
         (State::Text { fresh: false }, false)
@@ -498,6 +530,21 @@ impl CallParser {
             self.buf.drain(..lead + OPEN.len());
             return (State::TagBody, true);
         }
+        if self.fenced {
+            // The fence the last call was in closes: markup too.
+            if let Some(rest) = trimmed.strip_prefix("```") {
+                if !rest.starts_with(|c: char| c.is_ascii_alphanumeric()) && (end || !rest.is_empty()) {
+                    self.buf.drain(..lead + 3);
+                    self.fenced = false;
+                    return (State::Between, true);
+                }
+                if rest.is_empty() {
+                    return (State::Between, false);
+                }
+            } else if !end && "```".starts_with(trimmed) && !trimmed.is_empty() {
+                return (State::Between, false);
+            }
+        }
         if trimmed.starts_with('{') || trimmed.starts_with('[') || trimmed.starts_with("```") {
             // Perhaps another bare call.
             self.buf.drain(..lead);
@@ -509,7 +556,15 @@ impl CallParser {
             }
             return (State::Between, false);
         }
-        if OPEN.starts_with(trimmed) && !end {
+        if OPEN.starts_with(trimmed) {
+            if end {
+                // The start of another call, cut off by the token limit: markup, not content.
+                self.buf.clear();
+            }
+            return (State::Between, false);
+        }
+        if !end && "```".starts_with(trimmed) {
+            // Perhaps a fence (another call in one).
             return (State::Between, false);
         }
         // Prose after the calls is content.
@@ -567,12 +622,145 @@ fn open_line(text: &str) -> usize {
     }
 }
 
+/// Where the fence line `text` ends with starts, when it is an opening fence a tagged call may
+/// follow (```` ``` ````, ```` ```json ````, ```` ```xml ````, …): the fence line, its newline,
+/// then nothing but blank space and perhaps the start of `<tool_call>`.
+fn opening_fence(text: &str) -> Option<usize> {
+    let rest = &text[..text.len() - held_back(text, OPEN)];
+    let body = rest.trim_end_matches([' ', '\t', '\r', '\n']);
+    if !rest[body.len()..].contains('\n') {
+        return None;
+    }
+    let start = body.rfind('\n').map_or(0, |i| i + 1);
+    let lang = body[start..].trim_start_matches([' ', '\t']).strip_prefix("```")?.trim();
+    (json_fence(lang) || lang == "xml").then_some(start)
+}
+
 /// The length of the longest suffix of `text` that is a proper prefix of `tag`.
 fn held_back(text: &str, tag: &str) -> usize {
     (1..tag.len().min(text.len() + 1))
         .rev()
         .find(|&n| text.is_char_boundary(text.len() - n) && text.ends_with(&tag[..n]))
         .unwrap_or(0)
+}
+
+/// Leaves out a call identical to the one before it (same name, same arguments as JSON values):
+/// small models repeat a call back to back, under `tool_choice: "required"` until the context
+/// is full. A call after the first is held back until its arguments are whole (or the next call
+/// starts, or the output ends), then let through or dropped; the calls let through are numbered
+/// without gaps.
+#[derive(Default)]
+struct Repeats {
+    /// The last call let through: its name and, once whole, its arguments.
+    last: Option<(String, Option<Value>)>,
+    /// The arguments so far of the last call let through (until they are whole).
+    open: Option<(usize, String)>,
+    /// The call being received while it may still be a repeat.
+    held: Option<Held>,
+    /// The answer's index of each call the parser started (`None`: dropped as a repeat).
+    map: Vec<Option<usize>>,
+    emitted: usize,
+    repeated: bool,
+}
+
+struct Held {
+    id: String,
+    name: String,
+    args: String,
+    /// Content that came after the call began.
+    after: Vec<Delta>,
+}
+
+/// The JSON value `text` is, once it is whole (checked only when it may be: it ends with a
+/// closing bracket).
+fn whole_json(text: &str) -> Option<Value> {
+    let t = text.trim_end();
+    (t.ends_with('}') || t.ends_with(']')).then(|| serde_json::from_str(t).ok()).flatten()
+}
+
+impl Repeats {
+    fn filter(&mut self, deltas: Vec<Delta>, end: bool) -> Vec<Delta> {
+        let mut out = Vec::with_capacity(deltas.len());
+        for d in deltas {
+            match d {
+                Delta::Content(t) => match &mut self.held {
+                    Some(h) => h.after.push(Delta::Content(t)),
+                    None => out.push(Delta::Content(t)),
+                },
+                Delta::Start { index, id, name } => {
+                    if let Some(h) = self.held.take() {
+                        self.release(h, &mut out);
+                    }
+                    debug_assert_eq!(index, self.map.len());
+                    if self.last.is_some() {
+                        self.map.push(None);
+                        self.held = Some(Held { id, name, args: String::new(), after: Vec::new() });
+                    } else {
+                        let at = self.emitted;
+                        self.map.push(Some(at));
+                        self.emitted += 1;
+                        self.last = Some((name.clone(), None));
+                        self.open = Some((index, String::new()));
+                        out.push(Delta::Start { index: at, id, name });
+                    }
+                }
+                Delta::Args { index, text } => {
+                    let newest = index + 1 == self.map.len();
+                    if newest && self.held.is_some() {
+                        let h = self.held.as_mut().expect("held");
+                        h.args.push_str(&text);
+                        if let Some(value) = whole_json(&h.args) {
+                            let h = self.held.take().expect("held");
+                            let same =
+                                self.last.as_ref().is_some_and(|(n, v)| *n == h.name && v.as_ref() == Some(&value));
+                            if same {
+                                self.repeated = true;
+                                out.extend(h.after);
+                            } else {
+                                self.release(h, &mut out);
+                            }
+                        }
+                    } else if let Some(Some(at)) = self.map.get(index).copied() {
+                        if let Some((open, args)) = &mut self.open {
+                            if *open == index {
+                                args.push_str(&text);
+                                if let Some(value) = whole_json(args) {
+                                    if let Some((_, v)) = &mut self.last {
+                                        *v = Some(value);
+                                    }
+                                    self.open = None;
+                                }
+                            }
+                        }
+                        out.push(Delta::Args { index: at, text });
+                    }
+                }
+            }
+        }
+        if end {
+            if let Some(h) = self.held.take() {
+                self.release(h, &mut out);
+            }
+        }
+        out
+    }
+
+    /// Lets a held call through.
+    fn release(&mut self, h: Held, out: &mut Vec<Delta>) {
+        let at = self.emitted;
+        self.emitted += 1;
+        if let Some(slot) = self.map.last_mut() {
+            *slot = Some(at);
+        }
+        let value = whole_json(&h.args);
+        self.open = value.is_none().then(|| (self.map.len() - 1, h.args.clone()));
+        self.last = Some((h.name.clone(), value));
+        out.push(Delta::Start { index: at, id: h.id, name: h.name });
+        if !h.args.is_empty() {
+            out.push(Delta::Args { index: at, text: h.args });
+        }
+        out.extend(h.after);
+    }
 }
 
 /// A call in Qwen3-Coder's XML form, as its parameters arrive.

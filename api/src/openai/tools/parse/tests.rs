@@ -82,8 +82,11 @@ fn hermes_calls_with_text_before_them() {
 fn prose_after_calls_stays_content() {
     let (content, calls) = parse("<tool_call>{\"name\": \"run\"}</tool_call>\n\nDone, see above.");
     assert_eq!((content.as_str(), calls.len()), ("\n\nDone, see above.", 1));
+    // The start of another call, cut off by the token limit, is markup: never content.
     let (content, _) = parse("{\"name\": \"run\", \"arguments\": {}}\n  <tool");
-    assert_eq!(content, "\n  <tool");
+    assert_eq!(content, "");
+    let (content, _) = parse("{\"name\": \"run\", \"arguments\": {}}\n  <tools are nice");
+    assert_eq!(content, "\n  <tools are nice");
 }
 
 #[test]
@@ -101,7 +104,7 @@ fn tolerated_variants() {
         parse("<tool_call>[{\"name\": \"run\", \"arguments\": {}}, {\"name\": \"read_file\", \"arguments\": {\"path\": \"x\"}}]</tool_call>");
     assert_eq!(calls, vec![call("run", "{}"), call("read_file", r#"{"path": "x"}"#)]);
     let (_, calls) =
-        parse("<tool_call>{\"name\": \"run\", \"arguments\": {}}\n<tool_call>{\"name\": \"run\", \"arguments\": {}}");
+        parse("<tool_call>{\"name\": \"run\", \"arguments\": {}}\n<tool_call>{\"name\": \"run\", \"arguments\": {\"cmd\": \"x\"}}");
     assert_eq!(calls.len(), 2);
 }
 
@@ -211,4 +214,58 @@ fn markup_never_reaches_content_and_arguments_stream_early() {
     );
     assert!(matches!(&seen[4][..], [Delta::Args { text, .. }] if text == ": \"ls -la"));
     assert_eq!(fold(&all).1, vec![call("run", r#"{"cmd": "ls -la"}"#)]);
+}
+
+#[test]
+fn a_call_repeated_back_to_back_is_left_out() {
+    let read = |path: &str| {
+        format!("<tool_call>\n{{\"name\": \"read_file\", \"arguments\": {{\"path\": \"{path}\"}}}}\n</tool_call>")
+    };
+    let text = [read("a"), read("a"), read("b"), read("b"), read("a")].join("\n");
+    let (content, calls) = parse(&text);
+    assert_eq!(content, "");
+    let args = |p: &str| format!("{{\"path\": \"{p}\"}}");
+    assert_eq!(
+        calls,
+        vec![call("read_file", &args("a")), call("read_file", &args("b")), call("read_file", &args("a"))]
+    );
+    // The same arguments written differently are the same call.
+    let spaced = "<tool_call>\n{\"name\": \"read_file\", \"arguments\": {\"path\":\"a\"}}\n</tool_call>";
+    let (_, calls) = parse(&format!("{}\n{spaced}", read("a")));
+    assert_eq!(calls.len(), 1);
+    // Another tool with the same arguments is another call.
+    let run = "<tool_call>\n{\"name\": \"run\", \"arguments\": {\"path\": \"a\"}}\n</tool_call>";
+    assert_eq!(parse(&format!("{}\n{run}", read("a"))).1.len(), 2);
+    let mut p = CallParser::new(tools());
+    p.push(&read("a"));
+    assert!(!p.repeated());
+    p.push(&format!("\n{}", read("a")));
+    assert!(p.repeated(), "known as soon as the repeat's arguments are whole");
+    assert_eq!(p.calls(), 1);
+}
+
+#[test]
+fn the_start_of_a_call_cut_off_by_the_limit_is_not_content() {
+    let one = "<tool_call>\n{\"name\": \"read_file\", \"arguments\": {\"path\": \"a\"}}\n</tool_call>";
+    for tail in ["\n<", "\n<tool_", "\n\n<tool_call", " "] {
+        let (content, calls) = parse(&format!("{one}{tail}"));
+        assert_eq!((content.as_str(), calls.len()), ("", 1), "{tail:?}");
+    }
+}
+
+#[test]
+fn a_fence_around_a_tagged_call_is_not_content() {
+    let one = "<tool_call>\n{\"name\": \"read_file\", \"arguments\": {\"path\": \"a\"}}\n</tool_call>";
+    for (text, want) in [
+        (format!("Here are the arguments:\n\n```\n{one}\n```"), "Here are the arguments:\n\n"),
+        (format!("```json\n{one}\n```"), ""),
+        (format!("Reading it.\n```xml\n{one}\n```\nDone."), "Reading it.\n\nDone."),
+    ] {
+        let (content, calls) = parse(&text);
+        assert_eq!(calls.len(), 1, "{text:?}");
+        assert_eq!(content, want, "{text:?}");
+    }
+    // A fence that holds something else stays content.
+    let (content, calls) = parse("Run:\n```\nls -la\n```\n");
+    assert_eq!((content.as_str(), calls.len()), ("Run:\n```\nls -la\n```\n", 0));
 }
