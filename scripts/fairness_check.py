@@ -3,9 +3,10 @@ second round": items 2, 3 and 5).
 
 Usage: fairness_check.py BASE ATTACKER_TOKEN VICTIM_TOKEN MODEL [ROUNDS]
 
-For each attack, ROUNDS times (default 7), alternating: the victim's short request alone, then
-the same request while the attacker runs the attack in a loop. Prints the medians and their
-ratio (the bar: at most 2x).
+For each attack, ROUNDS times (default 7), alternating: the victim's short request alone, while
+the attacker sends the attack's benign twin in a loop (the same request without what makes it
+an attack: any request that decodes beside the victim's shares its steps), and while the
+attacker sends the attack in a loop. Prints the medians and the ratios (the bar: at most 2x).
 """
 import json
 import statistics
@@ -45,21 +46,22 @@ SHORT = chat("Name a prime number.", 8)
 counter = iter(range(10**9))
 
 
-def failing_grammar():
+def failing_grammar(hostile=True):
     i = next(counter)
-    return post(ATTACKER, chat("hi", 4, grammar={"regex": f"(a{{1000}}){{1000}}z{i}"}))
+    extra = {"grammar": {"regex": f"(a{{1000}}){{1000}}z{i}"}} if hostile else {}
+    return post(ATTACKER, chat("hi", 4, **extra))
 
 
-def long_stops():
-    stops = [" " * 250 + str(i) for i in range(32)]
-    return post(ATTACKER, chat("hi", 64, stop=stops, grammar={"regex": " {1,200}"}))
+def long_stops(hostile=True):
+    extra = {"stop": [" " * 250 + str(i) for i in range(32)]} if hostile else {}
+    return post(ATTACKER, chat("hi", 64, grammar={"regex": " {1,200}"}, **extra))
 
 
-def repeated_calls():
+def repeated_calls(hostile=True):
     tools = [{"type": "function", "function": {"name": "ping", "parameters": {
         "type": "object", "properties": {"host": {"enum": ["a"]}}, "required": ["host"]}}}]
     body = {"model": MODEL, "messages": [{"role": "user", "content": "ping host a"}], "tools": tools,
-            "tool_choice": "required", "temperature": 0.7}
+            "tool_choice": "required", "parallel_tool_calls": hostile, "temperature": 0.7}
     return post(ATTACKER, body)
 
 
@@ -82,18 +84,19 @@ def under(attack):
 
 
 post(VICTIM, SHORT)  # warm up
-print("| attack | victim alone (median ms) | during the attack (median ms) | ratio | attack answers |")
-print("|---|---:|---:|---:|---|")
+print("| attack | victim alone | beside the benign twin | during the attack | attack / alone | attack / twin | attack answers |")
+print("|---|---:|---:|---:|---:|---:|---|")
 for name, attack in [("failing grammars (item 2)", failing_grammar), ("32 stops of 250 bytes (item 3)", long_stops),
                      ("required parallel calls of one call (item 5)", repeated_calls)]:
-    alone, attacked, seen = [], [], []
+    alone, twin, attacked, seen = [], [], [], []
     for _ in range(ROUNDS):
         status, took = post(VICTIM, SHORT)
         assert status == 200, status
         alone.append(took)
+        twin.append(under(lambda: attack(False))[0])
         took, statuses = under(attack)
         attacked.append(took)
         seen.extend(statuses)
-    a, b = statistics.median(alone), statistics.median(attacked)
+    a, t, b = statistics.median(alone), statistics.median(twin), statistics.median(attacked)
     counts = ", ".join(f"{s}: {seen.count(s)}" for s in sorted(set(seen)))
-    print(f"| {name} | {a * 1e3:.0f} | {b * 1e3:.0f} | {b / a:.2f} | {counts} |")
+    print(f"| {name} | {a * 1e3:.0f} ms | {t * 1e3:.0f} ms | {b * 1e3:.0f} ms | {b / a:.2f} | {b / t:.2f} | {counts} |")
