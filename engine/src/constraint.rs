@@ -300,6 +300,53 @@ fn lower_priority() {
     }
 }
 
+/// The CPU time one thread has used (Linux: its CPU-time clock, readable from other threads
+/// while it lives).
+struct ThreadCpuClock {
+    #[cfg(target_os = "linux")]
+    id: libc::clockid_t,
+    #[cfg(target_os = "linux")]
+    at_start: Duration,
+}
+
+impl ThreadCpuClock {
+    /// The calling thread's clock, where the system has one.
+    fn current() -> Option<ThreadCpuClock> {
+        #[cfg(target_os = "linux")]
+        {
+            let mut id: libc::clockid_t = 0;
+            // SAFETY: pthread_self is the calling thread; `id` is a valid out-pointer.
+            if unsafe { libc::pthread_getcpuclockid(libc::pthread_self(), &mut id) } != 0 {
+                return None;
+            }
+            let at_start = read_clock(id)?;
+            Some(ThreadCpuClock { id, at_start })
+        }
+        #[cfg(not(target_os = "linux"))]
+        None
+    }
+
+    /// CPU time used since [`ThreadCpuClock::current`] (the thread must still be running).
+    fn elapsed(&self) -> Duration {
+        #[cfg(target_os = "linux")]
+        {
+            read_clock(self.id).map_or(Duration::ZERO, |now| now.saturating_sub(self.at_start))
+        }
+        #[cfg(not(target_os = "linux"))]
+        Duration::ZERO
+    }
+}
+
+#[cfg(target_os = "linux")]
+fn read_clock(id: libc::clockid_t) -> Option<Duration> {
+    let mut t = libc::timespec { tv_sec: 0, tv_nsec: 0 };
+    // SAFETY: `t` is a valid out-pointer; an invalid clock id is an error return, not UB.
+    if unsafe { libc::clock_gettime(id, &mut t) } != 0 {
+        return None;
+    }
+    Some(Duration::new(u64::try_from(t.tv_sec).ok()?, u32::try_from(t.tv_nsec).ok()?))
+}
+
 /// Gives memory a failed grammar freed back to the system: a lexer that ran out of llguidance's
 /// limits built up to hundreds of megabytes in the allocator arena of the thread that compiled
 /// it, and glibc keeps what is freed in its arenas (each blocking thread may have its own).
@@ -311,15 +358,28 @@ fn release_freed_memory() {
     }
 }
 
-/// Computes `parser`'s first mask, cancelled past `budget`; the bytes its lexer then holds.
+/// Computes `parser`'s first mask, cancelled once it has taken `budget` of this thread's CPU
+/// time (the grammar threads run at a low priority: on a busy server their wall-clock time
+/// stretches, and a grammar must not be refused for that), or ten times `budget` of wall-clock
+/// time; the bytes its lexer then holds.
 fn first_mask(parser: &mut llguidance::TokenParser, budget: Duration) -> Result<usize, GrammarError> {
     let cancel = parser.enable_cancellation();
+    let cpu = ThreadCpuClock::current();
     let (done, wait) = std::sync::mpsc::channel::<()>();
     let watchdog = std::thread::Builder::new()
         .name("cachet-grammar-budget".into())
         .spawn(move || {
-            if let Err(std::sync::mpsc::RecvTimeoutError::Timeout) = wait.recv_timeout(budget) {
-                cancel.cancel();
+            let start = Instant::now();
+            loop {
+                match wait.recv_timeout(Duration::from_millis(50)) {
+                    Err(std::sync::mpsc::RecvTimeoutError::Timeout) => {}
+                    _ => return,
+                }
+                let spent = cpu.as_ref().map_or_else(|| start.elapsed(), ThreadCpuClock::elapsed);
+                if spent >= budget || start.elapsed() >= budget * 10 {
+                    cancel.cancel();
+                    return;
+                }
             }
         })
         .map_err(|e| GrammarError::Invalid(format!("the grammar could not be checked: {e}")))?;
@@ -336,7 +396,7 @@ fn first_mask(parser: &mut llguidance::TokenParser, budget: Duration) -> Result<
     let _ = watchdog.join();
     if cancelled {
         return Err(GrammarError::Invalid(format!(
-            "the grammar takes longer than {} s to prepare; simplify it",
+            "the grammar takes longer than {} s of CPU time to prepare; simplify it",
             budget.as_secs()
         )));
     }

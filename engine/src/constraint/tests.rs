@@ -174,3 +174,20 @@ fn a_grammar_that_fails_while_in_use_leaves_the_cache() {
     g.compile(&source).unwrap();
     assert!(g.is_cached(&source));
 }
+
+#[test]
+#[cfg(target_os = "linux")]
+fn the_first_mask_budget_counts_this_threads_cpu_time() {
+    // The clock advances with work the thread does (and a sleeping thread uses none).
+    let clock = ThreadCpuClock::current().expect("Linux has per-thread CPU clocks");
+    std::thread::sleep(Duration::from_millis(20));
+    let slept = clock.elapsed();
+    let wall = Instant::now();
+    let mut x = 0u64;
+    while clock.elapsed() < slept + Duration::from_millis(5) {
+        x = x.wrapping_mul(6364136223846793005).wrapping_add(1);
+        assert!(wall.elapsed() < Duration::from_secs(10), "the CPU clock never advanced");
+    }
+    std::hint::black_box(x);
+    assert!(slept < Duration::from_millis(20), "sleeping counted as CPU time: {slept:?}");
+}
