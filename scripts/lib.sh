@@ -12,6 +12,35 @@ wait_http() {
   exit 1
 }
 
+# start_cachet BIN NAME: starts `BIN serve` on a free loopback port, with a private Postgres in a
+# fresh data folder (/tmp/cachet-NAME.XXXXXX), waits until it is ready, and stops it (removing
+# the folder) when the script exits. Sets DATA, BASE and PID.
+start_cachet() {
+  CACHET_BIN_STARTED=$1
+  DATA=$(mktemp -d "/tmp/cachet-$2.XXXXXX")
+  chmod 755 "$DATA"   # the postgres user must reach the private cluster inside
+  local port
+  port=$(python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
+  BASE="http://127.0.0.1:$port"
+  trap stop_cachet EXIT
+  RUST_LOG=warn "$1" serve --bind "127.0.0.1:$port" --data-dir "$DATA" > "$DATA/serve.log" 2>&1 &
+  PID=$!
+  wait_http "$BASE/readyz" "cachet serve" "$PID" "$DATA/serve.log"
+}
+
+stop_cachet() {
+  if [ -n "${PID:-}" ] && kill -0 "$PID" 2>/dev/null; then kill -INT "$PID"; wait "$PID" || true; fi
+  rm -rf "$DATA"
+}
+
+# tenant_token NAME: creates tenant NAME on the server start_cachet started and prints a token of
+# it (valid an hour).
+tenant_token() {
+  local tenant
+  tenant=$("$CACHET_BIN_STARTED" tenants create "$1" --data-dir "$DATA" 2>/dev/null)
+  "$CACHET_BIN_STARTED" token issue --tenant "$tenant" --ttl 1h --data-dir "$DATA" 2>/dev/null
+}
+
 # moe_venv: prints the Python environment with torch, transformers and gguf that the
 # mixture-of-experts scripts use ($MOE_VENV, else target/moe-venv), making it the first time
 # (about 3 GB).

@@ -156,15 +156,16 @@ impl Constraint {
             Ok(Err(e)) if e.to_string().starts_with("NoExtensionBias") => {
                 Err("the grammar allows no token here".into())
             }
-            Ok(Err(e)) => {
-                (self.evict)();
-                Err(first_line(&e.to_string()))
-            }
-            Err(_) => {
-                (self.evict)();
-                Err("the grammar engine failed".into())
-            }
+            Ok(Err(e)) => Err(self.failed(&e.to_string())),
+            Err(_) => Err(self.failed("the grammar engine failed")),
         }
+    }
+
+    /// The matcher failed: the grammar leaves its model's cache (its shared lexer may be what
+    /// failed), and the error is told in one line.
+    fn failed(&self, error: &str) -> String {
+        (self.evict)();
+        first_line(error)
     }
 
     /// Sets every logit the mask does not allow to −∞ (with every end-of-sequence
@@ -194,14 +195,8 @@ impl Constraint {
         let m = &mut self.matcher;
         match std::panic::catch_unwind(AssertUnwindSafe(|| m.consume_token(token))) {
             Ok(Ok(())) => Ok(()),
-            Ok(Err(e)) => {
-                (self.evict)();
-                Err(first_line(&e.to_string()))
-            }
-            Err(_) => {
-                (self.evict)();
-                Err("the grammar engine failed".into())
-            }
+            Ok(Err(e)) => Err(self.failed(&e.to_string())),
+            Err(_) => Err(self.failed("the grammar engine failed")),
         }
     }
 

@@ -654,19 +654,14 @@ async fn stop_strings_are_capped_by_their_bytes() {
     assert_eq!(app.chat(&token, body).await.status(), 200, "32 stops of 256 bytes are fine");
 }
 
-/// Sends `head` and then `drip` every `gap`, until the server answers or closes; what it
-/// answered (empty if nothing) and how long after the head.
-async fn trickle(
-    address: &str,
-    head: String,
-    drip: &'static [u8],
-    gap: std::time::Duration,
-) -> (String, std::time::Duration) {
+/// Sends `head` and then `drip` every `gap`, until the server answers or closes (at most 120
+/// drips); what it answered (empty if nothing) and how many drips it took.
+async fn trickle(address: &str, head: String, drip: &'static [u8], gap: std::time::Duration) -> (String, usize) {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
     let host = address.trim_start_matches("http://");
     let mut socket = tokio::net::TcpStream::connect(host).await.unwrap();
     socket.write_all(head.as_bytes()).await.unwrap();
-    let start = std::time::Instant::now();
+    let mut drips = 0;
     let mut answer = Vec::new();
     let mut buf = [0u8; 4096];
     loop {
@@ -676,6 +671,7 @@ async fn trickle(
                 Ok(n) => answer.extend_from_slice(&buf[..n]),
             },
             () = tokio::time::sleep(gap) => {
+                drips += 1;
                 if socket.write_all(drip).await.is_err() {
                     // The server closed its side; read what it said.
                     let _ = socket.read_to_end(&mut answer).await;
@@ -683,13 +679,9 @@ async fn trickle(
                 }
             }
         }
-        assert!(
-            start.elapsed() < std::time::Duration::from_secs(30),
-            "the trickle was never cut off; the server said {:?}",
-            String::from_utf8_lossy(&answer)
-        );
+        assert!(drips < 120, "the trickle was never cut off; the server said {:?}", String::from_utf8_lossy(&answer));
     }
-    (String::from_utf8_lossy(&answer).into_owned(), start.elapsed())
+    (String::from_utf8_lossy(&answer).into_owned(), drips)
 }
 
 #[tokio::test]
@@ -707,10 +699,11 @@ async fn a_body_that_trickles_in_is_cut_off_and_its_connection_closed() {
     );
     let (a, b) =
         tokio::join!(trickle(&app.address, webhook, b" ", gap), trickle(&app.address, chat, b"1\r\n \r\n", gap));
-    for (answer, took) in [a, b] {
+    for (answer, drips) in [a, b] {
         assert!(answer.starts_with("HTTP/1.1 408"), "{answer}");
         assert!(answer.contains("request_timeout"), "{answer}");
-        assert!(took < std::time::Duration::from_secs(10), "cut off after {took:?}");
+        // The deadline is 2 s, a drip every 250 ms: cut off well before 40 drips.
+        assert!(drips < 40, "cut off after {drips} drips");
     }
     // A body that comes in time is served as ever.
     assert_eq!(app.chat(&token, app.chat_body("hi", 1)).await.status(), 200);
@@ -733,23 +726,22 @@ async fn a_non_streaming_request_whose_client_goes_away_stops_generating() {
     let mut socket = tokio::net::TcpStream::connect(&host).await.unwrap();
     socket.write_all(head.as_bytes()).await.unwrap();
     // Until the engine is generating for it.
-    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
-    loop {
+    for polls in 0.. {
         let rows = app.ledger(tenant).await;
         if rows.first().is_some_and(|r| r.output_tokens > 0) {
             break;
         }
-        assert!(std::time::Instant::now() < deadline, "the request never started");
+        assert!(polls < 3000, "the request never started");
         tokio::time::sleep(std::time::Duration::from_millis(20)).await;
     }
     drop(socket);
     let gone = std::time::Instant::now();
+    // The row ends either way: cancelled, or (without the fix) finished at its 4,000 tokens.
     let row = loop {
         let rows = app.ledger(tenant).await;
         if let Some(r) = rows.first().filter(|r| r.status != RequestStatus::Running) {
             break r.clone();
         }
-        assert!(gone.elapsed() < std::time::Duration::from_secs(30), "still generating after the client left");
         tokio::time::sleep(std::time::Duration::from_millis(10)).await;
     };
     let stopped = gone.elapsed();
@@ -757,7 +749,6 @@ async fn a_non_streaming_request_whose_client_goes_away_stops_generating() {
     assert_eq!(row.status, RequestStatus::Cancelled);
     assert!(row.output_tokens > 0 && row.output_tokens < 4000, "billed what was generated: {}", row.output_tokens);
     assert!(row.cost > 0.0, "and billed");
-    assert!(stopped < std::time::Duration::from_secs(5), "stopped {stopped:?} after the client left");
 }
 
 #[tokio::test]

@@ -541,8 +541,6 @@ impl CallParser {
                 if rest.is_empty() {
                     return (State::Between, false);
                 }
-            } else if !end && "```".starts_with(trimmed) && !trimmed.is_empty() {
-                return (State::Between, false);
             }
         }
         if trimmed.starts_with('{') || trimmed.starts_with('[') || trimmed.starts_with("```") {
