@@ -238,8 +238,9 @@ pub struct DatabaseSettings {
 #[derive(Clone, Debug, Deserialize, Default)]
 #[serde(default, deny_unknown_fields)]
 pub struct ModelSettings {
-    /// A .gguf file or Hugging Face directory; empty: the default model
-    /// (pulled into the models folder if missing).
+    /// A name from `cachet models list`, `hf:OWNER/REPO/FILE.gguf[@REVISION]`, a .gguf
+    /// file or a Hugging Face directory; empty: the default model (catalogue models and hub
+    /// files are pulled into the models folder if missing, every hash checked).
     pub path: String,
     /// The id clients send as `model`; empty: derived from the file name.
     pub id: String,

@@ -415,7 +415,7 @@ fn load(settings: &Settings) -> anyhow::Result<Served> {
     let path = if settings.model.path.is_empty() {
         crate::cli::pull_default(None)?
     } else {
-        std::path::PathBuf::from(&settings.model.path)
+        crate::cli::model_path(Some(std::path::Path::new(&settings.model.path)))?
     };
     let id = if settings.model.id.is_empty() {
         path.file_stem().map_or_else(|| "model".into(), |s| s.to_string_lossy().into_owned())

@@ -205,10 +205,7 @@ fn median(mut v: Vec<f64>) -> f64 {
 }
 
 pub fn run(args: BenchArgs) -> anyhow::Result<()> {
-    let path = match &args.model {
-        Some(p) => p.clone(),
-        None => super::pull_default(None)?,
-    };
+    let path = super::model_path(args.model.as_deref())?;
     let device = crate::device::select(args.device.parse().map_err(anyhow::Error::msg)?)?;
     if args.grammar {
         return match device {

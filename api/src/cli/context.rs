@@ -60,10 +60,7 @@ pub struct Common {
 }
 
 fn tokenizer(model: Option<PathBuf>) -> anyhow::Result<Tokenizer> {
-    let path = match model {
-        Some(p) => p,
-        None => super::pull_default(None)?,
-    };
+    let path = super::model_path(model.as_deref())?;
     let file = GgufFile::open(&path).with_context(|| format!("reading {}", path.display()))?;
     Ok(Tokenizer::from_gguf_file(&file)?)
 }

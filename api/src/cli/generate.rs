@@ -79,10 +79,7 @@ pub struct GenerateArgs {
 }
 
 pub fn run(args: GenerateArgs) -> anyhow::Result<()> {
-    let model_path = match &args.model {
-        Some(p) => p.clone(),
-        None => super::pull_default(None)?,
-    };
+    let model_path = super::model_path(args.model.as_deref())?;
     let prompt_text = match (&args.prompt, &args.prompt_file) {
         (Some(p), _) => p.clone(),
         (None, Some(f)) => std::fs::read_to_string(f).with_context(|| format!("reading {}", f.display()))?,

@@ -69,14 +69,23 @@ pub enum Command {
 
 #[derive(Debug, Subcommand)]
 pub enum ModelsCommand {
-    /// Download the default model (idempotent; verifies every hash).
+    /// Download a model (idempotent; verifies every hash): a catalogue name (default: the
+    /// default model) or hf:OWNER/REPO/FILE.gguf[@REVISION]. Prints the file's path.
     Pull {
+        /// A name from `cachet models list`, or hf:OWNER/REPO/FILE.gguf.
+        name: Option<String>,
         /// Models folder (default: $CACHET_MODELS_DIR or ~/.cache/cachet/models).
         #[arg(long)]
         dir: Option<PathBuf>,
     },
-    /// Print where the default model lives.
+    /// The catalogue: each model's name, size, whether it is here, and what it is for.
+    List {
+        #[arg(long)]
+        dir: Option<PathBuf>,
+    },
+    /// Print where a model lives (default: the default model), pulled or not.
     Path {
+        name: Option<String>,
         #[arg(long)]
         dir: Option<PathBuf>,
     },
@@ -85,13 +94,32 @@ pub enum ModelsCommand {
 /// Runs a parsed command line.
 pub fn run(cli: Cli) -> anyhow::Result<()> {
     match cli.command {
-        Command::Models(ModelsCommand::Pull { dir }) => {
-            let path = pull_default(dir)?;
+        Command::Models(ModelsCommand::Pull { name, dir }) => {
+            let dir = dir.unwrap_or_else(models::models_dir);
+            let path = models::resolve(name.as_deref().unwrap_or("default"), &dir, Progress::Auto)?;
             println!("{}", path.display());
             Ok(())
         }
-        Command::Models(ModelsCommand::Path { dir }) => {
-            println!("{}", dir.unwrap_or_else(models::models_dir).join(ModelSpec::default_model().file_name).display());
+        Command::Models(ModelsCommand::List { dir }) => {
+            let dir = dir.unwrap_or_else(models::models_dir);
+            for (i, entry) in models::CATALOGUE.iter().enumerate() {
+                let spec = (entry.spec)();
+                let here = std::fs::metadata(dir.join(&spec.file_name)).is_ok_and(|m| m.len() == spec.size);
+                println!(
+                    "{:<20} {:>5} MiB  {:<10} {}{}",
+                    entry.name,
+                    spec.size >> 20,
+                    if here { "pulled" } else { "-" },
+                    if i == 0 { "[default] " } else { "" },
+                    entry.summary.split_whitespace().collect::<Vec<_>>().join(" ")
+                );
+            }
+            println!("\nAlso: hf:OWNER/REPO/FILE.gguf[@REVISION] (a Hugging Face file, SHA-256 checked), or a path.");
+            Ok(())
+        }
+        Command::Models(ModelsCommand::Path { name, dir }) => {
+            let dir = dir.unwrap_or_else(models::models_dir);
+            println!("{}", models::Resolved::parse(name.as_deref().unwrap_or("default"))?.local_path(&dir).display());
             Ok(())
         }
         Command::Generate(args) => generate::run(args),
@@ -102,6 +130,16 @@ pub fn run(cli: Cli) -> anyhow::Result<()> {
         Command::PublicPrefixes { data, command } => prefixes::run(data, command),
         Command::Context(cmd) => context::run(cmd),
         Command::Report(args) => report::run(args),
+    }
+}
+
+/// The model file for a command's `--model`: a path, a catalogue name or a hub file,
+/// pulled if needed; the default model when left out.
+pub fn model_path(model: Option<&std::path::Path>) -> anyhow::Result<PathBuf> {
+    match model.map(|m| (m, m.to_str())) {
+        None => pull_default(None),
+        Some((_, Some(name))) => Ok(models::resolve(name, &models::models_dir(), Progress::Auto)?),
+        Some((path, None)) => Ok(path.to_path_buf()),
     }
 }
 

