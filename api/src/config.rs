@@ -284,7 +284,7 @@ fn yes() -> bool {
 /// OpenAI's API defaults to temperature 1 with no truncation, which makes small models ramble
 /// and miss their tool-call format; like vLLM (which takes a model's `generation_config.json`),
 /// cachet defaults to what Qwen recommends for its instruct and coder models: temperature 0.7,
-/// top-p 0.8, top-k 20, repetition penalty 1.05 (no min-p).
+/// top-p 0.8, top-k 20, repetition penalty 1.05 (no min-p); and answers of at most 4,096 tokens.
 #[derive(Clone, Debug, Deserialize, PartialEq)]
 #[serde(default, deny_unknown_fields)]
 pub struct SamplingDefaults {
@@ -294,13 +294,29 @@ pub struct SamplingDefaults {
     pub top_k: u32,
     pub min_p: f32,
     pub repetition_penalty: f32,
+    /// The most tokens an answer may have when the request sets no `max_tokens` /
+    /// `max_completion_tokens` / `max_output_tokens` (agent clients such as Codex send none, and a
+    /// small model that loses its way would otherwise write until the context is full); 0: up to
+    /// the end of the context.
+    pub max_tokens: u32,
 }
 
 impl Default for SamplingDefaults {
     fn default() -> Self {
-        SamplingDefaults { temperature: 0.7, top_p: 0.8, top_k: 20, min_p: 0.0, repetition_penalty: 1.05 }
+        SamplingDefaults {
+            temperature: 0.7,
+            top_p: 0.8,
+            top_k: 20,
+            min_p: 0.0,
+            repetition_penalty: 1.05,
+            max_tokens: DEFAULT_MAX_TOKENS,
+        }
     }
 }
+
+/// The default bound on an answer's tokens (`[model.sampling] max_tokens`): room for a whole
+/// file rewritten (aider's whole-file edits) or a long patch, not for a runaway answer.
+pub const DEFAULT_MAX_TOKENS: u32 = 4096;
 
 impl SamplingDefaults {
     /// Checks the ranges a request's own values must be in; the error names the key.
@@ -640,6 +656,8 @@ mod tests {
         let s = load("[model.sampling]\ntop_k = 0\n").expect("valid");
         assert_eq!(s.model.sampling, SamplingDefaults { top_k: 0, ..SamplingDefaults::default() });
         assert_eq!(load("").expect("valid").model.sampling.temperature, 0.7);
+        assert_eq!(load("").expect("valid").model.sampling.max_tokens, DEFAULT_MAX_TOKENS);
+        assert_eq!(load("[model.sampling]\nmax_tokens = 0\n").expect("valid").model.sampling.max_tokens, 0);
         let e = load("[model.sampling]\ntemperature = 5.0\n").unwrap_err();
         assert!(e.contains("model.sampling.temperature"), "{e}");
         let e = load("[model.sampling]\ntop_p = 0.0\n").unwrap_err();

@@ -156,7 +156,7 @@ pub fn tool_calls(data: &[u8]) {
             serde_json::json!({"type": "object", "properties": {"path": {"type": "string"}}}),
         )],
     };
-    let set = ToolSet { tools };
+    let set = ToolSet { tools, custom: vec!["apply_patch".into()] };
     let text = String::from_utf8_lossy(text);
     let _ = tools::parse::parse_all(&set, &text);
     let chunk = 1 + text.len() % 7;

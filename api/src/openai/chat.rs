@@ -37,12 +37,25 @@ fn text_of(content: &Option<Content>, at: usize) -> Result<String, ApiError> {
 
 /// An assistant message's `tool_calls` as templates expect them: each call's
 /// `function.arguments` (a JSON string on the wire) parsed into an object, so
-/// the template does not render it double-encoded.
-pub(crate) fn history_calls(calls: &Value, at: usize) -> Result<Value, ApiError> {
+/// the template does not render it double-encoded. Custom tools' calls (`{"type": "custom",
+/// "custom": {"name", "input"}}`) come back as text, the way the model writes them
+/// ([`custom_call_text`]), to be appended to the message's content: templates render function
+/// calls only.
+pub(crate) fn history_calls(calls: &Value, at: usize) -> Result<(Value, String), ApiError> {
     let bad = |m: String| ApiError::bad_param(format!("messages[{at}].tool_calls"), m);
     let list = calls.as_array().ok_or_else(|| bad(format!("messages[{at}].tool_calls must be an array")))?;
     let mut out = Vec::with_capacity(list.len());
+    let mut text = String::new();
     for (j, call) in list.iter().enumerate() {
+        if call.get("type").and_then(Value::as_str) == Some("custom") {
+            let custom = call.get("custom");
+            let field = |k: &str| custom.and_then(|c| c.get(k)).and_then(Value::as_str);
+            let (Some(name), Some(input)) = (field("name"), field("input")) else {
+                return Err(bad(format!("messages[{at}].tool_calls[{j}].custom needs a name and an input (strings)")));
+            };
+            push_custom_call(&mut text, name, input);
+            continue;
+        }
         let mut call = call.clone();
         let function = call
             .get_mut("function")
@@ -59,7 +72,16 @@ pub(crate) fn history_calls(calls: &Value, at: usize) -> Result<Value, ApiError>
         }
         out.push(call);
     }
-    Ok(Value::Array(out))
+    Ok((Value::Array(out), text))
+}
+
+/// Appends a custom tool's call to an assistant message's text, as the model writes it (see
+/// `tools::grammar`), on a line of its own.
+pub(crate) fn push_custom_call(content: &mut String, name: &str, input: &str) {
+    if !content.is_empty() && !content.ends_with('\n') {
+        content.push('\n');
+    }
+    content.push_str(&format!("<tool_call>\n<function={name}>\n{input}\n</function>\n</tool_call>"));
 }
 
 /// Converts one OpenAI message to the template's.
@@ -71,7 +93,14 @@ pub(crate) fn message(m: &ChatMessageIn, at: usize) -> Result<ChatMessage, ApiEr
     let mut msg = ChatMessage::new(role, text_of(&m.content, at)?);
     msg.name = m.name.clone();
     msg.tool_calls = match &m.tool_calls {
-        Some(calls) if !calls.is_null() && m.role == "assistant" => Some(history_calls(calls, at)?),
+        Some(calls) if !calls.is_null() && m.role == "assistant" => {
+            let (calls, custom) = history_calls(calls, at)?;
+            if !custom.is_empty() && !msg.content.is_empty() && !msg.content.ends_with('\n') {
+                msg.content.push('\n');
+            }
+            msg.content.push_str(&custom);
+            calls.as_array().is_some_and(|c| !c.is_empty()).then_some(calls)
+        }
         Some(calls) if !calls.is_null() => {
             return Err(ApiError::bad_param(
                 format!("messages[{at}].tool_calls"),
@@ -165,7 +194,7 @@ mod tests {
             m.tool_calls = Some(calls);
             template.render(&[ChatMessage::user("x"), m], false, None).unwrap()
         };
-        let text = render(history_calls(&calls, 0).unwrap());
+        let text = render(history_calls(&calls, 0).unwrap().0);
         assert!(text.contains(r#"{"name": "f", "arguments": {"a": [1, "x"]}}"#), "{text}");
         assert!(text.contains(r#"{"name": "g", "arguments": "not json"}"#), "{text}");
         // As sent (a JSON string), it would be double-encoded.

@@ -43,7 +43,14 @@ pub async fn list_models(state: web::Data<AppState>, _auth: TenantAuth) -> Resul
     let served = state.served()?;
     Ok(HttpResponse::Ok().json(ModelList {
         object: "list",
-        data: vec![ModelCard { id: served.id.clone(), object: "model", created: served.created, owned_by: "cachet" }],
+        data: vec![ModelCard {
+            id: served.id.clone(),
+            object: "model",
+            created: served.created,
+            owned_by: "cachet",
+            max_model_len: served.engine.max_context(),
+            context_length: served.engine.max_context(),
+        }],
     }))
 }
 
@@ -161,8 +168,12 @@ pub(crate) fn params(s: &Sampling, prompt_tokens: usize, served: &Served) -> Res
     sampling.validate().map_err(ApiError::bad)?;
     Ok(GenerateParams {
         sampling,
-        // Longer requests end at the context window with "length".
-        max_tokens: requested.unwrap_or(room).min(room),
+        // Without a limit of its own an answer gets `[model.sampling] max_tokens`; any answer ends at
+        // the context window, with "length".
+        max_tokens: requested
+            .or((defaults.max_tokens > 0).then_some(defaults.max_tokens as usize))
+            .unwrap_or(room)
+            .min(room),
         stop,
         stop_token_ids,
         ignore_eos: s.ignore_eos.unwrap_or(false),

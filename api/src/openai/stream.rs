@@ -6,7 +6,8 @@
 use super::logprobs::{self, Entry};
 use super::tools::parse::{parse_all, CallParser, Delta, ToolSet};
 use super::types::{
-    ChatChoice, ChatCompletion, ChatMessageOut, CompletionChoice, FunctionCall, TextCompletion, ToolCall, Usage,
+    ChatChoice, ChatCompletion, ChatMessageOut, CompletionChoice, CustomCall, FunctionCall, TextCompletion, ToolCall,
+    Usage,
 };
 use super::{finish_reason, Answer, AnswerSink, Endpoint};
 use crate::error::error_body;
@@ -44,10 +45,19 @@ fn split(tools: &ToolSet, text: &str) -> (String, Vec<ToolCall>) {
     let (content, calls) = parse_all(tools, text);
     let calls = calls
         .into_iter()
-        .map(|c| ToolCall {
-            id: c.id,
-            kind: "function",
-            function: FunctionCall { name: c.name, arguments: c.arguments },
+        .map(|c| match c.custom {
+            true => ToolCall {
+                id: c.id,
+                kind: "custom",
+                function: None,
+                custom: Some(CustomCall { name: c.name, input: c.arguments }),
+            },
+            false => ToolCall {
+                id: c.id,
+                kind: "function",
+                function: Some(FunctionCall { name: c.name, arguments: c.arguments }),
+                custom: None,
+            },
         })
         .collect();
     (content, calls)
@@ -126,15 +136,21 @@ impl Context {
 
     /// A chat chunk for one piece of a parsed answer, as OpenAI streams calls:
     /// index, id, type and name first, then the arguments in pieces.
-    fn delta_chunk(&self, d: &Delta) -> serde_json::Value {
+    fn delta_chunk(&self, parser: &CallParser, d: &Delta) -> serde_json::Value {
         let mut delta = serde_json::Map::new();
         let call = match d {
             Delta::Content(t) => {
                 delta.insert("content".into(), json!(t));
                 None
             }
-            Delta::Start { index, id, name } => Some(json!({"index": index, "id": id, "type": "function",
-                "function": {"name": name, "arguments": ""}})),
+            Delta::Start { index, id, name, custom: false } => Some(json!({"index": index, "id": id,
+                "type": "function", "function": {"name": name, "arguments": ""}})),
+            Delta::Start { index, id, name, custom: true } => {
+                Some(json!({"index": index, "id": id, "type": "custom", "custom": {"name": name, "input": ""}}))
+            }
+            Delta::Args { index, text } if parser.is_custom(*index) => {
+                Some(json!({"index": index, "custom": {"input": text}}))
+            }
             Delta::Args { index, text } => Some(json!({"index": index, "function": {"arguments": text}})),
         };
         if let Some(call) = call {
@@ -302,7 +318,10 @@ fn handle(
                 pending.entries.extend(logprobs::entry(engine.tokenizer(), id, &lp));
             }
             let mut chunks = match parser {
-                Some(p) => p.push(&text).iter().map(|d| ctx.delta_chunk(d)).collect(),
+                Some(p) => {
+                    let deltas = p.push(&text);
+                    deltas.iter().map(|d| ctx.delta_chunk(p, d)).collect()
+                }
                 None if text.is_empty() => Vec::new(),
                 None => vec![ctx.chunk(Some(&text), false, None)],
             };
@@ -313,7 +332,10 @@ fn handle(
         }
         Some(Event::Done(c)) => {
             let (mut chunks, calls): (Vec<_>, _) = match parser {
-                Some(p) => (p.finish().iter().map(|d| ctx.delta_chunk(d)).collect(), p.calls()),
+                Some(p) => {
+                    let deltas = p.finish();
+                    (deltas.iter().map(|d| ctx.delta_chunk(p, d)).collect(), p.calls())
+                }
                 None => (Vec::new(), 0),
             };
             super::count_calls(ctx.endpoint, calls);

@@ -264,13 +264,23 @@ pub struct ChatMessageOut {
     pub refusal: Option<String>,
 }
 
-/// A call the model made.
+/// A call the model made: `type` `function` with `function`, or `custom` with `custom`.
 #[derive(Clone, Debug, PartialEq, Serialize, ToSchema)]
 pub struct ToolCall {
     pub id: String,
     #[serde(rename = "type")]
     pub kind: &'static str,
-    pub function: FunctionCall,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub function: Option<FunctionCall>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub custom: Option<CustomCall>,
+}
+
+/// A custom tool and its free-form input.
+#[derive(Clone, Debug, PartialEq, Serialize, ToSchema)]
+pub struct CustomCall {
+    pub name: String,
+    pub input: String,
 }
 
 /// The function and its arguments (a JSON text).
@@ -328,6 +338,10 @@ pub struct ModelCard {
     pub object: &'static str,
     pub created: i64,
     pub owned_by: &'static str,
+    /// The context window in tokens (prompt and answer together), where vLLM's clients read it.
+    pub max_model_len: usize,
+    /// The same, where OpenRouter's and LM Studio's clients read it.
+    pub context_length: usize,
 }
 
 /// The answer of `GET /v1/models`.

@@ -44,6 +44,13 @@ async fn operators_manage_tenants_and_tenants_cannot() {
     let r = app.client.get(format!("{}/v1/models", app.address)).bearer_auth(&token).send().await.unwrap();
     let models: Value = r.json().await.unwrap();
     assert_eq!(models["data"][0]["id"], app.model());
+    // The context window, where clients look for it.
+    let window = app.state.served.get().unwrap().engine.max_context();
+    assert_eq!(
+        (models["data"][0]["max_model_len"].as_u64(), models["data"][0]["context_length"].as_u64()),
+        (Some(window as u64), Some(window as u64)),
+        "{models}"
+    );
     let r = app.client.delete(format!("{url}/{}", uuid::Uuid::new_v4())).bearer_auth(OPERATOR).send().await.unwrap();
     error(r, 404).await;
 }

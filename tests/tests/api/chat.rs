@@ -241,3 +241,32 @@ async fn sampling_fields_left_out_take_the_configured_defaults() {
     }
     assert!(differ, "the request's own temperature wins over the default");
 }
+
+#[tokio::test]
+async fn an_answer_without_a_limit_gets_the_configured_default() {
+    let app = spawn_with(|s| s.model.sampling.max_tokens = 7).await;
+    let (_, token) = app.tenant("acme").await;
+    let body = json!({"model": app.model(), "messages": [{"role": "user", "content": "count"}], "ignore_eos": true});
+    let v: Value = app.chat(&token, body.clone()).await.json().await.unwrap();
+    assert_eq!(
+        (v["usage"]["completion_tokens"].as_u64(), v["choices"][0]["finish_reason"].as_str()),
+        (Some(7), Some("length")),
+        "{v}"
+    );
+    // The request's own limit wins, above or below the default.
+    let mut own = body;
+    own["max_tokens"] = json!(9);
+    let v: Value = app.chat(&token, own).await.json().await.unwrap();
+    assert_eq!(v["usage"]["completion_tokens"], 9, "{v}");
+    let r: Value = app
+        .post(
+            &token,
+            "/v1/responses",
+            json!({"model": app.model(), "input": "count", "store": false, "max_output_tokens": 3}),
+        )
+        .await
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(r["usage"]["output_tokens"], 3, "{r}");
+}

@@ -160,3 +160,40 @@ async fn bad_and_stateful_requests_are_400s_naming_the_field() {
     error(create(&app, &token, json!({"model": "gpt-9", "input": "hi"})).await, 404).await;
     error(create(&app, "not-a-token", json!({"model": app.model(), "input": "hi"})).await, 401).await;
 }
+
+#[tokio::test]
+async fn custom_tool_calls_round_trip_streamed_or_not() {
+    let app = spawn_app().await;
+    let (_, token) = app.tenant("acme").await;
+    let tools = json!([{"type": "custom", "name": "ticket", "description": "File a ticket",
+                        "format": {"type": "grammar", "syntax": "regex", "definition": "[A-Z]{2,4}-[0-9]{1,3}"}}]);
+    let body = json!({"model": app.model(), "input": "file a ticket", "tools": tools,
+                      "tool_choice": {"type": "custom", "name": "ticket"}, "max_output_tokens": 40,
+                      "temperature": 0.0, "store": false});
+    let v: Value = create(&app, &token, body.clone()).await.json().await.unwrap();
+    let call = &v["output"][0];
+    assert_eq!((call["type"].as_str(), call["name"].as_str()), (Some("custom_tool_call"), Some("ticket")), "{v}");
+    let input = call["input"].as_str().unwrap();
+    let (a, n) = input.split_once('-').unwrap();
+    assert!(a.bytes().all(|c| c.is_ascii_uppercase()) && n.bytes().all(|c| c.is_ascii_digit()), "{input}");
+
+    let mut streamed = body.clone();
+    streamed["stream"] = json!(true);
+    let evs = events(&create(&app, &token, streamed).await.text().await.unwrap());
+    let delta: String = evs
+        .iter()
+        .filter(|e| e["type"] == "response.custom_tool_call_input.delta")
+        .map(|e| e["delta"].as_str().unwrap())
+        .collect();
+    assert_eq!(delta, input, "greedy: the same input, streamed");
+    let done = evs.iter().find(|e| e["type"] == "response.custom_tool_call_input.done").unwrap();
+    assert_eq!(done["input"], input);
+
+    // The call and its output go back as input items.
+    let next = json!({"model": app.model(), "tools": body["tools"], "max_output_tokens": 4, "store": false,
+        "input": [{"role": "user", "content": "file a ticket"},
+                  {"type": "custom_tool_call", "call_id": call["call_id"], "name": "ticket", "input": input},
+                  {"type": "custom_tool_call_output", "call_id": call["call_id"], "output": "filed"}]});
+    let r = create(&app, &token, next).await;
+    assert_eq!(r.status(), 200, "{}", r.text().await.unwrap());
+}

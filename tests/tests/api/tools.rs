@@ -379,3 +379,103 @@ async fn required_parallel_calls_end_at_a_repeat_and_at_most_sixteen() {
     let n = v["choices"][0]["message"]["tool_calls"].as_array().unwrap().len();
     assert!((1..=16).contains(&n), "{n} calls: {v}");
 }
+
+/// A small patch grammar (the shape of Codex's `apply_patch`), for custom tools.
+const PATCH_LARK: &str = "start: \"*** Begin Patch\" LF hunk+ \"*** End Patch\"\n\
+    hunk: \"*** Add File: \" NAME LF (\"+\" LINE LF)+\n\
+    NAME: /[a-z]{1,8}\\.py/\nLINE: /[a-z =0-9]{0,20}/\n%import common.LF\n";
+
+fn custom_tools() -> Value {
+    json!([
+        {"type": "custom", "custom": {"name": "apply_patch", "description": "Edit files",
+         "format": {"type": "grammar", "syntax": "lark", "definition": PATCH_LARK}}},
+        {"type": "custom", "custom": {"name": "ticket",
+         "format": {"type": "grammar", "syntax": "regex", "definition": "[A-Z]{2,4}-[0-9]{1,3}"}}},
+        {"type": "function", "function": {"name": "run", "parameters": {"type": "object",
+         "properties": {"cmd": {"enum": ["ls"]}}, "required": ["cmd"]}}},
+    ])
+}
+
+/// Whether `input` is a patch of [`PATCH_LARK`].
+fn is_patch(input: &str) -> bool {
+    let Some(body) = input.strip_prefix("*** Begin Patch\n").and_then(|b| b.strip_suffix("*** End Patch")) else {
+        return false;
+    };
+    let mut lines = body.lines().peekable();
+    let mut hunks = 0;
+    while let Some(head) = lines.next() {
+        let Some(name) = head.strip_prefix("*** Add File: ") else { return false };
+        if !name.ends_with(".py") || lines.peek().is_none_or(|l| !l.starts_with('+')) {
+            return false;
+        }
+        while lines.peek().is_some_and(|l| l.starts_with('+')) {
+            lines.next();
+        }
+        hunks += 1;
+    }
+    hunks > 0
+}
+
+#[tokio::test]
+async fn custom_tools_take_free_form_input_held_to_their_grammar() {
+    let app = spawn_app().await;
+    let (_, token) = app.tenant("acme").await;
+    for (name, seed) in [("apply_patch", 1), ("ticket", 2), ("apply_patch", 3)] {
+        let b = body(
+            &app,
+            json!({"tools": custom_tools(), "tool_choice": {"type": "custom", "custom": {"name": name}},
+                   "seed": seed, "max_tokens": 300, "temperature": 1.0}),
+        );
+        let v: Value = app.chat(&token, b.clone()).await.json().await.unwrap();
+        let choice = &v["choices"][0];
+        let calls = choice["message"]["tool_calls"].as_array().expect("a call");
+        assert_eq!(calls.len(), 1, "{v}");
+        let call = &calls[0];
+        assert_eq!((call["type"].as_str(), call["custom"]["name"].as_str()), (Some("custom"), Some(name)), "{v}");
+        assert!(call.get("function").is_none() && call["id"].as_str().unwrap().starts_with("call_"), "{call}");
+        let input = call["custom"]["input"].as_str().unwrap();
+        if choice["finish_reason"] == "tool_calls" {
+            match name {
+                "ticket" => {
+                    let (a, n) = input.split_once('-').unwrap();
+                    assert!((2..=4).contains(&a.len()) && a.bytes().all(|c| c.is_ascii_uppercase()), "{input}");
+                    assert!((1..=3).contains(&n.len()) && n.bytes().all(|c| c.is_ascii_digit()), "{input}");
+                }
+                _ => assert!(is_patch(input), "{input:?}"),
+            }
+        } else {
+            assert_eq!(choice["finish_reason"], "length", "{v}");
+        }
+        // Streamed: the same call (same seed), as custom deltas.
+        let mut streamed = b;
+        streamed["stream"] = json!(true);
+        let text = app.chat(&token, streamed).await.text().await.unwrap();
+        let (mut sname, mut sinput) = (String::new(), String::new());
+        for e in sse_events(&text).iter().filter(|e| *e != "[DONE]") {
+            let c: Value = serde_json::from_str(e).unwrap();
+            for tc in c["choices"][0]["delta"]["tool_calls"].as_array().into_iter().flatten() {
+                assert!(tc.get("function").is_none(), "{tc}");
+                if let Some(n) = tc["custom"]["name"].as_str() {
+                    assert_eq!(tc["type"], "custom");
+                    sname.push_str(n);
+                }
+                sinput.push_str(tc["custom"]["input"].as_str().unwrap_or(""));
+            }
+        }
+        assert_eq!((sname.as_str(), sinput.as_str()), (name, input));
+    }
+    // A history with a custom call and its output is accepted (the call is rendered as the model
+    // writes it).
+    let history = json!({"model": app.model(), "max_tokens": 4, "tools": custom_tools(), "messages": [
+        {"role": "user", "content": "add a file"},
+        {"role": "assistant", "content": null, "tool_calls": [{"id": "call_1", "type": "custom",
+            "custom": {"name": "apply_patch", "input": "*** Begin Patch\n*** Add File: a.py\n+x = 1\n*** End Patch"}}]},
+        {"role": "tool", "tool_call_id": "call_1", "content": "Done!"}]});
+    assert_eq!(app.chat(&token, history).await.status(), 200);
+    // A grammar llguidance refuses is a 400 naming the tool.
+    let bad = json!([{"type": "custom", "custom": {"name": "p",
+        "format": {"type": "grammar", "syntax": "lark", "definition": "start: undefined_rule"}}}]);
+    let e = error(app.chat(&token, body(&app, json!({"tools": bad}))).await, 400).await;
+    assert_eq!(e["param"], "tools", "{e}");
+    assert!(e["message"].as_str().unwrap().contains("\"p\""), "{e}");
+}

@@ -1,6 +1,6 @@
 //! The answer of `POST /v1/responses`: a `response` object, or its stream of
 //! events (`response.created`, `response.in_progress`, then per output item
-//! `response.output_item.added`, its text or arguments deltas and `…done`
+//! `response.output_item.added`, its text, arguments or custom tool input deltas and `…done`
 //! events, `response.output_item.done`, and last `response.completed`, or
 //! `response.incomplete` when the answer hit its token limit, or
 //! `response.failed`). Both are built by one [`Builder`] from the same deltas
@@ -19,8 +19,24 @@ use uuid::Uuid;
 
 /// The output item being written.
 enum Open {
-    Message { id: String, text: String, logprobs: Vec<Value> },
-    Call { id: String, call_id: String, name: String, arguments: String },
+    Message {
+        id: String,
+        text: String,
+        logprobs: Vec<Value>,
+    },
+    Call {
+        id: String,
+        call_id: String,
+        name: String,
+        arguments: String,
+    },
+    /// A custom tool's call; `input` is its free-form input.
+    Custom {
+        id: String,
+        call_id: String,
+        name: String,
+        input: String,
+    },
 }
 
 /// Turns an answer's deltas into output items and events.
@@ -113,27 +129,47 @@ impl Builder {
         for d in deltas {
             match d {
                 Delta::Content(t) => self.content(&t),
-                Delta::Start { id, name, .. } => {
+                Delta::Start { id, name, custom, .. } => {
                     self.close("completed");
                     self.held.clear();
                     // A call's tokens are not text.
                     self.logprobs.clear();
-                    let item_id = item_id("fc");
-                    let item = json!({"id": item_id, "type": "function_call", "status": "in_progress",
-                                      "call_id": id, "name": name, "arguments": ""});
+                    let (item_id, item) = if custom {
+                        let item_id = item_id("ctc");
+                        (
+                            item_id.clone(),
+                            json!({"id": item_id, "type": "custom_tool_call", "status": "in_progress",
+                                                 "call_id": id, "name": name, "input": ""}),
+                        )
+                    } else {
+                        let item_id = item_id("fc");
+                        (
+                            item_id.clone(),
+                            json!({"id": item_id, "type": "function_call", "status": "in_progress",
+                                                 "call_id": id, "name": name, "arguments": ""}),
+                        )
+                    };
                     self.emit("response.output_item.added", json!({"output_index": self.index(), "item": item}));
-                    self.open = Some(Open::Call { id: item_id, call_id: id, name, arguments: String::new() });
+                    self.open = Some(if custom {
+                        Open::Custom { id: item_id, call_id: id, name, input: String::new() }
+                    } else {
+                        Open::Call { id: item_id, call_id: id, name, arguments: String::new() }
+                    });
                 }
                 Delta::Args { text, .. } => {
                     let index = self.index();
-                    if let Some(Open::Call { id, arguments, .. }) = &mut self.open {
-                        arguments.push_str(&text);
-                        let item_id = id.clone();
-                        self.emit(
-                            "response.function_call_arguments.delta",
-                            json!({"item_id": item_id, "output_index": index, "delta": text}),
-                        );
-                    }
+                    let (kind, item_id) = match &mut self.open {
+                        Some(Open::Call { id, arguments, .. }) => {
+                            arguments.push_str(&text);
+                            ("response.function_call_arguments.delta", id.clone())
+                        }
+                        Some(Open::Custom { id, input, .. }) => {
+                            input.push_str(&text);
+                            ("response.custom_tool_call_input.delta", id.clone())
+                        }
+                        _ => continue,
+                    };
+                    self.emit(kind, json!({"item_id": item_id, "output_index": index, "delta": text}));
                 }
             }
         }
@@ -202,6 +238,14 @@ impl Builder {
                 json!({"id": id, "type": "function_call", "status": "completed", "call_id": call_id,
                        "name": name, "arguments": arguments})
             }
+            Some(Open::Custom { id, call_id, name, input }) => {
+                self.emit(
+                    "response.custom_tool_call_input.done",
+                    json!({"item_id": id, "output_index": index, "input": input}),
+                );
+                json!({"id": id, "type": "custom_tool_call", "status": "completed", "call_id": call_id,
+                       "name": name, "input": input})
+            }
         };
         self.emit("response.output_item.done", json!({"output_index": index, "item": item}));
         self.items.push(item);
@@ -225,7 +269,8 @@ impl Builder {
         } else {
             self.close("completed");
         }
-        let calls = self.items.iter().filter(|i| i["type"] == "function_call").count();
+        let calls =
+            self.items.iter().filter(|i| i["type"] == "function_call" || i["type"] == "custom_tool_call").count();
         super::super::count_calls(super::super::Endpoint::Responses, calls);
         let r = self.response(status, usage(c), incomplete.then_some("max_output_tokens"), None);
         let kind = if incomplete { "response.incomplete" } else { "response.completed" };

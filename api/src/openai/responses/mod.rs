@@ -1,6 +1,6 @@
 //! `POST /v1/responses`: OpenAI's Responses API, stateless. The request's
-//! `instructions` and `input` items (messages, `function_call`s and their
-//! `function_call_output`s) become a chat conversation, its function tools and
+//! `instructions` and `input` items (messages, `function_call`s and `custom_tool_call`s and
+//! their outputs) become a chat conversation, its function and custom tools and
 //! `text.format` the same plan as a chat completion's `tools` and
 //! `response_format`, and it runs through the same engine path, tenant scope,
 //! ledger (endpoint `responses`), rate limits and SLO classes. The answer is a
@@ -13,7 +13,7 @@ pub(crate) mod answer;
 #[cfg(test)]
 mod tests;
 
-use super::chat::{self, history_calls};
+use super::chat::{self, history_calls, push_custom_call};
 use super::tools::{valid_name, ToolFields};
 use super::types::{reject_unknown, Sampling, ToolRequest, Unknown};
 use super::{execute, model, Endpoint};
@@ -44,7 +44,8 @@ pub struct ResponseRequest {
     /// A system message before the input.
     #[serde(default)]
     pub instructions: Option<String>,
-    /// Function tools: `[{"type": "function", "name", "description", "parameters", "strict"}]`.
+    /// Function tools `{"type": "function", "name", "description", "parameters", "strict"}` and
+    /// custom tools `{"type": "custom", "name", "description", "format"}`.
     #[serde(default)]
     #[schema(value_type = Option<Vec<Object>>)]
     pub tools: Option<Value>,
@@ -261,7 +262,7 @@ pub(crate) fn conversation(instructions: Option<&str>, input: &Input) -> Result<
                 let arguments = string_field(item, "arguments", &at)?;
                 let call = json!([{"id": call_id, "type": "function",
                                    "function": {"name": name, "arguments": arguments}}]);
-                let call = history_calls(&call, i)?;
+                let (call, _) = history_calls(&call, i)?;
                 // Calls join the assistant message they follow (as chat's `tool_calls`).
                 match out.last_mut() {
                     Some(last) if last.role == "assistant" => {
@@ -277,7 +278,21 @@ pub(crate) fn conversation(instructions: Option<&str>, input: &Input) -> Result<
                     }
                 }
             }
-            "function_call_output" => {
+            "custom_tool_call" => {
+                let name = string_field(item, "name", &at)?;
+                let input = string_field(item, "input", &at)?;
+                string_field(item, "call_id", &at)?;
+                // The call is text in the assistant message it follows, as the model wrote it.
+                match out.last_mut() {
+                    Some(last) if last.role == "assistant" => push_custom_call(&mut last.content, name, input),
+                    _ => {
+                        let mut m = ChatMessage::assistant("");
+                        push_custom_call(&mut m.content, name, input);
+                        out.push(m);
+                    }
+                }
+            }
+            "function_call_output" | "custom_tool_call_output" => {
                 let call_id = string_field(item, "call_id", &at)?;
                 let output = text_of(item.get("output").unwrap_or(&Value::Null), &format!("{at}.output"))?;
                 let mut m = ChatMessage::new("tool", output);
@@ -296,7 +311,8 @@ pub(crate) fn conversation(instructions: Option<&str>, input: &Input) -> Result<
                 return Err(ApiError::bad_param(
                     format!("{at}.type"),
                     format!(
-                        "input items of type {other:?} are not supported (message, function_call, function_call_output)"
+                        "input items of type {other:?} are not supported (message, function_call, \
+                         function_call_output, custom_tool_call, custom_tool_call_output)"
                     ),
                 ))
             }
@@ -315,10 +331,10 @@ pub(crate) fn chat_tools(tools: Option<&Value>) -> Result<Option<Value>, ApiErro
     let mut out = Vec::with_capacity(list.len());
     for (i, tool) in list.iter().enumerate() {
         let kind = tool.get("type").and_then(Value::as_str).unwrap_or_default();
-        if kind != "function" {
+        if kind != "function" && kind != "custom" {
             return Err(ApiError::bad_param(
                 format!("tools[{i}].type"),
-                format!("tools of type {kind:?} are not supported: cachet serves function tools only"),
+                format!("tools of type {kind:?} are not supported: cachet serves function and custom tools"),
             ));
         }
         let name = tool.get("name").and_then(Value::as_str).unwrap_or_default();
@@ -333,7 +349,13 @@ pub(crate) fn chat_tools(tools: Option<&Value>) -> Result<Option<Value>, ApiErro
         for (k, v) in map {
             match k.as_str() {
                 "type" => {}
-                "name" | "description" | "parameters" | "strict" => {
+                "name" | "description" => {
+                    function.insert(k, v);
+                }
+                "parameters" | "strict" if kind == "function" => {
+                    function.insert(k, v);
+                }
+                "format" if kind == "custom" => {
                     function.insert(k, v);
                 }
                 _ => {
@@ -341,7 +363,11 @@ pub(crate) fn chat_tools(tools: Option<&Value>) -> Result<Option<Value>, ApiErro
                 }
             }
         }
-        out.push(json!({"type": "function", "function": function}));
+        out.push(if kind == "custom" {
+            json!({"type": "custom", "custom": function})
+        } else {
+            json!({"type": "function", "function": function})
+        });
     }
     Ok(Some(Value::Array(out)))
 }
@@ -357,9 +383,15 @@ pub(crate) fn chat_tool_choice(choice: Option<&Value>) -> Result<Option<Value>, 
             })?;
             Ok(Some(json!({"type": "function", "function": {"name": name}})))
         }
+        Some(v @ Value::Object(_)) if v.get("type").and_then(Value::as_str) == Some("custom") => {
+            let name = v.get("name").and_then(Value::as_str).ok_or_else(|| {
+                ApiError::bad_param("tool_choice.name", "tool_choice {\"type\": \"custom\"} needs a name")
+            })?;
+            Ok(Some(json!({"type": "custom", "custom": {"name": name}})))
+        }
         Some(_) => Err(ApiError::bad_param(
             "tool_choice",
-            "tool_choice must be none, auto, required or {\"type\": \"function\", \"name\": …}",
+            "tool_choice must be none, auto, required or {\"type\": \"function\" | \"custom\", \"name\": …}",
         )),
     }
 }

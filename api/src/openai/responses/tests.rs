@@ -214,7 +214,7 @@ fn text_answers_stream_as_one_message_item() {
 
 #[test]
 fn calls_stream_as_function_call_items() {
-    let tools = ToolSet { tools: vec![("read".into(), json!({"type": "object"}))] };
+    let tools = ToolSet { tools: vec![("read".into(), json!({"type": "object"}))], custom: Vec::new() };
     let answer = "<tool_call>\n{\"name\": \"read\", \"arguments\": {\"path\": \"notes.txt\"}}\n</tool_call>";
     let (mid, _) = answer.split_at(30);
     let (events, r) = run(&[mid, &answer[30..]], Some(tools), FinishReason::Stop);
@@ -250,4 +250,61 @@ fn a_length_cut_answer_is_incomplete_and_an_empty_one_is_an_empty_message() {
     assert_eq!(r["output"][0]["status"], "incomplete");
     let (_, r) = run(&[], None, FinishReason::Stop);
     assert_eq!(r["output"][0]["content"][0]["text"], "");
+}
+
+#[test]
+fn custom_tool_calls_stream_as_custom_tool_call_items() {
+    let tools = ToolSet { tools: vec![("read".into(), json!({"type": "object"}))], custom: vec!["apply_patch".into()] };
+    let patch = "*** Begin Patch\n*** Add File: a.py\n+x = 1\n*** End Patch";
+    let answer = format!("<tool_call>\n<function=apply_patch>\n{patch}\n</function>\n</tool_call>");
+    let pieces: Vec<&str> = answer.as_bytes().chunks(9).map(|c| std::str::from_utf8(c).unwrap()).collect();
+    let (events, r) = run(&pieces, Some(tools), FinishReason::Stop);
+    let ks = kinds(&events);
+    assert!(!ks.contains(&"response.output_text.delta") && !ks.contains(&"response.function_call_arguments.delta"));
+    let call = &r["output"][0];
+    assert_eq!((call["type"].as_str(), call["name"].as_str()), (Some("custom_tool_call"), Some("apply_patch")));
+    assert_eq!(call["input"], patch);
+    assert!(call["id"].as_str().unwrap().starts_with("ctc_") && call["call_id"].as_str().unwrap().starts_with("call_"));
+    let deltas: String = events
+        .iter()
+        .filter(|e| e["type"] == "response.custom_tool_call_input.delta")
+        .map(|e| e["delta"].as_str().unwrap())
+        .collect();
+    assert_eq!(deltas, patch);
+    let done = events.iter().find(|e| e["type"] == "response.custom_tool_call_input.done").unwrap();
+    assert_eq!((done["input"].as_str(), done["item_id"].as_str()), (Some(patch), call["id"].as_str()));
+}
+
+#[test]
+fn custom_tools_and_their_calls_come_back_as_input() {
+    let tools = json!([{"type": "custom", "name": "apply_patch", "description": "patch",
+                        "format": {"type": "grammar", "syntax": "lark", "definition": "start: \"x\""}},
+                       {"type": "function", "name": "read", "parameters": {"type": "object"}}]);
+    let chat = chat_tools(Some(&tools)).unwrap().unwrap();
+    assert_eq!(
+        chat[0],
+        json!({"type": "custom", "custom": {"name": "apply_patch", "description": "patch",
+        "format": {"type": "grammar", "syntax": "lark", "definition": "start: \"x\""}}})
+    );
+    assert_eq!(chat[1]["type"], "function");
+    let bad = json!([{"type": "custom", "name": "p", "parameters": {}}]);
+    assert_eq!(param(chat_tools(Some(&bad)).unwrap_err()), "tools[0].parameters");
+    let choice = chat_tool_choice(Some(&json!({"type": "custom", "name": "apply_patch"}))).unwrap();
+    assert_eq!(choice, Some(json!({"type": "custom", "custom": {"name": "apply_patch"}})));
+    let input = items(json!([
+        {"role": "user", "content": "fix it"},
+        {"type": "message", "role": "assistant", "content": [{"type": "output_text", "text": "On it."}]},
+        {"type": "custom_tool_call", "call_id": "c1", "name": "apply_patch", "input": "*** Begin Patch\n*** End Patch"},
+        {"type": "custom_tool_call_output", "call_id": "c1", "output": "Done!"},
+    ]));
+    let conv = conversation(None, &input).unwrap();
+    let roles: Vec<_> = conv.iter().map(|m| m.role.as_str()).collect();
+    assert_eq!(roles, ["user", "assistant", "tool"]);
+    assert_eq!(
+        conv[1].content,
+        "On it.\n<tool_call>\n<function=apply_patch>\n*** Begin Patch\n*** End Patch\n</function>\n</tool_call>"
+    );
+    assert_eq!((conv[2].tool_call_id.as_deref(), conv[2].content.as_str()), (Some("c1"), "Done!"));
+    let missing = items(json!([{"type": "custom_tool_call", "call_id": "c1", "name": "p"}]));
+    assert_eq!(param(conversation(None, &missing).unwrap_err()), "input[0].input");
 }

@@ -22,6 +22,7 @@
 //! JSON is written compactly, with `", "` and `": "` as separators (what the
 //! templates show the model, and never an endless run of whitespace).
 
+use super::{CustomFormat, CustomTool};
 use serde_json::{json, Value};
 
 /// The most calls one answer may make (with `parallel_tool_calls`): the grammar ends the
@@ -64,8 +65,10 @@ pub(crate) enum Calls {
     Auto,
     /// Only calls, to any tool.
     Required,
-    /// Exactly one call, to this tool (an index into the tools).
+    /// Exactly one call, to this function tool (an index into the function tools).
     Named(usize),
+    /// Exactly one call, to this custom tool (an index into the custom tools).
+    NamedCustom(usize),
 }
 
 /// llguidance's JSON options for every schema cachet compiles: compact, with
@@ -117,15 +120,19 @@ fn call_schema(name: &str, params: &Value, args_key: &str) -> Value {
 pub(crate) fn grammar(
     format: CallFormat,
     tools: &[(String, Value)],
+    custom: &[CustomTool],
     calls: Calls,
     parallel: bool,
     answer: Option<&Value>,
 ) -> String {
-    let chosen: Vec<&(String, Value)> = match calls {
-        Calls::Named(i) => tools.get(i).into_iter().collect(),
-        _ => tools.iter().collect(),
+    let (chosen, customs): (Vec<&(String, Value)>, Vec<&CustomTool>) = match calls {
+        Calls::Named(i) => (tools.get(i).into_iter().collect(), Vec::new()),
+        Calls::NamedCustom(i) => (Vec::new(), custom.get(i).into_iter().collect()),
+        _ => (tools.iter().collect(), custom.iter().collect()),
     };
-    let parallel = parallel && !matches!(calls, Calls::Named(_));
+    // Without function tools there is no JSON call to recognise in free text.
+    let has_fn = !chosen.is_empty();
+    let parallel = parallel && !matches!(calls, Calls::Named(_) | Calls::NamedCustom(_));
     let mut g = String::from("%llguidance {}\n");
     let auto = calls == Calls::Auto;
     let free = if answer.is_some() { "answer" } else { "TEXT" };
@@ -139,7 +146,7 @@ pub(crate) fn grammar(
             let start = match (auto, answer) {
                 // Small models often write the call as a bare or fenced JSON object instead of in
                 // its tags: those starts are calls too (and free text may not begin like one).
-                (true, None) if hermes => {
+                (true, None) if hermes && has_fn => {
                     let lines: String = (0..chosen.len()).map(|i| format!(" | line{i}")).collect();
                     format!("TEXT | call_hd call{more} WS | FENCE jcall FENCE_END WS | LEAD? jcall WS{lines}")
                 }
@@ -148,7 +155,7 @@ pub(crate) fn grammar(
                 (false, _) => format!("\"<tool_call>\" call{more} WS"),
             };
             g.push_str(&format!("start: {start}\n"));
-            if hermes {
+            if hermes && has_fn {
                 // Free text may not start with `{` (alone or in a JSON fence): that starts a call.
                 // (Each way out of TEXT ends one byte before TEXT dies, as llguidance's lexer needs.)
                 g.push_str(concat!(
@@ -163,7 +170,7 @@ pub(crate) fn grammar(
             // Whitespace between and after calls is bounded: a model that would rather write
             // another call than end (with parallel_tool_calls false) must end, not pad to max_tokens.
             g.push_str("WS: /[ \\t\\r\\n]{0,4}/\ncall_hd[lazy]: TEXT \"<tool_call>\"\n");
-            if hermes && auto && answer.is_none() {
+            if hermes && auto && answer.is_none() && has_fn {
                 // A call on its own line after prose: the trigger runs from the prose to the
                 // arguments' value, whose schema then holds (the name is in the trigger). It ends
                 // on a fixed character (`": "`): a lazy lexeme ends at its shortest match.
@@ -180,12 +187,19 @@ pub(crate) fn grammar(
                 }
             }
             if hermes {
-                let any: Vec<Value> = chosen.iter().map(|(n, p)| call_schema(n, p, "arguments")).collect();
-                let body = if any.len() == 1 { any[0].clone() } else { json!({"anyOf": any}) };
-                g.push_str(&format!("jcall: %json {}\ncall: \"\\n\" jcall \"\\n</tool_call>\"\n", styled(body)));
+                let mut bodies: Vec<String> = Vec::new();
+                if has_fn {
+                    let any: Vec<Value> = chosen.iter().map(|(n, p)| call_schema(n, p, "arguments")).collect();
+                    let body = if any.len() == 1 { any[0].clone() } else { json!({"anyOf": any}) };
+                    g.push_str(&format!("jcall: %json {}\n", styled(body)));
+                    bodies.push("jcall".into());
+                }
+                bodies.extend((0..customs.len()).map(|j| format!("custom_{j}")));
+                g.push_str(&format!("call: \"\\n\" ({}) \"\\n</tool_call>\"\n", bodies.join(" | ")));
             } else {
-                xml_calls(&mut g, &chosen);
+                xml_calls(&mut g, &chosen, customs.len());
             }
+            custom_calls(&mut g, &customs);
         }
         CallFormat::LlamaJson => {
             let any: Vec<Value> = chosen.iter().map(|(n, p)| call_schema(n, p, "parameters")).collect();
@@ -204,8 +218,9 @@ pub(crate) fn grammar(
 
 /// Qwen3-Coder's calls: `<function=NAME>` then the parameters in their declared
 /// order (required ones always), string values verbatim, others as JSON.
-fn xml_calls(g: &mut String, tools: &[&(String, Value)]) {
-    let fns: Vec<String> = (0..tools.len()).map(|i| format!("fn_{i}")).collect();
+fn xml_calls(g: &mut String, tools: &[&(String, Value)], customs: usize) {
+    let mut fns: Vec<String> = (0..tools.len()).map(|i| format!("fn_{i}")).collect();
+    fns.extend((0..customs).map(|j| format!("custom_{j}")));
     g.push_str(&format!("call: \"\\n\" ({}) \"\\n</tool_call>\"\n", fns.join(" | ")));
     g.push_str("strval[lazy]: /(.|\\n)*\\n<\\/parameter>\\n/\n");
     for (i, (name, params)) in tools.iter().enumerate() {
@@ -229,4 +244,56 @@ fn xml_calls(g: &mut String, tools: &[&(String, Value)]) {
         let open = lit(&format!("<function={name}>\n"));
         g.push_str(&format!("fn_{i}: {open} {} \"</function>\"\n", parts.join(" ")));
     }
+}
+
+/// Custom tools' calls, `custom_J`: `<function=NAME>`, a newline, the input, `\n</function>`.
+/// Text is anything up to the first `\n</function>`; a regex is matched the same way (one lazy
+/// lexeme: it ends at the first place the expression and the closing tag both can); a Lark
+/// grammar is nested whole (`%lark { … }`, its own rules and lexer).
+fn custom_calls(g: &mut String, customs: &[&CustomTool]) {
+    for (j, tool) in customs.iter().enumerate() {
+        let open = lit(&format!("<function={}>\n", tool.name));
+        match &tool.format {
+            CustomFormat::Text => {
+                g.push_str(&format!("custom_{j}: {open} ctext_{j}\nctext_{j}[lazy]: /(.|\\n)*\\n<\\/function>/\n"));
+            }
+            CustomFormat::Regex(re) => {
+                g.push_str(&format!(
+                    "custom_{j}: {open} cregex_{j}\ncregex_{j}[lazy]: /(?:{})\\n<\\/function>/\n",
+                    lark_regex(re)
+                ));
+            }
+            CustomFormat::Lark(def) => {
+                g.push_str(&format!("custom_{j}: {open} %lark {{\n{def}\n}} \"\\n</function>\"\n"));
+            }
+        }
+    }
+}
+
+/// A regular expression as the body of a Lark `/…/` literal: `/` escaped, line breaks written as
+/// escapes, and the anchors a whole-input expression may carry (`^…$`, `\A…\z`) left out (a
+/// lexeme is matched whole anyway).
+fn lark_regex(re: &str) -> String {
+    let re = re.strip_prefix('^').or_else(|| re.strip_prefix("\\A")).unwrap_or(re);
+    let mut out = String::with_capacity(re.len() + 8);
+    let mut chars = re.chars().peekable();
+    while let Some(c) = chars.next() {
+        match c {
+            '\\' => match chars.next() {
+                // A trailing `\z` is an anchor.
+                Some('z') if chars.peek().is_none() => {}
+                Some(next) => {
+                    out.push('\\');
+                    out.push(next);
+                }
+                None => out.push_str("\\\\"),
+            },
+            '$' if chars.peek().is_none() => {}
+            '/' => out.push_str("\\/"),
+            '\n' => out.push_str("\\n"),
+            '\r' => out.push_str("\\r"),
+            c => out.push(c),
+        }
+    }
+    out
 }

@@ -1,5 +1,5 @@
 //! Tool calls and structured output on the chat endpoints: the request's
-//! `tools`, `tool_choice`, `parallel_tool_calls` and `response_format` become
+//! `tools` (function and custom tools), `tool_choice`, `parallel_tool_calls` and `response_format` become
 //! (1) the tools the chat template renders, (2) a grammar the engine enforces
 //! while it generates, and (3) how the answer is read back into
 //! `message.tool_calls` ([`parse`]). Every field is checked here, and what is
@@ -62,6 +62,8 @@ pub(crate) struct Plan {
     pub calls: Option<ToolSet>,
     /// The schema of the answer (`response_format`), if any.
     pub answer: Option<Value>,
+    /// The custom tools (to name the one at fault when the grammar is refused).
+    pub custom: Vec<CustomTool>,
 }
 
 /// A function name as OpenAI allows it.
@@ -69,32 +71,76 @@ pub(crate) fn valid_name(name: &str) -> bool {
     !name.is_empty() && name.len() <= 64 && name.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-')
 }
 
-/// The tools of a request: (name, parameters' schema) each.
-fn tools(value: &Value) -> Result<Vec<(String, Value)>, ApiError> {
+/// A custom tool (`{"type": "custom", "custom": {"name", "description", "format"}}`): the model
+/// writes its input as free text, held to the tool's grammar when it has one.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) struct CustomTool {
+    pub name: String,
+    pub description: String,
+    pub format: CustomFormat,
+}
+
+/// What a custom tool's input must be.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) enum CustomFormat {
+    /// Any text.
+    Text,
+    /// A sentence of this Lark grammar (llguidance's dialect).
+    Lark(String),
+    /// A match of this regular expression (Rust `regex` syntax).
+    Regex(String),
+}
+
+/// The tools of a request.
+#[derive(Clone, Debug, Default)]
+struct Tools {
+    /// Function tools: (name, parameters' schema) each.
+    functions: Vec<(String, Value)>,
+    custom: Vec<CustomTool>,
+}
+
+impl Tools {
+    fn is_empty(&self) -> bool {
+        self.functions.is_empty() && self.custom.is_empty()
+    }
+}
+
+/// The tools of a request, checked.
+fn tools(value: &Value) -> Result<Tools, ApiError> {
     let list = value.as_array().ok_or_else(|| ApiError::bad_param("tools", "tools must be an array"))?;
-    let mut out: Vec<(String, Value)> = Vec::with_capacity(list.len());
+    let mut out = Tools::default();
+    let mut names: Vec<String> = Vec::with_capacity(list.len());
     for (i, tool) in list.iter().enumerate() {
         let at = |field: &str| format!("tools[{i}]{field}");
         let kind = tool.get("type").and_then(Value::as_str);
-        if kind != Some("function") {
-            return Err(ApiError::bad_param(
-                at(".type"),
-                format!("tools[{i}].type must be \"function\" (the only tool type supported), not {}", show(kind)),
-            ));
-        }
+        let (body, field) = match kind {
+            Some("function") => ("function", ".function"),
+            Some("custom") => ("custom", ".custom"),
+            _ => {
+                return Err(ApiError::bad_param(
+                    at(".type"),
+                    format!("tools[{i}].type must be \"function\" or \"custom\", not {}", show(kind)),
+                ))
+            }
+        };
         let f = tool
-            .get("function")
+            .get(body)
             .and_then(Value::as_object)
-            .ok_or_else(|| ApiError::bad_param(at(".function"), format!("tools[{i}].function must be an object")))?;
+            .ok_or_else(|| ApiError::bad_param(at(field), format!("tools[{i}]{field} must be an object")))?;
         let name = f.get("name").and_then(Value::as_str).unwrap_or_default();
         if !valid_name(name) {
             return Err(ApiError::bad_param(
-                at(".function.name"),
-                format!("tools[{i}].function.name must be 1 to 64 letters, digits, '_' or '-', not {name:?}"),
+                at(&format!("{field}.name")),
+                format!("tools[{i}]{field}.name must be 1 to 64 letters, digits, '_' or '-', not {name:?}"),
             ));
         }
-        if out.iter().any(|(n, _)| n == name) {
-            return Err(ApiError::bad_param(at(".function.name"), format!("two tools are named {name:?}")));
+        if names.iter().any(|n| n == name) {
+            return Err(ApiError::bad_param(at(&format!("{field}.name")), format!("two tools are named {name:?}")));
+        }
+        names.push(name.to_string());
+        if body == "custom" {
+            out.custom.push(custom_tool(f, name, i)?);
+            continue;
         }
         let params = match f.get("parameters") {
             None | Some(Value::Null) => json!({"type": "object", "properties": {}}),
@@ -106,9 +152,86 @@ fn tools(value: &Value) -> Result<Vec<(String, Value)>, ApiError> {
                 ))
             }
         };
-        out.push((name.to_string(), params));
+        out.functions.push((name.to_string(), params));
     }
     Ok(out)
+}
+
+/// A custom tool's `format`: `{"type": "text"}` (the default) or `{"type": "grammar", "syntax":
+/// "lark" | "regex", "definition": "…"}` (also as `"grammar": {"syntax", "definition"}`).
+fn custom_tool(f: &serde_json::Map<String, Value>, name: &str, i: usize) -> Result<CustomTool, ApiError> {
+    let bad = |field: &str, m: String| ApiError::bad_param(format!("tools[{i}].custom{field}"), m);
+    let description = match f.get("description") {
+        None | Some(Value::Null) => String::new(),
+        Some(Value::String(d)) => d.clone(),
+        Some(_) => return Err(bad(".description", "the description must be a string".into())),
+    };
+    let format = match f.get("format") {
+        None | Some(Value::Null) => CustomFormat::Text,
+        Some(fmt) => match fmt.get("type").and_then(Value::as_str) {
+            Some("text") => CustomFormat::Text,
+            Some("grammar") => {
+                let g = fmt.get("grammar").filter(|g| g.is_object()).unwrap_or(fmt);
+                let definition = g.get("definition").and_then(Value::as_str).ok_or_else(|| {
+                    bad(".format.definition", "a grammar format needs its definition (a string)".into())
+                })?;
+                if definition.trim().is_empty() {
+                    return Err(bad(".format.definition", "the grammar's definition is empty".into()));
+                }
+                match g.get("syntax").and_then(Value::as_str) {
+                    Some("lark") => CustomFormat::Lark(definition.to_string()),
+                    Some("regex") => CustomFormat::Regex(definition.to_string()),
+                    other => {
+                        return Err(bad(
+                            ".format.syntax",
+                            format!("the grammar's syntax must be \"lark\" or \"regex\", not {}", show(other)),
+                        ))
+                    }
+                }
+            }
+            other => {
+                return Err(bad(
+                    ".format.type",
+                    format!("a custom tool's format type must be \"text\" or \"grammar\", not {}", show(other)),
+                ))
+            }
+        },
+    };
+    Ok(CustomTool { name: name.to_string(), description, format })
+}
+
+/// How the chat template shows a custom tool: as a function whose description says how to call
+/// it (templates render function tools only).
+fn template_entry(tool: &CustomTool) -> Value {
+    let name = &tool.name;
+    let mut description = tool.description.trim().to_string();
+    if !description.is_empty() {
+        description.push_str("\n\n");
+    }
+    description.push_str(&format!(
+        "This tool takes free-form text, not JSON. Call it like this:\n<tool_call>\n<function={name}>\n\
+         the input, verbatim\n</function>\n</tool_call>"
+    ));
+    match &tool.format {
+        CustomFormat::Text => {}
+        CustomFormat::Lark(def) => description.push_str(&format!("\nThe input follows this Lark grammar:\n{def}")),
+        CustomFormat::Regex(re) => description.push_str(&format!("\nThe input matches this regular expression: {re}")),
+    }
+    json!({"type": "function", "function": {"name": name, "description": description}})
+}
+
+/// The tools as the chat template renders them (function tools as sent, custom tools described).
+fn template_tools(value: &Value, tools: &Tools) -> Value {
+    let mut customs = tools.custom.iter();
+    let list = value.as_array().map(Vec::as_slice).unwrap_or_default();
+    Value::Array(
+        list.iter()
+            .map(|t| match t.get("type").and_then(Value::as_str) {
+                Some("custom") => customs.next().map(template_entry).unwrap_or(Value::Null),
+                _ => t.clone(),
+            })
+            .collect(),
+    )
 }
 
 fn show(v: Option<&str>) -> String {
@@ -120,7 +243,7 @@ enum Choice {
     Calls(Calls),
 }
 
-fn choice(value: Option<&Value>, tools: &[(String, Value)]) -> Result<Choice, ApiError> {
+fn choice(value: Option<&Value>, tools: &Tools) -> Result<Choice, ApiError> {
     let bad = |m: String| ApiError::bad_param("tool_choice", m);
     let choice = match value {
         None | Some(Value::Null) => {
@@ -133,17 +256,31 @@ fn choice(value: Option<&Value>, tools: &[(String, Value)]) -> Result<Choice, Ap
             other => return Err(bad(format!("unknown tool_choice {other:?} (none, auto, required, or a function)"))),
         },
         Some(v @ Value::Object(_)) => {
-            if v.get("type").and_then(Value::as_str) != Some("function") {
-                return Err(bad(
-                    "tool_choice objects must be {\"type\": \"function\", \"function\": {\"name\": …}}".into()
-                ));
+            let kind = v.get("type").and_then(Value::as_str);
+            let named = |field: &str| v.get(field).and_then(|f| f.get("name")).and_then(Value::as_str);
+            match kind {
+                Some("function") => {
+                    let name = named("function").unwrap_or_default();
+                    let i = tools.functions.iter().position(|(n, _)| n == name).ok_or_else(|| {
+                        bad(format!("tool_choice names {name:?}, which is not one of the function tools"))
+                    })?;
+                    Choice::Calls(Calls::Named(i))
+                }
+                Some("custom") => {
+                    let name = named("custom").unwrap_or_default();
+                    let i = tools.custom.iter().position(|c| c.name == name).ok_or_else(|| {
+                        bad(format!("tool_choice names {name:?}, which is not one of the custom tools"))
+                    })?;
+                    Choice::Calls(Calls::NamedCustom(i))
+                }
+                _ => {
+                    return Err(bad(
+                        "tool_choice objects must be {\"type\": \"function\", \"function\": {\"name\": …}} \
+                         or {\"type\": \"custom\", \"custom\": {\"name\": …}}"
+                            .into(),
+                    ))
+                }
             }
-            let name = v.get("function").and_then(|f| f.get("name")).and_then(Value::as_str).unwrap_or_default();
-            let i = tools
-                .iter()
-                .position(|(n, _)| n == name)
-                .ok_or_else(|| bad(format!("tool_choice names {name:?}, which is not one of the tools")))?;
-            Choice::Calls(Calls::Named(i))
         }
         Some(_) => return Err(bad("tool_choice must be a string or an object".into())),
     };
@@ -199,7 +336,7 @@ pub(crate) fn plan(fields: ToolFields<'_>, template: &str) -> Result<Plan, ApiEr
 
 fn tool_plan(fields: ToolFields<'_>, template: &str) -> Result<Plan, ApiError> {
     let tools = match fields.tools {
-        None | Some(Value::Null) => Vec::new(),
+        None | Some(Value::Null) => Tools::default(),
         Some(v) => tools(v)?,
     };
     let choice = choice(fields.tool_choice, &tools)?;
@@ -212,16 +349,24 @@ fn tool_plan(fields: ToolFields<'_>, template: &str) -> Result<Plan, ApiError> {
     let Some(calls) = calls else {
         // No calls: the tools stay out of the prompt, as the template renders a conversation without them.
         let grammar = answer.clone().map(|s| GrammarSource::JsonSchema(grammar::styled(s).to_string()));
-        return Ok(Plan { template_tools: None, grammar, calls: None, answer });
+        return Ok(Plan { template_tools: None, grammar, calls: None, answer, custom: Vec::new() });
     };
     let format = CallFormat::detect(template)
         .ok_or_else(|| ApiError::bad_param("tools", "the served model's chat template does not describe tool calls"))?;
-    let text = grammar::grammar(format, &tools, calls, parallel, answer.as_ref());
+    if !tools.custom.is_empty() && format == CallFormat::LlamaJson {
+        return Err(ApiError::bad_param(
+            "tools",
+            "custom tools need a model whose chat template writes calls in <tool_call> tags (Qwen, Hermes)",
+        ));
+    }
+    let text = grammar::grammar(format, &tools.functions, &tools.custom, calls, parallel, answer.as_ref());
+    let custom = tools.custom.iter().map(|c| c.name.clone()).collect();
     Ok(Plan {
-        template_tools: fields.tools.cloned(),
+        template_tools: fields.tools.map(|v| template_tools(v, &tools)),
         grammar: Some(GrammarSource::Lark(text)),
-        calls: Some(ToolSet { tools }),
+        calls: Some(ToolSet { tools: tools.functions, custom }),
         answer,
+        custom: tools.custom,
     })
 }
 
@@ -260,6 +405,19 @@ pub(crate) async fn compile(
                 return Err(ApiError::bad_param(
                     format!("tools[{i}].function.parameters"),
                     format!("the parameters of {name:?} are not a schema cachet can enforce: {m}"),
+                ));
+            }
+        }
+        for tool in &plan.custom {
+            let source = match &tool.format {
+                CustomFormat::Text => continue,
+                CustomFormat::Lark(def) => GrammarSource::Lark(def.clone()),
+                CustomFormat::Regex(re) => GrammarSource::Regex(re.clone()),
+            };
+            if let Err(GrammarError::Invalid(m)) = grammars.compile(&source) {
+                return Err(ApiError::bad_param(
+                    "tools",
+                    format!("the grammar of the custom tool {:?} is not one cachet can enforce: {m}", tool.name),
                 ));
             }
         }

@@ -12,6 +12,8 @@
 //!   the closing tag missing at the end of the output, and several calls;
 //! - `<tool_call><function=NAME><parameter=P>value</parameter>…</function></tool_call>`
 //!   (Qwen3-Coder's XML form; values are JSON when the parameter's schema is not a string);
+//! - `<tool_call>\n<function=NAME>\nINPUT\n</function>\n</tool_call>` for a custom tool (in
+//!   every tagged format): INPUT is the call's free-form input, streamed as it comes;
 //! - an output that starts with a bare `{"name": …, "arguments"|"parameters": …}`
 //!   object (Llama 3's format, and what small models often write), or with
 //!   such an object (or a list of them) in a ```` ```json ```` fence — only
@@ -38,25 +40,28 @@ mod json;
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub(crate) enum Delta {
     Content(String),
-    /// A call begins: its index among the answer's calls, its id and the function's name.
+    /// A call begins: its index among the answer's calls, its id and the tool's name;
+    /// `custom` for a custom tool (its "arguments" are then the free-form input).
     Start {
         index: usize,
         id: String,
         name: String,
+        custom: bool,
     },
-    /// The next piece of the arguments (a JSON text) of call `index`.
+    /// The next piece of the arguments (a JSON text; a custom tool's input) of call `index`.
     Args {
         index: usize,
         text: String,
     },
 }
 
-/// A whole answer's calls: id, name, arguments.
+/// A whole answer's calls: id, name, arguments (a custom tool's input when `custom`).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub(crate) struct Call {
     pub id: String,
     pub name: String,
     pub arguments: String,
+    pub custom: bool,
 }
 
 /// A whole answer: its content and its calls (the deltas of [`CallParser`] folded together).
@@ -68,7 +73,7 @@ pub(crate) fn parse_all(tools: &ToolSet, text: &str) -> (String, Vec<Call>) {
     for d in deltas {
         match d {
             Delta::Content(t) => content.push_str(&t),
-            Delta::Start { id, name, .. } => calls.push(Call { id, name, arguments: String::new() }),
+            Delta::Start { id, name, custom, .. } => calls.push(Call { id, name, arguments: String::new(), custom }),
             Delta::Args { index, text } => calls[index].arguments.push_str(&text),
         }
     }
@@ -78,11 +83,18 @@ pub(crate) fn parse_all(tools: &ToolSet, text: &str) -> (String, Vec<Call>) {
 /// What the parser needs to know of the request's tools.
 #[derive(Clone, Debug, Default)]
 pub(crate) struct ToolSet {
-    /// Each tool's name and its parameters' JSON Schema.
+    /// Each function tool's name and its parameters' JSON Schema.
     pub tools: Vec<(String, Value)>,
+    /// The custom tools' names: called as `<function=NAME>\nINPUT\n</function>` in the call tags.
+    pub custom: Vec<String>,
 }
 
 impl ToolSet {
+    /// Whether `name` is one of the custom tools.
+    pub(crate) fn is_custom(&self, name: &str) -> bool {
+        self.custom.iter().any(|n| n == name)
+    }
+
     fn knows(&self, name: &str) -> bool {
         self.tools.iter().any(|(n, _)| n == name)
     }
@@ -100,6 +112,8 @@ impl ToolSet {
 }
 
 const OPEN: &str = "<tool_call>";
+/// Where a custom tool's input ends.
+const RAW_END: &str = "\n</function>";
 const CLOSE: &str = "</tool_call>";
 
 enum State {
@@ -134,6 +148,8 @@ pub(crate) struct CallParser {
     /// The last call was in a ```` ``` ```` fence that is still to close.
     fenced: bool,
     repeats: Repeats,
+    /// The answer's calls (as numbered in the deltas) that are custom tools'.
+    custom_calls: Vec<usize>,
 }
 
 impl CallParser {
@@ -146,6 +162,7 @@ impl CallParser {
             out: Vec::new(),
             fenced: false,
             repeats: Repeats::default(),
+            custom_calls: Vec::new(),
         }
     }
 
@@ -164,15 +181,29 @@ impl CallParser {
     pub(crate) fn push(&mut self, text: &str) -> Vec<Delta> {
         self.buf.push_str(text);
         self.advance(false);
-        let out = std::mem::take(&mut self.out);
-        self.repeats.filter(out, false)
+        self.emit(false)
     }
 
     /// The output is complete: whatever was held back.
     pub(crate) fn finish(&mut self) -> Vec<Delta> {
         self.advance(true);
+        self.emit(true)
+    }
+
+    /// Whether the answer's call `index` (as numbered in the deltas) is a custom tool's.
+    pub(crate) fn is_custom(&self, index: usize) -> bool {
+        self.custom_calls.contains(&index)
+    }
+
+    fn emit(&mut self, end: bool) -> Vec<Delta> {
         let out = std::mem::take(&mut self.out);
-        self.repeats.filter(out, true)
+        let out = self.repeats.filter(out, end);
+        for d in &out {
+            if let Delta::Start { index, custom: true, .. } = d {
+                self.custom_calls.push(*index);
+            }
+        }
+        out
     }
 
     fn content(&mut self, text: &str) {
@@ -190,7 +221,8 @@ impl CallParser {
         let index = self.calls;
         self.calls += 1;
         let id = format!("call_{}", &uuid::Uuid::new_v4().simple().to_string()[..24]);
-        self.out.push(Delta::Start { index, id, name });
+        let custom = self.tools.is_custom(&name);
+        self.out.push(Delta::Start { index, id, name, custom });
         index
     }
 
@@ -467,9 +499,37 @@ impl CallParser {
                 let Some(gt) = self.buf.find('>') else { break };
                 let name = self.buf["<function=".len()..gt].trim().to_string();
                 self.buf.drain(..gt + 1);
+                call.raw = self.tools.is_custom(&name).then_some(false);
                 call.index = Some(self.start_call(name.clone()));
                 call.name = Some(name);
                 continue;
+            }
+            if let (Some(started), Some(index)) = (call.raw, call.index) {
+                // A custom tool's input, verbatim, up to `\n</function>`.
+                if !started {
+                    if self.buf.is_empty() {
+                        break;
+                    }
+                    if self.buf.starts_with('\n') {
+                        self.buf.drain(..1);
+                    }
+                    call.raw = Some(true);
+                }
+                if let Some(at) = self.buf.find(RAW_END) {
+                    let input = self.buf[..at].to_string();
+                    self.args(index, &input);
+                    self.buf.drain(..at + RAW_END.len());
+                    return (State::AfterCall, true);
+                }
+                // What may be the start of `\n</function>` waits; at the end (the token limit cut the
+                // call off) it is markup, dropped.
+                let keep = held_back(&self.buf, RAW_END);
+                let input: String = self.buf.drain(..self.buf.len() - keep).collect();
+                self.args(index, &input);
+                if end {
+                    self.buf.clear();
+                }
+                break;
             }
             let trimmed = self.buf.trim_start();
             let lead = self.buf.len() - trimmed.len();
@@ -511,6 +571,9 @@ impl CallParser {
 
     fn finish_xml(&mut self, call: &XmlCall) {
         let (Some(index), Some(name)) = (call.index, &call.name) else { return };
+        if call.raw.is_some() {
+            return;
+        }
         let mut args = serde_json::Map::new();
         for (param, value) in &call.params {
             let v = if self.tools.is_string_param(name, param) {
@@ -664,6 +727,7 @@ struct Repeats {
 struct Held {
     id: String,
     name: String,
+    custom: bool,
     args: String,
     /// Content that came after the call began.
     after: Vec<Delta>,
@@ -685,21 +749,21 @@ impl Repeats {
                     Some(h) => h.after.push(Delta::Content(t)),
                     None => out.push(Delta::Content(t)),
                 },
-                Delta::Start { index, id, name } => {
+                Delta::Start { index, id, name, custom } => {
                     if let Some(h) = self.held.take() {
                         self.release(h, &mut out);
                     }
                     debug_assert_eq!(index, self.map.len());
                     if self.last.is_some() {
                         self.map.push(None);
-                        self.held = Some(Held { id, name, args: String::new(), after: Vec::new() });
+                        self.held = Some(Held { id, name, custom, args: String::new(), after: Vec::new() });
                     } else {
                         let at = self.emitted;
                         self.map.push(Some(at));
                         self.emitted += 1;
                         self.last = Some((name.clone(), None));
                         self.open = Some((index, String::new()));
-                        out.push(Delta::Start { index: at, id, name });
+                        out.push(Delta::Start { index: at, id, name, custom });
                     }
                 }
                 Delta::Args { index, text } => {
@@ -753,7 +817,7 @@ impl Repeats {
         let value = whole_json(&h.args);
         self.open = value.is_none().then(|| (self.map.len() - 1, h.args.clone()));
         self.last = Some((h.name.clone(), value));
-        out.push(Delta::Start { index: at, id: h.id, name: h.name });
+        out.push(Delta::Start { index: at, id: h.id, name: h.name, custom: h.custom });
         if !h.args.is_empty() {
             out.push(Delta::Args { index: at, text: h.args });
         }
@@ -766,6 +830,9 @@ impl Repeats {
 struct XmlCall {
     name: Option<String>,
     index: Option<usize>,
+    /// A custom tool's call: its input is the body, verbatim (`Some(true)` once the newline
+    /// after the opening tag is dropped).
+    raw: Option<bool>,
     params: Vec<(String, String)>,
 }
 

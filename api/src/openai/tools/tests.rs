@@ -157,6 +157,8 @@ fn bad_fields_are_400s_naming_the_field() {
     let e = |f: ToolFields<'_>| err_param(plan(f, HERMES).unwrap_err());
     let bad_type = json!([{"type": "code_interpreter"}]);
     assert!(e(fields(&bad_type, None)).starts_with("tools[0].type: "));
+    let no_body = json!([{"type": "custom", "name": "p"}]);
+    assert!(e(fields(&no_body, None)).starts_with("tools[0].custom: "));
     let bad_name = json!([{"type": "function", "function": {"name": "has space"}}]);
     assert!(e(fields(&bad_name, None)).starts_with("tools[0].function.name: "));
     let dup = json!([{"type": "function", "function": {"name": "a"}}, {"type": "function", "function": {"name": "a"}}]);
@@ -185,4 +187,103 @@ fn call_formats_come_from_the_template() {
     assert_eq!(CallFormat::detect(XML), Some(CallFormat::Xml));
     assert_eq!(CallFormat::detect(LLAMA), Some(CallFormat::LlamaJson));
     assert_eq!(CallFormat::detect("{% for m in messages %}{{ m.content }}{% endfor %}"), None);
+}
+
+/// A patch grammar in the style of the one Codex sends with its freeform `apply_patch` tool.
+const PATCH_LARK: &str = r#"start: begin_patch hunk+ end_patch
+begin_patch: "*** Begin Patch" LF
+end_patch: "*** End Patch" LF?
+
+hunk: add_hunk | delete_hunk | update_hunk
+add_hunk: "*** Add File: " filename LF add_line+
+delete_hunk: "*** Delete File: " filename LF
+update_hunk: "*** Update File: " filename LF change?
+
+filename: /(.+)/
+add_line: "+" /(.*)/ LF
+
+change: (change_context | change_line)+
+change_context: ("@@" | "@@ " /(.+)/) LF
+change_line: ("+" | "-" | " ") /(.*)/ LF
+
+%import common.LF
+"#;
+
+fn custom_tools() -> Value {
+    json!([
+        {"type": "function", "function": {"name": "shell", "parameters": {"type": "object",
+         "properties": {"command": {"type": "array", "items": {"type": "string"}}}, "required": ["command"]}}},
+        {"type": "custom", "custom": {"name": "apply_patch", "description": "Edit files with a patch.",
+         "format": {"type": "grammar", "syntax": "lark", "definition": PATCH_LARK}}},
+        {"type": "custom", "custom": {"name": "note", "description": "Leave a note."}},
+        {"type": "custom", "custom": {"name": "ticket", "format": {"type": "grammar", "syntax": "regex",
+         "definition": "^[A-Z]{2,5}-[0-9]+$"}}},
+    ])
+}
+
+fn custom_call(name: &str, input: &str) -> String {
+    format!("<tool_call>\n<function={name}>\n{input}\n</function>\n</tool_call>")
+}
+
+#[test]
+fn custom_tools_are_held_to_their_grammars() {
+    let t = custom_tools();
+    for template in [HERMES, XML] {
+        let plan = plan(fields(&t, None), template).unwrap();
+        let set = plan.calls.as_ref().unwrap();
+        assert_eq!(set.custom, ["apply_patch", "note", "ticket"]);
+        assert_eq!(set.tools.len(), 1);
+        let patch =
+            "*** Begin Patch\n*** Update File: calc.py\n@@\n-    return a - b\n+    return a + b\n*** End Patch";
+        assert_eq!(check(&plan, &format!("Fixing it.\n{}", custom_call("apply_patch", patch))), Ok(true), "{template}");
+        let bad = "*** Begin Patch\n*** Rename File: calc.py\n";
+        assert!(check(&plan, &custom_call("apply_patch", bad)).is_err(), "not a hunk the grammar knows");
+        assert!(check(&plan, &custom_call("apply_patch", "diff --git a/x b/x")).is_err());
+        assert_eq!(check(&plan, &custom_call("note", "anything at all,\n{even: json}\n</functio")), Ok(true));
+        assert_eq!(check(&plan, &custom_call("ticket", "CACHE-42")), Ok(true));
+        assert!(check(&plan, &custom_call("ticket", "cache-42")).is_err());
+        assert!(check(&plan, &custom_call("unknown", "x")).is_err(), "only the request's tools");
+        let both = format!("{}\n{}", custom_call("note", "a"), custom_call("ticket", "AB-1"));
+        assert_eq!(check(&plan, &both), Ok(true), "parallel custom calls");
+    }
+    // The function tool keeps its JSON calls beside them.
+    let plan = plan(fields(&t, None), HERMES).unwrap();
+    let shell = "<tool_call>\n{\"name\": \"shell\", \"arguments\": {\"command\": [\"ls\"]}}\n</tool_call>";
+    assert_eq!(check(&plan, shell), Ok(true));
+    // The template sees every tool as a function; a custom one says how to call it.
+    let shown = plan.template_tools.as_ref().unwrap().as_array().unwrap().clone();
+    assert_eq!(shown.len(), 4);
+    let desc = shown[1]["function"]["description"].as_str().unwrap();
+    assert!(desc.starts_with("Edit files with a patch.") && desc.contains("<function=apply_patch>"), "{desc}");
+    assert!(desc.contains("*** Begin Patch"), "the grammar is shown: {desc}");
+    // A named custom tool: only its call.
+    let named = json!({"type": "custom", "custom": {"name": "ticket"}});
+    let plan = super::plan(fields(&t, Some(&named)), HERMES).unwrap();
+    assert_eq!(check(&plan, &custom_call("ticket", "AB-7")), Ok(true));
+    assert!(check(&plan, "Sure").is_err());
+    assert!(check(&plan, shell).is_err());
+    // Custom tools only: prose may start with `{` (no JSON calls to recognise).
+    let only = json!([t[2]]);
+    let plan = super::plan(fields(&only, None), HERMES).unwrap();
+    assert_eq!(check(&plan, "{\"just\": \"json\"}"), Ok(true));
+    assert_eq!(check(&plan, &custom_call("note", "hi")), Ok(true));
+}
+
+#[test]
+fn bad_custom_tools_are_400s() {
+    let e = |t: Value| err_param(plan(fields(&t, None), HERMES).unwrap_err());
+    let no_def = json!([{"type": "custom", "custom": {"name": "p", "format": {"type": "grammar", "syntax": "lark"}}}]);
+    assert!(e(no_def).starts_with("tools[0].custom.format.definition: "));
+    let syntax = json!([{"type": "custom", "custom": {"name": "p",
+        "format": {"type": "grammar", "syntax": "peg", "definition": "x"}}}]);
+    assert!(e(syntax).starts_with("tools[0].custom.format.syntax: "));
+    let kind = json!([{"type": "custom", "custom": {"name": "p", "format": {"type": "binary"}}}]);
+    assert!(e(kind).starts_with("tools[0].custom.format.type: "));
+    let dup = json!([{"type": "function", "function": {"name": "p"}}, {"type": "custom", "custom": {"name": "p"}}]);
+    assert!(e(dup).starts_with("tools[1].custom.name: "));
+    let t = json!([{"type": "custom", "custom": {"name": "p"}}]);
+    let err = err_param(plan(fields(&t, None), LLAMA).unwrap_err());
+    assert!(err.starts_with("tools: ") && err.contains("<tool_call>"), "{err}");
+    let choice = json!({"type": "custom", "custom": {"name": "q"}});
+    assert!(err_param(plan(fields(&t, Some(&choice)), HERMES).unwrap_err()).starts_with("tool_choice: "));
 }

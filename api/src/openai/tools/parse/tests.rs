@@ -11,6 +11,7 @@ fn tools() -> ToolSet {
                        "env": {"type": "object"}}}),
             ),
         ],
+        custom: vec!["apply_patch".into()],
     }
 }
 
@@ -21,7 +22,7 @@ fn fold(deltas: &[Delta]) -> (String, Vec<(String, String)>) {
     for d in deltas {
         match d {
             Delta::Content(t) => content.push_str(t),
-            Delta::Start { index, id, name } => {
+            Delta::Start { index, id, name, .. } => {
                 assert_eq!(*index, calls.len(), "calls are numbered in order");
                 assert!(id.starts_with("call_") && id.len() == 29, "{id}");
                 calls.push((name.clone(), String::new()));
@@ -268,4 +269,25 @@ fn a_fence_around_a_tagged_call_is_not_content() {
     // A fence that holds something else stays content.
     let (content, calls) = parse("Run:\n```\nls -la\n```\n");
     assert_eq!((content.as_str(), calls.len()), ("Run:\n```\nls -la\n```\n", 0));
+}
+
+#[test]
+fn custom_tool_input_is_taken_verbatim_and_streamed() {
+    let patch =
+        "*** Begin Patch\n*** Update File: calc.py\n@@\n-def add(a, b):\n+def add(a, b):  # </function\n*** End Patch";
+    let text = format!("I will patch it.\n<tool_call>\n<function=apply_patch>\n{patch}\n</function>\n</tool_call>");
+    assert_eq!(parse(&text), ("I will patch it.\n".into(), vec![call("apply_patch", patch)]));
+    // Beside a function call, and cut off by the token limit (the input so far is the call's).
+    let text = format!(
+        "<tool_call>\n{{\"name\": \"read_file\", \"arguments\": {{\"path\": \"a\"}}}}\n</tool_call>\n\
+         <tool_call>\n<function=apply_patch>\n{patch}\n</func"
+    );
+    let (content, calls) = parse(&text);
+    assert_eq!(content, "");
+    assert_eq!(calls, vec![call("read_file", r#"{"path": "a"}"#), call("apply_patch", patch)]);
+    // An empty input.
+    let (_, calls) = parse("<tool_call>\n<function=apply_patch>\n\n</function>\n</tool_call>");
+    assert_eq!(calls, vec![call("apply_patch", "")]);
+    let (_, calls) = parse_all(&tools(), "<tool_call>\n<function=apply_patch>\nx\n</function>\n</tool_call>");
+    assert!(calls[0].custom);
 }
