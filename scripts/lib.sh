@@ -12,18 +12,20 @@ wait_http() {
   exit 1
 }
 
-# start_cachet BIN NAME: starts `BIN serve` on a free loopback port, with a private Postgres in a
-# fresh data folder (/tmp/cachet-NAME.XXXXXX), waits until it is ready, and stops it (removing
-# the folder) when the script exits. Sets DATA, BASE and PID.
+# start_cachet BIN NAME [SERVE ARGS…]: starts `BIN serve` on a free loopback port, with a private
+# Postgres in a fresh data folder (/tmp/cachet-NAME.XXXXXX), waits until it is ready, and stops it
+# (removing the folder) when the script exits. Sets DATA, BASE and PID.
 start_cachet() {
   CACHET_BIN_STARTED=$1
-  DATA=$(mktemp -d "/tmp/cachet-$2.XXXXXX")
+  local name=$2
+  shift 2
+  DATA=$(mktemp -d "/tmp/cachet-$name.XXXXXX")
   chmod 755 "$DATA"   # the postgres user must reach the private cluster inside
   local port
   port=$(python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
   BASE="http://127.0.0.1:$port"
   trap stop_cachet EXIT
-  RUST_LOG=warn "$1" serve --bind "127.0.0.1:$port" --data-dir "$DATA" > "$DATA/serve.log" 2>&1 &
+  RUST_LOG=warn "$CACHET_BIN_STARTED" serve --bind "127.0.0.1:$port" --data-dir "$DATA" "$@" > "$DATA/serve.log" 2>&1 &
   PID=$!
   wait_http "$BASE/readyz" "cachet serve" "$PID" "$DATA/serve.log"
 }

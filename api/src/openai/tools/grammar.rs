@@ -155,17 +155,20 @@ pub(crate) fn grammar(
                 (false, _) => format!("\"<tool_call>\" call{more} WS"),
             };
             g.push_str(&format!("start: {start}\n"));
+            // Free text may not start with `<tools>`: small models copy the template's list of tools
+            // (which the prompt shows in those tags) as their answer.
             if hermes && has_fn {
                 // Free text may not start with `{` (alone or in a JSON fence): that starts a call.
                 // (Each way out of TEXT ends one byte before TEXT dies, as llguidance's lexer needs.)
                 g.push_str(concat!(
-                    "TEXT: /(.|\\n)*/ & ~/[ \\t\\r\\n]*(```(json)?[ \\t]*\\n[ \\t\\r\\n]*)?\\{(.|\\n)*/\n",
+                    "TEXT: /(.|\\n)*/ & ~/[ \\t\\r\\n]*(```(json)?[ \\t]*\\n[ \\t\\r\\n]*)?\\{(.|\\n)*/",
+                    " & ~/[ \\t\\r\\n]*<tools>(.|\\n)*/\n",
                     "FENCE: /[ \\t\\r\\n]*```(json)?[ \\t]*\\n[ \\t\\r\\n]*/\n",
                     "FENCE_END: /[ \\t\\r\\n]*```/\n",
                     "LEAD: /[ \\t\\r\\n]+/\n",
                 ));
             } else {
-                g.push_str("TEXT: /(.|\\n)*/\n");
+                g.push_str("TEXT: /(.|\\n)*/ & ~/[ \\t\\r\\n]*<tools>(.|\\n)*/\n");
             }
             // Whitespace between and after calls is bounded: a model that would rather write
             // another call than end (with parallel_tool_calls false) must end, not pad to max_tokens.
@@ -175,7 +178,7 @@ pub(crate) fn grammar(
                 // arguments' value, whose schema then holds (the name is in the trigger). It ends
                 // on a fixed character (`": "`): a lazy lexeme ends at its shortest match.
                 // Prose: something other than whitespace, not starting like a leading call.
-                g.push_str("PROSE: /(.|\\n)*[^ \\t\\r\\n](.|\\n)*/ & ~/[ \\t\\r\\n]*(```|\\{)(.|\\n)*/\n");
+                g.push_str("PROSE: /(.|\\n)*[^ \\t\\r\\n](.|\\n)*/ & ~/[ \\t\\r\\n]*(```|\\{|<tools>)(.|\\n)*/\n");
                 for (i, (name, params)) in chosen.iter().enumerate() {
                     g.push_str(&format!(
                         "line{i}: line_hd{i} args{i} /[ \\t\\r\\n]*\\}}/ FENCE_END? WS\n\

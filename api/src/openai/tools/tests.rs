@@ -54,6 +54,8 @@ fn auto_leaves_text_free_and_makes_started_calls_valid() {
     assert_eq!(plan.template_tools.as_ref(), Some(&t));
     assert_eq!(plan.calls.as_ref().unwrap().tools.len(), 2);
     assert_eq!(check(&plan, "Just prose, {braces} and <tags>."), Ok(true));
+    assert!(check(&plan, "<tools>\n{\"type\": \"function\"").is_err(), "the template's tool list is no answer");
+    assert_eq!(check(&plan, "About <tools>: they help."), Ok(true));
     assert_eq!(check(&plan, &format!("Let me run it.\n{CALL}")), Ok(true));
     assert_eq!(check(&plan, &format!("{CALL}\n{CALL}")), Ok(true), "parallel calls");
     assert!(check(&plan, "<tool_call>\n{\"name\": \"rm\"").is_err(), "unknown tool");
@@ -189,7 +191,7 @@ fn call_formats_come_from_the_template() {
     assert_eq!(CallFormat::detect("{% for m in messages %}{{ m.content }}{% endfor %}"), None);
 }
 
-/// A patch grammar in the style of the one Codex sends with its freeform `apply_patch` tool.
+/// The patch grammar Codex CLI 0.171.0 sends with its freeform `apply_patch` tool (as it sends it).
 const PATCH_LARK: &str = r#"start: begin_patch hunk+ end_patch
 begin_patch: "*** Begin Patch" LF
 end_patch: "*** End Patch" LF?
@@ -197,14 +199,16 @@ end_patch: "*** End Patch" LF?
 hunk: add_hunk | delete_hunk | update_hunk
 add_hunk: "*** Add File: " filename LF add_line+
 delete_hunk: "*** Delete File: " filename LF
-update_hunk: "*** Update File: " filename LF change?
+update_hunk: "*** Update File: " filename LF change_move? change?
 
 filename: /(.+)/
-add_line: "+" /(.*)/ LF
+add_line: "+" /(.*)/ LF -> line
 
-change: (change_context | change_line)+
+change_move: "*** Move to: " filename LF
+change: (change_context | change_line)+ eof_line?
 change_context: ("@@" | "@@ " /(.+)/) LF
 change_line: ("+" | "-" | " ") /(.*)/ LF
+eof_line: "*** End of File" LF
 
 %import common.LF
 "#;
@@ -266,6 +270,7 @@ fn custom_tools_are_held_to_their_grammars() {
     let only = json!([t[2]]);
     let plan = super::plan(fields(&only, None), HERMES).unwrap();
     assert_eq!(check(&plan, "{\"just\": \"json\"}"), Ok(true));
+    assert!(check(&plan, " <tools>").is_err());
     assert_eq!(check(&plan, &custom_call("note", "hi")), Ok(true));
 }
 
