@@ -140,7 +140,8 @@ pub async fn chat_completions(
     let served = model(&state, &body.model)?;
     let fields = ToolFields::of(&body.tooling, body.sampling.grammar.as_ref());
     let id = crate::telemetry::request_id(&http);
-    let job = job(id, served, messages(&body)?, fields, &body.sampling, Endpoint::ChatCompletions).await?;
+    let kwargs = body.chat_template_kwargs.as_ref();
+    let job = job(id, served, messages(&body)?, fields, kwargs, &body.sampling, Endpoint::ChatCompletions).await?;
     execute(&state, &http, auth, served, &body.sampling, job).await
 }
 
@@ -151,9 +152,11 @@ pub(crate) async fn job(
     served: &Served,
     messages: Vec<ChatMessage>,
     fields: ToolFields<'_>,
+    kwargs: Option<&serde_json::Map<String, Value>>,
     sampling: &Sampling,
     endpoint: Endpoint,
 ) -> Result<Job, ApiError> {
+    super::think::check_kwargs(kwargs)?;
     let template = served.engine.chat_template().ok_or_else(|| ApiError::bad("the model has no chat template"))?;
     let plan = tools::plan(fields, template.source())?;
     super::count_results(endpoint, messages.iter().rev().take_while(|m| m.role == "tool").count());
@@ -163,8 +166,9 @@ pub(crate) async fn job(
     }
     conversation.extend(messages);
     let text = template
-        .render(&conversation, true, plan.template_tools.as_ref())
+        .render_with(&conversation, true, plan.template_tools.as_ref(), kwargs.unwrap_or(&serde_json::Map::new()))
         .map_err(|e| ApiError::bad_param("messages", e.to_string()))?;
+    let think = super::think::template_thinks(template.source()).then(|| super::think::prompt_opens_block(&text));
     let tokens = super::encode(&served.engine, text).await?;
     let public = served
         .public
@@ -175,6 +179,7 @@ pub(crate) async fn job(
     let mut job = Job::new(id, endpoint, tokens, public, params);
     job.grammar = tools::compile(&served.engine, &plan).await?;
     job.calls = plan.calls;
+    job.think = think;
     Ok(job)
 }
 

@@ -8,6 +8,7 @@ pub mod completions;
 pub(crate) mod logprobs;
 pub mod responses;
 mod stream;
+pub(crate) mod think;
 pub mod tokenize;
 pub(crate) mod tools;
 pub mod types;
@@ -239,6 +240,9 @@ pub(crate) struct Job {
     pub grammar: Option<cachet_engine::constraint::Grammar>,
     /// Read tool calls out of the answer.
     pub calls: Option<tools::parse::ToolSet>,
+    /// A thinking model's answer: its reasoning block is taken out (`Some(true)`: the prompt
+    /// opened the block).
+    pub think: Option<bool>,
     /// A Responses API request's settings, repeated in its response object.
     pub echo: Option<Box<serde_json::Map<String, serde_json::Value>>>,
     /// The replica a moved session's prefix is fetched from before the engine runs it
@@ -268,6 +272,7 @@ impl Job {
             headers: Vec::new(),
             grammar: None,
             calls: None,
+            think: None,
             echo: None,
             handoff: None,
         }
@@ -556,10 +561,10 @@ pub(crate) async fn execute(
             *echo,
         );
         if stream {
-            return Ok(responses::answer::respond(builder, job.calls, first, events, lp_engine));
+            return Ok(responses::answer::respond(builder, (job.calls, job.think), first, events, lp_engine));
         }
         let ((text, _, entries), completion) = collect(first, &mut events, &served.engine).await?;
-        return Ok(responses::answer::whole(builder, job.calls, &text, &entries, &completion));
+        return Ok(responses::answer::whole(builder, (job.calls, job.think), &text, &entries, &completion));
     }
     let ctx = stream::Context {
         id: format!("{}-{}", if chat_shaped(job.endpoint) { "chatcmpl" } else { "cmpl" }, id.simple()),
@@ -570,6 +575,7 @@ pub(crate) async fn execute(
         headers: job.headers,
         calls: job.calls,
         logprobs: lp_engine,
+        think: job.think,
     };
     if stream {
         let include_usage = sampling.stream_options.as_ref().is_some_and(|o| o.include_usage);

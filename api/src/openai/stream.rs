@@ -29,6 +29,8 @@ pub(crate) struct Context {
     pub calls: Option<ToolSet>,
     /// The engine, when the request asked for log-probabilities (its tokenizer spells them).
     pub logprobs: Option<cachet_engine::runtime::EngineHandle>,
+    /// A thinking model's answer (see [`super::think`]).
+    pub think: Option<bool>,
 }
 
 /// `tool_calls` when the answer made calls and ended by itself.
@@ -72,6 +74,10 @@ pub(crate) fn whole(ctx: &Context, text: String, entries: &[Entry], c: &Completi
     let lp = ctx.logprobs.as_ref().map(|_| entries);
     let usage = Usage::from(c);
     let mut body = if super::chat_shaped(ctx.endpoint) {
+        let (reasoning, text) = match ctx.think {
+            Some(inside) => super::think::split(inside, &text),
+            None => (String::new(), text),
+        };
         let (content, tool_calls) = match &ctx.calls {
             Some(tools) => split(tools, &text),
             None => (text, Vec::new()),
@@ -87,7 +93,13 @@ pub(crate) fn whole(ctx: &Context, text: String, entries: &[Entry], c: &Completi
             system_fingerprint: fingerprint(),
             choices: vec![ChatChoice {
                 index: 0,
-                message: ChatMessageOut { role: "assistant", content, tool_calls, refusal: None },
+                message: ChatMessageOut {
+                    role: "assistant",
+                    content,
+                    reasoning_content: (!reasoning.is_empty()).then_some(reasoning),
+                    tool_calls,
+                    refusal: None,
+                },
                 finish_reason: finish,
                 logprobs: lp.map(logprobs::chat),
             }],
@@ -132,6 +144,13 @@ impl Context {
             delta.insert("content".into(), json!(t));
         }
         self.chunk_with(delta, text, reason)
+    }
+
+    /// A chat chunk with a piece of a thinking model's reasoning.
+    fn reasoning_chunk(&self, text: &str) -> serde_json::Value {
+        let mut delta = serde_json::Map::new();
+        delta.insert("reasoning_content".into(), json!(text));
+        self.chunk_with(delta, None, None)
     }
 
     /// A chat chunk for one piece of a parsed answer, as OpenAI streams calls:
@@ -238,7 +257,8 @@ pub(crate) fn respond(
     let headers = ctx.headers.clone();
     let collector = Collector { sink, text: String::new(), tokens: Vec::new() };
     let parser = ctx.calls.clone().map(CallParser::new);
-    let state = (ctx, events, collector, parser, Pending::default(), Phase::Start(Some(first)));
+    let pending = Pending { think: ctx.think.map(super::think::Think::new), ..Pending::default() };
+    let state = (ctx, events, collector, parser, pending, Phase::Start(Some(first)));
     let body = futures_util::stream::unfold(
         state,
         move |(ctx, mut events, mut collector, mut parser, mut pending, phase)| async move {
@@ -286,6 +306,8 @@ pub(crate) struct Pending {
     entries: Vec<Entry>,
     /// Where the next token's text starts (completions' `text_offset`).
     offset: usize,
+    /// Takes a thinking model's reasoning out of the text.
+    think: Option<super::think::Think>,
 }
 
 impl Pending {
@@ -317,26 +339,46 @@ fn handle(
             if let (Some(engine), Some(lp)) = (&ctx.logprobs, lp) {
                 pending.entries.extend(logprobs::entry(engine.tokenizer(), id, &lp));
             }
-            let mut chunks = match parser {
+            let (reasoning, text) = match pending.think.as_mut() {
+                Some(t) => t.push(&text),
+                None => (String::new(), text),
+            };
+            let mut chunks: Vec<serde_json::Value> = Vec::new();
+            if !reasoning.is_empty() {
+                chunks.push(ctx.reasoning_chunk(&reasoning));
+            }
+            match parser {
                 Some(p) => {
                     let deltas = p.push(&text);
-                    deltas.iter().map(|d| ctx.delta_chunk(p, d)).collect()
+                    chunks.extend(deltas.iter().map(|d| ctx.delta_chunk(p, d)));
                 }
-                None if text.is_empty() => Vec::new(),
-                None => vec![ctx.chunk(Some(&text), false, None)],
-            };
+                None if text.is_empty() => {}
+                None => chunks.push(ctx.chunk(Some(&text), false, None)),
+            }
             if let Some(first) = chunks.first_mut() {
                 pending.attach(ctx, first);
             }
             (join(&chunks), Phase::Events)
         }
         Some(Event::Done(c)) => {
-            let (mut chunks, calls): (Vec<_>, _) = match parser {
+            let (reasoning, rest) = pending.think.as_mut().map(super::think::Think::finish).unwrap_or_default();
+            let mut chunks: Vec<serde_json::Value> = Vec::new();
+            if !reasoning.is_empty() {
+                chunks.push(ctx.reasoning_chunk(&reasoning));
+            }
+            let calls = match parser {
                 Some(p) => {
-                    let deltas = p.finish();
-                    (deltas.iter().map(|d| ctx.delta_chunk(p, d)).collect(), p.calls())
+                    let mut deltas = p.push(&rest);
+                    deltas.extend(p.finish());
+                    chunks.extend(deltas.iter().map(|d| ctx.delta_chunk(p, d)));
+                    p.calls()
                 }
-                None => (Vec::new(), 0),
+                None => {
+                    if !rest.is_empty() {
+                        chunks.push(ctx.chunk(Some(&rest), false, None));
+                    }
+                    0
+                }
             };
             super::count_calls(ctx.endpoint, calls);
             chunks.push(ctx.chunk(None, false, Some(reason(calls, c.finish_reason))));

@@ -193,6 +193,10 @@ pub struct ToolRequest {
 pub struct ChatCompletionRequest {
     pub model: String,
     pub messages: Vec<ChatMessageIn>,
+    /// Extra variables for the chat template (vLLM's field), such as Qwen3's `enable_thinking`.
+    #[serde(default)]
+    #[schema(value_type = Option<Object>)]
+    pub chat_template_kwargs: Option<serde_json::Map<String, serde_json::Value>>,
     #[serde(flatten)]
     pub tooling: ToolRequest,
     #[serde(flatten)]
@@ -258,6 +262,9 @@ pub struct ChatMessageOut {
     pub role: &'static str,
     /// The text (null when the answer is only tool calls).
     pub content: Option<String>,
+    /// A thinking model's reasoning (its `<think>` block), apart from the content.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub reasoning_content: Option<String>,
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub tool_calls: Vec<ToolCall>,
     /// Always null: cachet's models do not refuse through a separate channel.

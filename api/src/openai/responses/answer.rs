@@ -7,6 +7,7 @@
 //! the chat endpoints stream, so a streamed answer and a whole one agree.
 
 use super::super::logprobs;
+use super::super::think::Think;
 use super::super::tools::parse::{CallParser, Delta, ToolSet};
 use super::super::types::Usage;
 use crate::error::ApiError;
@@ -36,6 +37,11 @@ enum Open {
         call_id: String,
         name: String,
         input: String,
+    },
+    /// A thinking model's reasoning.
+    Reasoning {
+        id: String,
+        text: String,
     },
 }
 
@@ -175,6 +181,31 @@ impl Builder {
         }
     }
 
+    /// Takes the next piece of a thinking model's reasoning (a `reasoning` output item).
+    pub(crate) fn reasoning(&mut self, t: &str) {
+        if t.is_empty() {
+            return;
+        }
+        if !matches!(self.open, Some(Open::Reasoning { .. })) {
+            self.close("completed");
+            let id = item_id("rs");
+            let item = json!({"id": id, "type": "reasoning", "status": "in_progress", "summary": [], "content": []});
+            self.emit("response.output_item.added", json!({"output_index": self.index(), "item": item}));
+            self.open = Some(Open::Reasoning { id, text: String::new() });
+        }
+        let index = self.index();
+        // Reasoning tokens are not the answer's text.
+        self.logprobs.clear();
+        if let Some(Open::Reasoning { id, text }) = &mut self.open {
+            text.push_str(t);
+            let item_id = id.clone();
+            self.emit(
+                "response.reasoning_text.delta",
+                json!({"item_id": item_id, "output_index": index, "content_index": 0, "delta": t}),
+            );
+        }
+    }
+
     fn content(&mut self, t: &str) {
         if !matches!(self.open, Some(Open::Message { .. })) {
             if t.trim().is_empty() {
@@ -238,6 +269,14 @@ impl Builder {
                 json!({"id": id, "type": "function_call", "status": "completed", "call_id": call_id,
                        "name": name, "arguments": arguments})
             }
+            Some(Open::Reasoning { id, text }) => {
+                self.emit(
+                    "response.reasoning_text.done",
+                    json!({"item_id": id, "output_index": index, "content_index": 0, "text": text}),
+                );
+                json!({"id": id, "type": "reasoning", "status": "completed", "summary": [],
+                       "content": [{"type": "reasoning_text", "text": text}]})
+            }
             Some(Open::Custom { id, call_id, name, input }) => {
                 self.emit(
                     "response.custom_tool_call_input.done",
@@ -264,7 +303,7 @@ impl Builder {
                 text.push_str(&held);
             }
         }
-        if matches!(self.open, Some(Open::Message { .. })) {
+        if matches!(self.open, Some(Open::Message { .. } | Open::Reasoning { .. })) {
             self.close(status);
         } else {
             self.close("completed");
@@ -299,31 +338,50 @@ impl Builder {
     }
 }
 
-/// How text becomes deltas: through the call parser when the model may call tools.
-pub(crate) struct Reader(Option<CallParser>);
+/// What the answer's text becomes: a thinking model's reasoning is taken out first, the rest goes
+/// through the call parser when the model may call tools.
+pub(crate) struct Reader(Option<CallParser>, Option<Think>);
+
+/// The request's tools (to read calls) and whether its model thinks (see `openai::think`).
+pub(crate) type Reading = (Option<ToolSet>, Option<bool>);
 
 impl Reader {
-    pub(crate) fn new(calls: Option<ToolSet>) -> Reader {
-        Reader(calls.map(CallParser::new))
+    pub(crate) fn new((calls, think): Reading) -> Reader {
+        Reader(calls.map(CallParser::new), think.map(Think::new))
     }
 
-    pub(crate) fn push(&mut self, text: &str) -> Vec<Delta> {
+    /// The next piece of text into `b`.
+    pub(crate) fn push(&mut self, b: &mut Builder, text: &str) {
+        let (reasoning, text) = match &mut self.1 {
+            Some(t) => t.push(text),
+            None => (String::new(), text.to_string()),
+        };
+        b.reasoning(&reasoning);
+        b.push(self.deltas(&text));
+    }
+
+    /// The answer is complete: what was held back into `b`.
+    pub(crate) fn finish(&mut self, b: &mut Builder) {
+        let (reasoning, rest) = self.1.as_mut().map(Think::finish).unwrap_or_default();
+        b.reasoning(&reasoning);
+        let mut deltas = self.deltas(&rest);
+        deltas.extend(self.0.as_mut().map(CallParser::finish).unwrap_or_default());
+        b.push(deltas);
+    }
+
+    fn deltas(&mut self, text: &str) -> Vec<Delta> {
         match &mut self.0 {
             Some(p) => p.push(text),
             None if text.is_empty() => Vec::new(),
             None => vec![Delta::Content(text.to_string())],
         }
     }
-
-    pub(crate) fn finish(&mut self) -> Vec<Delta> {
-        self.0.as_mut().map(CallParser::finish).unwrap_or_default()
-    }
 }
 
 /// The whole answer as one response object.
 pub(crate) fn whole(
     mut builder: Builder,
-    calls: Option<ToolSet>,
+    calls: Reading,
     text: &str,
     entries: &[logprobs::Entry],
     c: &Completion,
@@ -332,8 +390,8 @@ pub(crate) fn whole(
         builder.logprob(e);
     }
     let mut reader = Reader::new(calls);
-    builder.push(reader.push(text));
-    builder.push(reader.finish());
+    reader.push(&mut builder, text);
+    reader.finish(&mut builder);
     HttpResponse::Ok().json(builder.finish(c))
 }
 
@@ -341,7 +399,7 @@ pub(crate) fn whole(
 /// `engine` is given when the request asked for log-probabilities (its tokenizer spells them).
 pub(crate) fn respond(
     builder: Builder,
-    calls: Option<ToolSet>,
+    calls: Reading,
     first: Event,
     events: RequestStream,
     engine: Option<EngineHandle>,
@@ -367,11 +425,11 @@ pub(crate) fn respond(
                             b.logprob(&e);
                         }
                     }
-                    b.push(reader.push(&text));
+                    reader.push(&mut b, &text);
                     false
                 }
                 Some(Event::Done(c)) => {
-                    b.push(reader.finish());
+                    reader.finish(&mut b);
                     b.finish(&c);
                     true
                 }

@@ -128,6 +128,10 @@ pub struct ResponseRequest {
     /// cachet extension (as chat's): the sampler's seed.
     #[serde(default)]
     pub seed: Option<i64>,
+    /// Extra variables for the chat template (vLLM's field), such as Qwen3's `enable_thinking`.
+    #[serde(default)]
+    #[schema(value_type = Option<Object>)]
+    pub chat_template_kwargs: Option<Map<String, Value>>,
     #[serde(flatten)]
     #[schema(ignore)]
     pub unknown: Unknown,
@@ -527,7 +531,8 @@ pub async fn create_response(
     let sampling = sampling(&body)?;
     let fields = ToolFields::of(&tooling, None);
     let id = crate::telemetry::request_id(&http);
-    let mut job = chat::job(id, served, messages, fields, &sampling, Endpoint::Responses).await?;
+    let kwargs = body.chat_template_kwargs.as_ref();
+    let mut job = chat::job(id, served, messages, fields, kwargs, &sampling, Endpoint::Responses).await?;
     job.echo = Some(Box::new(echo(&body, &served.sampling)));
     execute(&state, &http, auth, served, &sampling, job).await
 }

@@ -147,6 +147,11 @@ use cachet_engine::generate::FinishReason;
 
 /// The events of an answer streamed in `pieces`, and the final response.
 fn run(pieces: &[&str], tools: Option<ToolSet>, reason: FinishReason) -> (Vec<Value>, Value) {
+    run_with(pieces, (tools, None), reason)
+}
+
+/// [`run`], for a model that may think.
+fn run_with(pieces: &[&str], reading: answer::Reading, reason: FinishReason) -> (Vec<Value>, Value) {
     let defaults = crate::config::SamplingDefaults::default();
     let echoed = echo(&request(json!({})), &defaults);
     assert_eq!((echoed["temperature"].as_f64(), echoed["top_p"].as_f64()), (Some(0.7f32 as f64), Some(0.8f32 as f64)));
@@ -154,11 +159,11 @@ fn run(pieces: &[&str], tools: Option<ToolSet>, reason: FinishReason) -> (Vec<Va
     assert_eq!(own["temperature"].as_f64(), Some(0.2f32 as f64));
     let mut b = Builder::new("resp_1".into(), 1, "m".into(), echoed);
     b.start();
-    let mut reader = Reader::new(tools);
+    let mut reader = Reader::new(reading);
     for p in pieces {
-        b.push(reader.push(p));
+        reader.push(&mut b, p);
     }
-    b.push(reader.finish());
+    reader.finish(&mut b);
     let last = b.finish(&completion(reason));
     let bytes = b.take();
     let text = std::str::from_utf8(&bytes).unwrap();
@@ -307,4 +312,31 @@ fn custom_tools_and_their_calls_come_back_as_input() {
     assert_eq!((conv[2].tool_call_id.as_deref(), conv[2].content.as_str()), (Some("c1"), "Done!"));
     let missing = items(json!([{"type": "custom_tool_call", "call_id": "c1", "name": "p"}]));
     assert_eq!(param(conversation(None, &missing).unwrap_err()), "input[0].input");
+}
+
+#[test]
+fn a_thinking_models_reasoning_is_a_reasoning_item() {
+    let tools = ToolSet { tools: vec![("read".into(), json!({"type": "object"}))], custom: Vec::new() };
+    let answer =
+        "<think>\nI should read it.\n</think>\n\n<tool_call>\n{\"name\": \"read\", \"arguments\": {}}\n</tool_call>";
+    let pieces: Vec<&str> = answer.as_bytes().chunks(5).map(|c| std::str::from_utf8(c).unwrap()).collect();
+    let (events, r) = run_with(&pieces, (Some(tools), Some(false)), FinishReason::Stop);
+    let output = r["output"].as_array().unwrap();
+    assert_eq!(output.len(), 2, "{r}");
+    assert_eq!(output[0]["type"], "reasoning");
+    assert_eq!(output[0]["content"][0]["text"], "I should read it.");
+    assert_eq!((output[1]["type"].as_str(), output[1]["name"].as_str()), (Some("function_call"), Some("read")));
+    let deltas: String = events
+        .iter()
+        .filter(|e| e["type"] == "response.reasoning_text.delta")
+        .map(|e| e["delta"].as_str().unwrap())
+        .collect();
+    assert_eq!(deltas, "I should read it.");
+    assert!(!kinds(&events).contains(&"response.output_text.delta"), "no reasoning or markup in the text");
+    // Without tools: reasoning, then the message.
+    let (_, r) = run_with(&["<think>x</think>", "\n\nHello"], (None, Some(false)), FinishReason::Stop);
+    assert_eq!(
+        (r["output"][0]["type"].as_str(), r["output"][1]["content"][0]["text"].as_str()),
+        (Some("reasoning"), Some("Hello"))
+    );
 }
