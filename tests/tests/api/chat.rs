@@ -270,3 +270,25 @@ async fn an_answer_without_a_limit_gets_the_configured_default() {
         .unwrap();
     assert_eq!(r["usage"]["output_tokens"], 3, "{r}");
 }
+
+#[tokio::test]
+async fn chat_template_kwargs_reach_the_template_and_reserved_names_are_refused() {
+    let app = spawn_app().await;
+    let (_, token) = app.tenant("acme").await;
+    let mut body = app.chat_body("hi", 2);
+    body["chat_template_kwargs"] = json!({"enable_thinking": false});
+    let r = app.chat(&token, body.clone()).await;
+    assert_eq!(r.status(), 200);
+    let v: Value = r.json().await.unwrap();
+    assert!(
+        v["choices"][0]["message"].get("reasoning_content").is_none(),
+        "the tiny model's template does not think: {v}"
+    );
+    body["chat_template_kwargs"] = json!({"add_generation_prompt": false});
+    assert_eq!(
+        error(app.chat(&token, body.clone()).await, 400).await["param"],
+        "chat_template_kwargs.add_generation_prompt"
+    );
+    body["chat_template_kwargs"] = json!(["not", "an", "object"]);
+    error(app.chat(&token, body).await, 400).await;
+}
