@@ -27,7 +27,7 @@ use std::time::Duration;
 
 use sha2::{Digest, Sha256};
 
-use super::{fingerprint, io_err, lock_model, Progress, PullError, PullEvent, Reporter};
+use super::{fingerprint, io_err, lock_model, verify_file, Progress, PullError, PullEvent, Reporter};
 
 /// A file on the hub, as `hf:OWNER/REPO/FILE[@REVISION]` names it.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -375,22 +375,7 @@ async fn download(
 
 /// Whether `dest` has the published size and SHA-256; reports why not.
 fn verify_existing(dest: &Path, published: &Published, report: &Reporter) -> Result<bool, PullError> {
-    let len = fs::metadata(dest).map_err(io_err("cannot stat", dest))?.len();
-    let reason = if len != published.size {
-        format!("size is {len} bytes, expected {}", published.size)
-    } else {
-        report.event(PullEvent::Verifying { path: dest.to_path_buf() });
-        let mut f = File::open(dest).map_err(io_err("cannot open", dest))?;
-        let mut hasher = Sha256::new();
-        io::copy(&mut f, &mut hasher).map_err(io_err("cannot read", dest))?;
-        let actual = format!("{:x}", hasher.finalize());
-        if actual.eq_ignore_ascii_case(&published.sha256) {
-            return Ok(true);
-        }
-        format!("sha256 is {actual}, expected {}", published.sha256)
-    };
-    report.event(PullEvent::Invalid { path: dest.to_path_buf(), reason });
-    Ok(false)
+    verify_file(dest, published.size, &published.sha256, report)
 }
 
 #[cfg(test)]

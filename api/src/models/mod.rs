@@ -371,19 +371,24 @@ pub(crate) fn fingerprint(path: &Path) -> Option<Fingerprint> {
 
 /// Whether the existing file `dest` has the spec's size and hash; reports why not.
 fn check_existing(spec: &ModelSpec, dest: &Path, report: &Reporter) -> Result<bool, PullError> {
+    verify_file(dest, spec.size, &spec.sha256, report)
+}
+
+/// Whether the existing file `dest` has `size` bytes and the SHA-256 `sha256`; reports why not.
+pub(crate) fn verify_file(dest: &Path, size: u64, sha256: &str, report: &Reporter) -> Result<bool, PullError> {
     let len = fs::metadata(dest).map_err(io_err("cannot stat", dest))?.len();
-    let reason = if len != spec.size {
-        format!("size is {len} bytes, expected {}", spec.size)
+    let reason = if len != size {
+        format!("size is {len} bytes, expected {size}")
     } else {
         report.event(PullEvent::Verifying { path: dest.to_path_buf() });
         let mut file = File::open(dest).map_err(io_err("cannot open", dest))?;
         let mut hasher = Sha256::new();
         io::copy(&mut file, &mut hasher).map_err(io_err("cannot read", dest))?;
         let actual = format!("{:x}", hasher.finalize());
-        if actual.eq_ignore_ascii_case(&spec.sha256) {
+        if actual.eq_ignore_ascii_case(sha256) {
             return Ok(true);
         }
-        format!("sha256 is {actual}, expected {}", spec.sha256)
+        format!("sha256 is {actual}, expected {sha256}")
     };
     report.event(PullEvent::Invalid { path: dest.to_path_buf(), reason });
     Ok(false)
