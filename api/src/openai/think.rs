@@ -7,6 +7,7 @@
 //! inside it when the rendered prompt already opened it (templates that end the generation prompt
 //! with `<think>\n`). Text that may still be the opening or closing tag is held back.
 
+use super::tools::parse::held_back;
 use serde_json::{Map, Value};
 
 const OPEN: &str = "<think>";
@@ -139,14 +140,6 @@ impl Think {
         }
         (reasoning, answer)
     }
-}
-
-/// The length of the longest suffix of `text` that is a proper prefix of `tag`.
-fn held_back(text: &str, tag: &str) -> usize {
-    (1..tag.len().min(text.len() + 1))
-        .rev()
-        .find(|&n| text.is_char_boundary(text.len() - n) && text.ends_with(&tag[..n]))
-        .unwrap_or(0)
 }
 
 /// A whole answer: (reasoning, answer).
