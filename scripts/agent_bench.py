@@ -11,12 +11,14 @@ For each exercise and client: a throwaway git repository with the exercise's ins
 files, keep the names, standard library only"); then the tests are copied in and run by the
 benchmark. A failure gets one retry with the failing test output (the last 50 lines), as aider's
 benchmark does. Every request the client sends goes through a measuring proxy (requests, tool
-calls, prompt / cached / output tokens, time to the first byte of each answer). Against cachet the
-benchmark opens a task per exercise (`POST /v1/tasks`), the client sends its id in the
-`X-Cachet-Task` header (Codex through its provider's `http_headers`, aider through LiteLLM's
-`extra_headers`, Qwen Code through the proxy, which adds it), and the outcome is reported
-(`POST /v1/tasks/{id}/outcome`) with the test output as evidence, so cachet's ledger and
-`cachet report --group-by task` show cost per successful task.
+calls, prompt / cached / output tokens, time to the first byte of each answer). Against cachet each
+exercise is one task, grouped the way a user's runs would be: Codex is left as it is (cachet opens
+a task for the run id Codex sends as `session-id`, and the retry resumes the same Codex session);
+for aider and Qwen Code, which send no run id, the benchmark opens a task (`POST /v1/tasks`) and
+the client sends its id in the `X-Cachet-Task` header (aider through LiteLLM's `extra_headers`,
+Qwen Code through `customHeaders` in its settings). The outcome is reported (`POST
+/v1/tasks/{id}/outcome`) with the test output as evidence, so cachet's ledger and `cachet report
+--group-by task` show cost per successful task.
 
     python scripts/agent_bench.py --client aider-whole --base http://127.0.0.1:8080/v1 --key TOKEN \
         --model default --exercism DIR --limit 10 --out results.jsonl [--cachet] [--tools DIR]
@@ -76,6 +78,7 @@ class Meter:
             self.cached = 0
             self.output = 0
             self.ttft = []
+            self.client_sessions = []
 
     def snapshot(self):
         with self.lock:
@@ -135,7 +138,7 @@ def account(meter, body, streamed):
         meter.patches += len(patches)
 
 
-def start_proxy(upstream, meter, add_task_header):
+def start_proxy(upstream, meter):
     """A forwarding proxy on a free port; returns its base URL (same path prefix as `upstream`)."""
     target = urllib.parse.urlsplit(upstream)
 
@@ -148,8 +151,10 @@ def start_proxy(upstream, meter, add_task_header):
         def forward(self, method):
             body = self.rfile.read(int(self.headers.get("content-length") or 0))
             headers = {k: v for k, v in self.headers.items() if k.lower() not in HOP}
-            if add_task_header and meter.task and not any(k.lower() == "x-cachet-task" for k in headers):
-                headers["X-Cachet-Task"] = meter.task
+            run = self.headers.get("session-id")
+            with meter.lock:
+                if run and run not in meter.client_sessions:
+                    meter.client_sessions.append(run)
             started = time.monotonic()
             conn = http.client.HTTPConnection(target.hostname, target.port, timeout=3600)
             conn.request(method, self.path, body=body or None, headers=headers)
@@ -236,7 +241,7 @@ def git(work, *args):
     subprocess.run(["git", *args], cwd=work, check=True, capture_output=True)
 
 
-def client_command(args, work, files, message, base, task):
+def client_command(args, work, files, message, base, task, resume=None):
     """The command line (and environment) that runs the client once on `message`."""
     env = dict(os.environ)
     tools = args.tools
@@ -252,7 +257,7 @@ def client_command(args, work, files, message, base, task):
                "--openai-api-base", base, "--openai-api-key", args.key, "--edit-format", fmt, "--yes-always",
                "--no-auto-commits", "--no-dirty-commits", "--no-gitignore", "--no-show-model-warnings",
                "--no-check-update", "--no-analytics", "--no-pretty", "--no-stream", "--map-tokens", "0",
-               "--model-settings-file", ".aider.model.settings.yml", "--message", message, *files]
+               "--model-settings-file", ".aider.model.settings.yml", f"--message={message}", *files]
         env["HOME"] = os.path.join(args.state, "home-aider")
         return cmd, env
     if args.client == "codex":
@@ -267,14 +272,22 @@ def client_command(args, work, files, message, base, task):
                     f'base_url = "{base}"\nenv_key = "BENCH_KEY"\nwire_api = "responses"\n{headers}\n'
                     f'[features]\nmulti_agent = false\ngoals = false\n')
         env.update(CODEX_HOME=home, BENCH_KEY=args.key)
-        cmd = [os.path.join(tools, "node_modules", ".bin", "codex"), "exec", "--skip-git-repo-check",
-               "--dangerously-bypass-approvals-and-sandbox", "--", message]
+        # A retry goes on in the same Codex session (same `session-id`, so the same cachet task).
+        cmd = [os.path.join(tools, "node_modules", ".bin", "codex"), "exec", *(["resume"] if resume else []),
+               "--skip-git-repo-check", "--dangerously-bypass-approvals-and-sandbox", "--",
+               *([resume] if resume else []), message]
         return cmd, env
     if args.client == "qwen":
-        env.update(OPENAI_BASE_URL=base, OPENAI_API_KEY=args.key, OPENAI_MODEL=args.model,
-                   HOME=os.path.join(args.state, "home-qwen"))
+        home = os.path.join(args.state, "home-qwen")
+        os.makedirs(os.path.join(home, ".qwen"), exist_ok=True)
+        headers = {"X-Cachet-Task": task} if task else {}
+        # A long first prompt on a CPU takes minutes: the request may take as long as the run.
+        config = {"customHeaders": headers, "timeout": args.timeout * 1000}
+        with open(os.path.join(home, ".qwen", "settings.json"), "w") as f:
+            json.dump({"model": {"generationConfig": config}}, f)
+        env.update(OPENAI_BASE_URL=base, OPENAI_API_KEY=args.key, OPENAI_MODEL=args.model, HOME=home)
         cmd = [os.path.join(tools, "node_modules", ".bin", "qwen"), "--auth-type", "openai", "--approval-mode",
-               "yolo", "--prompt", message]
+               "yolo", f"--prompt={message}"]
         return cmd, env
     raise SystemExit(f"unknown client {args.client}")
 
@@ -296,7 +309,7 @@ def one_task(args, slug, folder, files, meter, base):
     git(work, "add", "-A")
     git(work, "-c", "user.name=bench", "-c", "user.email=bench@localhost", "commit", "-qm", "exercise")
     task = None
-    if args.cachet:
+    if args.cachet and args.client != "codex":
         task = cachet_call(args, "POST", "/tasks", {"title": f"{args.client} {slug}"})["id"]
     meter.reset(task)
     started = time.monotonic()
@@ -304,7 +317,8 @@ def one_task(args, slug, folder, files, meter, base):
     ok, output, tries, log = False, "", 0, ""
     for attempt in range(1 + args.retries):
         tries = attempt + 1
-        cmd, env = client_command(args, work, files["solution"], message, base, task)
+        resume = meter.client_sessions[0] if attempt and args.client == "codex" and meter.client_sessions else None
+        cmd, env = client_command(args, work, files["solution"], message, base, task, resume)
         try:
             p = subprocess.run(cmd, cwd=work, env=env, stdin=subprocess.DEVNULL, capture_output=True, text=True,
                                timeout=args.timeout)
@@ -319,6 +333,12 @@ def one_task(args, slug, folder, files, meter, base):
     wall = time.monotonic() - started
     row = {"exercise": slug, "client": args.client, "target": args.target, "model": args.model, "solved": ok,
            "tries": tries, "wall_s": round(wall, 1), **meter.snapshot()}
+    if args.cachet and args.client == "codex":
+        # The task cachet opened for the Codex run (found by the run id Codex sent).
+        found = [t for run in meter.client_sessions
+                 for t in cachet_call(args, "GET", "/tasks?client_session=" + urllib.parse.quote(run))["data"]]
+        task = found[0]["id"] if found else None
+        row["client_sessions"] = list(meter.client_sessions)
     if task:
         cachet_call(args, "POST", f"/tasks/{task}/outcome",
                     {"status": "succeeded" if ok else "failed",
@@ -374,8 +394,7 @@ def main():
     args.state = args.state or tempfile.mkdtemp(prefix="agent-bench-")
     os.makedirs(args.state, exist_ok=True)
     meter = Meter()
-    # The proxy adds the task header only for clients that cannot send one themselves.
-    base = start_proxy(args.base, meter, add_task_header=args.cachet and args.client == "qwen")
+    base = start_proxy(args.base, meter)
     names = set(filter(None, args.names.split(",")))
     rows = []
     for slug, folder, files in exercises(args.exercism, args.letters, names, args.limit):

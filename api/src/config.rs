@@ -109,11 +109,15 @@ impl Default for DisaggSettings {
 pub struct TaskSettings {
     /// An open task with no request for this long is marked abandoned.
     pub idle_secs: u64,
+    /// Headers whose value is a client's own run id (Codex sends `session-id`): a request that
+    /// names no task but carries one of these joins the tenant's task for that id, opened on its
+    /// first request, so an agent run is one task with no change to the client. Empty: off.
+    pub client_session_headers: Vec<String>,
 }
 
 impl Default for TaskSettings {
     fn default() -> Self {
-        TaskSettings { idle_secs: 24 * 60 * 60 }
+        TaskSettings { idle_secs: 24 * 60 * 60, client_session_headers: vec!["session-id".into(), "session_id".into()] }
     }
 }
 
@@ -525,6 +529,13 @@ impl Settings {
         if d.timeout_secs == 0 {
             return Err("configuration: disagg.timeout_secs must be above 0".into());
         }
+        if let Some(h) = self.tasks.client_session_headers.iter().find(|h| {
+            actix_web::http::header::HeaderName::from_bytes(h.as_bytes()).is_err()
+                || ["authorization", "cookie", "x-cachet-task", "x-cachet-session"]
+                    .contains(&h.to_ascii_lowercase().as_str())
+        }) {
+            return Err(format!("configuration: tasks.client_session_headers: {h:?} cannot name a client session"));
+        }
         if self.plan(&self.tenants.default_plan).is_none() {
             let names: Vec<String> = self.plans().into_iter().map(|p| p.name).collect();
             return Err(format!(
@@ -688,6 +699,16 @@ mod tests {
         assert_eq!(sections(&s), sections(&d));
         assert_eq!(s.database.url, d.database.url, "Debug hides it: compared apart");
         assert_eq!(s.auth.operator_token, d.auth.operator_token);
+    }
+
+    #[test]
+    fn client_session_headers_cannot_be_credentials_or_cachet_ids() {
+        assert_eq!(load("").expect("valid").tasks.client_session_headers, ["session-id", "session_id"]);
+        assert!(load("[tasks]\nclient_session_headers = []\n").expect("valid").tasks.client_session_headers.is_empty());
+        for bad in ["Authorization", "x-cachet-task", "two words", ""] {
+            let e = load(&format!("[tasks]\nclient_session_headers = [{bad:?}]\n")).unwrap_err();
+            assert!(e.contains("tasks.client_session_headers"), "{bad}: {e}");
+        }
     }
 
     /// Settings can be logged whole: the database URL (which may carry a password) and the

@@ -17,10 +17,11 @@
 //! - [`generate`]: one request alone (the CLI's `generate`, tests).
 //! - [`radix`]: the prefix cache (token prefixes → KV slots, namespaced by scope, with
 //!   provenance tags and per-tenant shares).
-//! - [`runtime`]: the engine thread serving many requests, and its [`runtime::EngineHandle`].
+//! - [`runtime`]: the engine thread serving many requests, and its [`runtime::EngineHandle`];
+//!   inside it one owner of K/V memory (the pool's slots, the prefix cache, the disk tier).
 //! - [`kv_transfer`]: the checksummed, versioned record a chunk of cached K/V leaves the pool
-//!   as, and [`kv_transfer::disk::DiskTier`], a directory of them (for a disk tier or another
-//!   server; the engine does not use them yet).
+//!   as, and [`kv_transfer::disk::DiskTier`], a directory of them: the engine's disk tier, and
+//!   what a prefill server sends a decode server and a replica hands the next.
 //! - [`testing`]: tiny random-weight models written as GGUF or safetensors, for tests.
 //!
 //! Serving a request with a tiny model the example writes itself:

@@ -28,7 +28,7 @@ use utoipa::{Modify, OpenApi};
         repos::create_repo, repos::list_repos, repos::get_repo, repos::delete_repo, repos::rotate_webhook_secret,
         webhooks::git_webhook,
         sessions::create_session, sessions::get_session, sessions::delete_session, sessions::message::post_message,
-        tasks::create_task, tasks::get_task, tasks::task_outcome,
+        tasks::create_task, tasks::list_tasks, tasks::get_task, tasks::task_outcome,
         reports::tenant_report, reports::operator_report, reports::report_page, sign_in::create_link,
     ),
     components(schemas(
@@ -75,6 +75,7 @@ pub fn configure(cfg: &mut web::ServiceConfig) {
         .service(sessions::delete_session)
         .service(sessions::post_message)
         .service(tasks::create_task)
+        .service(tasks::list_tasks)
         .service(tasks::get_task)
         .service(tasks::task_outcome)
         .service(reports::tenant_report)

@@ -6,7 +6,7 @@ use crate::auth::TenantAuth;
 use crate::error::ApiError;
 use crate::state::AppState;
 use actix_web::{get, post, web, HttpResponse};
-use cachet_tenants::store::{OutcomeError, Task, TaskStatus};
+use cachet_tenants::store::{OutcomeError, Task, TaskStatus, CLIENT_SESSION_MAX};
 use cachet_tenants::{SessionId, TaskId};
 use serde::Deserialize;
 use serde_json::json;
@@ -36,7 +36,87 @@ pub struct Outcome {
 
 fn task_json(t: &Task) -> serde_json::Value {
     json!({"id": t.id, "object": "task", "session_id": t.session_id, "title": t.title, "status": t.status,
-           "evidence": t.evidence, "created_at": t.created_at, "closed_at": t.closed_at})
+           "evidence": t.evidence, "client_session": t.client_session, "created_at": t.created_at,
+           "closed_at": t.closed_at})
+}
+
+/// `GET /v1/tasks` filters.
+#[derive(Clone, Debug, Deserialize, utoipa::IntoParams)]
+#[serde(deny_unknown_fields)]
+pub struct TaskQuery {
+    /// Only the task the server opened for this client session id (e.g. Codex's `session-id`).
+    pub client_session: Option<String>,
+    /// At most this many, newest first (1 to 1000, default 100).
+    pub limit: Option<i64>,
+}
+
+/// The tenant's tasks, newest first; with `client_session`, the one opened for that client
+/// session (an empty list if none).
+#[utoipa::path(get, path = "/v1/tasks", tag = "tasks", params(TaskQuery),
+    responses((status = 200, description = "The tasks"), (status = 400, description = "Invalid filter")),
+    security(("bearer" = [])))]
+#[get("/v1/tasks")]
+pub async fn list_tasks(
+    state: web::Data<AppState>,
+    auth: TenantAuth,
+    query: web::Query<TaskQuery>,
+) -> Result<HttpResponse, ApiError> {
+    let tasks = match &query.client_session {
+        Some(id) => state.store.task_by_client_session(auth.0.id, id).await?.into_iter().collect(),
+        None => {
+            let limit = query.limit.unwrap_or(100);
+            if !(1..=1000).contains(&limit) {
+                return Err(ApiError::bad_param("limit", "limit is 1 to 1000"));
+            }
+            state.store.recent_tasks(auth.0.id, limit).await?
+        }
+    };
+    let data: Vec<_> = tasks.iter().map(task_json).collect();
+    Ok(HttpResponse::Ok().json(json!({"object": "list", "data": data})))
+}
+
+/// The task of the client session a request names by one of `[tasks] client_session_headers`
+/// (Codex's `session-id`), opened on its first request: an agent run becomes one task with no
+/// change to the client. A value that is not a printable id of 1 to 200 bytes is ignored, and
+/// so is the grouping while the database is unreachable (the request goes on without a task).
+pub(crate) async fn client_session_task(
+    state: &AppState,
+    http: &actix_web::HttpRequest,
+    tenant: cachet_tenants::TenantId,
+) -> Option<TaskId> {
+    let id = state.settings.tasks.client_session_headers.iter().find_map(|name| {
+        let value = http.headers().get(name.as_str())?.to_str().ok()?.trim();
+        let printable = value.bytes().all(|b| b.is_ascii_graphic());
+        (printable && !value.is_empty() && value.len() <= CLIENT_SESSION_MAX).then_some(value)
+    })?;
+    let title = format!("{} session {id}", client_name(http));
+    match state.store.task_for_client_session(tenant, id, &title).await {
+        Ok(task) => {
+            state.known_tasks.insert(tenant, task.id);
+            Some(task.id)
+        }
+        Err(e) => {
+            tracing::warn!(client_session = id, "the request goes on without its client session's task: {e}");
+            None
+        }
+    }
+}
+
+/// What the client calls itself (`originator`, else the product in `User-Agent`), for a task
+/// title: letters, digits, `.`, `_` and `-`, at most 40.
+fn client_name(http: &actix_web::HttpRequest) -> String {
+    let header = |n: &str| http.headers().get(n).and_then(|v| v.to_str().ok()).unwrap_or("");
+    let raw = match header("originator") {
+        "" => header("user-agent").split(['/', ' ']).next().unwrap_or(""),
+        o => o,
+    };
+    let name: String =
+        raw.chars().filter(|c| c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | '-')).take(40).collect();
+    if name.is_empty() {
+        "client".into()
+    } else {
+        name
+    }
 }
 
 /// Opens a task.

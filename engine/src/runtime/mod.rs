@@ -13,6 +13,7 @@ mod admission;
 mod clock;
 mod config;
 mod handle;
+mod kv;
 mod masks;
 mod pace;
 mod remote;
@@ -40,11 +41,11 @@ use crate::kv_pool::{KvPool, PoolSize, Slots};
 use crate::loader::LoadedModel;
 use crate::model::{LogitsFor, SeqChunk};
 use crate::output::Output;
-use crate::radix::{RadixCache, RetentionKey, TenantKey};
+use crate::radix::{RetentionKey, TenantKey};
 use crate::tokenizer::Tokenizer;
 use cachet_kernels::backend::Backend;
 use seq::Seq;
-use std::collections::{HashMap, HashSet};
+use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc::Receiver;
 use std::sync::Arc;
@@ -109,8 +110,8 @@ pub(crate) struct Scheduler {
     vocab_size: usize,
     /// The longest sequence: the model's context, within the pool.
     max_context: usize,
-    slots: Slots,
-    cache: RadixCache,
+    /// The pool, the prefix cache and the disk tier: all K/V memory.
+    kv: kv::KvManager,
     waiting: Vec<Seq>,
     running: Vec<Seq>,
     next_id: u64,
@@ -123,13 +124,6 @@ pub(crate) struct Scheduler {
     stats: stats::Stats,
     /// What "now" is for every decision and reported time.
     clock: clock::Clock,
-    /// The disk tier, when configured.
-    tier: Option<tier::Tier>,
-    /// Chunks to copy out of the pool for the disk tier (the engine does it after planning and
-    /// after the pass, before anything can write those slots).
-    saves: Vec<tier::Save>,
-    /// Chunks read from the disk tier to copy into the pool before the next pass.
-    loads: Vec<tier::Load>,
 }
 
 /// Starts the engine thread for a loaded model; the handle is its only door.
@@ -223,7 +217,7 @@ impl<B: Backend> Engine<B> {
                 "KV disk tier open"
             );
             sched.door.set_tier(tier.index());
-            sched.tier = Some(tier);
+            sched.kv.set_tier(tier);
         }
         let info = handle::Info {
             model_name: loaded.name.clone(),
@@ -256,13 +250,12 @@ impl Scheduler {
         Scheduler {
             door: Arc::new(admission::Door::default()),
             door_taken: 0,
-            cache: RadixCache::new(slots.capacity(), cfg.default_share),
+            kv: kv::KvManager::new(slots, cfg.default_share),
             cfg,
             eos_ids: tokenizer.eos_ids(),
             tokenizer,
             vocab_size,
             max_context,
-            slots,
             waiting: Vec::new(),
             running: Vec::new(),
             next_id: 0,
@@ -271,9 +264,6 @@ impl Scheduler {
             pace: pace::PassModel::default(),
             stats: stats::Stats::default(),
             clock: clock::Clock::System,
-            tier: None,
-            saves: Vec::new(),
-            loads: Vec::new(),
         }
     }
 }
@@ -294,7 +284,7 @@ impl<B: Backend> Engine<B> {
     fn warm_up(&mut self) -> Result<(), String> {
         let s = &mut self.sched;
         let n = 64.min(s.max_context - 1).max(1);
-        let slots = s.slots.allocate(n + 1).map_err(|e| e.to_string())?;
+        let slots = s.kv.allocate_loose(n + 1)?;
         let tokens: Vec<u32> = (0..=n as u32).map(|i| i % s.vocab_size as u32).collect();
         let raw = crate::kv_pool::SlotId::raw(&slots);
         let prompt = [SeqChunk { tokens: &tokens[..n], start_pos: 0, slots: &raw[..n], logits: LogitsFor::Last }];
@@ -318,7 +308,7 @@ impl<B: Backend> Engine<B> {
                 s.pace.observe(tokens, secs);
             }
         }
-        s.slots.free(&slots).map_err(|e| e.to_string())?;
+        s.kv.free_loose(&slots)?;
         r.map_err(|e| e.to_string())
     }
 
@@ -347,30 +337,9 @@ impl<B: Backend> Engine<B> {
     /// it). A load that cannot be copied in fails its request and drops its tenant's cache
     /// (those positions were cached as computed); returns the failed requests.
     fn move_kv(&mut self) -> Vec<u64> {
-        let s = &mut self.sched;
-        for mut save in std::mem::take(&mut s.saves) {
-            let Some(tier) = s.tier.as_mut() else { break };
-            match self.runner.export(&save.slots) {
-                Ok((cols, layers)) => {
-                    save.record.kv_cols = cols;
-                    save.record.layers = layers;
-                    tier.send(save.record);
-                }
-                Err(e) => {
-                    tracing::warn!("kv tier: copying a chunk out of the pool failed: {e}");
-                    tier.abandon(&save.record);
-                }
-            }
-        }
-        let mut failed = Vec::new();
-        for load in std::mem::take(&mut s.loads) {
-            if let Err(e) = self.runner.import(&load.slots, &load.record, load.skip) {
-                tracing::error!("kv tier: copying a chunk into the pool failed: {e}");
-                failed.push(load.seq);
-            }
-        }
+        let failed = self.sched.kv.copy(&mut self.runner);
         if !failed.is_empty() {
-            s.fail_loaded(&failed);
+            self.sched.fail_loaded(&failed);
         }
         failed
     }
@@ -426,7 +395,7 @@ impl Scheduler {
     fn after_step(&mut self) {
         // Queued and running requests hold their keys' scope markers.
         let (running, waiting) = (&self.running, &self.waiting);
-        self.cache.compact_tables_if_grown(self.clock.now(), || running.iter().chain(waiting).flat_map(Seq::scopes));
+        self.kv.compact(self.clock.now(), || running.iter().chain(waiting).flat_map(Seq::scopes));
         self.publish_admission();
     }
 
@@ -434,44 +403,22 @@ impl Scheduler {
         match cmd {
             Command::Submit(req, tx) => self.submit(*req, tx),
             Command::Invalidate { source, keep_version, reply } => {
-                let freed = self.cache.invalidate(&source, keep_version.as_deref());
-                self.free_slots(&freed);
-                if let Some(t) = &mut self.tier {
-                    t.invalidate(&source, keep_version.as_deref());
-                }
-                self.stats.invalidated_slots += freed.len() as u64;
-                let _ = reply.send(freed.len());
+                let _ = reply.send(self.kv.invalidate(&source, keep_version.as_deref()));
             }
-            Command::Release(key) => self.cache.release(&key),
-            Command::SetShare(tenant, share) => {
-                if let Some(t) = &mut self.tier {
-                    t.set_share(&tenant.0, share);
-                }
-                self.cache.set_share(&tenant, share);
-            }
+            Command::Release(key) => self.kv.release_retention(&key),
+            Command::SetShare(tenant, share) => self.kv.set_share(&tenant, share),
             Command::PurgeTenant(tenant) => {
                 self.door.forget(&tenant);
-                let freed = self.cache.purge_tenant(&tenant);
-                self.free_slots(&freed);
-                self.stats.invalidated_slots += freed.len() as u64;
-                if let Some(t) = &mut self.tier {
-                    t.purge_tenant(&tenant.0);
-                }
+                self.kv.purge_tenant(&tenant);
             }
             Command::Snapshot(reply) => {
                 let _ = reply.send(self.snapshot());
             }
             Command::AdoptChunk(record, bytes, reply) => {
-                let r = match &mut self.tier {
-                    Some(t) => t.adopt(&record, bytes).map_err(|e| e.to_string()),
-                    None => Err("the disk tier is off".into()),
-                };
-                let _ = reply.send(r);
+                let _ = reply.send(self.kv.adopt(&record, bytes));
             }
             Command::FlushTier(reply) => {
-                if let Some(t) = &mut self.tier {
-                    t.flush();
-                }
+                self.kv.flush_tier();
                 let _ = reply.send(());
             }
             Command::CheckIntegrity(reply) => {
@@ -479,12 +426,6 @@ impl Scheduler {
             }
             // `run` ends the thread before a halt gets here.
             Command::Halt | Command::Wake => {}
-        }
-    }
-
-    fn free_slots(&mut self, slots: &[crate::kv_pool::SlotId]) {
-        if let Err(e) = self.slots.free(slots) {
-            tracing::error!("{e}");
         }
     }
 
@@ -508,10 +449,9 @@ impl Scheduler {
         let output = Output::new(&req.params, &self.eos_ids);
         let id = self.next_id;
         self.next_id += 1;
-        let mut seq = Seq::new(id, req, tx, output, now, targets.ttft, &mut self.cache);
-        if let Some(t) = &self.tier {
-            seq.stored = t.stored_prefix(&seq.req);
-        }
+        let kv = &mut self.kv;
+        let mut seq = Seq::new(id, req, tx, output, now, targets.ttft, |s| kv.scope(s));
+        seq.stored = self.kv.stored_prefix(&seq.req);
         // An idle engine never refuses: with nothing ahead, waiting would not make the request
         // any faster (and a refusal would leave the throughput estimate without new passes).
         let idle = self.running.iter().chain(&self.waiting).all(|w| w.req.prewarm);
@@ -526,7 +466,7 @@ impl Scheduler {
             }
         }
         if let Some((key, ttl)) = &seq.req.retention {
-            self.cache.retain(key, now + *ttl);
+            self.kv.retain(key, now + *ttl);
         }
         self.lift_vtc(&seq.req.tenant);
         seq.req.span.in_scope(
@@ -562,27 +502,9 @@ impl Scheduler {
         Ok(())
     }
 
-    /// Checks the pool, the cache, and that every slot in use belongs to
-    /// exactly one of: the cache, or one running sequence.
+    /// Checks the pool, the cache, and that every slot in use belongs to exactly one of: the
+    /// cache, or one queued or running sequence.
     fn check_integrity(&self) -> Result<(), String> {
-        self.slots.check_integrity().map_err(|e| e.to_string())?;
-        self.cache.check_integrity().map_err(|e| e.to_string())?;
-        let mut owned = HashSet::new();
-        for s in self.running.iter().chain(&self.waiting) {
-            for slot in &s.slots[s.owned_from..] {
-                if !owned.insert(*slot) {
-                    return Err(format!("slot {slot:?} is owned twice"));
-                }
-            }
-            if s.node.is_none() && !s.slots.is_empty() {
-                return Err(format!("sequence {} holds slots without a cache lock", s.id));
-            }
-        }
-        let cached = self.cache.cached_slots();
-        let in_use = self.slots.capacity() - self.slots.free_slots();
-        if cached + owned.len() != in_use {
-            return Err(format!("{in_use} slots in use, but the cache holds {cached} and sequences {}", owned.len()));
-        }
-        Ok(())
+        self.kv.check_integrity(self.running.iter().chain(&self.waiting))
     }
 }

@@ -10,7 +10,6 @@
 //! gives back the slots nothing arrived for and computes the rest itself, as any request.
 
 use super::{Command, Scheduler};
-use crate::kv_pool::SlotId;
 use crate::kv_transfer::KvRecord;
 use std::collections::VecDeque;
 use std::sync::mpsc::Sender;
@@ -116,9 +115,7 @@ impl Scheduler {
                 break;
             }
             let skip = seq.computed - start;
-            let slots = SlotId::raw(&seq.slots[seq.computed..end]).to_vec();
-            self.loads.push(super::tier::Load { seq: seq.id, slots, record, skip });
-            seq.computed = end;
+            self.kv.receive(seq, record, skip, end);
             over |= inbox.finished && inbox.records.is_empty();
         }
         drop(inbox);
@@ -130,14 +127,14 @@ impl Scheduler {
         // Cached as it arrives (not inside a public prefix, whose key would be the tenant's, nor
         // under a prefix a push doomed meanwhile).
         let public = seq.req.public.as_ref().map_or(0, |p| p.tokens);
-        if got > 0 && seq.computed >= public && seq.node.is_some_and(|n| !self.cache.is_doomed(n)) {
+        if got > 0 && seq.computed >= public && seq.node.is_some() && !self.kv.doomed(&seq) {
             let n = seq.computed;
-            self.cache_prefix(&mut seq, n);
+            self.kv.cache_prefix(&mut seq, n);
         }
         if over || seq.computed >= limit {
             seq.receiving = false;
-            let unused = seq.slots.split_off(seq.computed);
-            self.free_slots(&unused);
+            let computed = seq.computed;
+            self.kv.unreserve(&mut seq, computed);
             seq.req.span.in_scope(|| {
                 tracing::debug!(received_to = seq.computed, prompt_tokens = seq.prompt_len, "remote K/V in")
             });

@@ -106,7 +106,7 @@ impl Scheduler {
     /// wait so far plus its own uncached prompt at the current rate already pass the refusal
     /// limit (TTFT target × `overload_factor`). Refusing it would not help it, so it is admitted.
     pub(super) fn beyond_reach(&self, seq: &Seq, now: Instant) -> bool {
-        let own = seq.tokens.len() - seq.cached_prefix(&self.cache).min(seq.tokens.len() - 1);
+        let own = seq.tokens.len() - self.kv.cached_prefix(seq).min(seq.tokens.len() - 1);
         let alone = Duration::from_secs_f64(own as f64 / self.prefill_rate());
         let limit = self.cfg.targets(seq.req.slo).ttft.mul_f64(self.cfg.overload_factor);
         now.saturating_duration_since(seq.arrival) + alone > limit
@@ -204,7 +204,7 @@ impl Scheduler {
     }
 
     fn cached_prefix(&self, i: usize) -> usize {
-        self.waiting[i].cached_prefix(&self.cache)
+        self.kv.cached_prefix(&self.waiting[i])
     }
 
     /// Tokens waiting request `i` still has to compute before its first token.
@@ -315,7 +315,7 @@ impl Scheduler {
     /// requests that can no longer make their target do not count ahead of
     /// one that can, and one that cannot waits for all that can.
     pub(super) fn predict_ttft(&mut self, seq: &Seq, now: Instant) -> Duration {
-        let own = seq.tokens.len() - seq.cached_prefix(&self.cache).min(seq.tokens.len() - 1);
+        let own = seq.tokens.len() - self.kv.cached_prefix(seq).min(seq.tokens.len() - 1);
         let rate = self.prefill_rate();
         // Under `slo`, a request that can still make its target goes before every one that
         // cannot; one that cannot waits for all that can.

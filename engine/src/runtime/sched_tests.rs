@@ -295,7 +295,7 @@ fn a_prefix_the_disk_tier_holds_is_not_counted_as_work() {
     e.pace = slow();
     let tokens = (0..590u32).map(|i| (i * 7 + 3 + 590) % 300).collect();
     let prompt = Request::new(TenantKey::new("t"), tokens, GenerateParams::default());
-    e.tier = Some(super::tier::holding(dir.path(), &prompt, 256, 2).0);
+    e.kv.set_tier(super::tier::holding(dir.path(), &prompt, 256, 2).0);
     submit(&mut e, 590, 4);
     submit(&mut e, 590, 4);
     assert_eq!((e.waiting.len(), e.stats.refused), (2, 0));

@@ -77,7 +77,7 @@ impl Seq {
         output: Output,
         now: Instant,
         ttft: Duration,
-        cache: &mut RadixCache,
+        mut scope: impl FnMut(&Scope) -> KeyElem,
     ) -> Seq {
         let sampler = Sampler::new(req.params.sampling.clone(), &req.tokens);
         let tokens = req.tokens.clone();
@@ -88,11 +88,11 @@ impl Seq {
         let mut key = Vec::with_capacity(tokens.len() + 2);
         let mut split = 0;
         if let Some(p) = public {
-            key.push(cache.scope(&Scope::Public { template: p.template.clone() }));
+            key.push(scope(&Scope::Public { template: p.template.clone() }));
             split = p.tokens.min(tokens.len());
             key.extend(tokens[..split].iter().map(|&t| KeyElem::Token(t)));
         }
-        key.push(cache.scope(&Scope::Tenant { tenant: req.tenant.clone(), salt: req.salt.clone() }));
+        key.push(scope(&Scope::Tenant { tenant: req.tenant.clone(), salt: req.salt.clone() }));
         key.extend(tokens[split..].iter().map(|&t| KeyElem::Token(t)));
         Seq {
             id,
@@ -248,7 +248,7 @@ mod tests {
         req.public = (public > 0).then(|| PublicPrefix { template: "chat".into(), tokens: public });
         let (tx, _) = tokio::sync::mpsc::unbounded_channel();
         let output = Output::new(&req.params, &[]);
-        Seq::new(0, req, tx, output, Instant::now(), Duration::from_secs(1), cache)
+        Seq::new(0, req, tx, output, Instant::now(), Duration::from_secs(1), |s| cache.scope(s))
     }
 
     fn slots(n: usize) -> Vec<SlotId> {

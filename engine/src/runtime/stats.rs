@@ -7,8 +7,6 @@ use super::Scheduler;
 pub(super) struct Stats {
     pub query_tokens: u64,
     pub hit_tokens: u64,
-    pub evicted_slots: u64,
-    pub invalidated_slots: u64,
     pub retractions: u64,
     pub preempted_prewarms: u64,
     pub refused: u64,
@@ -66,8 +64,8 @@ pub struct Snapshot {
 
 impl Scheduler {
     pub(super) fn snapshot(&self) -> Snapshot {
-        let (kv_tier_bytes, kv_tier_chunks, kv_tier_write_errors) = self.tier.as_ref().map_or((0, 0, 0), |t| t.usage());
-        let counts = self.tier.as_ref().map(|t| t.counts).unwrap_or_default();
+        let kv = self.kv.usage();
+        let ((kv_tier_bytes, kv_tier_chunks, kv_tier_write_errors), counts) = (kv.tier, kv.tier_counts);
         Snapshot {
             kv_tier_bytes,
             kv_tier_chunks,
@@ -77,14 +75,14 @@ impl Scheduler {
             kv_tier_write_errors,
             running: self.running.len(),
             waiting: self.waiting.len(),
-            kv_used: self.slots.capacity() - self.slots.free_slots(),
-            kv_capacity: self.slots.capacity(),
-            cached_slots: self.cache.cached_slots(),
-            interned: self.cache.interned(),
+            kv_used: kv.used,
+            kv_capacity: kv.capacity,
+            cached_slots: kv.cached,
+            interned: kv.interned,
             prefix_query_tokens: self.stats.query_tokens,
             prefix_hit_tokens: self.stats.hit_tokens,
-            evicted_slots: self.stats.evicted_slots,
-            invalidated_slots: self.stats.invalidated_slots,
+            evicted_slots: kv.evicted,
+            invalidated_slots: kv.invalidated,
             retractions: self.stats.retractions,
             preempted_prewarms: self.stats.preempted_prewarms,
             refused: self.stats.refused + self.door.refused(),
@@ -100,8 +98,8 @@ impl Scheduler {
     }
 
     pub(super) fn publish_stats(&self) {
-        let used = self.slots.capacity() - self.slots.free_slots();
-        metrics::gauge!("cachet:kv_cache_usage_ratio").set(used as f64 / self.slots.capacity().max(1) as f64);
+        let (used, capacity) = (self.kv.capacity() - self.kv.free(), self.kv.capacity());
+        metrics::gauge!("cachet:kv_cache_usage_ratio").set(used as f64 / capacity.max(1) as f64);
         metrics::gauge!("cachet:num_requests_running").set(self.running.len() as f64);
         metrics::gauge!("cachet:num_requests_waiting").set(self.waiting.len() as f64);
     }

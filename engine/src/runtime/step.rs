@@ -9,8 +9,7 @@ use super::sched::{Prompt, Tier};
 use super::seq::{Phase, Seq};
 use super::Scheduler;
 use crate::generate::FinishReason;
-use crate::kv_pool::SlotId;
-use crate::radix::{InsertOpts, TenantKey};
+use crate::radix::TenantKey;
 use std::time::Instant;
 
 /// One planned chunk: `len` tokens of running sequence `seq` (by id).
@@ -35,7 +34,7 @@ impl Scheduler {
         self.make_room_for_decode(now);
         for seq in &mut self.running {
             if seq.remaining() == 1 && budget > 0 {
-                if self.slots.allocate_into(1, &mut seq.slots).is_err() {
+                if !self.kv.reserve_free(seq, 1) {
                     continue;
                 }
                 plan.push(Planned { seq: seq.id, len: 1, logits: true });
@@ -107,7 +106,7 @@ impl Scheduler {
         full: Fill,
         now: Instant,
     ) {
-        for (id, tenant) in order {
+        for (id, _) in order {
             if *budget == 0 {
                 break;
             }
@@ -118,11 +117,10 @@ impl Scheduler {
             let left = self.running.iter().find(|s| s.id == id).map_or(0, |s| s.remaining());
             let remaining = left.saturating_sub(planned.map_or(0, |k| plan[k].len));
             let chunk = remaining.min(*budget);
-            if chunk == 0 || !self.ensure_free(chunk, &tenant, now) {
+            let seq = self.running.iter_mut().find(|s| s.id == id).expect("listed above");
+            if chunk == 0 || !self.kv.reserve(seq, chunk, now) {
                 continue;
             }
-            let seq = self.running.iter_mut().find(|s| s.id == id).expect("listed above");
-            self.slots.allocate_into(chunk, &mut seq.slots).expect("ensure_free made room");
             let logits = chunk == remaining;
             match planned {
                 Some(k) => {
@@ -158,12 +156,11 @@ impl Scheduler {
                 // token now, nothing to compute until it has arrived.
                 let n = (seq.prompt_len - 1).saturating_sub(seq.computed);
                 if n > 0 {
-                    if !self.ensure_free(n, &seq.req.tenant.clone(), now) {
-                        self.release_kv(&mut seq, false);
+                    if !self.kv.reserve(&mut seq, n, now) {
+                        self.kv.release(&mut seq, false);
                         self.waiting.push(seq);
                         return true;
                     }
-                    self.slots.allocate_into(n, &mut seq.slots).expect("ensure_free made room");
                     self.running.push(seq);
                     self.receive(self.running.len() - 1);
                     continue;
@@ -171,14 +168,13 @@ impl Scheduler {
                 seq.receiving = false;
             }
             let chunk = seq.remaining().min(*budget);
-            if !self.ensure_free(chunk, &seq.req.tenant.clone(), now) {
+            if !self.kv.reserve(&mut seq, chunk, now) {
                 // Not enough memory even after evicting: wait for running
                 // requests to finish.
-                self.release_kv(&mut seq, false);
+                self.kv.release(&mut seq, false);
                 self.waiting.push(seq);
                 return true;
             }
-            self.slots.allocate_into(chunk, &mut seq.slots).expect("ensure_free made room");
             plan.push(Planned { seq: seq.id, len: chunk, logits: chunk == seq.remaining() });
             *budget -= chunk;
             self.running.push(seq);
@@ -186,20 +182,10 @@ impl Scheduler {
         false
     }
 
-    /// Matches the longest cached prefix (leaving at least one token to
-    /// compute, for the logits) and locks it.
+    /// Gives `seq` its cached prefix ([`super::kv::KvManager::admit`]) and starts its prefill;
+    /// at its first admission, counts what the cache served.
     fn admit(&mut self, seq: &mut Seq, now: Instant) {
-        let key = seq.key(seq.tokens.len());
-        let m = self.cache.match_prefix(&key, seq.tokens.len() - 1);
-        self.cache.lock(m.node);
-        // The reused prefix now carries this request's provenance, so an
-        // invalidation while it runs reaches it.
-        self.cache.tag_spans(&key, &seq.spans(seq.tokens.len()));
-        seq.node = Some(m.node);
-        seq.computed = m.slots.len();
-        seq.owned_from = seq.computed;
-        seq.slots = m.slots;
-        self.load_from_tier(seq, now);
+        self.kv.admit(seq, now);
         seq.enter(Phase::Prefill);
         if seq.cached_tokens.is_none() {
             seq.cached_tokens = Some(seq.computed.min(seq.prompt_len));
@@ -225,92 +211,6 @@ impl Scheduler {
         }
     }
 
-    /// Continues `seq`'s cached prefix (just matched and locked) with the chunks the disk tier
-    /// holds: fresh slots for them (their rows are copied in before the next pass), the positions
-    /// cached as if computed, with `seq`'s provenance, and the lock moved to their end.
-    fn load_from_tier(&mut self, seq: &mut Seq, now: Instant) {
-        let Some(tier) = self.tier.as_mut() else { return };
-        let limit = seq.prompt_len.min(seq.tokens.len() - 1);
-        if seq.computed >= limit {
-            return;
-        }
-        let (records, skip) = tier.find(seq, seq.computed, limit);
-        if records.is_empty() {
-            return;
-        }
-        let start = seq.computed;
-        let end = start - skip + records.iter().map(|r| r.tokens.len()).sum::<usize>();
-        let n = end - start;
-        if !self.ensure_free(n, &seq.req.tenant.clone(), now) {
-            return;
-        }
-        let new = self.slots.allocate(n).expect("ensure_free made room");
-        let raw = SlotId::raw(&new);
-        let mut at = 0;
-        for (i, record) in records.into_iter().enumerate() {
-            let skip = if i == 0 { skip } else { 0 };
-            let rows = record.tokens.len() - skip;
-            self.loads.push(super::tier::Load { seq: seq.id, slots: raw[at..at + rows].to_vec(), record, skip });
-            at += rows;
-        }
-        seq.slots.extend(new);
-        seq.computed = end;
-        self.cache_prefix(seq, end);
-        if let Some(t) = self.tier.as_mut() {
-            t.counts.loaded_tokens += n as u64;
-        }
-        metrics::counter!("cachet:kv_tier_loaded_tokens_total").increment(n as u64);
-        seq.req.span.in_scope(|| tracing::debug!(tokens = n, from = start, "prefix loaded from the disk tier"));
-    }
-
-    /// Puts `seq`'s first `n` positions (computed or loaded) in the cache and moves its lock to
-    /// their end; it keeps running on the same K/V (where the cache already held a position
-    /// under other slots, on the cache's).
-    pub(super) fn cache_prefix(&mut self, seq: &mut Seq, n: usize) {
-        let key = seq.key(n).into_owned();
-        let spans = seq.spans(n);
-        let retention = seq.req.retention.as_ref().map(|(k, _)| k.clone());
-        let opts = InsertOpts { spans: &spans, retention: retention.as_ref() };
-        let inserted = self.cache.insert(&key, &seq.slots[..n], &opts);
-        self.cache.lock(inserted.node);
-        if !inserted.duplicates.is_empty() {
-            // Another request cached some of these positions first: the same K/V under its
-            // slots, which this sequence now reads instead of its own.
-            let m = self.cache.match_prefix(&key, n);
-            seq.slots[..m.slots.len()].copy_from_slice(&m.slots);
-            self.free_slots(&inserted.duplicates);
-        }
-        if let Some(old) = seq.node.replace(inserted.node) {
-            let freed = self.cache.unlock(old);
-            self.free_slots(&freed);
-        }
-        seq.owned_from = n;
-    }
-
-    /// Queues the disk tier's copies of `seq`'s whole prompt chunks within its first `n` tokens,
-    /// just cached, that the tier does not hold yet.
-    fn queue_saves(&mut self, seq: &Seq, n: usize) {
-        let Some(tier) = self.tier.as_mut() else { return };
-        let n = n.min(seq.prompt_len);
-        let m = self.cache.match_prefix(&seq.key(n), n);
-        let saves = tier.saves(seq, n, SlotId::raw(&m.slots));
-        self.saves.extend(saves);
-    }
-
-    /// Queues the disk tier's copies of running sequence `i`'s whole prompt chunks computed so far
-    /// (its prompt is not complete: the rows are in its own slots, final, and not in the cache
-    /// yet). Nothing for a sequence whose prefix a push invalidated.
-    fn queue_partial_saves(&mut self, i: usize) {
-        let Some(tier) = self.tier.as_mut() else { return };
-        let seq = &self.running[i];
-        if seq.node.is_none_or(|n| self.cache.is_doomed(n)) {
-            return;
-        }
-        let n = seq.computed.min(seq.prompt_len).min(seq.slots.len());
-        let saves = tier.saves(seq, n, SlotId::raw(&seq.slots[..n]));
-        self.saves.extend(saves);
-    }
-
     /// Fails the requests whose loaded chunks could not be copied into the pool, and drops their
     /// tenants' cache (those positions were cached as computed).
     pub(super) fn fail_loaded(&mut self, ids: &[u64]) {
@@ -331,27 +231,13 @@ impl Scheduler {
             seq.send(Event::Error(RequestError::Engine(
                 "K/V from the disk tier could not be copied into the pool".into(),
             )));
-            self.release_kv(&mut seq, false);
+            self.kv.release(&mut seq, false);
             self.report(&seq, super::request::Outcome::Failed, FinishReason::Stop);
         }
         tenants.dedup();
         for t in tenants {
-            let freed = self.cache.purge_tenant(&t);
-            self.free_slots(&freed);
+            self.kv.drop_cached(&t);
         }
-    }
-
-    /// Frees pool slots for `n` tokens of `tenant`'s request by evicting
-    /// unlocked cache. False if that is not enough.
-    fn ensure_free(&mut self, n: usize, tenant: &TenantKey, now: Instant) -> bool {
-        if self.slots.free_slots() >= n {
-            return true;
-        }
-        let freed = self.cache.evict(n - self.slots.free_slots(), now, Some(tenant));
-        self.stats.evicted_slots += freed.len() as u64;
-        metrics::counter!("cachet:evicted_tokens_total").increment(freed.len() as u64);
-        self.free_slots(&freed);
-        self.slots.free_slots() >= n
     }
 
     /// Every decoding sequence needs one slot: evict, then retract the
@@ -359,13 +245,7 @@ impl Scheduler {
     fn make_room_for_decode(&mut self, now: Instant) {
         loop {
             let need = self.running.iter().filter(|s| s.remaining() == 1).count();
-            if self.slots.free_slots() >= need {
-                return;
-            }
-            let freed = self.cache.evict(need - self.slots.free_slots(), now, None);
-            self.stats.evicted_slots += freed.len() as u64;
-            self.free_slots(&freed);
-            if self.slots.free_slots() >= need || !self.retract_one() {
+            if self.kv.make_room(need, now) || !self.retract_one() {
                 return;
             }
         }
@@ -383,7 +263,7 @@ impl Scheduler {
             return false;
         };
         let mut seq = self.running.swap_remove(idx);
-        self.release_kv(&mut seq, true);
+        self.kv.release(&mut seq, true);
         seq.retractions += 1;
         seq.enter(Phase::Queue);
         seq.req.span.in_scope(|| tracing::debug!(retractions = seq.retractions, "retracted: out of KV memory"));
@@ -405,7 +285,7 @@ impl Scheduler {
         while i < self.running.len() {
             if self.running[i].req.prewarm {
                 let mut seq = self.running.swap_remove(i);
-                self.release_kv(&mut seq, true);
+                self.kv.release(&mut seq, true);
                 seq.enter(Phase::Queue);
                 self.stats.preempted_prewarms += 1;
                 metrics::counter!("cachet:prewarm_preemptions_total").increment(1);
@@ -416,67 +296,13 @@ impl Scheduler {
         }
     }
 
-    /// Returns a sequence's K/V: computed positions go into the cache (if
-    /// `keep`), its lock is released, what nobody holds goes back to the pool.
-    pub(super) fn release_kv(&mut self, seq: &mut Seq, keep: bool) {
-        let Some(node) = seq.node.take() else {
-            let own = std::mem::take(&mut seq.slots);
-            self.free_slots(&own);
-            return;
-        };
-        // A prefix invalidated under this request may only be kept up to
-        // where the invalidation cut it.
-        let live = if self.cache.is_doomed(node) {
-            seq.positions_before(self.cache.live_prefix_len(node))
-        } else {
-            seq.computed
-        };
-        let n = if keep { live } else { 0 };
-        if n > 0 {
-            let key = seq.key(n);
-            let spans = seq.spans(n);
-            let retention = seq.req.retention.as_ref().map(|(k, _)| k.clone());
-            let opts = InsertOpts { spans: &spans, retention: retention.as_ref() };
-            let inserted = self.cache.insert(&key, &seq.slots[..n], &opts);
-            self.free_slots(&inserted.duplicates);
-            self.queue_saves(seq, n);
-        }
-        // Own slots the cache did not take.
-        let own_from = seq.owned_from.max(n);
-        let rest: Vec<SlotId> = seq.slots[own_from..].to_vec();
-        self.free_slots(&rest);
-        let freed = self.cache.unlock(node);
-        self.free_slots(&freed);
-        seq.slots.clear();
-        seq.owned_from = 0;
-        seq.computed = 0;
-    }
-
-    /// Puts the computed prompt of running sequence `i` in the cache (as [`Scheduler::release_kv`]
-    /// puts a finished one) and moves its lock there; the sequence keeps running on the same
-    /// K/V (where the cache already held a position under other slots, on the cache's).
-    fn publish_prompt(&mut self, i: usize) {
-        let seq = &self.running[i];
-        let Some(old) = seq.node else { return };
-        let n = seq.prompt_len.min(seq.computed);
-        if n <= seq.owned_from || self.cache.is_doomed(old) {
-            return;
-        }
-        let mut seq = self.running.swap_remove(i);
-        self.cache_prefix(&mut seq, n);
-        self.queue_saves(&seq, n);
-        self.running.push(seq);
-        let last = self.running.len() - 1;
-        self.running.swap(i, last);
-    }
-
     /// Cancels requests whose caller dropped the stream.
     fn drop_cancelled(&mut self) {
         let mut i = 0;
         while i < self.running.len() {
             if self.running[i].cancelled() {
                 let mut seq = self.running.swap_remove(i);
-                self.release_kv(&mut seq, true);
+                self.kv.release(&mut seq, true);
                 self.stats.cancelled += 1;
                 self.report(&seq, super::request::Outcome::Cancelled, FinishReason::Stop);
             } else {
@@ -487,7 +313,7 @@ impl Scheduler {
         while i < self.waiting.len() {
             if self.waiting[i].cancelled() {
                 let mut seq = self.waiting.swap_remove(i);
-                self.release_kv(&mut seq, true);
+                self.kv.release(&mut seq, true);
                 self.stats.cancelled += 1;
                 self.report(&seq, super::request::Outcome::Cancelled, FinishReason::Stop);
             } else {
@@ -516,7 +342,7 @@ impl Scheduler {
             for &i in failed.iter().rev() {
                 let mut seq = self.running.swap_remove(i);
                 seq.send(Event::Error(RequestError::Engine(e.clone())));
-                self.release_kv(&mut seq, false);
+                self.kv.release(&mut seq, false);
                 self.report(&seq, super::request::Outcome::Failed, FinishReason::Stop);
             }
             return;
@@ -634,12 +460,12 @@ impl Scheduler {
         // The disk tier takes a long prompt's whole chunks as its prefill computes them (a prefill
         // server streams them to a decode server meanwhile; a retry after a cancel finds them).
         for i in partial {
-            self.queue_partial_saves(i);
+            self.kv.queue_partial_saves(&self.running[i]);
         }
         // Prompts computed in full go into the cache now, not when their answers end: a request
         // with the same prefix that waited for this one (see `pick`) reuses it at once.
         for i in prompted {
-            self.publish_prompt(i);
+            self.kv.publish_prompt(&mut self.running[i]);
         }
         for (id, reason) in finished {
             let i = self.running.iter().position(|s| s.id == id).expect("finished sequences are running");
@@ -651,7 +477,7 @@ impl Scheduler {
             let mut seq = self.running.swap_remove(i);
             tracing::debug!(seq = id, "request failed: {error}");
             seq.send(Event::Error(error));
-            self.release_kv(&mut seq, true);
+            self.kv.release(&mut seq, true);
             self.report(&seq, super::request::Outcome::Failed, FinishReason::Stop);
         }
         // Pacing fits the whole step, not the forward pass alone: what a decoding request waits
@@ -678,7 +504,7 @@ impl Scheduler {
 
     /// Caches what the request computed and reports its accounting.
     fn finish(&mut self, seq: &mut Seq, reason: FinishReason, _now: Instant) {
-        self.release_kv(seq, true);
+        self.kv.release(seq, true);
         let completion = self.completion(seq, reason);
         metrics::histogram!("cachet:e2e_request_latency_seconds").record(completion.e2e.as_secs_f64());
         self.stats.finished += 1;

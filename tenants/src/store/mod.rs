@@ -28,7 +28,7 @@ pub use prefixes::PublicPrefixRow;
 pub use repos::{Invalidation, NewRepository, RepoStatus, Repository};
 pub use sessions::{NewTurn, OwnedSession, Role, Session, Turn};
 pub use sign_in::SignInSubject;
-pub use tasks::{OutcomeError, OwnedTask, Task, TaskStatus};
+pub use tasks::{OutcomeError, OwnedTask, Task, TaskStatus, CLIENT_SESSION_MAX};
 
 /// How long an operation waits for a connection before the store reports Postgres as unavailable.
 pub const ACQUIRE_TIMEOUT: Duration = Duration::from_secs(3);

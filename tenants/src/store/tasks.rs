@@ -27,6 +27,9 @@ pub struct Task {
     pub title: String,
     pub status: TaskStatus,
     pub evidence: Option<serde_json::Value>,
+    /// The client's own run id the server opened this task for (see
+    /// [`Store::task_for_client_session`]).
+    pub client_session: Option<String>,
     pub created_at: DateTime<Utc>,
     pub last_active_at: DateTime<Utc>,
     pub closed_at: Option<DateTime<Utc>>,
@@ -65,6 +68,7 @@ struct TaskRow {
     title: String,
     status: TaskStatus,
     evidence: Option<sqlx::types::Json<serde_json::Value>>,
+    client_session: Option<String>,
     created_at: DateTime<Utc>,
     last_active_at: DateTime<Utc>,
     closed_at: Option<DateTime<Utc>>,
@@ -79,6 +83,7 @@ impl From<TaskRow> for Task {
             title: r.title,
             status: r.status,
             evidence: r.evidence.map(|e| e.0),
+            client_session: r.client_session,
             created_at: r.created_at,
             last_active_at: r.last_active_at,
             closed_at: r.closed_at,
@@ -86,7 +91,11 @@ impl From<TaskRow> for Task {
     }
 }
 
-const TASK_COLUMNS: &str = "id, tenant_id, session_id, title, status, evidence, created_at, last_active_at, closed_at";
+const TASK_COLUMNS: &str =
+    "id, tenant_id, session_id, title, status, evidence, client_session, created_at, last_active_at, closed_at";
+
+/// The longest client session id a task is opened for (the column's check).
+pub const CLIENT_SESSION_MAX: usize = 200;
 
 /// Why an outcome was not recorded.
 #[derive(Debug, thiserror::Error)]
@@ -127,6 +136,64 @@ impl Store {
             Some(s) => StoreError::NotFound(format!("session {s}")),
             None => StoreError::NotFound("tenant".into()),
         })
+    }
+
+    /// The task of this tenant's client session `client_session` (a run id the client sends on
+    /// its own, such as Codex's `session-id` header), opened now with `title` if there is none;
+    /// an open one is marked active. The same id from another tenant is another task.
+    pub async fn task_for_client_session(
+        &self,
+        tenant: TenantId,
+        client_session: &str,
+        title: &str,
+    ) -> Result<Task, StoreError> {
+        if client_session.is_empty() || client_session.len() > CLIENT_SESSION_MAX {
+            return Err(StoreError::Invalid(format!("a client session id has 1 to {CLIENT_SESSION_MAX} bytes")));
+        }
+        let title: String = title.trim().chars().take(500).collect();
+        if title.is_empty() {
+            return Err(StoreError::Invalid("a task title has 1 to 500 characters".into()));
+        }
+        let row: TaskRow = sqlx::query_as(&format!(
+            "INSERT INTO tasks (id, tenant_id, title, client_session) VALUES ($1, $2, $3, $4) \
+             ON CONFLICT (tenant_id, client_session) DO UPDATE SET last_active_at = \
+                CASE WHEN tasks.status = 'open' THEN now() ELSE tasks.last_active_at END \
+             RETURNING {TASK_COLUMNS}"
+        ))
+        .bind(TaskId::random())
+        .bind(tenant.0)
+        .bind(&title)
+        .bind(client_session)
+        .fetch_one(self.pool())
+        .await?;
+        Ok(row.into())
+    }
+
+    /// This tenant's task for a client session id, if the server opened one.
+    pub async fn task_by_client_session(
+        &self,
+        tenant: TenantId,
+        client_session: &str,
+    ) -> Result<Option<Task>, StoreError> {
+        let row: Option<TaskRow> =
+            sqlx::query_as(&format!("SELECT {TASK_COLUMNS} FROM tasks WHERE tenant_id = $1 AND client_session = $2"))
+                .bind(tenant.0)
+                .bind(client_session)
+                .fetch_optional(self.pool())
+                .await?;
+        Ok(row.map(Task::from))
+    }
+
+    /// This tenant's newest tasks, at most `limit`.
+    pub async fn recent_tasks(&self, tenant: TenantId, limit: i64) -> Result<Vec<Task>, StoreError> {
+        let rows: Vec<TaskRow> = sqlx::query_as(&format!(
+            "SELECT {TASK_COLUMNS} FROM tasks WHERE tenant_id = $1 ORDER BY created_at DESC, id LIMIT $2"
+        ))
+        .bind(tenant.0)
+        .bind(limit)
+        .fetch_all(self.pool())
+        .await?;
+        Ok(rows.into_iter().map(Task::from).collect())
     }
 
     /// A task of this tenant (`None` for another tenant's).

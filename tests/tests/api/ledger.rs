@@ -57,6 +57,84 @@ async fn ledger_rows_match_the_responses() {
     }
 }
 
+/// An agent that knows nothing of tasks (Codex sends its run id as `session-id`) gets one task per
+/// run: every request of the run lands in it, another tenant's run with the same id is another
+/// task neither can see, an explicit task wins, and the outcome is recorded like any task's.
+#[tokio::test]
+async fn an_agent_run_is_one_task_by_the_session_id_its_client_sends() {
+    let app = spawn_app().await;
+    let (acme, a) = app.tenant("acme").await;
+    let (beta, b) = app.tenant("beta").await;
+    let send = |token: &str, path: &str, body: Value, headers: Vec<(&'static str, String)>| {
+        let mut r = app.client.post(format!("{}{path}", app.address)).bearer_auth(token).json(&body);
+        for (k, v) in headers {
+            r = r.header(k, v);
+        }
+        async move {
+            let r = r.send().await.unwrap();
+            assert_eq!(r.status(), 200);
+            r.json::<Value>().await.unwrap()
+        }
+    };
+    let run = "019b0c3c-0b5e-7863-aa06-7b6594d5ffc3".to_string();
+    let codex = || vec![("session-id", run.clone()), ("originator", "codex_exec".to_string())];
+    let responses = json!({"model": app.model(), "input": "list the files", "max_output_tokens": 3});
+    let first = send(&a, "/v1/responses", responses.clone(), codex()).await;
+    let second = send(&a, "/v1/chat/completions", app.chat_body("and now?", 3), codex()).await;
+    let theirs = send(&b, "/v1/responses", responses.clone(), codex()).await;
+    // An explicit task wins; a value that cannot be an id (too long) groups nothing.
+    let explicit: Value = app.post(&a, "/v1/tasks", json!({ "title": "mine" })).await.json().await.unwrap();
+    let mut named = codex();
+    named.push(("x-cachet-task", explicit["id"].as_str().unwrap().to_string()));
+    let named = send(&a, "/v1/chat/completions", app.chat_body("x", 2), named).await;
+    let long = send(&a, "/v1/chat/completions", app.chat_body("y", 2), vec![("session-id", "z".repeat(201))]).await;
+
+    let found = |token: &str| {
+        let url = format!("/v1/tasks?client_session={run}");
+        let token = token.to_string();
+        let app = &app;
+        async move {
+            let v: Value = app.get(&token, &url).await.json().await.unwrap();
+            assert_eq!(v["data"].as_array().unwrap().len(), 1, "{v}");
+            v["data"][0].clone()
+        }
+    };
+    let ours = found(&a).await;
+    let other = found(&b).await;
+    assert_eq!(ours["title"], format!("codex_exec session {run}"));
+    assert_eq!(ours["client_session"], run.as_str());
+    assert_eq!(ours["status"], "open");
+    assert_ne!(ours["id"], other["id"], "the same client id from two tenants is two tasks");
+    let task: TaskId = ours["id"].as_str().unwrap().parse().unwrap();
+    error(app.get(&b, &format!("/v1/tasks/{task}")).await, 404).await;
+    error(app.get(&a, "/v1/tasks?limit=0").await, 400).await;
+    let listed: Value = app.get(&a, "/v1/tasks").await.json().await.unwrap();
+    assert_eq!(listed["data"].as_array().unwrap().len(), 2, "the run's task and the explicit one: {listed}");
+
+    // `chatcmpl-<id>` and `resp_<id>`.
+    let response_id = |v: &Value| {
+        let id = v["id"].as_str().unwrap().rsplit(['-', '_']).next().unwrap();
+        RequestId(Uuid::parse_str(id).expect("a request id"))
+    };
+    let rows = app.ledger(acme).await;
+    let task_of = |v: &Value| rows.iter().find(|r| r.id == response_id(v)).expect("a row").task_id;
+    assert_eq!(task_of(&first), Some(task));
+    assert_eq!(task_of(&second), Some(task));
+    assert_eq!(task_of(&named).map(|t| t.to_string()), explicit["id"].as_str().map(String::from));
+    assert_eq!(task_of(&long), None);
+    let their_rows = app.ledger(beta).await;
+    assert_eq!(their_rows.len(), 1);
+    assert_eq!(their_rows[0].id, response_id(&theirs));
+    assert_eq!(their_rows[0].task_id.map(|t| t.to_string()), other["id"].as_str().map(String::from));
+
+    // The benchmark (or a CI job) records the run's outcome; its cost is the run's requests.
+    let closed = app.post(&a, &format!("/v1/tasks/{task}/outcome"), json!({"status": "succeeded"})).await;
+    assert_eq!(closed.status(), 200);
+    let got: Value = app.get(&a, &format!("/v1/tasks/{task}")).await.json().await.unwrap();
+    assert_eq!(got["requests"], 2);
+    assert!(got["cost"].as_f64().unwrap() > 0.0);
+}
+
 /// Postgres stops for 20 s while requests keep coming; afterwards every
 /// served request has exactly one row.
 #[tokio::test]
