@@ -15,8 +15,8 @@ calls, prompt / cached / output tokens, time to the first byte of each answer). 
 exercise is one task, grouped the way a user's runs would be: Codex is left as it is (cachet opens
 a task for the run id Codex sends as `session-id`, and the retry resumes the same Codex session);
 for aider and Qwen Code, which send no run id, the benchmark opens a task (`POST /v1/tasks`) and
-the client sends its id in the `X-Cachet-Task` header (aider through LiteLLM's `extra_headers`,
-Qwen Code through `customHeaders` in its settings). The outcome is reported (`POST
+its id goes in the `X-Cachet-Task` header (aider's through LiteLLM's `extra_headers`; Qwen Code's
+through the proxy, since with `--bare` Qwen Code reads no settings, `customHeaders` included). The outcome is reported (`POST
 /v1/tasks/{id}/outcome`) with the test output as evidence, so cachet's ledger and `cachet report
 --group-by task` show cost per successful task.
 
@@ -54,6 +54,15 @@ RETRY = """{output}
 See the testing errors above.
 The tests are correct, don't try and change them.
 Fix the code in {files} to resolve the errors.
+"""
+
+# Qwen Code's short system prompt (docs/agents.md, "Agent clients"): its own ~40,000-character one
+# leaves a small model answering in prose.
+QWEN_SYSTEM = """You are Qwen Code, a coding agent working in the user's git repository. To look at a file, call
+the read_file tool with its absolute path (the working directory is given in the first message);
+to change a file, call the edit tool with the exact text to replace and its replacement; to run a
+command, call run_shell_command. Call a tool first when the answer depends on a file, then answer
+briefly from what the tool returned.
 """
 
 HOP = {"connection", "keep-alive", "transfer-encoding", "te", "trailer", "upgrade", "proxy-authorization", "host",
@@ -138,7 +147,7 @@ def account(meter, body, streamed):
         meter.patches += len(patches)
 
 
-def start_proxy(upstream, meter):
+def start_proxy(upstream, meter, add_task_header):
     """A forwarding proxy on a free port; returns its base URL (same path prefix as `upstream`)."""
     target = urllib.parse.urlsplit(upstream)
 
@@ -151,6 +160,10 @@ def start_proxy(upstream, meter):
         def forward(self, method):
             body = self.rfile.read(int(self.headers.get("content-length") or 0))
             headers = {k: v for k, v in self.headers.items() if k.lower() not in HOP}
+            # Qwen Code with `--bare` reads no settings (so no `customHeaders`): the proxy adds
+            # the task header for it.
+            if add_task_header and meter.task and not any(k.lower() == "x-cachet-task" for k in headers):
+                headers["X-Cachet-Task"] = meter.task
             run = self.headers.get("session-id")
             with meter.lock:
                 if run and run not in meter.client_sessions:
@@ -280,14 +293,13 @@ def client_command(args, work, files, message, base, task, resume=None):
     if args.client == "qwen":
         home = os.path.join(args.state, "home-qwen")
         os.makedirs(os.path.join(home, ".qwen"), exist_ok=True)
-        headers = {"X-Cachet-Task": task} if task else {}
-        # A long first prompt on a CPU takes minutes: the request may take as long as the run.
-        config = {"customHeaders": headers, "timeout": args.timeout * 1000}
-        with open(os.path.join(home, ".qwen", "settings.json"), "w") as f:
-            json.dump({"model": {"generationConfig": config}}, f)
-        env.update(OPENAI_BASE_URL=base, OPENAI_API_KEY=args.key, OPENAI_MODEL=args.model, HOME=home)
+        system = os.path.join(home, ".qwen", "system.md")
+        with open(system, "w") as f:
+            f.write(QWEN_SYSTEM)
+        env.update(OPENAI_BASE_URL=base, OPENAI_API_KEY=args.key, OPENAI_MODEL=args.model, HOME=home,
+                   QWEN_SYSTEM_MD=system, QWEN_CODE_TOOL_CALL_STYLE="qwen-vl")
         cmd = [os.path.join(tools, "node_modules", ".bin", "qwen"), "--auth-type", "openai", "--approval-mode",
-               "yolo", f"--prompt={message}"]
+               "yolo", "--bare", f"--prompt={message}"]
         return cmd, env
     raise SystemExit(f"unknown client {args.client}")
 
@@ -394,7 +406,7 @@ def main():
     args.state = args.state or tempfile.mkdtemp(prefix="agent-bench-")
     os.makedirs(args.state, exist_ok=True)
     meter = Meter()
-    base = start_proxy(args.base, meter)
+    base = start_proxy(args.base, meter, add_task_header=args.cachet and args.client == "qwen")
     names = set(filter(None, args.names.split(",")))
     rows = []
     for slug, folder, files in exercises(args.exercism, args.letters, names, args.limit):

@@ -327,130 +327,128 @@ impl Scheduler {
     /// requests, prompts published to the cache, the throughput estimate and pacing.
     pub(super) fn postprocess(&mut self, plan: &[Planned], ran: Ran, now: Instant) {
         let total: usize = plan.iter().map(|p| p.len).sum();
-        let index = ran.index;
-        // Whether requests past their first token waited for this pass: its length is their gap.
-        let decoding = index.iter().filter(|&&i| self.running[i].first_token.is_some()).count();
-        let decoders_wait = decoding > 0;
+        // Requests past their first token that waited for this pass: its length is their gap.
+        let decoding = ran.index.iter().filter(|&&i| self.running[i].first_token.is_some()).count();
         if let Some(t) = &ran.grammar {
             self.record_grammar(t);
         }
-        let secs = ran.secs;
         if let Some(e) = ran.failed {
-            tracing::error!("forward pass failed: {e}");
-            let mut failed: Vec<usize> = index.clone();
-            failed.sort_unstable();
-            for &i in failed.iter().rev() {
-                let mut seq = self.running.swap_remove(i);
-                seq.send(Event::Error(RequestError::Engine(e.clone())));
-                self.kv.release(&mut seq, false);
-                self.report(&seq, super::request::Outcome::Failed, FinishReason::Stop);
-            }
+            self.fail_pass(&ran.index, e);
             return;
         }
+        self.observe_pass(total, ran.secs);
+        let mut ends = Ends::default();
+        let mut sampled = ran.sampled.into_iter();
+        for (p, &i) in plan.iter().zip(&ran.index) {
+            self.advance(i, p.len, ran.secs * p.len as f64 / total as f64, &mut ends);
+            let token = sampled.next().flatten();
+            if p.logits {
+                self.hand_out(i, token, &mut ends);
+            }
+        }
+        self.settle(ends, now);
+        self.pace_step(total, plan.len(), decoding, ran.secs, now);
+    }
+
+    /// A failed forward pass fails every request in it.
+    fn fail_pass(&mut self, index: &[usize], e: String) {
+        tracing::error!("forward pass failed: {e}");
+        let mut failed = index.to_vec();
+        failed.sort_unstable();
+        for &i in failed.iter().rev() {
+            let mut seq = self.running.swap_remove(i);
+            seq.send(Event::Error(RequestError::Engine(e.clone())));
+            self.kv.release(&mut seq, false);
+            self.report(&seq, super::request::Outcome::Failed, FinishReason::Stop);
+        }
+    }
+
+    /// The throughput estimate (passes of 16 tokens and more) and the pass metrics.
+    fn observe_pass(&mut self, total: usize, secs: f64) {
         if total >= 16 {
             let rate = total as f64 / secs.max(1e-6);
             self.rate = if self.rate > 0.0 { 0.8 * self.rate + 0.2 * rate } else { rate };
         }
         metrics::histogram!("cachet:forward_pass_tokens").record(total as f64);
         metrics::histogram!("cachet:forward_pass_seconds").record(secs);
-        let max_context = self.max_context;
-        let mut sampled = ran.sampled.into_iter();
-        let mut finished = Vec::new();
-        let mut failed = Vec::new();
-        let mut prompted = Vec::new();
-        let mut partial = Vec::new();
-        let mut progressed = Vec::new();
-        for (p, &i) in plan.iter().zip(&index) {
-            let seq = &mut self.running[i];
-            let prefill = seq.computed < seq.prompt_len;
-            seq.computed += p.len;
-            if prefill && seq.computed >= seq.prompt_len && !seq.req.prewarm {
-                prompted.push(i);
-            } else if prefill && seq.computed < seq.prompt_len {
-                partial.push(i);
-            }
-            seq.compute_seconds += secs * p.len as f64 / total as f64;
-            if prefill {
-                seq.computed_prefill += p.len;
-            }
-            *self.vtc.entry(seq.req.tenant.clone()).or_default() += p.len as f64;
-            let token = sampled.next().flatten();
-            if !p.logits {
-                continue;
-            }
-            if seq.req.prewarm {
-                finished.push((seq.id, FinishReason::Length));
-                continue;
-            }
-            let (token, logprobs) = match token.expect("the runner samples every chunk with logits") {
-                Ok(sampled) => sampled,
-                Err(e) => {
-                    failed.push((seq.id, e));
-                    continue;
-                }
-            };
-            seq.tokens.push(token);
-            seq.enter(Phase::Decode);
-            let out = match seq.output.push(&self.tokenizer, token) {
-                Ok(out) => out,
-                Err(e) => {
-                    failed.push((seq.id, RequestError::Engine(e.to_string())));
-                    continue;
-                }
-            };
-            let t = self.clock.now();
-            match seq.last_token {
-                None => {
-                    seq.first_token = Some(t);
-                    seq.req
-                        .span
-                        .in_scope(|| tracing::debug!(ttft_ms = (t - seq.arrival).as_millis() as u64, "first token"));
-                    let labels = super::tenant_labels(self.cfg.tenant_labels, &seq.req.tenant);
-                    metrics::histogram!("cachet:time_to_first_token_seconds", labels)
-                        .record((t - seq.arrival).as_secs_f64());
-                    // TTFT = queue time (recorded at admission) + this part.
-                    metrics::histogram!("cachet:prefill_time_seconds")
-                        .record((t - seq.admitted.unwrap_or(seq.arrival)).as_secs_f64());
-                }
-                Some(prev) => {
-                    metrics::histogram!("cachet:inter_token_latency_seconds").record((t - prev).as_secs_f64())
-                }
-            }
-            seq.last_token = Some(t);
-            let mut text = out.text;
-            let reason = match out.finish {
-                Some(reason) => Some(reason),
-                None if seq.tokens.len() >= max_context => {
-                    // One event per token: text held back for a possible
-                    // stop string goes out with the last one.
-                    text.push_str(&seq.output.flush(&self.tokenizer).unwrap_or_default());
-                    Some(FinishReason::Length)
-                }
-                // The grammar is complete and allows nothing more (not even text before an EOS).
-                None if seq.constraint.as_ref().is_some_and(|c| c.finished()) => {
-                    text.push_str(&seq.output.flush(&self.tokenizer).unwrap_or_default());
-                    Some(FinishReason::Stop)
-                }
-                None => None,
-            };
-            // The caller's own judgment of the text so far (it sees every piece, the last too).
-            let reason = match &seq.req.stop_when {
-                Some(stop) if stop(&text) && reason.is_none() => {
-                    let rest = seq.output.flush(&self.tokenizer).unwrap_or_default();
-                    stop(&rest);
-                    text.push_str(&rest);
-                    Some(FinishReason::Stop)
-                }
-                _ => reason,
-            };
-            seq.send(Event::Token { id: token, text, logprobs });
-            if let Some(reason) = reason {
-                finished.push((seq.id, reason));
-            } else if seq.req.on_progress.is_some() && seq.generated().is_multiple_of(super::request::PROGRESS_TOKENS) {
-                progressed.push(i);
-            }
+    }
+
+    /// Running sequence `i` has `len` more positions computed, in `secs` of the pass: its
+    /// progress, its compute time and its tenant's fair-share counter.
+    fn advance(&mut self, i: usize, len: usize, secs: f64, ends: &mut Ends) {
+        let seq = &mut self.running[i];
+        let prefill = seq.computed < seq.prompt_len;
+        seq.computed += len;
+        if prefill && seq.computed >= seq.prompt_len && !seq.req.prewarm {
+            ends.prompted.push(i);
+        } else if prefill && seq.computed < seq.prompt_len {
+            ends.partial.push(i);
         }
-        for i in progressed {
+        seq.compute_seconds += secs;
+        if prefill {
+            seq.computed_prefill += len;
+        }
+        *self.vtc.entry(seq.req.tenant.clone()).or_default() += len as f64;
+    }
+
+    /// Running sequence `i` sampled `token`: its text goes out, and whether it ends here (a stop,
+    /// the context's end, a complete grammar, the caller's own judgment) is noted in `ends`.
+    fn hand_out(&mut self, i: usize, token: Option<super::runner::Sampled>, ends: &mut Ends) {
+        let (max_context, labels_on) = (self.max_context, self.cfg.tenant_labels);
+        let seq = &mut self.running[i];
+        if seq.req.prewarm {
+            ends.finished.push((seq.id, FinishReason::Length));
+            return;
+        }
+        let (token, logprobs) = match token.expect("the runner samples every chunk with logits") {
+            Ok(sampled) => sampled,
+            Err(e) => return ends.failed.push((seq.id, e)),
+        };
+        seq.tokens.push(token);
+        seq.enter(Phase::Decode);
+        let out = match seq.output.push(&self.tokenizer, token) {
+            Ok(out) => out,
+            Err(e) => return ends.failed.push((seq.id, RequestError::Engine(e.to_string()))),
+        };
+        token_timing(seq, self.clock.now(), labels_on);
+        let mut text = out.text;
+        let reason = match out.finish {
+            Some(reason) => Some(reason),
+            None if seq.tokens.len() >= max_context => {
+                // One event per token: text held back for a possible stop string goes out with
+                // the last one.
+                text.push_str(&seq.output.flush(&self.tokenizer).unwrap_or_default());
+                Some(FinishReason::Length)
+            }
+            // The grammar is complete and allows nothing more (not even text before an EOS).
+            None if seq.constraint.as_ref().is_some_and(|c| c.finished()) => {
+                text.push_str(&seq.output.flush(&self.tokenizer).unwrap_or_default());
+                Some(FinishReason::Stop)
+            }
+            None => None,
+        };
+        // The caller's own judgment of the text so far (it sees every piece, the last too).
+        let reason = match &seq.req.stop_when {
+            Some(stop) if stop(&text) && reason.is_none() => {
+                let rest = seq.output.flush(&self.tokenizer).unwrap_or_default();
+                stop(&rest);
+                text.push_str(&rest);
+                Some(FinishReason::Stop)
+            }
+            _ => reason,
+        };
+        seq.send(Event::Token { id: token, text, logprobs });
+        if let Some(reason) = reason {
+            ends.finished.push((seq.id, reason));
+        } else if seq.req.on_progress.is_some() && seq.generated().is_multiple_of(super::request::PROGRESS_TOKENS) {
+            ends.progressed.push(i);
+        }
+    }
+
+    /// What comes of the pass once every token is out: progress hooks, the disk tier's copies of
+    /// long prompts so far, prompts published to the cache, finished and failed requests.
+    fn settle(&mut self, ends: Ends, now: Instant) {
+        for i in ends.progressed {
             let seq = &self.running[i];
             let _in = seq.req.span.enter();
             if let Some(hook) = &seq.req.on_progress {
@@ -459,20 +457,20 @@ impl Scheduler {
         }
         // The disk tier takes a long prompt's whole chunks as its prefill computes them (a prefill
         // server streams them to a decode server meanwhile; a retry after a cancel finds them).
-        for i in partial {
+        for i in ends.partial {
             self.kv.queue_partial_saves(&self.running[i]);
         }
         // Prompts computed in full go into the cache now, not when their answers end: a request
         // with the same prefix that waited for this one (see `pick`) reuses it at once.
-        for i in prompted {
+        for i in ends.prompted {
             self.kv.publish_prompt(&mut self.running[i]);
         }
-        for (id, reason) in finished {
+        for (id, reason) in ends.finished {
             let i = self.running.iter().position(|s| s.id == id).expect("finished sequences are running");
             let mut seq = self.running.swap_remove(i);
             self.finish(&mut seq, reason, now);
         }
-        for (id, error) in failed {
+        for (id, error) in ends.failed {
             let i = self.running.iter().position(|s| s.id == id).expect("failed sequences are running");
             let mut seq = self.running.swap_remove(i);
             tracing::debug!(seq = id, "request failed: {error}");
@@ -480,14 +478,17 @@ impl Scheduler {
             self.kv.release(&mut seq, true);
             self.report(&seq, super::request::Outcome::Failed, FinishReason::Stop);
         }
-        // Pacing fits the whole step, not the forward pass alone: what a decoding request waits
-        // between two tokens includes planning, sampling, grammars and sending.
+    }
+
+    /// Pacing fits the whole step, not the forward pass alone: what a decoding request waits
+    /// between two tokens includes planning, sampling, grammars and sending.
+    fn pace_step(&mut self, total: usize, chunks: usize, decoding: usize, secs: f64, now: Instant) {
         let step = self.clock.now().saturating_duration_since(now).as_secs_f64();
         if tracing::enabled!(target: "cachet::pass", tracing::Level::TRACE) {
             tracing::trace!(
                 target: "cachet::pass",
                 tokens = total,
-                chunks = plan.len(),
+                chunks,
                 decode = decoding,
                 forward_ms = format_args!("{:.1}", secs * 1e3),
                 step_ms = format_args!("{:.1}", step * 1e3),
@@ -496,7 +497,7 @@ impl Scheduler {
                 "pass"
             );
         }
-        if decoders_wait {
+        if decoding > 0 {
             self.pace.check(total, step);
         }
         self.pace.observe(total, step);
@@ -574,4 +575,36 @@ impl Fill {
     fn closed_to(&self, plan: &[Planned], id: u64) -> bool {
         self.prompt_tokens_in(plan) >= self.prompt_tokens && self.prompts(plan).iter().any(|p| p.seq != id)
     }
+}
+
+/// What a pass's tokens led to, settled once they are all out ([`Scheduler::settle`]).
+#[derive(Default)]
+struct Ends {
+    /// Requests that ended (by id), and why.
+    finished: Vec<(u64, FinishReason)>,
+    /// Requests that failed (by id).
+    failed: Vec<(u64, RequestError)>,
+    /// Running sequences (by index) whose prompt was computed in full by this pass.
+    prompted: Vec<usize>,
+    /// Running sequences whose prompt is still being computed.
+    partial: Vec<usize>,
+    /// Running sequences due a progress report.
+    progressed: Vec<usize>,
+}
+
+/// The first-token and inter-token timing of a token `seq` sampled at `t`.
+fn token_timing(seq: &mut Seq, t: Instant, tenant_labels: bool) {
+    match seq.last_token {
+        None => {
+            seq.first_token = Some(t);
+            seq.req.span.in_scope(|| tracing::debug!(ttft_ms = (t - seq.arrival).as_millis() as u64, "first token"));
+            let labels = super::tenant_labels(tenant_labels, &seq.req.tenant);
+            metrics::histogram!("cachet:time_to_first_token_seconds", labels).record((t - seq.arrival).as_secs_f64());
+            // TTFT = queue time (recorded at admission) + this part.
+            metrics::histogram!("cachet:prefill_time_seconds")
+                .record((t - seq.admitted.unwrap_or(seq.arrival)).as_secs_f64());
+        }
+        Some(prev) => metrics::histogram!("cachet:inter_token_latency_seconds").record((t - prev).as_secs_f64()),
+    }
+    seq.last_token = Some(t);
 }
