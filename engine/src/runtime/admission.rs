@@ -23,7 +23,7 @@
 //! after, and refuses it if its prediction passes the limit by [`LATE_SLACK`].
 
 use super::config::{EngineConfig, SloClass};
-use super::request::Request;
+use super::request::{Charge, Request};
 use crate::radix::TenantKey;
 use std::collections::{HashMap, VecDeque};
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -134,14 +134,6 @@ impl State {
             .map(|(_, c)| Work::one(c.tokens))
             .sum()
     }
-}
-
-/// What the door counted a request as; the engine notes the last `seq` it took in.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub(crate) struct Charge {
-    pub seq: u64,
-    pub tokens: usize,
-    pub hopeful: bool,
 }
 
 fn get(m: &HashMap<Key, Work>, k: &Key) -> Work {

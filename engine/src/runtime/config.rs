@@ -2,6 +2,7 @@
 //! classes and admission control.
 
 use crate::kv_pool::PoolSize;
+use std::path::PathBuf;
 use std::time::Duration;
 
 /// How waiting requests are ordered for admission.
@@ -98,7 +99,7 @@ pub struct EngineConfig {
     pub tenant_labels: bool,
     /// The disk tier: prompts' K/V kept in a local directory, read back instead of recomputed
     /// (also after a restart). `None`: off.
-    pub kv_tier: Option<super::tier::KvTierConfig>,
+    pub kv_tier: Option<KvTierConfig>,
 }
 
 impl Default for EngineConfig {
@@ -156,6 +157,32 @@ impl EngineConfig {
         }
         if let Some(t) = &self.kv_tier {
             t.validate()?;
+        }
+        Ok(())
+    }
+}
+
+/// The disk tier's settings ([`EngineConfig::kv_tier`]).
+#[derive(Clone, Debug, PartialEq)]
+pub struct KvTierConfig {
+    /// The directory (created 0700; one 0600 file per chunk).
+    pub dir: PathBuf,
+    /// The most bytes of chunks kept; beyond it the least recently used go.
+    pub max_bytes: u64,
+    /// Prompt tokens per chunk: a prompt's last partial chunk is not stored.
+    pub chunk_tokens: usize,
+}
+
+impl KvTierConfig {
+    /// The default chunk: 256 tokens (3 MiB of K/V for the default model).
+    pub const DEFAULT_CHUNK_TOKENS: usize = 256;
+
+    pub(crate) fn validate(&self) -> Result<(), String> {
+        if self.chunk_tokens == 0 || self.chunk_tokens > 1 << 16 {
+            return Err(format!("kv tier chunk_tokens must be 1..=65536, not {}", self.chunk_tokens));
+        }
+        if self.max_bytes == 0 {
+            return Err("kv tier max_bytes must be above 0".into());
         }
         Ok(())
     }

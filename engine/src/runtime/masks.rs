@@ -3,9 +3,9 @@
 //! pass runs, and given back with the masks; sampling then masks the logits
 //! first and feeds the grammar the token it picked.
 
+use super::plan::Planned;
 use super::request::RequestError;
 use super::seq::Seq;
-use super::step::Planned;
 use super::Scheduler;
 use crate::constraint::Constraint;
 use crate::sampler::{log_softmax_top, TokenLogprobs};

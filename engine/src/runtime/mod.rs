@@ -16,6 +16,7 @@ mod handle;
 mod kv;
 mod masks;
 mod pace;
+mod plan;
 mod remote;
 mod request;
 mod runner;
@@ -27,7 +28,7 @@ mod stats;
 mod step;
 mod tier;
 
-pub use config::{EngineConfig, Policy, SloClass, SloTargets};
+pub use config::{EngineConfig, KvTierConfig, Policy, SloClass, SloTargets};
 pub use handle::{EngineHandle, RequestStream};
 pub use remote::{RemoteFeed, RemoteKv};
 pub use request::{
@@ -35,7 +36,7 @@ pub use request::{
     PROGRESS_TOKENS,
 };
 pub use stats::Snapshot;
-pub use tier::{chunk_keys, chunk_spans, KvTierConfig};
+pub use tier::{chunk_keys, chunk_spans};
 
 use crate::kv_pool::{KvPool, PoolSize, Slots};
 use crate::loader::LoadedModel;

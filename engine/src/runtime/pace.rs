@@ -182,7 +182,7 @@ impl Scheduler {
     /// first token from it: as many as add at most [`BACKGROUND_PASS_SHARE`] to the pass's time
     /// (on a CPU, where a pass costs about its tokens, a few; on a GPU, where a pass's fixed
     /// cost is that of thousands of tokens, many); none while the pass time is not known.
-    pub(super) fn background_room(&self, plan: &[super::step::Planned]) -> usize {
+    pub(super) fn background_room(&self, plan: &[super::plan::Planned]) -> usize {
         let tokens: usize = plan.iter().map(|p| p.len).sum();
         match (self.pace.seconds(tokens), self.pace.fit()) {
             (Some(pass), Some((_, per))) if per > 0.0 && pass > 0.0 => (BACKGROUND_PASS_SHARE * pass / per) as usize,

@@ -96,7 +96,7 @@ pub struct Request {
     pub span: tracing::Span,
     /// What admission at the door counted this request as (see `admission`), given back when
     /// the engine takes it in.
-    pub(crate) charge: super::admission::Charge,
+    pub(crate) charge: Charge,
 }
 
 impl std::fmt::Debug for Request {
@@ -217,4 +217,12 @@ pub enum Event {
     Done(Completion),
     /// The request failed; nothing follows.
     Error(RequestError),
+}
+
+/// What the door counted a request as; the engine notes the last `seq` it took in.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub(crate) struct Charge {
+    pub seq: u64,
+    pub tokens: usize,
+    pub hopeful: bool,
 }

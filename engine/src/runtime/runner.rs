@@ -4,9 +4,9 @@
 //! queues, tenants or the prefix cache (that is the [`super::Scheduler`]'s).
 
 use super::masks;
+use super::plan::Planned;
 use super::request::RequestError;
 use super::seq::Seq;
-use super::step::Planned;
 use crate::kv_pool::SlotId;
 use crate::model::{ForwardScratch, LogitsFor, Model, SeqChunk};
 use crate::sampler::TokenLogprobs;

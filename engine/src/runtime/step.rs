@@ -3,6 +3,7 @@
 //! (evict unlocked cache, else retract the running request with the least progress); once the
 //! runner has run it, hand out the tokens and do the accounting.
 
+use super::plan::Planned;
 use super::request::{Completion, Event, RequestError};
 use super::runner::Ran;
 use super::sched::{Prompt, Tier};
@@ -11,13 +12,6 @@ use super::Scheduler;
 use crate::generate::FinishReason;
 use crate::radix::TenantKey;
 use std::time::Instant;
-
-/// One planned chunk: `len` tokens of running sequence `seq` (by id).
-pub(super) struct Planned {
-    pub seq: u64,
-    pub len: usize,
-    pub logits: bool,
-}
 
 impl Scheduler {
     /// Plans the step that starts `now`; `None` when nothing can run (a running prompt stuck on

@@ -24,41 +24,15 @@
 //! wherever it is found; invalidation by provenance (a push) and the LRU bound reclaim space.
 //! A deleted tenant's chunks are deleted, including those still in the writer's queue.
 
+use super::config::KvTierConfig;
 use super::request::Request;
 use super::seq::Seq;
 use crate::kv_transfer::disk::{DiskTier, Opened};
 use crate::kv_transfer::{chain_key, KvRecord, RecordScope, RecordTag};
 use std::collections::HashSet;
-use std::path::PathBuf;
 use std::sync::mpsc::{sync_channel, Receiver, SyncSender, TrySendError};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::thread::JoinHandle;
-
-/// The disk tier's settings ([`super::EngineConfig::kv_tier`]).
-#[derive(Clone, Debug, PartialEq)]
-pub struct KvTierConfig {
-    /// The directory (created 0700; one 0600 file per chunk).
-    pub dir: PathBuf,
-    /// The most bytes of chunks kept; beyond it the least recently used go.
-    pub max_bytes: u64,
-    /// Prompt tokens per chunk: a prompt's last partial chunk is not stored.
-    pub chunk_tokens: usize,
-}
-
-impl KvTierConfig {
-    /// The default chunk: 256 tokens (3 MiB of K/V for the default model).
-    pub const DEFAULT_CHUNK_TOKENS: usize = 256;
-
-    pub(crate) fn validate(&self) -> Result<(), String> {
-        if self.chunk_tokens == 0 || self.chunk_tokens > 1 << 16 {
-            return Err(format!("kv tier chunk_tokens must be 1..=65536, not {}", self.chunk_tokens));
-        }
-        if self.max_bytes == 0 {
-            return Err("kv tier max_bytes must be above 0".into());
-        }
-        Ok(())
-    }
-}
 
 /// Chunks the writer may have queued before new ones are dropped: at least this many, and at
 /// least a whole context's (a prefill server answers a decode server with every chunk of a
