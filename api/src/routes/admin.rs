@@ -35,10 +35,6 @@ fn store_error(e: StoreError) -> ApiError {
     }
 }
 
-fn parse_id(id: &str) -> Result<TenantId, ApiError> {
-    id.parse().map_err(|_| ApiError::NotFound(format!("no tenant {id}")))
-}
-
 /// Creates a tenant.
 #[utoipa::path(post, path = "/admin/tenants", tag = "admin", request_body = NewTenant,
     responses((status = 201, description = "The new tenant"), (status = 400, description = "Bad name or plan"),
@@ -78,9 +74,9 @@ pub async fn list_tenants(state: web::Data<AppState>, _op: OperatorAuth) -> Resu
 pub async fn delete_tenant(
     state: web::Data<AppState>,
     _op: OperatorAuth,
-    id: web::Path<String>,
+    id: web::Path<TenantId>,
 ) -> Result<HttpResponse, ApiError> {
-    let id = parse_id(&id)?;
+    let id = id.into_inner();
     if !state.store.delete_tenant(id).await.map_err(store_error)? {
         return Err(ApiError::NotFound(format!("no tenant {id}")));
     }
@@ -99,10 +95,10 @@ pub async fn delete_tenant(
 pub async fn issue_token(
     state: web::Data<AppState>,
     _op: OperatorAuth,
-    id: web::Path<String>,
+    id: web::Path<TenantId>,
     body: web::Json<NewToken>,
 ) -> Result<HttpResponse, ApiError> {
-    let id = parse_id(&id)?;
+    let id = id.into_inner();
     match state.store.get_tenant(id).await.map_err(store_error)? {
         Some(t) if t.deleted_at.is_none() => {}
         _ => return Err(ApiError::NotFound(format!("no tenant {id}"))),

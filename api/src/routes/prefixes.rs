@@ -105,10 +105,10 @@ pub async fn list(state: web::Data<AppState>, _op: OperatorAuth) -> Result<HttpR
 pub async fn remove(
     state: web::Data<AppState>,
     _op: OperatorAuth,
-    id: web::Path<String>,
+    id: web::Path<uuid::Uuid>,
 ) -> Result<HttpResponse, ApiError> {
-    let missing = || ApiError::NotFound(format!("no public prefix {id}"));
-    let uuid: uuid::Uuid = id.parse().map_err(|_| missing())?;
+    let uuid = id.into_inner();
+    let missing = || ApiError::NotFound(format!("no public prefix {uuid}"));
     if !state.store.remove_public_prefix(uuid).await.map_err(store_error)? {
         return Err(missing());
     }
