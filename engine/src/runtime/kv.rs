@@ -184,7 +184,7 @@ impl KvManager {
 
     /// Frees pool slots for `n` tokens of `tenant`'s request by evicting unlocked cache. False if
     /// that is not enough.
-    pub fn ensure_free(&mut self, n: usize, tenant: &TenantKey, now: Instant) -> bool {
+    fn ensure_free(&mut self, n: usize, tenant: &TenantKey, now: Instant) -> bool {
         if self.slots.free_slots() >= n {
             return true;
         }

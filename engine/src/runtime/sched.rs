@@ -37,8 +37,8 @@ use std::time::{Duration, Instant};
 /// computed to wait for it rather than compute them again.
 const SHARED_PREFILL: usize = 256;
 
-/// A running prompt: its sequence id and tenant.
-pub(super) type Prompt = (u64, TenantKey);
+/// A running prompt: its sequence id.
+pub(super) type Prompt = u64;
 
 /// Which waiting requests an admission phase of a step takes (see [`Scheduler::pick`]).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -246,7 +246,7 @@ impl Scheduler {
         }
         let (hopeless, hopeful): (Vec<&Seq>, Vec<&Seq>) =
             prefilling.into_iter().partition(|s| self.late(s, s.remaining(), now, rate));
-        let ids = |v: &[&Seq]| v.iter().map(|s| (s.id, s.req.tenant.clone())).collect::<Vec<_>>();
+        let ids = |v: &[&Seq]| v.iter().map(|s| s.id).collect::<Vec<_>>();
         let overdue: Vec<&Seq> = hopeless.iter().copied().filter(|s| self.overdue(s, now)).collect();
         let (overdue, hopeful, hopeless, background) = (ids(&overdue), ids(&hopeful), ids(&hopeless), ids(&background));
         PrefillOrder { overdue, hopeful, hopeless, background }

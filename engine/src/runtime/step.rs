@@ -100,7 +100,7 @@ impl Scheduler {
         full: Fill,
         now: Instant,
     ) {
-        for (id, _) in order {
+        for id in order {
             if *budget == 0 {
                 break;
             }
