@@ -31,6 +31,9 @@ section() { echo "== $* [at ${SECONDS} s]"; }
 section "cargo fmt --check"
 cargo fmt --all -- --check
 
+section "docs/structures.md names every module (scripts/module_index.py --check)"
+python3 scripts/module_index.py --check
+
 section "NVRTC (the tests compile every CUDA kernel with it; no GPU needed)"
 export LD_LIBRARY_PATH="$(scripts/nvrtc.sh)${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 

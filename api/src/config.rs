@@ -45,13 +45,17 @@ pub enum Role {
 }
 
 impl std::str::FromStr for Role {
-    type Err = String;
-    fn from_str(s: &str) -> Result<Role, String> {
+    type Err = cachet_tenants::UnknownWord;
+    fn from_str(s: &str) -> Result<Role, cachet_tenants::UnknownWord> {
         match s {
             "unified" => Ok(Role::Unified),
             "prefill" => Ok(Role::Prefill),
             "decode" => Ok(Role::Decode),
-            _ => Err(format!("{s:?} is not a role (unified, prefill or decode)")),
+            _ => Err(cachet_tenants::UnknownWord {
+                what: "role",
+                input: s.chars().take(64).collect(),
+                expected: "unified prefill decode",
+            }),
         }
     }
 }
@@ -318,14 +322,32 @@ impl Default for SamplingDefaults {
     }
 }
 
+/// A setting that cannot be used; the message names its key.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[error("{0}")]
+pub struct ConfigError(pub String);
+
+impl From<String> for ConfigError {
+    fn from(m: String) -> ConfigError {
+        ConfigError(m)
+    }
+}
+
+impl From<&str> for ConfigError {
+    fn from(m: &str) -> ConfigError {
+        ConfigError(m.into())
+    }
+}
+
 /// The default bound on an answer's tokens (`[model.sampling] max_tokens`): room for a whole
 /// file rewritten (aider's whole-file edits) or a long patch, not for a runaway answer.
 pub const DEFAULT_MAX_TOKENS: u32 = 4096;
 
 impl SamplingDefaults {
     /// Checks the ranges a request's own values must be in; the error names the key.
-    pub fn check(&self) -> Result<(), String> {
-        let bad = |key: &str, range: &str| Err(format!("configuration: model.sampling.{key} must be {range}"));
+    pub fn check(&self) -> Result<(), ConfigError> {
+        let bad =
+            |key: &str, range: &str| Err(ConfigError(format!("configuration: model.sampling.{key} must be {range}")));
         if !(self.temperature.is_finite() && (0.0..=2.0).contains(&self.temperature)) {
             return bad("temperature", "in [0, 2]");
         }
@@ -472,7 +494,7 @@ pub struct Overrides {
 
 impl Settings {
     /// Loads the layers; the error names the bad key.
-    pub fn load(overrides: &Overrides) -> Result<Settings, String> {
+    pub fn load(overrides: &Overrides) -> Result<Settings, ConfigError> {
         // The data folder decides where the default file is: find it first.
         let early: Settings =
             Figment::new().merge(Env::prefixed("CACHET_").split("__")).merge(short_env()).extract().unwrap_or_default();
@@ -482,7 +504,7 @@ impl Settings {
         let mut fig = Figment::new();
         if let Some(file) = &file {
             if !file.exists() {
-                return Err(format!("config file {} not found", file.display()));
+                return Err(ConfigError::from(format!("config file {} not found", file.display())));
             }
             fig = fig.merge(Toml::file(file));
         }
@@ -510,45 +532,47 @@ impl Settings {
 
     /// Everything that can be checked without the model or the database, so that a mistake
     /// fails `cachet serve` at once with its key named (not a server that never becomes ready).
-    pub fn check(&self) -> Result<(), String> {
+    pub fn check(&self) -> Result<(), ConfigError> {
         self.model.sampling.check()?;
         let engine = self.engine_config().map_err(|m| format!("configuration: {m}"))?;
         let d = &self.disagg;
         if d.role != Role::Unified && engine.kv_tier.is_none() {
-            return Err(format!(
+            return Err(ConfigError::from(format!(
                 "configuration: disagg.role = {:?} moves K/V through the disk tier: set engine.kv_tier_gib above 0",
                 d.role
-            ));
+            )));
         }
         if d.role == Role::Decode && d.prefill_urls.is_empty() {
-            return Err("configuration: disagg.role = \"decode\" needs disagg.prefill_urls".into());
+            return Err(ConfigError::from("configuration: disagg.role = \"decode\" needs disagg.prefill_urls"));
         }
         if let Some(u) = d.prefill_urls.iter().find(|u| !(u.starts_with("http://") || u.starts_with("https://"))) {
-            return Err(format!("configuration: disagg.prefill_urls: {u:?} is not an http(s) URL"));
+            return Err(ConfigError::from(format!("configuration: disagg.prefill_urls: {u:?} is not an http(s) URL")));
         }
         if d.timeout_secs == 0 {
-            return Err("configuration: disagg.timeout_secs must be above 0".into());
+            return Err(ConfigError::from("configuration: disagg.timeout_secs must be above 0"));
         }
         if let Some(h) = self.tasks.client_session_headers.iter().find(|h| {
             actix_web::http::header::HeaderName::from_bytes(h.as_bytes()).is_err()
                 || ["authorization", "cookie", "x-cachet-task", "x-cachet-session"]
                     .contains(&h.to_ascii_lowercase().as_str())
         }) {
-            return Err(format!("configuration: tasks.client_session_headers: {h:?} cannot name a client session"));
+            return Err(ConfigError::from(format!(
+                "configuration: tasks.client_session_headers: {h:?} cannot name a client session"
+            )));
         }
         if self.plan(&self.tenants.default_plan).is_none() {
             let names: Vec<String> = self.plans().into_iter().map(|p| p.name).collect();
-            return Err(format!(
+            return Err(ConfigError::from(format!(
                 "configuration: tenants.default_plan: no plan named {:?} ({})",
                 self.tenants.default_plan,
                 names.join(", ")
-            ));
+            )));
         }
         Ok(())
     }
 
     /// The engine configuration these settings describe.
-    pub fn engine_config(&self) -> Result<cachet_engine::runtime::EngineConfig, String> {
+    pub fn engine_config(&self) -> Result<cachet_engine::runtime::EngineConfig, ConfigError> {
         use cachet_engine::runtime::{EngineConfig, SloTargets};
         use std::time::Duration;
         let e = &self.engine;
@@ -582,10 +606,10 @@ impl Settings {
     }
 
     /// The disk tier's settings, `None` when it is off.
-    fn kv_tier(&self) -> Result<Option<cachet_engine::runtime::KvTierConfig>, String> {
+    fn kv_tier(&self) -> Result<Option<cachet_engine::runtime::KvTierConfig>, ConfigError> {
         let e = &self.engine;
         if !e.kv_tier_gib.is_finite() || e.kv_tier_gib < 0.0 {
-            return Err(format!("engine: kv_tier_gib must be >= 0, not {}", e.kv_tier_gib));
+            return Err(ConfigError::from(format!("engine: kv_tier_gib must be >= 0, not {}", e.kv_tier_gib)));
         }
         if e.kv_tier_gib == 0.0 {
             return Ok(None);
@@ -620,7 +644,8 @@ impl Settings {
 fn from_str<'de, D, T>(d: D) -> Result<T, D::Error>
 where
     D: serde::Deserializer<'de>,
-    T: std::str::FromStr<Err = String>,
+    T: std::str::FromStr,
+    T::Err: std::fmt::Display,
 {
     let s = String::deserialize(d)?;
     s.parse().map_err(serde::de::Error::custom)
@@ -660,6 +685,7 @@ mod tests {
         let file = dir.path().join("cachet.toml");
         std::fs::write(&file, toml).expect("written");
         Settings::load(&Overrides { config: Some(file), data_dir: Some(dir.path().into()), ..Overrides::default() })
+            .map_err(|e| e.0)
     }
 
     #[test]
@@ -752,6 +778,6 @@ mod tests {
             ..Overrides::default()
         })
         .unwrap_err();
-        assert!(e.contains("--device") && e.contains("tpu"), "{e}");
+        assert!(e.0.contains("--device") && e.0.contains("tpu"), "{e}");
     }
 }

@@ -4,6 +4,7 @@
 //! call it from `spawn_blocking`.
 
 use crate::config::{AfterPush, ContextSettings};
+use crate::error::ApiError;
 use cachet_context::{
     CommitId, ContextBuilder, ContextError, ContextOptions, FileRules, Mirror, RepoContext, RepoStore, SourcePolicy,
     TokenCounter,
@@ -106,11 +107,12 @@ impl Repos {
     }
 
     /// Checks options sent at registration against the server's limits.
-    pub fn check_options(&self, options: &RepoOptions) -> Result<(), String> {
+    pub fn check_options(&self, options: &RepoOptions) -> Result<(), ApiError> {
         match options.budget_tokens {
-            Some(b) if b == 0 || b > self.settings.max_budget_tokens => {
-                Err(format!("budget_tokens must be between 1 and {}", self.settings.max_budget_tokens))
-            }
+            Some(b) if b == 0 || b > self.settings.max_budget_tokens => Err(ApiError::bad_param(
+                "options.budget_tokens",
+                format!("budget_tokens must be between 1 and {}", self.settings.max_budget_tokens),
+            )),
             _ => Ok(()),
         }
     }

@@ -13,18 +13,22 @@ pub enum DeviceChoice {
 }
 
 impl std::str::FromStr for DeviceChoice {
-    type Err = String;
+    type Err = cachet_tenants::UnknownWord;
 
-    fn from_str(s: &str) -> Result<DeviceChoice, String> {
+    fn from_str(s: &str) -> Result<DeviceChoice, cachet_tenants::UnknownWord> {
         match s.trim() {
             "" | "auto" => Ok(DeviceChoice::Auto),
             "cpu" => Ok(DeviceChoice::Cpu),
             "cuda" | "gpu" => Ok(DeviceChoice::Cuda(0)),
-            other => other
-                .strip_prefix("cuda:")
-                .and_then(|n| n.parse().ok())
-                .map(DeviceChoice::Cuda)
-                .ok_or_else(|| format!("unknown device {other:?} (auto, cpu, cuda, cuda:N)")),
+            other => {
+                other.strip_prefix("cuda:").and_then(|n| n.parse().ok()).map(DeviceChoice::Cuda).ok_or_else(|| {
+                    cachet_tenants::UnknownWord {
+                        what: "device",
+                        input: other.chars().take(64).collect(),
+                        expected: "auto cpu cuda cuda:N",
+                    }
+                })
+            }
         }
     }
 }
@@ -80,7 +84,7 @@ mod tests {
         assert_eq!("cpu".parse(), Ok(DeviceChoice::Cpu));
         assert_eq!("cuda".parse(), Ok(DeviceChoice::Cuda(0)));
         assert_eq!("cuda:3".parse(), Ok(DeviceChoice::Cuda(3)));
-        assert!("tpu".parse::<DeviceChoice>().unwrap_err().contains("tpu"));
+        assert!("tpu".parse::<DeviceChoice>().unwrap_err().to_string().contains("tpu"));
         assert!("cuda:x".parse::<DeviceChoice>().is_err());
     }
 

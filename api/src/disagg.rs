@@ -344,7 +344,7 @@ async fn receive(
     sink: Sink,
     done: &mut Option<(Done, Instant)>,
     t: &mut Transfer,
-) -> Result<(), String> {
+) -> Result<(), TransferError> {
     let mut frames = ask.transport.prefill(&ask.url, &ask.job).await?;
     let fingerprint = engine.kv_fingerprint();
     let expected = ask.keys.len();
@@ -365,7 +365,7 @@ async fn receive(
             Sink::Feed(feed) => {
                 let record = KvRecord::decode(&bytes, &fingerprint).map_err(|e| e.to_string())?;
                 if record.key() != *key {
-                    return Err("a chunk other than the one asked for".into());
+                    return Err(crate::handoff::AdoptError::OtherChunk.into());
                 }
                 if t.chunks + 1 == expected {
                     // The last one: the time is told before the engine can finish with it.
@@ -381,12 +381,36 @@ async fn receive(
         t.bytes += 8 + bytes.len() as u64;
     }
     if !ended {
-        return Err(format!("the answer ended after {} of {expected} chunks, without its trailer", t.chunks));
+        return Err(format!("the answer ended after {} of {expected} chunks, without its trailer", t.chunks).into());
     }
     if t.chunks < expected {
-        return Err(format!("the prefill server had {} of the {expected} chunks", t.chunks));
+        return Err(format!("the prefill server had {} of the {expected} chunks", t.chunks).into());
     }
     Ok(())
+}
+
+/// Why K/V from a prefill server did not arrive whole: the transport failed, the answer broke
+/// off or was not frames, or a chunk was not what was asked for.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[error("{0}")]
+pub struct TransferError(pub String);
+
+impl From<String> for TransferError {
+    fn from(m: String) -> TransferError {
+        TransferError(m)
+    }
+}
+
+impl From<&str> for TransferError {
+    fn from(m: &str) -> TransferError {
+        TransferError(m.into())
+    }
+}
+
+impl From<crate::handoff::AdoptError> for TransferError {
+    fn from(e: crate::handoff::AdoptError) -> TransferError {
+        TransferError(e.to_string())
+    }
 }
 
 /// One piece of a prefill server's answer.
@@ -400,7 +424,7 @@ pub enum Frame {
 
 /// The frames of an answer, as they arrive; an `Err` ends it (the transfer broke off, or what came
 /// is not a frame).
-pub type Frames = futures_util::stream::BoxStream<'static, Result<Frame, String>>;
+pub type Frames = futures_util::stream::BoxStream<'static, Result<Frame, TransferError>>;
 
 /// The data path from prefill servers: sends a job (the control path: what to compute, in which
 /// cache scope) and yields the answer's frames as they arrive, the chunks in prompt order while
@@ -408,14 +432,14 @@ pub type Frames = futures_util::stream::BoxStream<'static, Result<Frame, String>
 /// is; an RDMA or NIXL transport (writing into registered memory instead of framing bytes) would
 /// implement this, and the checks and hand-over after it stay the same.
 pub trait KvTransport: Send + Sync {
-    fn prefill<'a>(&'a self, url: &'a str, job: &'a PrefillJob) -> BoxFuture<'a, Result<Frames, String>>;
+    fn prefill<'a>(&'a self, url: &'a str, job: &'a PrefillJob) -> BoxFuture<'a, Result<Frames, TransferError>>;
 }
 
 /// [`KvTransport`] over HTTP on TCP: `POST {url}/v1/internal/prefill` with the operator's
 /// credential; the answer's body is the frames, each an 8-byte little-endian length and a
 /// record, then a zero length and the engine's milliseconds (an `f64`).
 pub struct HttpTransport {
-    client: Result<reqwest::Client, String>,
+    client: Result<reqwest::Client, TransferError>,
     token: String,
 }
 
@@ -428,13 +452,13 @@ impl std::fmt::Debug for HttpTransport {
 impl HttpTransport {
     /// A transport whose answers may take at most `timeout` in all.
     pub fn new(timeout: Duration, token: String) -> HttpTransport {
-        let client = reqwest::Client::builder().timeout(timeout).build().map_err(|e| e.to_string());
+        let client = reqwest::Client::builder().timeout(timeout).build().map_err(|e| TransferError(e.to_string()));
         HttpTransport { client, token }
     }
 }
 
 impl KvTransport for HttpTransport {
-    fn prefill<'a>(&'a self, url: &'a str, job: &'a PrefillJob) -> BoxFuture<'a, Result<Frames, String>> {
+    fn prefill<'a>(&'a self, url: &'a str, job: &'a PrefillJob) -> BoxFuture<'a, Result<Frames, TransferError>> {
         Box::pin(async move {
             let client = self.client.as_ref().map_err(Clone::clone)?;
             let r = client
@@ -446,7 +470,7 @@ impl KvTransport for HttpTransport {
                 .map_err(|e| e.to_string())?;
             if !r.status().is_success() {
                 let status = r.status();
-                return Err(format!("HTTP {status}: {}", r.text().await.unwrap_or_default()));
+                return Err(format!("HTTP {status}: {}", r.text().await.unwrap_or_default()).into());
             }
             let body = r.bytes_stream().map(|p| p.map_err(|e| e.to_string())).boxed();
             Ok(frames(body))
@@ -467,7 +491,7 @@ fn frames(body: futures_util::stream::BoxStream<'static, Result<web::Bytes, Stri
             }
             match body.next().await {
                 Some(Ok(piece)) => buf.extend_from_slice(&piece),
-                Some(Err(e)) => return Some((Err(format!("the transfer broke off: {e}")), (body, buf, true))),
+                Some(Err(e)) => return Some((Err(format!("the transfer broke off: {e}").into()), (body, buf, true))),
                 None if buf.is_empty() => return None,
                 None => return Some((Err("the answer ended inside a frame".into()), (body, buf, true))),
             }
@@ -477,7 +501,7 @@ fn frames(body: futures_util::stream::BoxStream<'static, Result<web::Bytes, Stri
 }
 
 /// The whole frame at the front of `buf`, taken off it; `None` until one is there.
-fn next_frame(buf: &mut Vec<u8>) -> Option<Result<Frame, String>> {
+fn next_frame(buf: &mut Vec<u8>) -> Option<Result<Frame, TransferError>> {
     let len = u64::from_le_bytes(buf.get(..8)?.try_into().ok()?);
     if len == 0 {
         let ms = f64::from_le_bytes(buf.get(8..16)?.try_into().ok()?);
@@ -486,7 +510,7 @@ fn next_frame(buf: &mut Vec<u8>) -> Option<Result<Frame, String>> {
         return Some(Ok(Frame::Done { engine }));
     }
     if len > MAX_CHUNK_BYTES {
-        return Some(Err(format!("a {len}-byte chunk")));
+        return Some(Err(format!("a {len}-byte chunk").into()));
     }
     let end = 8 + len as usize;
     if buf.len() < end {

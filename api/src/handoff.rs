@@ -134,6 +134,23 @@ pub async fn fetch(engine: &EngineHandle, req: &Request, from: &str, operator_to
     adopted
 }
 
+/// Why a chunk another server sent was not taken.
+#[derive(Debug, thiserror::Error)]
+pub enum AdoptError {
+    /// Not a record of this model, or damaged.
+    #[error(transparent)]
+    Record(#[from] cachet_engine::kv_transfer::RecordError),
+    /// A record of another chunk than the one asked for.
+    #[error("a chunk other than the one asked for")]
+    OtherChunk,
+    /// The disk tier's directory could not take it.
+    #[error("writing a chunk: {0}")]
+    Write(String),
+    /// The engine could not index it.
+    #[error(transparent)]
+    Engine(#[from] cachet_engine::runtime::KvError),
+}
+
 /// Checks a chunk record another server sent (its checksum, this model's fingerprint, the chain
 /// key asked for), writes it into the local disk tier and indexes it, so that the next
 /// admission loads it.
@@ -143,17 +160,17 @@ pub(crate) async fn adopt(
     fingerprint: &[u8; 32],
     bytes: &[u8],
     key: &[u8; 32],
-) -> Result<(), String> {
-    let record = KvRecord::decode(bytes, fingerprint).map_err(|e| e.to_string())?;
+) -> Result<(), AdoptError> {
+    let record = KvRecord::decode(bytes, fingerprint)?;
     if record.key() != *key {
-        return Err("a chunk other than the one asked for".into());
+        return Err(AdoptError::OtherChunk);
     }
     let dir = tier.dir.clone();
     let (n, record) = web::block(move || DiskTier::write(&dir, &record).map(|n| (n, record)))
         .await
-        .map_err(|e| e.to_string())?
-        .map_err(|e| format!("writing a chunk: {e}"))?;
-    engine.adopt_chunk(record, n).await
+        .map_err(|e| AdoptError::Write(e.to_string()))?
+        .map_err(|e| AdoptError::Write(e.to_string()))?;
+    Ok(engine.adopt_chunk(record, n).await?)
 }
 
 #[cfg(test)]

@@ -23,7 +23,7 @@
 //! assert_eq!(s.engine.policy, cachet_engine::runtime::Policy::Fcfs);
 //! // A typo fails the load, with the key named.
 //! std::fs::write(&file, "[engine]\npolicy = \"fsfc\"\n").unwrap();
-//! assert!(Settings::load(&at(file)).unwrap_err().contains("engine.policy"));
+//! assert!(Settings::load(&at(file)).unwrap_err().0.contains("engine.policy"));
 //! ```
 
 pub mod auth;

@@ -114,10 +114,15 @@ impl Drop for Telemetry {
     }
 }
 
+/// An unusable trace configuration (the message names the variable).
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[error("{0}")]
+pub struct TelemetryError(pub String);
+
 /// Installs the global subscriber (once; later calls install nothing): logs on stderr and, where
 /// the environment names an OTLP endpoint, trace export. An unusable trace configuration is an
 /// error (a typo must not silently lose every trace).
-pub fn init(format: LogFormat) -> Result<Telemetry, String> {
+pub fn init(format: LogFormat) -> Result<Telemetry, TelemetryError> {
     let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info"));
     // Colours only on a terminal: a log file or a collector gets plain text.
     let ansi = std::io::IsTerminal::is_terminal(&std::io::stderr());
@@ -126,7 +131,7 @@ pub fn init(format: LogFormat) -> Result<Telemetry, String> {
         LogFormat::Human => logs.boxed(),
         LogFormat::Json => logs.json().boxed(),
     };
-    let provider = otlp(|name| std::env::var(name).ok())?;
+    let provider = otlp(|name| std::env::var(name).ok()).map_err(TelemetryError)?;
     let traces = provider.as_ref().map(|p| {
         use opentelemetry::trace::TracerProvider as _;
         tracing_opentelemetry::layer().with_tracer(p.tracer("cachet"))

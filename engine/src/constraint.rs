@@ -77,6 +77,12 @@ pub enum GrammarError {
     TooLarge { len: usize, limit: usize },
 }
 
+/// A grammar's matcher failed on a sequence's output: no token is allowed, a token was refused,
+/// or llguidance failed (its message, in one line).
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[error("{0}")]
+pub struct MatchError(pub String);
+
 /// The largest grammar text accepted (JSON Schemas of large tool sets included).
 pub const MAX_GRAMMAR_BYTES: usize = 1 << 20;
 
@@ -104,12 +110,12 @@ impl Grammar {
     /// Whether `tokens` may be the output (or its start) under this grammar: `Ok(true)`
     /// when the output may end after them, `Ok(false)` when it must go on, `Err` naming
     /// the first token the grammar does not allow.
-    pub fn check(&self, tokens: &[u32]) -> Result<bool, String> {
+    pub fn check(&self, tokens: &[u32]) -> Result<bool, MatchError> {
         let mut c = self.start();
         for (i, &t) in tokens.iter().enumerate() {
             let mask = c.mask()?;
             if t as usize >= mask.len() || !mask.is_allowed(t) {
-                return Err(format!("token {i} (id {t}) is not allowed there"));
+                return Err(MatchError(format!("token {i} (id {t}) is not allowed there")));
             }
             c.commit(t)?;
         }
@@ -148,13 +154,13 @@ impl std::fmt::Debug for Constraint {
 
 impl Constraint {
     /// The tokens the grammar allows next (llguidance's own error text on failure).
-    pub(crate) fn mask(&mut self) -> Result<SimpleVob, String> {
+    pub(crate) fn mask(&mut self) -> Result<SimpleVob, MatchError> {
         let m = &mut self.matcher;
         match std::panic::catch_unwind(AssertUnwindSafe(|| m.compute_mask())) {
             Ok(Ok(mask)) => Ok(mask),
             // llguidance's stop reason when no token can extend the output.
             Ok(Err(e)) if e.to_string().starts_with("NoExtensionBias") => {
-                Err("the grammar allows no token here".into())
+                Err(MatchError("the grammar allows no token here".into()))
             }
             Ok(Err(e)) => Err(self.failed(&e.to_string())),
             Err(_) => Err(self.failed("the grammar engine failed")),
@@ -163,9 +169,9 @@ impl Constraint {
 
     /// The matcher failed: the grammar leaves its model's cache (its shared lexer may be what
     /// failed), and the error is told in one line.
-    fn failed(&self, error: &str) -> String {
+    fn failed(&self, error: &str) -> MatchError {
         (self.evict)();
-        first_line(error)
+        MatchError(first_line(error))
     }
 
     /// Sets every logit the mask does not allow to −∞ (with every end-of-sequence
@@ -188,7 +194,7 @@ impl Constraint {
 
     /// Feeds the sampled token. An end-of-sequence id ends the request, so it
     /// is not fed (the grammar allowed it only where the output may end).
-    pub(crate) fn commit(&mut self, token: u32) -> Result<(), String> {
+    pub(crate) fn commit(&mut self, token: u32) -> Result<(), MatchError> {
         if self.eos.contains(&token) {
             return Ok(());
         }

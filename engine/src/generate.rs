@@ -43,14 +43,7 @@ impl Default for GenerateParams {
     }
 }
 
-/// Why generation ended.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum FinishReason {
-    /// A stop token or stop string.
-    Stop,
-    /// `max_tokens`, or the end of the context window.
-    Length,
-}
+pub use cachet_words::FinishReason;
 
 /// A finished completion.
 #[derive(Clone, Debug)]
@@ -139,7 +132,7 @@ impl<B: Backend> Generator<B> {
         params: &GenerateParams,
         on_text: &mut dyn FnMut(&str),
     ) -> Result<Generation, EngineError> {
-        params.sampling.validate().map_err(EngineError::InvalidRequest)?;
+        params.sampling.validate().map_err(|e| EngineError::InvalidRequest(e.0))?;
         let config = self.loaded.model.config();
         let limit = config.max_context.min(self.pool.capacity());
         if prompt.is_empty() {

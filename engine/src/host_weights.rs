@@ -31,6 +31,11 @@ const SPARE: u64 = 1 << 30;
 
 const HUGE_PAGE: usize = 2 << 20;
 
+/// A `CACHET_WEIGHTS` value that is neither `map` nor `copy` (the value, cut to 64 characters).
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[error("CACHET_WEIGHTS={0:?}: expected \"map\" or \"copy\"")]
+pub struct BadWeightsSetting(pub String);
+
 impl HostWeights {
     /// How the weights are held, for logs and reports.
     pub fn describe(self) -> &'static str {
@@ -43,7 +48,11 @@ impl HostWeights {
     /// The choice for `file_bytes` of weights on a backend that does (`reads_host`) or does not
     /// compute from host memory, `available` bytes of memory free, with the reason; an error for
     /// a bad `CACHET_WEIGHTS`.
-    pub fn choose(reads_host: bool, file_bytes: u64, available: Option<u64>) -> Result<(HostWeights, String), String> {
+    pub fn choose(
+        reads_host: bool,
+        file_bytes: u64,
+        available: Option<u64>,
+    ) -> Result<(HostWeights, String), BadWeightsSetting> {
         let thp = std::fs::read_to_string("/sys/kernel/mm/transparent_hugepage/enabled").ok();
         let env = std::env::var("CACHET_WEIGHTS").ok();
         HostWeights::decide(env.as_deref(), reads_host, file_bytes, thp.as_deref(), available)
@@ -57,11 +66,11 @@ impl HostWeights {
         file_bytes: u64,
         thp: Option<&str>,
         available: Option<u64>,
-    ) -> Result<(HostWeights, String), String> {
+    ) -> Result<(HostWeights, String), BadWeightsSetting> {
         match env.map(str::trim).filter(|v| !v.is_empty()) {
             Some("map") => return Ok((HostWeights::Mapped, "CACHET_WEIGHTS=map".into())),
             Some("copy") => return Ok((HostWeights::HugePages, "CACHET_WEIGHTS=copy".into())),
-            Some(other) => return Err(format!("CACHET_WEIGHTS={other:?}: expected \"map\" or \"copy\"")),
+            Some(other) => return Err(BadWeightsSetting(other.chars().take(64).collect())),
             None => {}
         }
         let mapped = |why: String| Ok((HostWeights::Mapped, why));
@@ -155,6 +164,7 @@ mod tests {
         assert_eq!(d(Some("map"), true, gib, Some(MADVISE), Some(4 * gib)), Ok(HostWeights::Mapped));
         assert_eq!(d(Some("copy"), false, gib, Some(NEVER), Some(0)), Ok(HostWeights::HugePages));
         let err = d(Some("mmap"), true, gib, Some(MADVISE), None).unwrap_err();
+        let err = err.to_string();
         assert!(err.contains("CACHET_WEIGHTS=\"mmap\"") && err.contains("\"map\" or \"copy\""), "{err}");
     }
 

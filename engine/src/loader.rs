@@ -56,8 +56,8 @@ fn host_weights<B: Backend>(b: &B, files: &[PathBuf]) -> Result<HostWeights, Loa
     for f in files {
         bytes += std::fs::metadata(f).map_err(|e| LoadError::Io { path: f.display().to_string(), source: e })?.len();
     }
-    let (how, why) =
-        HostWeights::choose(b.reads_host_weights(), bytes, b.memory_available()).map_err(LoadError::BadConfig)?;
+    let (how, why) = HostWeights::choose(b.reads_host_weights(), bytes, b.memory_available())
+        .map_err(|e| LoadError::BadConfig(e.to_string()))?;
     tracing::info!("weights: {} MiB {} ({why})", bytes >> 20, how.describe());
     Ok(how)
 }

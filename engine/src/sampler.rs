@@ -44,10 +44,15 @@ impl Default for SamplingParams {
     }
 }
 
+/// A sampling parameter out of range; the message names it.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[error("{0}")]
+pub struct SamplingError(pub String);
+
 impl SamplingParams {
     /// Checks every parameter's range; the message names the bad one.
-    pub fn validate(&self) -> Result<(), String> {
-        let check = |ok: bool, msg: &str| if ok { Ok(()) } else { Err(msg.to_string()) };
+    pub fn validate(&self) -> Result<(), SamplingError> {
+        let check = |ok: bool, msg: &str| if ok { Ok(()) } else { Err(SamplingError(msg.to_string())) };
         check(
             self.temperature.is_finite() && (0.0..=100.0).contains(&self.temperature),
             "temperature must be in [0, 100]",
@@ -383,7 +388,7 @@ mod tests {
         let mut s = sampler(p);
         assert_eq!(s.sample(&mut [3.0, 1.0, 0.0]), 2, "0 + 5 beats 3 - 100 and 1");
         let bad = SamplingParams { logit_bias: vec![(1, 101.0)], ..Default::default() };
-        assert!(bad.validate().unwrap_err().contains("logit_bias"));
+        assert!(bad.validate().unwrap_err().0.contains("logit_bias"));
     }
 
     #[test]
@@ -402,9 +407,9 @@ mod tests {
     #[test]
     fn validation_names_the_parameter() {
         let bad = SamplingParams { top_p: 0.0, ..Default::default() };
-        assert!(bad.validate().unwrap_err().contains("top_p"));
+        assert!(bad.validate().unwrap_err().0.contains("top_p"));
         let bad = SamplingParams { temperature: f32::NAN, ..Default::default() };
-        assert!(bad.validate().unwrap_err().contains("temperature"));
+        assert!(bad.validate().unwrap_err().0.contains("temperature"));
         SamplingParams::default().validate().unwrap();
     }
 }

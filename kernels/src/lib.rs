@@ -32,6 +32,9 @@
 //! assert_eq!(cpu.buf_shape(&y), (1, 2));
 //! ```
 
+// Each unsafe block states, in a `// SAFETY:` comment, the invariant it relies on.
+#![warn(clippy::undocumented_unsafe_blocks)]
+
 pub mod backend;
 pub mod cpu;
 pub mod cuda;

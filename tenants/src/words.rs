@@ -1,67 +1,11 @@
-//! The closed sets of words a row stores in a `text` column — a request's endpoint, status,
-//! finish reason and SLO class; a task's and a repository's status; a turn's role — as enums
-//! mapped by `sqlx::Type` (an unknown word in a row is a decode error, never a silent default)
-//! and by serde (the same words in JSON).
+//! The closed sets of words a row stores in a `text` column — a request's endpoint and status;
+//! a task's and a repository's status; a turn's role — as enums mapped to the column (an unknown
+//! word in a row is a decode error, never a silent default) and by serde (the same words in
+//! JSON), made by [`cachet_words::text_enum!`]. A request's finish reason and SLO class are
+//! the engine's words too: they are defined once, in `cachet-words`, and re-exported here.
 
-/// The error of parsing one of these words.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[error("unknown {what} {input:?} (expected one of: {expected})")]
-pub struct UnknownWord {
-    /// What the word names (`"endpoint"`, `"task status"`, …).
-    pub what: &'static str,
-    /// The rejected word, cut to its first 64 characters.
-    pub input: String,
-    /// The words accepted, comma-separated.
-    pub expected: &'static str,
-}
-
-/// An enum stored as one of a few words in a `text` column.
-macro_rules! text_enum {
-    ($(#[$doc:meta])* $name:ident, $what:literal {
-        $($(#[$vdoc:meta])* $variant:ident = $text:literal),+ $(,)?
-    }) => {
-        $(#[$doc])*
-        #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize, sqlx::Type)]
-        #[sqlx(type_name = "text")]
-        pub enum $name {
-            $($(#[$vdoc])* #[serde(rename = $text)] #[sqlx(rename = $text)] $variant),+
-        }
-
-        impl $name {
-            /// Every value, in declaration order.
-            pub const ALL: &'static [$name] = &[$($name::$variant),+];
-
-            /// The word stored and sent for it.
-            pub fn as_str(self) -> &'static str {
-                match self {
-                    $($name::$variant => $text),+
-                }
-            }
-        }
-
-        impl std::fmt::Display for $name {
-            fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-                f.write_str(self.as_str())
-            }
-        }
-
-        impl std::str::FromStr for $name {
-            type Err = $crate::words::UnknownWord;
-
-            fn from_str(s: &str) -> Result<$name, $crate::words::UnknownWord> {
-                match s {
-                    $($text => Ok($name::$variant),)+
-                    _ => Err($crate::words::UnknownWord {
-                        what: $what,
-                        input: s.chars().take(64).collect(),
-                        expected: concat!($($text, " "),+).trim_ascii_end(),
-                    }),
-                }
-            }
-        }
-    };
-}
-pub(crate) use text_enum;
+pub(crate) use cachet_words::text_enum;
+pub use cachet_words::{FinishReason, SloClass, UnknownWord};
 
 text_enum!(
     /// The API endpoint a request came through (the ledger's `endpoint`).
@@ -88,26 +32,6 @@ text_enum!(
         /// Left `running` by a process that died: the sweeper marks it so once it has not moved
         /// for a while (what was streamed stays billed).
         Interrupted = "interrupted",
-    }
-);
-
-text_enum!(
-    /// Why generation stopped.
-    FinishReason, "finish reason" {
-        /// A stop token or stop sequence.
-        Stop = "stop",
-        /// The token limit.
-        Length = "length",
-        /// The answer ended with tool calls (the model stopped after them).
-        ToolCalls = "tool_calls",
-    }
-);
-
-text_enum!(
-    /// The SLO class a request ran under.
-    SloClass, "SLO class" {
-        Interactive = "interactive",
-        Batch = "batch",
     }
 );
 

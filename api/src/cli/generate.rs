@@ -3,7 +3,7 @@
 
 use anyhow::{bail, Context};
 use cachet_engine::chat_template::ChatMessage;
-use cachet_engine::generate::{FinishReason, GenerateParams, Generator};
+use cachet_engine::generate::{GenerateParams, Generator};
 use cachet_engine::kv_pool::PoolSize;
 use cachet_engine::sampler::SamplingParams;
 use cachet_kernels::backend::Backend;
@@ -162,10 +162,7 @@ fn generate_on<B: Backend>(
     let out = gen.generate(&prompt, &params, &mut on_text)?;
     let peak_rss = peak_rss_bytes();
     let kv_bytes = gen.pool().layout().bytes();
-    let finish = match out.finish_reason {
-        FinishReason::Stop => "stop",
-        FinishReason::Length => "length",
-    };
+    let finish = out.finish_reason.as_str();
     if json {
         let stats = serde_json::json!({
             "text": out.text,

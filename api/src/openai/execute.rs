@@ -4,8 +4,8 @@
 //! ([`move_prompt_kv`]) and the answer ([`respond`]).
 
 use super::{
-    chat_shaped, engine_error, id_from, ledger_finish, logprobs, responses, retention_key, stream, tools, user_salt,
-    Answer, Endpoint, Job,
+    chat_shaped, engine_error, id_from, logprobs, responses, retention_key, stream, tools, user_salt, Answer, Endpoint,
+    Job,
 };
 use crate::auth::TenantAuth;
 use crate::error::ApiError;
@@ -187,11 +187,9 @@ async fn admit(
 
 /// The SLO class a request asks for (`interactive` unless it says `batch`).
 fn slo_class(name: Option<&str>) -> Result<SloClass, ApiError> {
-    match name {
-        None | Some("interactive") => Ok(SloClass::Interactive),
-        Some("batch") => Ok(SloClass::Batch),
-        Some(other) => Err(ApiError::bad_param("slo", format!("unknown SLO class {other:?} (interactive, batch)"))),
-    }
+    name.map_or(Ok(SloClass::Interactive), |n| {
+        n.parse().map_err(|e: cachet_tenants::UnknownWord| ApiError::bad_param("slo", e.to_string()))
+    })
 }
 
 /// A session id a request labels itself with (not a session the server runs for it): any id of
@@ -323,7 +321,7 @@ impl RowTemplate {
     fn row(
         &self,
         status: RequestStatus,
-        finish: Option<cachet_tenants::FinishReason>,
+        finish: Option<FinishReason>,
         c: &Completion,
         slo_met: Option<bool>,
     ) -> UsageRecord {
@@ -350,10 +348,7 @@ impl RowTemplate {
             status,
             finish_reason: finish,
             created_at: chrono::Utc::now(),
-            slo_class: Some(match self.labels.slo {
-                SloClass::Interactive => cachet_tenants::SloClass::Interactive,
-                SloClass::Batch => cachet_tenants::SloClass::Batch,
-            }),
+            slo_class: Some(self.labels.slo),
             slo_met,
             kv_transfer_ms: moved,
         }
@@ -395,8 +390,8 @@ impl Billing {
             }
             // The finish reason the client saw: `tool_calls` for an answer that ended with calls.
             let finish = (outcome == Outcome::Finished).then(|| match (&watch, c.finish_reason) {
-                (Some(w), FinishReason::Stop) if w.calls() > 0 => cachet_tenants::FinishReason::ToolCalls,
-                (_, r) => ledger_finish(r),
+                (Some(w), FinishReason::Stop) if w.calls() > 0 => FinishReason::ToolCalls,
+                (_, r) => r,
             });
             // The SLO counts the K/V transfer before the engine took the request: the client
             // waited.

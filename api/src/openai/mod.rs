@@ -18,7 +18,7 @@ use crate::auth::TenantAuth;
 use crate::error::ApiError;
 use crate::state::{AppState, Served};
 use actix_web::{get, web, HttpRequest, HttpResponse};
-use cachet_engine::generate::{FinishReason, GenerateParams};
+use cachet_engine::generate::GenerateParams;
 use cachet_engine::radix::RetentionKey;
 use cachet_engine::runtime::{PublicPrefix, RequestError, TokenSpan};
 use cachet_engine::sampler::SamplingParams;
@@ -166,7 +166,7 @@ pub(crate) fn params(s: &Sampling, prompt_tokens: usize, served: &Served) -> Res
         seed: s.seed.map(|v| v as u64),
         logit_bias,
     };
-    sampling.validate().map_err(ApiError::bad)?;
+    sampling.validate().map_err(|e| ApiError::bad(e.0))?;
     Ok(GenerateParams {
         sampling,
         // Without a limit of its own an answer gets `[model.sampling] max_tokens`; any answer ends at
@@ -312,18 +312,6 @@ pub(crate) fn count_calls(endpoint: Endpoint, n: usize) {
 pub(crate) fn count_results(endpoint: Endpoint, n: usize) {
     if n > 0 {
         metrics::counter!("cachet:tool_results_total", "endpoint" => endpoint.as_str()).increment(n as u64);
-    }
-}
-
-fn finish_reason(r: FinishReason) -> &'static str {
-    ledger_finish(r).as_str()
-}
-
-/// The ledger's word for why generation stopped.
-fn ledger_finish(r: FinishReason) -> cachet_tenants::FinishReason {
-    match r {
-        FinishReason::Stop => cachet_tenants::FinishReason::Stop,
-        FinishReason::Length => cachet_tenants::FinishReason::Length,
     }
 }
 

@@ -9,7 +9,7 @@ use super::types::{
     ChatChoice, ChatCompletion, ChatMessageOut, CompletionChoice, CustomCall, FunctionCall, TextCompletion, ToolCall,
     Usage,
 };
-use super::{finish_reason, Answer, AnswerSink, Endpoint};
+use super::{Answer, AnswerSink, Endpoint};
 use crate::error::error_body;
 use actix_web::web::Bytes;
 use actix_web::HttpResponse;
@@ -36,9 +36,9 @@ pub(crate) struct Context {
 /// `tool_calls` when the answer made calls and ended by itself.
 fn reason(calls: usize, r: FinishReason) -> &'static str {
     if calls > 0 && r == FinishReason::Stop {
-        "tool_calls"
+        FinishReason::ToolCalls.as_str()
     } else {
-        finish_reason(r)
+        r.as_str()
     }
 }
 
@@ -116,7 +116,7 @@ pub(crate) fn whole(ctx: &Context, text: String, entries: &[Entry], c: &Completi
             choices: vec![CompletionChoice {
                 index: 0,
                 text,
-                finish_reason: finish_reason(c.finish_reason),
+                finish_reason: c.finish_reason.as_str(),
                 logprobs: lp.map(|e| logprobs::completion(e, 0)),
             }],
             usage,

@@ -83,7 +83,7 @@ pub async fn create_repo(
     body: web::Json<NewRepo>,
 ) -> Result<HttpResponse, ApiError> {
     let body = body.into_inner();
-    state.repos.check_options(&body.options).map_err(ApiError::bad)?;
+    state.repos.check_options(&body.options)?;
     state.repos.store.validate(&body.url)?;
     let secret = new_secret()?;
     let options = serde_json::to_value(&body.options).unwrap_or_default();

@@ -23,16 +23,16 @@ fn grammars() -> Grammars {
 
 /// Feeds `text`'s tokens one by one, each checked against the mask; then whether
 /// the output may end there (an end-of-sequence id allowed).
-fn run(g: &Grammar, tok: &Tokenizer, text: &str) -> Result<bool, String> {
+fn run(g: &Grammar, tok: &Tokenizer, text: &str) -> Result<bool, MatchError> {
     let mut c = g.start();
     for t in tok.encode(text, false).unwrap() {
         let mask = c.mask()?;
         let mut logits = vec![0.0f32; MODEL_VOCAB];
         if !c.apply(&mask, &mut logits) {
-            return Err("nothing allowed".into());
+            return Err(MatchError("nothing allowed".into()));
         }
         if logits[t as usize] == f32::NEG_INFINITY {
-            return Err(format!("token {t} ({:?}) not allowed", tok.decode(&[t], false).unwrap()));
+            return Err(MatchError(format!("token {t} ({:?}) not allowed", tok.decode(&[t], false).unwrap())));
         }
         c.commit(t)?;
     }

@@ -52,6 +52,16 @@ pub(crate) struct Door {
     refused: AtomicU64,
 }
 
+/// The engine's side of the door: the door it publishes admission state to (for
+/// [`super::EngineHandle::submit`]), the last submission it has taken in (the door's sequence
+/// number) and the id its next sequence gets.
+#[derive(Debug, Default)]
+pub(crate) struct Intake {
+    pub door: Arc<Door>,
+    pub taken: u64,
+    pub next_id: u64,
+}
+
 /// Prompt work of some requests: uncached tokens, and how many requests they are (each decodes
 /// once its prompt is done).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]

@@ -20,35 +20,27 @@ pub enum Policy {
 }
 
 impl std::str::FromStr for Policy {
-    type Err = String;
-    fn from_str(s: &str) -> Result<Policy, String> {
+    type Err = cachet_words::UnknownWord;
+    fn from_str(s: &str) -> Result<Policy, cachet_words::UnknownWord> {
         match s {
             "fcfs" => Ok(Policy::Fcfs),
             "lpm" => Ok(Policy::Lpm),
             "slo" => Ok(Policy::Slo),
-            other => Err(format!("unknown scheduling policy {other:?} (fcfs, lpm, slo)")),
+            other => Err(cachet_words::UnknownWord {
+                what: "scheduling policy",
+                input: other.chars().take(64).collect(),
+                expected: "fcfs lpm slo",
+            }),
         }
     }
 }
 
-/// Latency class of a request.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Default)]
-pub enum SloClass {
-    /// A person is waiting (an IDE, an agent turn).
-    #[default]
-    Interactive,
-    /// Throughput work (evaluations, bulk jobs).
-    Batch,
-}
+pub use cachet_words::SloClass;
 
-impl SloClass {
-    pub fn name(self) -> &'static str {
-        match self {
-            SloClass::Interactive => "interactive",
-            SloClass::Batch => "batch",
-        }
-    }
-}
+/// A setting out of range; the message names it.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[error("{0}")]
+pub struct ConfigError(pub String);
 
 /// Targets of one SLO class.
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -133,27 +125,27 @@ impl EngineConfig {
     }
 
     /// Checks ranges; the message names the bad setting.
-    pub fn validate(&self) -> Result<(), String> {
+    pub fn validate(&self) -> Result<(), ConfigError> {
         if self.token_budget == 0 {
-            return Err("token_budget must be at least 1".into());
+            return Err(ConfigError("token_budget must be at least 1".into()));
         }
         if !(self.pace_margin > 0.0 && self.pace_margin <= 1.0) {
-            return Err("pace_margin must be in (0, 1]".into());
+            return Err(ConfigError("pace_margin must be in (0, 1]".into()));
         }
         if self.min_prefill_chunk == 0 {
-            return Err("min_prefill_chunk must be at least 1".into());
+            return Err(ConfigError("min_prefill_chunk must be at least 1".into()));
         }
         if !self.prompt_slowdown.is_finite() || self.prompt_slowdown < 0.0 {
-            return Err("prompt_slowdown must be >= 0".into());
+            return Err(ConfigError("prompt_slowdown must be >= 0".into()));
         }
         if self.max_running == 0 {
-            return Err("max_running must be at least 1".into());
+            return Err(ConfigError("max_running must be at least 1".into()));
         }
         if !(0.0..=1.0).contains(&self.default_share) {
-            return Err("default_share must be in [0, 1]".into());
+            return Err(ConfigError("default_share must be in [0, 1]".into()));
         }
         if !self.overload_factor.is_finite() || self.overload_factor < 0.0 {
-            return Err("overload_factor must be >= 0".into());
+            return Err(ConfigError("overload_factor must be >= 0".into()));
         }
         if let Some(t) = &self.kv_tier {
             t.validate()?;
@@ -177,12 +169,12 @@ impl KvTierConfig {
     /// The default chunk: 256 tokens (3 MiB of K/V for the default model).
     pub const DEFAULT_CHUNK_TOKENS: usize = 256;
 
-    pub(crate) fn validate(&self) -> Result<(), String> {
+    pub(crate) fn validate(&self) -> Result<(), ConfigError> {
         if self.chunk_tokens == 0 || self.chunk_tokens > 1 << 16 {
-            return Err(format!("kv tier chunk_tokens must be 1..=65536, not {}", self.chunk_tokens));
+            return Err(ConfigError(format!("kv tier chunk_tokens must be 1..=65536, not {}", self.chunk_tokens)));
         }
         if self.max_bytes == 0 {
-            return Err("kv tier max_bytes must be above 0".into());
+            return Err(ConfigError("kv tier max_bytes must be above 0".into()));
         }
         Ok(())
     }

@@ -3,6 +3,7 @@
 //! request's stream cancels the request and frees its memory.
 
 use super::config::EngineConfig;
+use super::kv::KvError;
 use super::request::{Completion, Event, Request, RequestError};
 use super::stats::Snapshot;
 use super::Command;
@@ -249,10 +250,8 @@ impl EngineHandle {
     /// Indexes a chunk the caller wrote into the disk tier's directory (with
     /// [`crate::kv_transfer::disk::DiskTier::write`], `bytes` long): a chunk fetched from another
     /// replica, which the next request's admission can then load.
-    pub async fn adopt_chunk(&self, record: crate::kv_transfer::KvRecord, bytes: u64) -> Result<(), String> {
-        self.ask(|reply| Command::AdoptChunk(Box::new(record), bytes, reply))
-            .await
-            .unwrap_or_else(|| Err("the engine stopped".into()))
+    pub async fn adopt_chunk(&self, record: crate::kv_transfer::KvRecord, bytes: u64) -> Result<(), KvError> {
+        self.ask(|reply| Command::AdoptChunk(Box::new(record), bytes, reply)).await.unwrap_or(Err(KvError::Stopped))
     }
 
     /// A feed for a request whose prompt K/V arrives from elsewhere, from prompt position `from`
@@ -274,7 +273,7 @@ impl EngineHandle {
     }
 
     /// Checks the pool, the cache and slot ownership (for tests).
-    pub fn check_integrity_blocking(&self) -> Result<(), String> {
-        self.ask_blocking(Command::CheckIntegrity).unwrap_or_else(|| Err("the engine stopped".into()))
+    pub fn check_integrity_blocking(&self) -> Result<(), KvError> {
+        self.ask_blocking(Command::CheckIntegrity).unwrap_or(Err(KvError::Stopped))
     }
 }

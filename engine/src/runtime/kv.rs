@@ -18,6 +18,42 @@ use cachet_kernels::backend::Backend;
 use std::collections::HashSet;
 use std::time::Instant;
 
+/// What goes wrong with K/V memory.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum KvError {
+    /// The pool's, the cache's or the sequences' bookkeeping disagree (a bug).
+    #[error("{0}")]
+    Integrity(String),
+    /// The pool has too few free slots.
+    #[error(transparent)]
+    Pool(#[from] crate::error::EngineError),
+    /// A hand-off without a disk tier to take it.
+    #[error("the disk tier is off")]
+    NoTier,
+    /// The disk tier could not index or read a chunk.
+    #[error("{0}")]
+    Tier(#[from] std::io::Error),
+    /// Rows that do not fit the pool (another model's layout), or the backend failed copying them.
+    #[error("{0}")]
+    Rows(String),
+    /// The engine thread ended before it answered.
+    #[error("the engine stopped")]
+    Stopped,
+}
+
+impl From<crate::kv_pool::IntegrityError> for KvError {
+    fn from(e: crate::kv_pool::IntegrityError) -> KvError {
+        KvError::Integrity(e.to_string())
+    }
+}
+
+impl From<crate::radix::IntegrityError> for KvError {
+    fn from(e: crate::radix::IntegrityError) -> KvError {
+        KvError::Integrity(e.to_string())
+    }
+}
+
 /// What the pool, the cache and the tier hold (for the engine's snapshot and metrics).
 #[derive(Clone, Copy, Debug, Default)]
 pub(super) struct KvUsage {
@@ -157,10 +193,10 @@ impl KvManager {
     }
 
     /// Indexes a chunk the service wrote into the tier's directory (a hand-off).
-    pub fn adopt(&mut self, record: &KvRecord, bytes: u64) -> Result<(), String> {
+    pub fn adopt(&mut self, record: &KvRecord, bytes: u64) -> Result<(), KvError> {
         match &mut self.tier {
-            Some(t) => t.adopt(record, bytes).map_err(|e| e.to_string()),
-            None => Err("the disk tier is off".into()),
+            Some(t) => Ok(t.adopt(record, bytes)?),
+            None => Err(KvError::NoTier),
         }
     }
 
@@ -174,12 +210,13 @@ impl KvManager {
     // ---- Room -------------------------------------------------------------------------------
 
     /// Slots for a pass that runs outside any sequence (the warm-up).
-    pub fn allocate_loose(&mut self, n: usize) -> Result<Vec<SlotId>, String> {
-        self.slots.allocate(n).map_err(|e| e.to_string())
+    pub fn allocate_loose(&mut self, n: usize) -> Result<Vec<SlotId>, KvError> {
+        Ok(self.slots.allocate(n)?)
     }
 
-    pub fn free_loose(&mut self, slots: &[SlotId]) -> Result<(), String> {
-        self.slots.free(slots).map_err(|e| e.to_string())
+    /// Gives back what [`KvManager::allocate_loose`] gave.
+    pub fn free_loose(&mut self, slots: &[SlotId]) -> Result<(), KvError> {
+        Ok(self.slots.free(slots)?)
     }
 
     /// Frees pool slots for `n` tokens of `tenant`'s request by evicting unlocked cache. False if
@@ -430,24 +467,27 @@ impl KvManager {
 
     /// Checks the pool, the cache, and that every slot in use belongs to exactly one of: the
     /// cache, or one of `seqs`.
-    pub fn check_integrity<'a>(&self, seqs: impl Iterator<Item = &'a Seq>) -> Result<(), String> {
-        self.slots.check_integrity().map_err(|e| e.to_string())?;
-        self.cache.check_integrity().map_err(|e| e.to_string())?;
+    pub fn check_integrity<'a>(&self, seqs: impl Iterator<Item = &'a Seq>) -> Result<(), KvError> {
+        self.slots.check_integrity()?;
+        self.cache.check_integrity()?;
         let mut owned = HashSet::new();
         for s in seqs {
             for slot in &s.slots[s.owned_from..] {
                 if !owned.insert(*slot) {
-                    return Err(format!("slot {slot:?} is owned twice"));
+                    return Err(KvError::Integrity(format!("slot {slot:?} is owned twice")));
                 }
             }
             if s.node.is_none() && !s.slots.is_empty() {
-                return Err(format!("sequence {} holds slots without a cache lock", s.id));
+                return Err(KvError::Integrity(format!("sequence {} holds slots without a cache lock", s.id)));
             }
         }
         let cached = self.cache.cached_slots();
         let in_use = self.slots.capacity() - self.slots.free_slots();
         if cached + owned.len() != in_use {
-            return Err(format!("{in_use} slots in use, but the cache holds {cached} and sequences {}", owned.len()));
+            return Err(KvError::Integrity(format!(
+                "{in_use} slots in use, but the cache holds {cached} and sequences {}",
+                owned.len()
+            )));
         }
         Ok(())
     }

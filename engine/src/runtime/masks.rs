@@ -14,7 +14,7 @@ use std::collections::HashMap;
 use std::time::Instant;
 
 /// A sequence's mask, or why the grammar could not give one.
-pub(super) type Mask = Result<SimpleVob, String>;
+pub(super) type Mask = Result<SimpleVob, crate::constraint::MatchError>;
 
 /// The masks of a step, computed beside its forward pass.
 pub(super) struct Computed {
@@ -75,7 +75,12 @@ pub(super) fn give_back(
     for (id, c) in constrained {
         let i = running.iter().position(|s| s.id == id).expect("planned sequences are running");
         running[i].constraint = Some(c);
-        masks.insert(id, computed_masks.next().unwrap_or_else(|| Err("the grammar engine failed".into())));
+        masks.insert(
+            id,
+            computed_masks
+                .next()
+                .unwrap_or_else(|| Err(crate::constraint::MatchError("the grammar engine failed".into()))),
+        );
     }
     (masks, timing)
 }
@@ -110,13 +115,13 @@ pub(super) fn sample(
             _ => false,
         };
         if !allowed {
-            let why = mask.err().unwrap_or_else(|| "the grammar allows no token here".into());
+            let why = mask.err().map_or_else(|| "the grammar allows no token here".into(), |e| e.0);
             return Err(RequestError::Grammar(why));
         }
     }
     let token = seq.sampler.pick(logits);
     if let Some(c) = &mut seq.constraint {
-        c.commit(token).map_err(RequestError::Grammar)?;
+        c.commit(token).map_err(|e| RequestError::Grammar(e.0))?;
     }
     let logprobs = top.map(|(lse, top)| {
         let logprob = logits.get(token as usize).map_or(f32::NEG_INFINITY, |&l| l - lse);

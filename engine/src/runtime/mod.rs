@@ -28,8 +28,9 @@ mod stats;
 mod step;
 mod tier;
 
-pub use config::{EngineConfig, KvTierConfig, Policy, SloClass, SloTargets};
+pub use config::{ConfigError, EngineConfig, KvTierConfig, Policy, SloClass, SloTargets};
 pub use handle::{EngineHandle, RequestStream};
+pub use kv::KvError;
 pub use remote::{RemoteFeed, RemoteKv};
 pub use request::{
     Completion, Event, OnComplete, OnProgress, Outcome, PublicPrefix, Request, RequestError, StopWhen, TokenSpan,
@@ -83,8 +84,8 @@ pub(crate) enum Command {
     /// Reply once every chunk the disk tier was given is written (an orderly stop).
     FlushTier(oneshot::Sender<()>),
     /// Index a chunk written into the disk tier's directory by the service (a hand-off).
-    AdoptChunk(Box<crate::kv_transfer::KvRecord>, u64, oneshot::Sender<Result<(), String>>),
-    CheckIntegrity(oneshot::Sender<Result<(), String>>),
+    AdoptChunk(Box<crate::kv_transfer::KvRecord>, u64, oneshot::Sender<Result<(), KvError>>),
+    CheckIntegrity(oneshot::Sender<Result<(), KvError>>),
     /// Remote K/V arrived for a request (see [`remote`]): nothing to do but step.
     Wake,
     /// End the engine thread now (requests in flight end with an error).
@@ -100,31 +101,32 @@ pub(crate) struct Engine<B: Backend> {
 /// Queues, admission, ordering, pacing, fair share, KV slots and the prefix cache: everything of
 /// a step but the model. Tokens come in from the runner ([`Scheduler::postprocess`]).
 pub(crate) struct Scheduler {
-    /// Admission at the door: what this engine publishes for [`EngineHandle::submit`].
-    door: Arc<admission::Door>,
-    /// The last submission (the door's sequence number) this engine has taken in.
-    door_taken: u64,
+    /// Where requests come in: the door's admission state and the ids given out.
+    intake: admission::Intake,
     cfg: EngineConfig,
+    /// The model's tokenizer and limits.
+    model: ModelFacts,
+    /// The pool, the prefix cache and the disk tier: all K/V memory.
+    kv: kv::KvManager,
+    waiting: Vec<Seq>,
+    running: Vec<Seq>,
+    /// Virtual token counters: tokens processed per tenant (fair share).
+    vtc: HashMap<TenantKey, f64>,
+    /// Pass time against pass size (pacing prefill around decode) and throughput (admission).
+    pace: pace::PassModel,
+    stats: stats::Stats,
+    /// What "now" is for every decision and reported time.
+    clock: clock::Clock,
+}
+
+/// What the scheduler knows of the model it serves.
+pub(crate) struct ModelFacts {
     tokenizer: Tokenizer,
     eos_ids: Vec<u32>,
     /// Token ids the model knows.
     vocab_size: usize,
     /// The longest sequence: the model's context, within the pool.
     max_context: usize,
-    /// The pool, the prefix cache and the disk tier: all K/V memory.
-    kv: kv::KvManager,
-    waiting: Vec<Seq>,
-    running: Vec<Seq>,
-    next_id: u64,
-    /// Virtual token counters: tokens processed per tenant (fair share).
-    vtc: HashMap<TenantKey, f64>,
-    /// Tokens per second of a forward pass (moving average), for admission.
-    rate: f64,
-    /// Pass time against pass size, for pacing prefill around decode.
-    pace: pace::PassModel,
-    stats: stats::Stats,
-    /// What "now" is for every decision and reported time.
-    clock: clock::Clock,
 }
 
 /// Starts the engine thread for a loaded model; the handle is its only door.
@@ -160,7 +162,7 @@ impl Drop for Alive {
 impl<B: Backend> Engine<B> {
     /// The engine, warmed up, and what its handle knows about it.
     fn build(backend: B, loaded: LoadedModel<B>, cfg: EngineConfig) -> Result<(Engine<B>, handle::Info), StartError> {
-        cfg.validate().map_err(StartError::Config)?;
+        cfg.validate().map_err(|e| StartError::Config(e.0))?;
         let config = loaded.model.config().clone();
         let mut cfg = cfg;
         if let PoolSize::Contexts(n) = cfg.pool {
@@ -217,7 +219,7 @@ impl<B: Backend> Engine<B> {
                 ignored = opened.ignored,
                 "KV disk tier open"
             );
-            sched.door.set_tier(tier.index());
+            sched.intake.door.set_tier(tier.index());
             sched.kv.set_tier(tier);
         }
         let info = handle::Info {
@@ -228,11 +230,11 @@ impl<B: Backend> Engine<B> {
             max_context,
             vocab_size: config.vocab_size,
             config: cfg,
-            door: sched.door.clone(),
+            door: sched.intake.door.clone(),
             kv_fingerprint: fingerprint,
         };
         let mut engine = Engine { sched, runner: runner::Runner::new(backend, loaded.model, kv) };
-        engine.warm_up().map_err(StartError::Backend)?;
+        engine.warm_up()?;
         engine.sched.publish_admission();
         Ok((engine, info))
     }
@@ -249,19 +251,13 @@ impl Scheduler {
         slots: Slots,
     ) -> Scheduler {
         Scheduler {
-            door: Arc::new(admission::Door::default()),
-            door_taken: 0,
+            intake: admission::Intake::default(),
             kv: kv::KvManager::new(slots, cfg.default_share),
             cfg,
-            eos_ids: tokenizer.eos_ids(),
-            tokenizer,
-            vocab_size,
-            max_context,
+            model: ModelFacts { eos_ids: tokenizer.eos_ids(), tokenizer, vocab_size, max_context },
             waiting: Vec::new(),
             running: Vec::new(),
-            next_id: 0,
             vtc: HashMap::new(),
-            rate: 0.0,
             pace: pace::PassModel::default(),
             stats: stats::Stats::default(),
             clock: clock::Clock::System,
@@ -282,11 +278,11 @@ fn tenant_labels(on: bool, tenant: &TenantKey) -> Vec<metrics::Label> {
 impl<B: Backend> Engine<B> {
     /// One forward pass over a short prompt: faults the weights in, sizes the
     /// buffers and gives admission control its first throughput estimate.
-    fn warm_up(&mut self) -> Result<(), String> {
+    fn warm_up(&mut self) -> Result<(), StartError> {
         let s = &mut self.sched;
-        let n = 64.min(s.max_context - 1).max(1);
-        let slots = s.kv.allocate_loose(n + 1)?;
-        let tokens: Vec<u32> = (0..=n as u32).map(|i| i % s.vocab_size as u32).collect();
+        let n = 64.min(s.model.max_context - 1).max(1);
+        let slots = s.kv.allocate_loose(n + 1).map_err(|e| StartError::Backend(e.to_string()))?;
+        let tokens: Vec<u32> = (0..=n as u32).map(|i| i % s.model.vocab_size as u32).collect();
         let raw = crate::kv_pool::SlotId::raw(&slots);
         let prompt = [SeqChunk { tokens: &tokens[..n], start_pos: 0, slots: &raw[..n], logits: LogitsFor::Last }];
         // The first pass faults the weights in and sizes the buffers; the second, warm one gives
@@ -303,14 +299,14 @@ impl<B: Backend> Engine<B> {
             }
             let tokens = pass[0].tokens.len();
             if tokens == n {
-                s.rate = n as f64 / secs.max(1e-6);
+                s.pace.throughput = n as f64 / secs.max(1e-6);
             }
             if i > 0 {
                 s.pace.observe(tokens, secs);
             }
         }
-        s.kv.free_loose(&slots)?;
-        r.map_err(|e| e.to_string())
+        s.kv.free_loose(&slots).map_err(|e| StartError::Backend(e.to_string()))?;
+        r.map_err(|e| StartError::Backend(e.to_string()))
     }
 
     /// One step: the scheduler plans, the runner runs the forward pass and samples, the
@@ -409,7 +405,7 @@ impl Scheduler {
             Command::Release(key) => self.kv.release_retention(&key),
             Command::SetShare(tenant, share) => self.kv.set_share(&tenant, share),
             Command::PurgeTenant(tenant) => {
-                self.door.forget(&tenant);
+                self.intake.door.forget(&tenant);
                 self.kv.purge_tenant(&tenant);
             }
             Command::Snapshot(reply) => {
@@ -434,7 +430,7 @@ impl Scheduler {
     /// latency target, else queues it.
     fn submit(&mut self, req: Request, tx: UnboundedSender<Event>) {
         let now = self.clock.now();
-        self.door_taken = self.door_taken.max(req.charge.seq);
+        self.intake.taken = self.intake.taken.max(req.charge.seq);
         if let Err(e) = self.validate(&req) {
             let _in = req.span.enter();
             tracing::debug!(error = %e, "invalid request");
@@ -447,9 +443,9 @@ impl Scheduler {
             return;
         }
         let targets = self.cfg.targets(req.slo);
-        let output = Output::new(&req.params, &self.eos_ids);
-        let id = self.next_id;
-        self.next_id += 1;
+        let output = Output::new(&req.params, &self.model.eos_ids);
+        let id = self.intake.next_id;
+        self.intake.next_id += 1;
         let kv = &mut self.kv;
         let mut seq = Seq::new(id, req, tx, output, now, targets.ttft, |s| kv.scope(s));
         seq.stored = self.kv.stored_prefix(&seq.req);
@@ -477,20 +473,20 @@ impl Scheduler {
     }
 
     fn validate(&self, req: &Request) -> Result<(), RequestError> {
-        let limit = self.max_context;
+        let limit = self.model.max_context;
         if req.tokens.is_empty() {
             return Err(RequestError::Invalid("the prompt is empty".into()));
         }
-        if let Some(&t) = req.tokens.iter().find(|&&t| t as usize >= self.vocab_size) {
+        if let Some(&t) = req.tokens.iter().find(|&&t| t as usize >= self.model.vocab_size) {
             return Err(RequestError::Invalid(format!(
                 "token id {t} is outside the vocabulary ({} tokens)",
-                self.vocab_size
+                self.model.vocab_size
             )));
         }
         if req.tokens.len() >= limit {
             return Err(RequestError::TooLong { tokens: req.tokens.len(), limit });
         }
-        req.params.sampling.validate().map_err(RequestError::Invalid)?;
+        req.params.sampling.validate().map_err(|e| RequestError::Invalid(e.0))?;
         if req.grammar.is_some() && req.params.ignore_eos {
             return Err(RequestError::Invalid("ignore_eos cannot be combined with a grammar".into()));
         }
@@ -505,7 +501,7 @@ impl Scheduler {
 
     /// Checks the pool, the cache, and that every slot in use belongs to exactly one of: the
     /// cache, or one queued or running sequence.
-    fn check_integrity(&self) -> Result<(), String> {
+    fn check_integrity(&self) -> Result<(), KvError> {
         self.kv.check_integrity(self.running.iter().chain(&self.waiting))
     }
 }

@@ -47,6 +47,9 @@ pub(crate) struct PassModel {
     /// time of the passes decoders waited for, never below 1 (the fit's line
     /// is the least pacing aims below); 0 before any was checked.
     slow: f64,
+    /// Tokens per second of a forward pass (a moving average over passes of 16 tokens and
+    /// more), for admission's predictions.
+    pub throughput: f64,
 }
 
 impl PassModel {
@@ -66,6 +69,11 @@ impl PassModel {
         let q = self.slow_factor();
         let over = secs / predicted > q * 1.001;
         self.slow = (q + STEP * if over { TAIL } else { TAIL - 1.0 }).clamp(1.0, 4.0);
+    }
+
+    /// Moves the throughput estimate towards a pass's `rate` (tokens per second).
+    pub fn note_throughput(&mut self, rate: f64) {
+        self.throughput = if self.throughput > 0.0 { 0.8 * self.throughput + 0.2 * rate } else { rate };
     }
 
     /// Records a pass of `tokens` tokens that took `secs`.

@@ -3,6 +3,7 @@
 //! them. Owns the backend, the model, the K/V storage and the forward buffers; knows nothing of
 //! queues, tenants or the prefix cache (that is the [`super::Scheduler`]'s).
 
+use super::kv::KvError;
 use super::masks;
 use super::plan::Planned;
 use super::request::RequestError;
@@ -53,7 +54,7 @@ impl<B: Backend> Runner<B> {
 
     /// Copies the K/V rows of `slots` out of the pool: values per row, and per layer K's rows
     /// then V's rows (a [`crate::kv_transfer::KvRecord`]'s layout).
-    pub fn export(&self, slots: &[u32]) -> Result<(u32, Vec<Vec<u16>>), String> {
+    pub fn export(&self, slots: &[u32]) -> Result<(u32, Vec<Vec<u16>>), KvError> {
         let c = self.model.config();
         let layers = (0..c.n_layers)
             .map(|l| {
@@ -61,31 +62,31 @@ impl<B: Backend> Runner<B> {
                 self.backend.kv_export(&self.kv, l, slots, &mut rows).map(|()| rows)
             })
             .collect::<Result<Vec<_>, _>>()
-            .map_err(|e| e.to_string())?;
+            .map_err(|e| KvError::Rows(e.to_string()))?;
         Ok(((c.n_kv_heads * c.head_dim) as u32, layers))
     }
 
     /// Writes `record`'s rows from row `skip` on into `slots` (one slot per row).
-    pub fn import(&mut self, slots: &[u32], record: &crate::kv_transfer::KvRecord, skip: usize) -> Result<(), String> {
+    pub fn import(&mut self, slots: &[u32], record: &crate::kv_transfer::KvRecord, skip: usize) -> Result<(), KvError> {
         let c = self.model.config();
         let cols = c.n_kv_heads * c.head_dim;
         let n = record.tokens.len();
         if record.kv_cols as usize != cols || record.layers.len() != c.n_layers || skip + slots.len() != n {
-            return Err(format!(
+            return Err(KvError::Rows(format!(
                 "a chunk of {n} rows × {} values in {} layers does not fit {} slots after {skip} of a model of {cols} \
                  values in {} layers",
                 record.kv_cols,
                 record.layers.len(),
                 slots.len(),
                 c.n_layers
-            ));
+            )));
         }
         let mut rows = Vec::with_capacity(2 * slots.len() * cols);
         for (l, layer) in record.layers.iter().enumerate() {
             rows.clear();
             rows.extend_from_slice(&layer[skip * cols..n * cols]);
             rows.extend_from_slice(&layer[(n + skip) * cols..2 * n * cols]);
-            self.backend.kv_import(&mut self.kv, l, slots, &rows).map_err(|e| e.to_string())?;
+            self.backend.kv_import(&mut self.kv, l, slots, &rows).map_err(|e| KvError::Rows(e.to_string()))?;
         }
         Ok(())
     }

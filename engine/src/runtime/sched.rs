@@ -228,7 +228,7 @@ impl Scheduler {
         let budget = self.budget_for(decoders);
         match self.pace.seconds(budget) {
             Some(secs) if secs > 0.0 => budget.saturating_sub(decoding).max(budget / 10).max(1) as f64 / secs,
-            _ => self.rate * (1.0 - decoding as f64 / budget as f64).max(0.1),
+            _ => self.pace.throughput * (1.0 - decoding as f64 / budget as f64).max(0.1),
         }
         .max(1.0)
     }
@@ -265,7 +265,7 @@ impl Scheduler {
         let rates: Vec<f64> =
             (0..=self.cfg.max_running).map(|more| self.prefill_rate_for(decoders.and(more, itl))).collect();
         let rate = rates[0];
-        let mut p = super::admission::Published { rates, taken: self.door_taken, ..Default::default() };
+        let mut p = super::admission::Published { rates, taken: self.intake.taken, ..Default::default() };
         for i in 0..self.waiting.len() {
             if self.waiting[i].req.prewarm {
                 continue;
@@ -283,7 +283,7 @@ impl Scheduler {
             }
         }
         p.busy = self.running.iter().chain(&self.waiting).any(|s| !s.req.prewarm);
-        self.door.publish(p);
+        self.intake.door.publish(p);
     }
 
     /// A tenant coming back from idle starts level with the least served

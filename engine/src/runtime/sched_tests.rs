@@ -29,7 +29,7 @@ fn tokenizer() -> Tokenizer {
 /// throughput estimate a first pass would have given it.
 fn engine(cfg: EngineConfig) -> Scheduler {
     let mut s = Scheduler::new(cfg, tokenizer(), 320, 4096, Slots::new(4096));
-    s.rate = 10_000.0;
+    s.pace.throughput = 10_000.0;
     s.clock = Clock::Manual(Instant::now());
     s
 }
@@ -95,7 +95,7 @@ fn submit(e: &mut Scheduler, prompt: usize, max_tokens: usize) -> u64 {
     let tokens = (0..prompt as u32).map(|i| (i * 7 + 3 + prompt as u32) % 300).collect();
     let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
     std::mem::forget(rx);
-    let id = e.next_id;
+    let id = e.intake.next_id;
     e.submit(Request::new(TenantKey::new("t"), tokens, params), tx);
     id
 }
@@ -108,7 +108,7 @@ fn submit_prewarm(e: &mut Scheduler, prompt: usize) -> u64 {
     warm.prewarm = true;
     let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
     std::mem::forget(rx);
-    let id = e.next_id;
+    let id = e.intake.next_id;
     e.submit(warm, tx);
     id
 }

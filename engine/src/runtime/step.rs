@@ -360,8 +360,7 @@ impl Scheduler {
     /// The throughput estimate (passes of 16 tokens and more) and the pass metrics.
     fn observe_pass(&mut self, total: usize, secs: f64) {
         if total >= 16 {
-            let rate = total as f64 / secs.max(1e-6);
-            self.rate = if self.rate > 0.0 { 0.8 * self.rate + 0.2 * rate } else { rate };
+            self.pace.note_throughput(total as f64 / secs.max(1e-6));
         }
         metrics::histogram!("cachet:forward_pass_tokens").record(total as f64);
         metrics::histogram!("cachet:forward_pass_seconds").record(secs);
@@ -388,7 +387,7 @@ impl Scheduler {
     /// Running sequence `i` sampled `token`: its text goes out, and whether it ends here (a stop,
     /// the context's end, a complete grammar, the caller's own judgment) is noted in `ends`.
     fn hand_out(&mut self, i: usize, token: Option<super::runner::Sampled>, ends: &mut Ends) {
-        let (max_context, labels_on) = (self.max_context, self.cfg.tenant_labels);
+        let (max_context, labels_on) = (self.model.max_context, self.cfg.tenant_labels);
         let seq = &mut self.running[i];
         if seq.req.prewarm {
             ends.finished.push((seq.id, FinishReason::Length));
@@ -400,7 +399,7 @@ impl Scheduler {
         };
         seq.tokens.push(token);
         seq.enter(Phase::Decode);
-        let out = match seq.output.push(&self.tokenizer, token) {
+        let out = match seq.output.push(&self.model.tokenizer, token) {
             Ok(out) => out,
             Err(e) => return ends.failed.push((seq.id, RequestError::Engine(e.to_string()))),
         };
@@ -411,12 +410,12 @@ impl Scheduler {
             None if seq.tokens.len() >= max_context => {
                 // One event per token: text held back for a possible stop string goes out with
                 // the last one.
-                text.push_str(&seq.output.flush(&self.tokenizer).unwrap_or_default());
+                text.push_str(&seq.output.flush(&self.model.tokenizer).unwrap_or_default());
                 Some(FinishReason::Length)
             }
             // The grammar is complete and allows nothing more (not even text before an EOS).
             None if seq.constraint.as_ref().is_some_and(|c| c.finished()) => {
-                text.push_str(&seq.output.flush(&self.tokenizer).unwrap_or_default());
+                text.push_str(&seq.output.flush(&self.model.tokenizer).unwrap_or_default());
                 Some(FinishReason::Stop)
             }
             None => None,
@@ -424,7 +423,7 @@ impl Scheduler {
         // The caller's own judgment of the text so far (it sees every piece, the last too).
         let reason = match &seq.req.stop_when {
             Some(stop) if stop(&text) && reason.is_none() => {
-                let rest = seq.output.flush(&self.tokenizer).unwrap_or_default();
+                let rest = seq.output.flush(&self.model.tokenizer).unwrap_or_default();
                 stop(&rest);
                 text.push_str(&rest);
                 Some(FinishReason::Stop)

@@ -28,6 +28,8 @@ pub struct MatmulScratch {
 struct OutPtr(*mut f32);
 // SAFETY: tasks write disjoint elements and the buffer outlives the parallel scope.
 unsafe impl Send for OutPtr {}
+// SAFETY: as for `Send`: a shared `OutPtr` only hands out the pointer; every write through it is a
+// kernel's, to the elements of its own task's rows.
 unsafe impl Sync for OutPtr {}
 
 impl OutPtr {
@@ -74,6 +76,9 @@ fn run_task<W: Block, A: Sync>(
             GemmJob { w, wpr, x, apr, rows: rows.clone(), toks: t0..(t0 + TOKEN_TILE).min(t), out: out.get(), ldo: n };
         // SAFETY: the job's rows and tokens are inside the output (t × n), and no other task
         // writes these rows; the kernels come from `Kernels`, which checked the CPU.
+        // `GemmFn` also needs `apr >= wpr` (the SIMD kernels read `wpr` blocks of every
+        // activation row unchecked): `matmul_jobs` asserts `x.cols == w.cols()` for every job
+        // before any kernel runs (a real assert: debug assertions are off for this crate).
         unsafe {
             match gemm {
                 Some(g) => g(&job),
@@ -208,7 +213,9 @@ pub(crate) fn matmul_jobs(kernels: &Kernels, jobs: &mut impl Jobs, s: &mut Matmu
     for j in 0..n {
         let (i, w) = jobs.job(j);
         let (rows, t) = (w.rows(), jobs.input(i).rows);
-        debug_assert_eq!(w.cols(), jobs.input(i).cols);
+        // Not a debug assertion: the SIMD kernels read `w.cols()` columns of every input row
+        // unchecked, so a narrower input must stop here (debug assertions are off for this crate).
+        assert_eq!(w.cols(), jobs.input(i).cols, "matmul: the input's columns must match the weight's");
         let out = jobs.out(j);
         out.data.resize(t * rows, 0.0);
         (out.rows, out.cols) = (t, rows);

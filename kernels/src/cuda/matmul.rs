@@ -211,10 +211,10 @@ fn gemm<A, B>(
     let (a, _a_sync) = w.device_ptr(stream);
     let (b, _b_sync) = x.device_ptr(stream);
     let (c, _c_sync) = out.slice_mut().device_ptr_mut(stream);
+    let blas = be.blas.as_ref().expect("the dense path is off without cuBLAS");
     // SAFETY: the handle is bound to this backend's stream; A holds n × k
     // values of `ty`, B at least t × k of `ty`, C at least t × n f32 values;
     // alpha and beta are f32 host scalars as CUBLAS_COMPUTE_32F requires.
-    let blas = be.blas.as_ref().expect("the dense path is off without cuBLAS");
     let r = unsafe {
         cudarc::cublas::result::gemm_ex(
             *blas.handle(),

@@ -119,33 +119,46 @@ const _: () = assert!(std::mem::size_of::<BlockQ8K>() == 324);
 unsafe impl Block for BlockQ4_0 {
     const LEN: usize = 32;
 }
+// SAFETY: as above: `#[repr(C)]` f16 + [u8; 4] + [u8; 16] = 22 bytes, the asserted size.
 unsafe impl Block for BlockQ5_0 {
     const LEN: usize = 32;
 }
+// SAFETY: as above: `#[repr(C)]` f16 + [i8; 32] = 34 bytes, the asserted size.
 unsafe impl Block for BlockQ8_0 {
     const LEN: usize = 32;
 }
+// SAFETY: as above: `#[repr(C)]` 2 × f16 + [u8; 12] + [u8; 128] = 144 bytes, the asserted size.
 unsafe impl Block for BlockQ4K {
     const LEN: usize = 256;
 }
+// SAFETY: as above: `#[repr(C)]` 2 × f16 + [u8; 12] + [u8; 32] + [u8; 128] = 176 bytes, the
+// asserted size.
 unsafe impl Block for BlockQ5K {
     const LEN: usize = 256;
 }
+// SAFETY: as above: `#[repr(C)]` [u8; 128] + [u8; 64] + [i8; 16] + f16 = 210 bytes, the asserted
+// size.
 unsafe impl Block for BlockQ6K {
     const LEN: usize = 256;
 }
+// SAFETY: as above: `#[repr(C)]` f32 + i32 + [i8; 32] = 40 bytes, the asserted size.
 unsafe impl Block for BlockQ8A {
     const LEN: usize = 32;
 }
+// SAFETY: as above: `#[repr(C)]` f32 + [i8; 256] + [i16; 16] + [f32; 8] = 324 bytes, the asserted
+// size (each field lands aligned, so nothing is padded).
 unsafe impl Block for BlockQ8K {
     const LEN: usize = 256;
 }
+// SAFETY: a primitive float: no padding, and every bit pattern is a valid value.
 unsafe impl Block for f32 {
     const LEN: usize = 1;
 }
+// SAFETY: `half::f16` is `#[repr(transparent)]` over a `u16`: no padding, every bit pattern valid.
 unsafe impl Block for f16 {
     const LEN: usize = 1;
 }
+// SAFETY: `half::bf16` is `#[repr(transparent)]` over a `u16`: no padding, every bit pattern valid.
 unsafe impl Block for half::bf16 {
     const LEN: usize = 1;
 }

@@ -234,98 +234,101 @@ pub(crate) fn conversation(instructions: Option<&str>, input: &Input) -> Result<
         return Err(ApiError::bad_param("input", "input must not be empty"));
     }
     for (i, item) in items.iter().enumerate() {
-        let at = format!("input[{i}]");
-        if !item.is_object() {
-            return Err(ApiError::bad_param(at.clone(), format!("{at} must be an object")));
-        }
-        // An item without a type is a message (the "easy input message").
-        let kind = match item.get("type") {
-            None | Some(Value::Null) => "message",
-            Some(Value::String(k)) => k.as_str(),
-            Some(_) => return Err(ApiError::bad_param(format!("{at}.type"), format!("{at}.type must be a string"))),
-        };
-        match kind {
-            "message" => {
-                let role = string_field(item, "role", &at)?;
-                let role = match role {
-                    "user" | "assistant" | "system" => role,
-                    "developer" => "system",
-                    other => {
-                        return Err(ApiError::bad_param(
-                            format!("{at}.role"),
-                            format!("unknown role {other:?} (user, assistant, system, developer)"),
-                        ))
-                    }
-                };
-                let content = text_of(item.get("content").unwrap_or(&Value::Null), &format!("{at}.content"))?;
-                out.push(ChatMessage::new(role, content));
-            }
-            "function_call" => {
-                let call_id = string_field(item, "call_id", &at)?;
-                let name = string_field(item, "name", &at)?;
-                let arguments = string_field(item, "arguments", &at)?;
-                let call = json!([{"id": call_id, "type": "function",
-                                   "function": {"name": name, "arguments": arguments}}]);
-                let (call, _) = history_calls(&call, i)?;
-                // Calls join the assistant message they follow (as chat's `tool_calls`).
-                match out.last_mut() {
-                    Some(last) if last.role == "assistant" => {
-                        let calls = last.tool_calls.get_or_insert_with(|| Value::Array(Vec::new()));
-                        if let (Value::Array(list), Value::Array(new)) = (calls, call) {
-                            list.extend(new);
-                        }
-                    }
-                    _ => {
-                        let mut m = ChatMessage::assistant("");
-                        m.tool_calls = Some(call);
-                        out.push(m);
-                    }
-                }
-            }
-            "custom_tool_call" => {
-                let name = string_field(item, "name", &at)?;
-                let input = string_field(item, "input", &at)?;
-                string_field(item, "call_id", &at)?;
-                // The call is text in the assistant message it follows, as the model wrote it.
-                match out.last_mut() {
-                    Some(last) if last.role == "assistant" => push_custom_call(&mut last.content, name, input),
-                    _ => {
-                        let mut m = ChatMessage::assistant("");
-                        push_custom_call(&mut m.content, name, input);
-                        out.push(m);
-                    }
-                }
-            }
-            "function_call_output" | "custom_tool_call_output" => {
-                let call_id = string_field(item, "call_id", &at)?;
-                let output = text_of(item.get("output").unwrap_or(&Value::Null), &format!("{at}.output"))?;
-                let mut m = ChatMessage::new("tool", output);
-                m.tool_call_id = Some(call_id.to_string());
-                out.push(m);
-            }
-            // A model's reasoning: the served model neither reads nor writes it.
-            "reasoning" => {}
-            "item_reference" => {
-                return Err(ApiError::bad_param(
-                    format!("{at}.type"),
-                    "cachet keeps no items to reference: send the item itself",
-                ))
-            }
-            other => {
-                return Err(ApiError::bad_param(
-                    format!("{at}.type"),
-                    format!(
-                        "input items of type {other:?} are not supported (message, function_call, \
-                         function_call_output, custom_tool_call, custom_tool_call_output)"
-                    ),
-                ))
-            }
-        }
+        push_item(&mut out, item, i)?;
     }
     if out.iter().all(|m| m.role == "system") {
         return Err(ApiError::bad_param("input", "input has no message for the model to answer"));
     }
     Ok(out)
+}
+
+/// Input item `i` added to the conversation.
+fn push_item(out: &mut Vec<ChatMessage>, item: &Value, i: usize) -> Result<(), ApiError> {
+    let at = format!("input[{i}]");
+    if !item.is_object() {
+        return Err(ApiError::bad_param(at.clone(), format!("{at} must be an object")));
+    }
+    // An item without a type is a message (the "easy input message").
+    let kind = match item.get("type") {
+        None | Some(Value::Null) => "message",
+        Some(Value::String(k)) => k.as_str(),
+        Some(_) => return Err(ApiError::bad_param(format!("{at}.type"), format!("{at}.type must be a string"))),
+    };
+    match kind {
+        "message" => out.push(message_item(item, &at)?),
+        "function_call" => {
+            let call_id = string_field(item, "call_id", &at)?;
+            let name = string_field(item, "name", &at)?;
+            let arguments = string_field(item, "arguments", &at)?;
+            let call = json!([{"id": call_id, "type": "function",
+                               "function": {"name": name, "arguments": arguments}}]);
+            let (call, _) = history_calls(&call, i)?;
+            // Calls join the assistant message they follow (as chat's `tool_calls`).
+            let last = assistant_turn(out);
+            let calls = last.tool_calls.get_or_insert_with(|| Value::Array(Vec::new()));
+            if let (Value::Array(list), Value::Array(new)) = (calls, call) {
+                list.extend(new);
+            }
+        }
+        "custom_tool_call" => {
+            let name = string_field(item, "name", &at)?;
+            let input = string_field(item, "input", &at)?;
+            string_field(item, "call_id", &at)?;
+            // The call is text in the assistant message it follows, as the model wrote it.
+            push_custom_call(&mut assistant_turn(out).content, name, input);
+        }
+        "function_call_output" | "custom_tool_call_output" => {
+            let call_id = string_field(item, "call_id", &at)?;
+            let output = text_of(item.get("output").unwrap_or(&Value::Null), &format!("{at}.output"))?;
+            let mut m = ChatMessage::new("tool", output);
+            m.tool_call_id = Some(call_id.to_string());
+            out.push(m);
+        }
+        // A model's reasoning: the served model neither reads nor writes it.
+        "reasoning" => {}
+        "item_reference" => {
+            return Err(ApiError::bad_param(
+                format!("{at}.type"),
+                "cachet keeps no items to reference: send the item itself",
+            ))
+        }
+        other => {
+            return Err(ApiError::bad_param(
+                format!("{at}.type"),
+                format!(
+                    "input items of type {other:?} are not supported (message, function_call, \
+                     function_call_output, custom_tool_call, custom_tool_call_output)"
+                ),
+            ))
+        }
+    }
+    Ok(())
+}
+
+/// A `message` item (`developer` is the system role).
+fn message_item(item: &Value, at: &str) -> Result<ChatMessage, ApiError> {
+    let role = match string_field(item, "role", at)? {
+        role @ ("user" | "assistant" | "system") => role,
+        "developer" => "system",
+        other => {
+            return Err(ApiError::bad_param(
+                format!("{at}.role"),
+                format!("unknown role {other:?} (user, assistant, system, developer)"),
+            ))
+        }
+    };
+    let content = text_of(item.get("content").unwrap_or(&Value::Null), &format!("{at}.content"))?;
+    Ok(ChatMessage::new(role, content))
+}
+
+/// The assistant message a call joins: the last message if it is the assistant's, else a new,
+/// empty one.
+fn assistant_turn(out: &mut Vec<ChatMessage>) -> &mut ChatMessage {
+    if out.last().is_none_or(|m| m.role != "assistant") {
+        out.push(ChatMessage::assistant(""));
+    }
+    let last = out.len() - 1;
+    &mut out[last]
 }
 
 /// The request's function tools in chat's shape (`{"type": "function", "function": {…}}`).

@@ -155,50 +155,15 @@ pub(crate) fn grammar(
                 (false, _) => format!("\"<tool_call>\" call{more} WS"),
             };
             g.push_str(&format!("start: {start}\n"));
-            // Free text may not start with `<tools>`: small models copy the template's list of tools
-            // (which the prompt shows in those tags) as their answer.
-            if hermes && has_fn {
-                // Free text may not start with `{` (alone or in a JSON fence): that starts a call.
-                // (Each way out of TEXT ends one byte before TEXT dies, as llguidance's lexer needs.)
-                g.push_str(concat!(
-                    "TEXT: /(.|\\n)*/ & ~/[ \\t\\r\\n]*(```(json)?[ \\t]*\\n[ \\t\\r\\n]*)?\\{(.|\\n)*/",
-                    " & ~/[ \\t\\r\\n]*<tools>(.|\\n)*/\n",
-                    "FENCE: /[ \\t\\r\\n]*```(json)?[ \\t]*\\n[ \\t\\r\\n]*/\n",
-                    "FENCE_END: /[ \\t\\r\\n]*```/\n",
-                    "LEAD: /[ \\t\\r\\n]+/\n",
-                ));
-            } else {
-                g.push_str("TEXT: /(.|\\n)*/ & ~/[ \\t\\r\\n]*<tools>(.|\\n)*/\n");
-            }
+            text_lexemes(&mut g, hermes && has_fn);
             // Whitespace between and after calls is bounded: a model that would rather write
             // another call than end (with parallel_tool_calls false) must end, not pad to max_tokens.
             g.push_str("WS: /[ \\t\\r\\n]{0,4}/\ncall_hd[lazy]: TEXT \"<tool_call>\"\n");
             if hermes && auto && answer.is_none() && has_fn {
-                // A call on its own line after prose: the trigger runs from the prose to the
-                // arguments' value, whose schema then holds (the name is in the trigger). It ends
-                // on a fixed character (`": "`): a lazy lexeme ends at its shortest match.
-                // Prose: something other than whitespace, not starting like a leading call.
-                g.push_str("PROSE: /(.|\\n)*[^ \\t\\r\\n](.|\\n)*/ & ~/[ \\t\\r\\n]*(```|\\{|<tools>)(.|\\n)*/\n");
-                for (i, (name, params)) in chosen.iter().enumerate() {
-                    g.push_str(&format!(
-                        "line{i}: line_hd{i} args{i} /[ \\t\\r\\n]*\\}}/ FENCE_END? WS\n\
-                         line_hd{i}[lazy]: PROSE /\\n[ \\t]*(```(json)?[ \\t]*\\n[ \\t]*)?\\{{[ \\t\\r\\n]*\"name\"[ \\t]*:[ \\t]*\"{}\"[ \\t\\r\\n]*,[ \\t\\r\\n]*\"(arguments|parameters)\"[ \\t]*: /\n\
-                         args{i}: %json {}\n",
-                        regex_escape(name),
-                        styled(closed(params))
-                    ));
-                }
+                line_calls(&mut g, &chosen);
             }
             if hermes {
-                let mut bodies: Vec<String> = Vec::new();
-                if has_fn {
-                    let any: Vec<Value> = chosen.iter().map(|(n, p)| call_schema(n, p, "arguments")).collect();
-                    let body = if any.len() == 1 { any[0].clone() } else { json!({"anyOf": any}) };
-                    g.push_str(&format!("jcall: %json {}\n", styled(body)));
-                    bodies.push("jcall".into());
-                }
-                bodies.extend((0..customs.len()).map(|j| format!("custom_{j}")));
-                g.push_str(&format!("call: \"\\n\" ({}) \"\\n</tool_call>\"\n", bodies.join(" | ")));
+                hermes_calls(&mut g, &chosen, customs.len());
             } else {
                 xml_calls(&mut g, &chosen, customs.len());
             }
@@ -217,6 +182,58 @@ pub(crate) fn grammar(
         g.push_str(&format!("answer: %json {}\n", styled(schema.clone())));
     }
     g
+}
+
+/// The free-text lexeme and, where a bare or fenced JSON call is recognised (`json_calls`), the
+/// lexemes around one.
+fn text_lexemes(g: &mut String, json_calls: bool) {
+    // Free text may not start with `<tools>`: small models copy the template's list of tools
+    // (which the prompt shows in those tags) as their answer.
+    if json_calls {
+        // Free text may not start with `{` (alone or in a JSON fence): that starts a call.
+        // (Each way out of TEXT ends one byte before TEXT dies, as llguidance's lexer needs.)
+        g.push_str(concat!(
+            "TEXT: /(.|\\n)*/ & ~/[ \\t\\r\\n]*(```(json)?[ \\t]*\\n[ \\t\\r\\n]*)?\\{(.|\\n)*/",
+            " & ~/[ \\t\\r\\n]*<tools>(.|\\n)*/\n",
+            "FENCE: /[ \\t\\r\\n]*```(json)?[ \\t]*\\n[ \\t\\r\\n]*/\n",
+            "FENCE_END: /[ \\t\\r\\n]*```/\n",
+            "LEAD: /[ \\t\\r\\n]+/\n",
+        ));
+    } else {
+        g.push_str("TEXT: /(.|\\n)*/ & ~/[ \\t\\r\\n]*<tools>(.|\\n)*/\n");
+    }
+}
+
+/// Hermes calls after prose, each on its own line (`line{i}` for tool `i`).
+fn line_calls(g: &mut String, chosen: &[&(String, Value)]) {
+    // A call on its own line after prose: the trigger runs from the prose to the
+    // arguments' value, whose schema then holds (the name is in the trigger). It ends
+    // on a fixed character (`": "`): a lazy lexeme ends at its shortest match.
+    // Prose: something other than whitespace, not starting like a leading call.
+    g.push_str("PROSE: /(.|\\n)*[^ \\t\\r\\n](.|\\n)*/ & ~/[ \\t\\r\\n]*(```|\\{|<tools>)(.|\\n)*/\n");
+    for (i, (name, params)) in chosen.iter().enumerate() {
+        g.push_str(&format!(
+            "line{i}: line_hd{i} args{i} /[ \\t\\r\\n]*\\}}/ FENCE_END? WS\n\
+             line_hd{i}[lazy]: PROSE /\\n[ \\t]*(```(json)?[ \\t]*\\n[ \\t]*)?\\{{[ \\t\\r\\n]*\"name\"[ \\t]*:[ \\t]*\"{}\"[ \\t\\r\\n]*,[ \\t\\r\\n]*\"(arguments|parameters)\"[ \\t]*: /\n\
+             args{i}: %json {}\n",
+            regex_escape(name),
+            styled(closed(params))
+        ));
+    }
+}
+
+/// Hermes calls: a JSON object of one of `tools`, or one of `customs` custom tools' calls.
+fn hermes_calls(g: &mut String, tools: &[&(String, Value)], customs: usize) {
+    let has_fn = !tools.is_empty();
+    let mut bodies: Vec<String> = Vec::new();
+    if has_fn {
+        let any: Vec<Value> = tools.iter().map(|(n, p)| call_schema(n, p, "arguments")).collect();
+        let body = if any.len() == 1 { any[0].clone() } else { json!({"anyOf": any}) };
+        g.push_str(&format!("jcall: %json {}\n", styled(body)));
+        bodies.push("jcall".into());
+    }
+    bodies.extend((0..customs).map(|j| format!("custom_{j}")));
+    g.push_str(&format!("call: \"\\n\" ({}) \"\\n</tool_call>\"\n", bodies.join(" | ")));
 }
 
 /// Qwen3-Coder's calls: `<function=NAME>` then the parameters in their declared

@@ -35,7 +35,7 @@ fn fields<'a>(tools: &'a Value, choice: Option<&'a Value>) -> ToolFields<'a> {
 fn check(plan: &Plan, text: &str) -> Result<bool, String> {
     let (g, tok) = grammars();
     let grammar = g.compile(plan.grammar.as_ref().expect("a grammar")).map_err(|e| format!("compile: {e}"))?;
-    grammar.check(&tok.encode(text, false).unwrap())
+    grammar.check(&tok.encode(text, false).unwrap()).map_err(|e| e.0)
 }
 
 fn err_param(e: ApiError) -> String {

@@ -122,6 +122,8 @@ pub(crate) fn warm_thread() {
 struct OutPtr(*mut f32);
 // SAFETY: each task writes the heads of one (row, KV head) pair only.
 unsafe impl Send for OutPtr {}
+// SAFETY: as for `Send`: a shared `OutPtr` only hands out the pointer; every write through it is a
+// task's, to the values of its own (row, KV head) pair.
 unsafe impl Sync for OutPtr {}
 
 impl OutPtr {

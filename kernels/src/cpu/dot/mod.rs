@@ -96,7 +96,9 @@ pub struct GemmJob<'a, W, A> {
 /// # Safety
 /// `job.out` must be valid for writes at every `t * ldo + r` of the job and
 /// not written by anyone else meanwhile; `w` and `x` must hold the rows the
-/// job names; the CPU must support the kernel's level.
+/// job names, each `x` row at least `wpr` blocks long (`apr >= wpr`: the SIMD
+/// kernels read `wpr` blocks of every activation row); the CPU must support
+/// the kernel's level.
 pub type GemmFn<W, A> = unsafe fn(&GemmJob<'_, W, A>);
 
 /// The same job through the row dot product, one element at a time.

@@ -40,12 +40,16 @@ unsafe fn hsum_epi32(v: __m256i) -> i32 {
 
 #[inline(always)]
 unsafe fn load256(p: *const u8) -> __m256i {
+    // SAFETY: the caller guarantees 32 readable bytes at `p` (every call site passes a 32-byte field,
+    // or a 32-byte run inside one); the load is unaligned, and the CPU has AVX2 (module contract above).
     unsafe { _mm256_loadu_si256(p.cast()) }
 }
 
 /// 16 bytes of packed nibbles → 32 bytes: low nibbles first, then high ones.
 #[inline(always)]
 pub(super) unsafe fn nibbles32(p: *const u8) -> __m256i {
+    // SAFETY: the caller passes 16 readable bytes at `p` (the `qs` of a `Q4_0`/`Q5_0` block); the load is
+    // unaligned, and the CPU has AVX2 (module contract above).
     let x = unsafe { _mm_loadu_si128(p.cast()) };
     let v = _mm256_set_m128i(_mm_srli_epi16(x, 4), x);
     _mm256_and_si256(v, _mm256_set1_epi8(0x0F))
@@ -72,6 +76,8 @@ pub(super) unsafe fn bits32(bits: u32, val: i8) -> __m256i {
 /// row's instructions). Exact, like any unpacking: every level may use it.
 #[inline(always)]
 pub(super) unsafe fn k4_scales_mins(q: &[u8; 12]) -> __m128i {
+    // SAFETY: `_mm_loadl_epi64` reads the first 8 of `q`'s 12 bytes (unaligned is fine); the rest only
+    // touches registers. Needs SSE4.1 and AVX2, which every caller's level has (AVX2, or AVX-512 on top).
     unsafe {
         let w2 = i32::from_le_bytes([q[8], q[9], q[10], q[11]]);
         // Lanes: w0, w1, w2, 0.
@@ -108,7 +114,11 @@ pub(super) trait TileKernel {
 #[inline(always)]
 unsafe fn gemm<T: TileKernel>(job: &GemmJob<'_, T::W, T::A>) {
     let (wpr, apr) = (job.wpr, job.apr);
+    // SAFETY: called only below with rows of the job (`r + i` with `r + T::ROWS <= job.rows.end`, or
+    // `r < job.rows.end`), and the `GemmFn` contract makes `job.w` hold each of them, `wpr` blocks long.
     let wrow = |r: usize| unsafe { job.w.get_unchecked(r * wpr..(r + 1) * wpr) };
+    // SAFETY: called only below with tokens of the job (`t + j` inside `job.toks`), and the `GemmFn`
+    // contract makes `job.x` hold each of them, `apr` blocks long.
     let xrow = |t: usize| unsafe { job.x.get_unchecked(t * apr..(t + 1) * apr) };
     macro_rules! tile {
         ($r:expr, $t:expr, [$($i:literal),+], [$($j:literal),+]) => {{
@@ -135,6 +145,10 @@ unsafe fn gemm<T: TileKernel>(job: &GemmJob<'_, T::W, T::A>) {
             }
         }};
     }
+    // SAFETY: the `GemmFn` contract: `job.out` may be written at `t * ldo + r` for the job's rows and
+    // tokens, the only elements stored here (rows `r..r + T::ROWS <= job.rows.end`, tokens `t..t + 4`
+    // inside `job.toks`); `T::tile` gets weight rows of `wpr` blocks and activation rows of
+    // `apr >= wpr` blocks, as it needs; the CPU has AVX2/FMA/F16C (module contract).
     unsafe {
         let (t0, t1) = (job.toks.start, job.toks.end);
         let mut r = job.rows.start;
@@ -159,66 +173,84 @@ unsafe fn gemm<T: TileKernel>(job: &GemmJob<'_, T::W, T::A>) {
 #[target_feature(enable = "avx2,fma,f16c")]
 pub unsafe fn q4_0(w: &[BlockQ4_0], x: &[BlockQ8A]) -> f32 {
     let n = w.len().min(x.len());
+    // SAFETY: AVX2/FMA/F16C are present, this function's `#[target_feature]` contract (its caller,
+    // `Kernels::for_level`, detected them); `tile32` reads blocks `0..n` of both slices, cut to `n` here.
     unsafe { q32::tile32::<BlockQ4_0, 1, 1>([&w[..n]], [&x[..n]])[0][0] }
 }
 
 #[target_feature(enable = "avx2,fma,f16c")]
 pub unsafe fn gemm_q4_0(job: &GemmJob<'_, BlockQ4_0, BlockQ8A>) {
+    // SAFETY: the caller upholds the `GemmFn` contract (output, rows, CPU features), which is all
+    // `gemm32` requires.
     unsafe { q32::gemm32::<BlockQ4_0>(job) }
 }
 
 #[target_feature(enable = "avx2,fma,f16c")]
 pub unsafe fn q5_0(w: &[BlockQ5_0], x: &[BlockQ8A]) -> f32 {
     let n = w.len().min(x.len());
+    // SAFETY: as in `q4_0`: the features by `#[target_feature]`, and both slices cut to the `n` blocks
+    // `tile32` reads.
     unsafe { q32::tile32::<BlockQ5_0, 1, 1>([&w[..n]], [&x[..n]])[0][0] }
 }
 
 #[target_feature(enable = "avx2,fma,f16c")]
 pub unsafe fn gemm_q5_0(job: &GemmJob<'_, BlockQ5_0, BlockQ8A>) {
+    // SAFETY: as in `gemm_q4_0`: the caller's `GemmFn` contract is `gemm32`'s.
     unsafe { q32::gemm32::<BlockQ5_0>(job) }
 }
 
 #[target_feature(enable = "avx2,fma,f16c")]
 pub unsafe fn q8_0(w: &[BlockQ8_0], x: &[BlockQ8A]) -> f32 {
     let n = w.len().min(x.len());
+    // SAFETY: as in `q4_0`: the features by `#[target_feature]`, and both slices cut to the `n` blocks
+    // `tile32` reads.
     unsafe { q32::tile32::<BlockQ8_0, 1, 1>([&w[..n]], [&x[..n]])[0][0] }
 }
 
 #[target_feature(enable = "avx2,fma,f16c")]
 pub unsafe fn gemm_q8_0(job: &GemmJob<'_, BlockQ8_0, BlockQ8A>) {
+    // SAFETY: as in `gemm_q4_0`: the caller's `GemmFn` contract is `gemm32`'s.
     unsafe { q32::gemm32::<BlockQ8_0>(job) }
 }
 
 #[target_feature(enable = "avx2,fma,f16c")]
 pub unsafe fn q4_k(w: &[BlockQ4K], x: &[BlockQ8K]) -> f32 {
     let n = w.len().min(x.len());
+    // SAFETY: AVX2/FMA/F16C by this function's `#[target_feature]` contract; `rowdot` zips the two
+    // slices, so it reads no block beyond either.
     unsafe { qk::rowdot::<BlockQ4K>(&w[..n], &x[..n]) }
 }
 
 #[target_feature(enable = "avx2,fma,f16c")]
 pub unsafe fn gemm_q4_k(job: &GemmJob<'_, BlockQ4K, BlockQ8K>) {
+    // SAFETY: the caller upholds the `GemmFn` contract (output, rows, CPU features), which is all
+    // `gemm8` requires.
     unsafe { qk8::gemm8::<BlockQ4K>(job) }
 }
 
 #[target_feature(enable = "avx2,fma,f16c")]
 pub unsafe fn q5_k(w: &[BlockQ5K], x: &[BlockQ8K]) -> f32 {
     let n = w.len().min(x.len());
+    // SAFETY: as in `q4_k`: the features by `#[target_feature]`; `rowdot` stays inside both slices.
     unsafe { qk::rowdot::<BlockQ5K>(&w[..n], &x[..n]) }
 }
 
 #[target_feature(enable = "avx2,fma,f16c")]
 pub unsafe fn gemm_q5_k(job: &GemmJob<'_, BlockQ5K, BlockQ8K>) {
+    // SAFETY: as in `gemm_q4_k`: the caller's `GemmFn` contract is `gemm8`'s.
     unsafe { qk8::gemm8::<BlockQ5K>(job) }
 }
 
 #[target_feature(enable = "avx2,fma,f16c")]
 pub unsafe fn q6_k(w: &[BlockQ6K], x: &[BlockQ8K]) -> f32 {
     let n = w.len().min(x.len());
+    // SAFETY: as in `q4_k`: the features by `#[target_feature]`; `rowdot` stays inside both slices.
     unsafe { qk::rowdot::<BlockQ6K>(&w[..n], &x[..n]) }
 }
 
 #[target_feature(enable = "avx2,fma,f16c")]
 pub unsafe fn gemm_q6_k(job: &GemmJob<'_, BlockQ6K, BlockQ8K>) {
+    // SAFETY: as in `gemm_q4_k`: the caller's `GemmFn` contract is `gemm8`'s.
     unsafe { qk8::gemm8::<BlockQ6K>(job) }
 }
 
@@ -227,6 +259,9 @@ pub unsafe fn gemm_q6_k(job: &GemmJob<'_, BlockQ6K, BlockQ8K>) {
 unsafe fn dense(n: usize, x: &[f32], load: impl Fn(usize) -> __m256, tail: impl Fn(usize) -> f32) -> f32 {
     let mut acc = [_mm256_setzero_ps(); 4];
     let mut i = 0;
+    // SAFETY: the 8-float loads read `x[i + 8k..i + 8k + 8]` only while `i + 32 <= n` (then
+    // `x[i..i + 8]` while `i + 8 <= n`), and `load` is called with the same bounds; the callers pass
+    // `n <= x.len()` and a `load` valid for `i + 8 <= n`, and run with AVX2/FMA (`#[target_feature]`).
     unsafe {
         while i + 32 <= n {
             for (k, a) in acc.iter_mut().enumerate() {
@@ -251,21 +286,29 @@ unsafe fn dense(n: usize, x: &[f32], load: impl Fn(usize) -> __m256, tail: impl 
 #[target_feature(enable = "avx2,fma,f16c")]
 pub unsafe fn f32(w: &[f32], x: &[f32]) -> f32 {
     let n = w.len().min(x.len());
+    // SAFETY: AVX2/FMA by `#[target_feature]`; `n = min(w.len(), x.len())` and `dense` calls `load(i)`
+    // only with `i + 8 <= n`, so the 8-float load at `w[i]` stays inside `w`.
     unsafe { dense(n, x, |i| _mm256_loadu_ps(w.as_ptr().add(i)), |i| w[i]) }
 }
 
 #[target_feature(enable = "avx2,fma,f16c")]
 pub unsafe fn f16(w: &[f16], x: &[f32]) -> f32 {
     let n = w.len().min(x.len());
+    // SAFETY: AVX2/FMA/F16C by `#[target_feature]`; `dense` calls `load(i)` only with
+    // `i + 8 <= n <= w.len()`, so the 16-byte load of 8 f16 at `w[i]` stays inside `w`.
     unsafe { dense(n, x, |i| _mm256_cvtph_ps(_mm_loadu_si128(w.as_ptr().add(i).cast())), |i| w[i].to_f32()) }
 }
 
 #[target_feature(enable = "avx2,fma,f16c")]
 pub unsafe fn bf16(w: &[bf16], x: &[f32]) -> f32 {
     let n = w.len().min(x.len());
+    // SAFETY: only `dense` below calls `load`, with `i + 8 <= n <= w.len()`, so the 16-byte load of 8
+    // bf16 at `w[i]` stays inside `w`; AVX2 by this function's `#[target_feature]`.
     let load = |i: usize| unsafe {
         let h = _mm256_cvtepu16_epi32(_mm_loadu_si128(w.as_ptr().add(i).cast()));
         _mm256_castsi256_ps(_mm256_slli_epi32(h, 16))
     };
+    // SAFETY: AVX2/FMA by `#[target_feature]`; `n = min(w.len(), x.len())`, and `load` is valid for the
+    // `i + 8 <= n` that `dense` gives it.
     unsafe { dense(n, x, load, |i| w[i].to_f32()) }
 }

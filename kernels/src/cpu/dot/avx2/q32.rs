@@ -37,10 +37,12 @@ impl Block32 for BlockQ4_0 {
     }
     #[inline(always)]
     unsafe fn prep(&self) -> __m256i {
+        // SAFETY: `nibbles32` reads 16 bytes at the pointer, exactly `qs`; the CPU has AVX2 (module contract).
         unsafe { nibbles32(self.qs.as_ptr()) }
     }
     #[inline(always)]
     unsafe fn dot(w: __m256i, x: __m256i) -> __m256i {
+        // SAFETY: register-only AVX2 arithmetic; the CPU has AVX2 (module contract).
         unsafe { dot_u8i8(w, x) }
     }
 }
@@ -58,10 +60,13 @@ impl Block32 for BlockQ5_0 {
     }
     #[inline(always)]
     unsafe fn prep(&self) -> __m256i {
+        // SAFETY: `nibbles32` reads 16 bytes at the pointer, exactly `qs`; `bits32` only touches registers;
+        // the CPU has AVX2 (module contract).
         unsafe { _mm256_or_si256(nibbles32(self.qs.as_ptr()), bits32(u32::from_le_bytes(self.qh), 0x10)) }
     }
     #[inline(always)]
     unsafe fn dot(w: __m256i, x: __m256i) -> __m256i {
+        // SAFETY: register-only AVX2 arithmetic; the CPU has AVX2 (module contract).
         unsafe { dot_u8i8(w, x) }
     }
 }
@@ -81,6 +86,7 @@ impl Block32 for BlockQ8_0 {
     }
     #[inline(always)]
     unsafe fn prep(&self) -> (__m256i, __m256i) {
+        // SAFETY: `load256` reads 32 bytes, exactly `qs` (`[i8; 32]`); the CPU has AVX2 (module contract).
         unsafe {
             let w = load256(self.qs.as_ptr().cast());
             (w, _mm256_sign_epi8(w, w))
@@ -88,6 +94,7 @@ impl Block32 for BlockQ8_0 {
     }
     #[inline(always)]
     unsafe fn dot((w, abs): (__m256i, __m256i), x: __m256i) -> __m256i {
+        // SAFETY: register-only AVX2 arithmetic; the CPU has AVX2 (module contract).
         unsafe { dot_u8i8(abs, _mm256_sign_epi8(x, w)) }
     }
 }
@@ -100,6 +107,10 @@ pub(super) unsafe fn tile32<B: Block32, const R: usize, const C: usize>(
 ) -> [[f32; C]; R] {
     let n = w[0].len();
     let mut acc = [[_mm256_setzero_ps(); C]; R];
+    // SAFETY: every `w[r]` and `x[c]` holds at least `n = w[0].len()` blocks (the dot products cut both
+    // to `n`; `gemm` passes weight rows of `wpr` and activation rows of `apr >= wpr` blocks), so
+    // `get_unchecked(i)` with `i < n` is in bounds; the loads read 32-byte `qs` fields; the CPU has
+    // AVX2/FMA/F16C (module contract).
     unsafe {
         let mut wp = [B::zero(); R];
         let mut dw = [_mm256_setzero_ps(); R];
@@ -142,6 +153,8 @@ impl<B: Block32> TileKernel for Q32<B> {
     const ROWS: usize = B::ROWS;
     #[inline(always)]
     unsafe fn tile<const R: usize, const C: usize>(w: [&[B]; R], x: [&[BlockQ8A]; C]) -> [[f32; C]; R] {
+        // SAFETY: `gemm` passes rows of at least `w[0].len()` blocks each (`wpr` weight blocks,
+        // `apr >= wpr` activation blocks), which is what `tile32` requires; same CPU features.
         unsafe { tile32(w, x) }
     }
 }
@@ -162,6 +175,7 @@ pub(super) fn reserve(bytes: usize) {
 /// share the preparation over, else the tiles.
 #[inline(always)]
 pub(super) unsafe fn gemm32<B: Block32>(job: &GemmJob<'_, B, BlockQ8A>) {
+    // SAFETY: the caller's `GemmFn` contract is exactly what `gemv32`, `packed32` and `gemm` require.
     unsafe {
         if job.toks.len() == 1 {
             gemv32(job)
@@ -190,8 +204,17 @@ unsafe fn packed32<B: Block32>(job: &GemmJob<'_, B, BlockQ8A>) {
     let (act_len, w_len) = (toks * n * 3, PACK_ROWS * n * (words + 1));
     let mut buf = PACKED.with(|cell| std::mem::take(&mut *cell.borrow_mut()));
     if buf.len() < act_len + w_len {
+        // SAFETY: register-only AVX intrinsic; the CPU has AVX2 (module contract).
         buf.resize(act_len + w_len, unsafe { _mm256_setzero_si256() });
     }
+    // SAFETY: `buf` holds at least `act_len + w_len` vectors (resized above): `act` is `3n` per token
+    // (token `t`'s slice goes to `lay_out`), `wts` is `PACK_ROWS * n * words` vectors of prepared blocks
+    // then `PACK_ROWS * n` scale vectors, so `preps.add(j * n + i)` and `dws.add(j * n + i)` (`j` below
+    // `PACK_ROWS`, `i < n`) stay inside `wts`; `__m256i` storage is 32-byte aligned, enough for
+    // `B::Prep` (one or two `__m256i`, see the debug_assert). By the `GemmFn` contract `job.w` holds
+    // the job's rows of `n = wpr` blocks, `job.x` its tokens with `apr >= n` blocks (`lay_out` reads
+    // `n`), and `job.out` may be written for them, which `packed_tile` and `gemm` keep to; the CPU has
+    // AVX2/FMA/F16C (module contract).
     unsafe {
         let (act, wts) = buf.split_at_mut(act_len);
         for t in 0..toks {
@@ -235,6 +258,11 @@ unsafe fn packed_tile<B: Block32, const C: usize>(
     const R: usize = PACK_ROWS;
     let n = job.wpr;
     let mut acc = [[_mm256_setzero_ps(); C]; R];
+    // SAFETY: `packed32` laid out `3n` vectors per job token in `act` and prepared rows
+    // `r..r + PACK_ROWS` at `preps`/`dws` (index `j * n + i`); `t + c < toks` (`token_tiles!` over
+    // `0..toks`), so `3 * ((t + c) * n + i) + 2` is inside `act`; rows `r..r + PACK_ROWS` and tokens
+    // `toks.start + t + c` are the job's, so the `job.out` stores are the `GemmFn` contract's; the CPU
+    // has AVX2/FMA (module contract).
     unsafe {
         for i in 0..n {
             for c in 0..C {
@@ -262,6 +290,10 @@ unsafe fn packed_tile<B: Block32, const C: usize>(
 /// correction, the scale.
 #[inline(always)]
 unsafe fn lay_out<B: Block32>(x: &[BlockQ8A], n: usize, act: &mut [__m256i]) {
+    // SAFETY: the callers pass `x` with at least `n` blocks (an activation row, `apr >= wpr = n` by the
+    // `GemmFn` contract) and `act` with at least `3n` vectors (`packed32`: one token's `3n` slice;
+    // `gemv32`: resized to `3n`), so `x[i]` and `act[3i..3i + 3]` are in bounds; each load reads a
+    // block's 32-byte `qs`; the CPU has AVX2 (module contract).
     unsafe {
         for i in 0..n {
             let a = x.get_unchecked(i);
@@ -283,8 +315,13 @@ unsafe fn gemv32<B: Block32>(job: &GemmJob<'_, B, BlockQ8A>) {
     let tok = job.toks.start;
     let mut act = PACKED.with(|cell| std::mem::take(&mut *cell.borrow_mut()));
     if act.len() < n * 3 {
+        // SAFETY: register-only AVX intrinsic; the CPU has AVX2 (module contract).
         act.resize(n * 3, unsafe { _mm256_setzero_si256() });
     }
+    // SAFETY: by the `GemmFn` contract the job's token `tok` is `apr >= n` blocks of `job.x` (what
+    // `lay_out` reads), its rows are `n` blocks of `job.w`, and `job.out` may be written at
+    // `tok * ldo + r` for them; `act` holds at least `3n` vectors (resized above), so `act[3i + 2]`
+    // for `i < n` is in bounds; the CPU has AVX2/FMA/F16C (module contract).
     unsafe {
         let x = job.x.get_unchecked(tok * job.apr..(tok + 1) * job.apr);
         lay_out::<B>(x, n, &mut act);

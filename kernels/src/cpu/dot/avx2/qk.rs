@@ -34,6 +34,8 @@ pub(super) trait KBlock: Block {
     /// The whole block unpacked.
     #[inline(always)]
     unsafe fn chunks(&self) -> Chunks {
+        // SAFETY: `pair` gets `j < 4`, its contract; `head` and `pair` read only this block's own fields;
+        // the CPU has AVX2 (module contract).
         unsafe {
             let mut c = self.head();
             for j in 0..4 {
@@ -67,6 +69,8 @@ unsafe fn finish4_k4(acc: __m128, ad: f32, d: __m128, dmin: __m128, sumi: __m128
 /// back to i16, in the low 128-bit lane: the sums of the 8 sub-blocks of 32 values.
 #[inline(always)]
 unsafe fn bsum_pairs(a: &BlockQ8K) -> __m256i {
+    // SAFETY: the unaligned load reads 32 bytes, exactly `a.bsums` (16 × i16); the rest only touches
+    // registers; the CPU has AVX2 (module contract).
     unsafe {
         let b = _mm256_loadu_si256(a.bsums.as_ptr().cast());
         let pairs = _mm256_madd_epi16(b, _mm256_set1_epi16(1));
@@ -79,6 +83,8 @@ unsafe fn bsum_pairs(a: &BlockQ8K) -> __m256i {
 /// second.
 #[inline(always)]
 unsafe fn scales_mins_k4(q: &[u8; 12]) -> (__m128i, __m128i) {
+    // SAFETY: `k4_scales_mins` reads only the 12 bytes of `q`; the rest only touches registers; the CPU
+    // has AVX2 (module contract).
     unsafe {
         let wide = _mm256_cvtepu8_epi16(k4_scales_mins(q));
         (_mm256_castsi256_si128(wide), _mm256_extracti128_si256(wide, 1))
@@ -88,6 +94,7 @@ unsafe fn scales_mins_k4(q: &[u8; 12]) -> (__m128i, __m128i) {
 /// Each of the 8 i16 `scales` spread over the 16 lanes of its chunk's scale vector.
 #[inline(always)]
 unsafe fn spread(scales: __m128i, sc: &mut [__m256i; 8]) {
+    // SAFETY: register-only AVX2 shuffles; the CPU has AVX2 (module contract).
     unsafe {
         let both = _mm256_broadcastsi128_si256(scales);
         for (k, v) in sc.iter_mut().enumerate() {
@@ -101,6 +108,7 @@ unsafe fn spread(scales: __m128i, sc: &mut [__m256i; 8]) {
 /// from `bsum_pairs`): integer arithmetic, exactly `k_mins`.
 #[inline(always)]
 unsafe fn mins_dot(mins: __m128i, pairs: __m256i) -> i32 {
+    // SAFETY: register-only SSE2/AVX2 arithmetic; the CPU has AVX2 (module contract).
     unsafe {
         let prod = _mm_madd_epi16(mins, _mm256_castsi256_si128(pairs));
         let s = _mm_add_epi32(prod, _mm_shuffle_epi32(prod, 0b01_00_11_10));
@@ -112,11 +120,14 @@ unsafe fn mins_dot(mins: __m128i, pairs: __m256i) -> i32 {
 #[inline(always)]
 unsafe fn head_k4(scales: &[u8; 12], d: f16, dmin: f16) -> Chunks {
     let mut c = EMPTY;
+    // SAFETY: `scales_mins_k4` reads only the 12-byte `scales`, `spread` writes only `c.sc`; the CPU
+    // has AVX2 (module contract).
     unsafe {
         let (scales, mins) = scales_mins_k4(scales);
         spread(scales, &mut c.sc);
         c.mins = mins;
     }
+    // SAFETY: register-only F16C conversions; the CPU has F16C (module contract).
     (c.d, c.dmin) = unsafe { (f16_to_f32(d), f16_to_f32(dmin)) };
     c
 }
@@ -133,14 +144,17 @@ macro_rules! k4_common {
     () => {
         #[inline(always)]
         unsafe fn head(&self) -> Chunks {
+            // SAFETY: `head_k4` reads only the 12-byte `scales` it is given; AVX2/F16C per the module contract.
             unsafe { head_k4(&self.scales, self.d, self.dmin) }
         }
         #[inline(always)]
         unsafe fn token(a: &BlockQ8K) -> __m256i {
+            // SAFETY: `bsum_pairs` reads only the 32-byte `bsums` of `a`; AVX2 per the module contract.
             unsafe { bsum_pairs(a) }
         }
         #[inline(always)]
         unsafe fn finish(&self, c: &Chunks, acc: f32, a: &BlockQ8K, t: __m256i, sumi: i32) -> f32 {
+            // SAFETY: register-only arithmetic; AVX2 per the module contract.
             combine(acc, a, c, sumi, unsafe { mins_dot(c.mins, t) })
         }
         #[inline(always)]
@@ -149,6 +163,7 @@ macro_rules! k4_common {
         }
         #[inline(always)]
         unsafe fn finish4(acc: __m128, ad: f32, d: __m128, dmin: __m128, sumi: __m128i, corr: __m128i) -> __m128 {
+            // SAFETY: register-only arithmetic; AVX2 per the module contract.
             unsafe { finish4_k4(acc, ad, d, dmin, sumi, corr) }
         }
     };
@@ -158,6 +173,8 @@ impl KBlock for BlockQ4K {
     #[inline(always)]
     unsafe fn pair(&self, j: usize) -> [__m256i; 2] {
         let low = _mm256_set1_epi8(0x0F);
+        // SAFETY: `j < 4` (`pair`'s contract), so the 32-byte load at `qs[32 * j]` stays inside the
+        // 128-byte `qs`; the CPU has AVX2 (module contract).
         unsafe {
             let q = load256(self.qs.as_ptr().add(32 * j));
             [_mm256_and_si256(q, low), _mm256_and_si256(_mm256_srli_epi16(q, 4), low)]
@@ -171,6 +188,8 @@ impl KBlock for BlockQ5K {
     unsafe fn pair(&self, j: usize) -> [__m256i; 2] {
         let low = _mm256_set1_epi8(0x0F);
         let one = _mm256_set1_epi8(1);
+        // SAFETY: the loads read the 32-byte `qh` and, as `j < 4` (`pair`'s contract), `qs[32j..32j + 32]`
+        // inside the 128-byte `qs`; the CPU has AVX2 (module contract).
         unsafe {
             let qh = load256(self.qh.as_ptr());
             let q = load256(self.qs.as_ptr().add(32 * j));
@@ -189,6 +208,8 @@ impl KBlock for BlockQ6K {
     #[inline(always)]
     unsafe fn head(&self) -> Chunks {
         let mut c = EMPTY;
+        // SAFETY: the unaligned 16-byte load reads exactly `scales` (`[i8; 16]`); the rest only touches
+        // registers; the CPU has AVX2 (module contract).
         unsafe {
             // The 16 sub-block scales as i16; chunk g of a half takes scale 2g for its first 16
             // values (the low 128-bit lane) and 2g + 1 for the next 16.
@@ -203,6 +224,7 @@ impl KBlock for BlockQ6K {
                 }
             }
         }
+        // SAFETY: a register-only F16C conversion; the CPU has F16C (module contract).
         c.d = unsafe { f16_to_f32(self.d) };
         c
     }
@@ -213,6 +235,9 @@ impl KBlock for BlockQ6K {
         let low = _mm256_set1_epi8(0x0F);
         let three = _mm256_set1_epi8(3);
         let half = j / 2;
+        // SAFETY: `j < 4` (`pair`'s contract), so `half <= 1`: the 32-byte loads read
+        // `ql[64 * half..64 * half + 64]` inside the 128-byte `ql` and `qh[32 * half..32 * half + 32]`
+        // inside the 64-byte `qh`; the CPU has AVX2 (module contract).
         unsafe {
             let ql0 = load256(self.ql.as_ptr().add(64 * half));
             let ql1 = load256(self.ql.as_ptr().add(64 * half + 32));
@@ -233,10 +258,13 @@ impl KBlock for BlockQ6K {
     }
     #[inline(always)]
     unsafe fn token(a: &BlockQ8K) -> __m256i {
+        // SAFETY: the unaligned load reads 32 bytes, exactly `a.bsums` (16 × i16); AVX2 per the module
+        // contract.
         unsafe { _mm256_loadu_si256(a.bsums.as_ptr().cast()) }
     }
     #[inline(always)]
     unsafe fn finish(&self, c: &Chunks, acc: f32, a: &BlockQ8K, t: __m256i, sumi: i32) -> f32 {
+        // SAFETY: register-only arithmetic; AVX2 per the module contract.
         let offset = unsafe { hsum_epi32(_mm256_madd_epi16(c.sc16, t)) * 32 };
         acc + (a.d * c.d) * (sumi - offset) as f32
     }
@@ -259,6 +287,10 @@ pub(super) unsafe fn tilek<B: KBlock, const R: usize, const C: usize>(
 ) -> [[f32; C]; R] {
     let n = w[0].len();
     let mut out = [[0f32; C]; R];
+    // SAFETY: every `w[r]` and `x[c]` holds at least `n = w[0].len()` blocks (`gemm` passes weight rows
+    // of `wpr` and activation rows of `apr >= wpr` blocks), so `get_unchecked(i)` with `i < n` is in
+    // bounds; the activation loads read `qs[32k..32k + 32]`, `k < 8`, inside its 256 bytes; the CPU
+    // has AVX2/FMA/F16C (module contract).
     unsafe {
         let mut prep = [EMPTY; R];
         let mut iacc = [[_mm256_setzero_si256(); C]; R];
@@ -302,6 +334,8 @@ pub(super) unsafe fn tilek<B: KBlock, const R: usize, const C: usize>(
 #[inline(always)]
 unsafe fn lanes<B: KBlock>(b: &B, h: &Chunks, a: &BlockQ8K) -> __m256i {
     let mut iacc = _mm256_setzero_si256();
+    // SAFETY: `pair` gets `j < 4`; the loads read `a.qs[64j..64j + 64]`, inside its 256 bytes; the CPU
+    // has AVX2 (module contract).
     unsafe {
         for j in 0..4 {
             let [w0, w1] = b.pair(j);
@@ -320,6 +354,8 @@ unsafe fn lanes<B: KBlock>(b: &B, h: &Chunks, a: &BlockQ8K) -> __m256i {
 #[inline(always)]
 pub(super) unsafe fn rowdot<B: KBlock>(w: &[B], x: &[BlockQ8K]) -> f32 {
     let mut acc = 0f32;
+    // SAFETY: `zip` yields only blocks of both slices, and `head`, `finish`, `token` and `lanes` read
+    // only the blocks they are given; AVX2/FMA/F16C per the module contract.
     unsafe {
         for (b, a) in w.iter().zip(x) {
             let h = b.head();
@@ -333,11 +369,13 @@ pub(super) unsafe fn rowdot<B: KBlock>(w: &[B], x: &[BlockQ8K]) -> f32 {
 #[inline(always)]
 unsafe fn hsum4<const C: usize>(v: &[__m256i; C]) -> [i32; 4] {
     if C == 1 {
+        // SAFETY: register-only AVX2 arithmetic; the CPU has AVX2 (module contract).
         return [unsafe { hsum_epi32(v[0]) }, 0, 0, 0];
     }
     let mut at = [_mm256_setzero_si256(); 4];
     at[..C].copy_from_slice(v);
     let mut out = [0i32; 4];
+    // SAFETY: the unaligned 16-byte store writes exactly `out` (`[i32; 4]`); AVX2 per the module contract.
     unsafe { _mm_storeu_si128(out.as_mut_ptr().cast(), sums4(at)) };
     out
 }
@@ -362,6 +400,11 @@ unsafe fn gemv4c<B: KBlock, const C: usize>(w: [&[B]; 4], x: [&[BlockQ8K]; C]) -
     // fetch the next group's bytes in step (one group ahead, `4 · size_of::<B>()` per block).
     let ahead = w[3].as_ptr().wrapping_add(w[3].len()).cast::<u8>();
     let step = 4 * std::mem::size_of::<B>();
+    // SAFETY: the four `w[r]` and every `x[c]` hold at least `w[0].len()` blocks (`gemv` cuts each
+    // weight row and token row to `n = wpr` blocks), so `get_unchecked(s)` is in bounds; `pair` gets
+    // `j < 4`; the activation loads read `qs[64j..64j + 64]` inside its 256 bytes and
+    // `_mm_loadu_ps` the 4-float arrays `d`/`dmin`; a prefetch is only a hint (its pointer, made
+    // with `wrapping_add`, is never dereferenced); the CPU has AVX2/FMA/F16C (module contract).
     unsafe {
         for s in 0..w[0].len() {
             let p = ahead.wrapping_add(s * step);
@@ -404,6 +447,10 @@ unsafe fn gemv4c<B: KBlock, const C: usize>(w: [&[B]; 4], x: [&[BlockQ8K]; C]) -
 #[inline(always)]
 pub(super) unsafe fn gemv<B: KBlock>(job: &GemmJob<'_, B, BlockQ8K>) {
     let n = job.wpr;
+    // SAFETY: by the `GemmFn` contract `job.w` holds the job's rows of `n = wpr` blocks, `job.x` its
+    // tokens with `apr >= n` blocks (`x(t)` takes the first `n`), and `job.out` may be written at
+    // `t * ldo + r` for them: the 4-float stores cover rows `r..r + 4 <= job.rows.end` of token
+    // `t + j` inside `job.toks` (`token_tiles!`); the CPU has AVX2/FMA/F16C (module contract).
     unsafe {
         let x = |t: usize| job.x.get_unchecked(t * job.apr..t * job.apr + n);
         let mut r = job.rows.start;
@@ -435,9 +482,13 @@ impl<B: KBlock> TileKernel for QK<B> {
     unsafe fn tile<const R: usize, const C: usize>(w: [&[B]; R], x: [&[BlockQ8K]; C]) -> [[f32; C]; R] {
         if R == 1 && C == 1 {
             let mut out = [[0f32; C]; R];
+            // SAFETY: `rowdot` zips the two rows, so it reads no block beyond either; AVX2/FMA/F16C per the
+            // module contract.
             out[0][0] = unsafe { rowdot(w[0], x[0]) };
             return out;
         }
+        // SAFETY: `gemm` passes rows of at least `w[0].len()` blocks each (`wpr` weight blocks,
+        // `apr >= wpr` activation blocks), which is what `tilek` requires; same CPU features.
         unsafe { tilek(w, x) }
     }
 }

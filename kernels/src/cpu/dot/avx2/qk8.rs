@@ -102,12 +102,17 @@ unsafe fn twice(v: __m256i) -> __m256i {
 
 #[inline(always)]
 unsafe fn store(dst: &mut [u32; 8], v: __m256i) {
+    // SAFETY: `dst` is 32 bytes and 32-byte aligned, as the aligned store needs: every caller passes a
+    // row of `Pack::sc` or `Pack::mo`, at offsets that are multiples of 32 in the `align(32)` `Pack`;
+    // the CPU has AVX2 (module contract).
     unsafe { _mm256_store_si256(dst.as_mut_ptr().cast(), v) }
 }
 
 /// `Q4_K`/`Q5_K`: `acc + (d_x · d) · sumi − (d_x · dmin) · summ`.
 #[inline(always)]
 unsafe fn finish_k4(p: &Pack, sumi: __m256i, summ: __m256i, a: &BlockQ8K, acc: __m256) -> __m256 {
+    // SAFETY: the aligned loads read `p.d` and `p.dmin` (8 f32 each), at offsets that are multiples of
+    // 32 in the `align(32)` `Pack`; the CPU has AVX2 (module contract).
     unsafe {
         let ad = _mm256_set1_ps(a.d);
         let d = _mm256_mul_ps(ad, _mm256_load_ps(p.d.as_ptr()));
@@ -120,6 +125,8 @@ unsafe fn finish_k4(p: &Pack, sumi: __m256i, summ: __m256i, a: &BlockQ8K, acc: _
 /// `Q4_K`/`Q5_K`: the sub-block scales per chunk, the mins twice per bsum pair.
 #[inline(always)]
 unsafe fn scales_k4(cols: [__m128i; 8], p: &mut Pack) {
+    // SAFETY: `store` gets rows `j < 8` of `p.sc` (16 rows) and `p.mo` (8 rows), aligned as it needs;
+    // `column` gets `c < 16`; the CPU has AVX2 (module contract).
     unsafe {
         for j in 0..8 {
             store(&mut p.sc[j], twice(_mm256_cvtepu8_epi32(column(&cols, j))));
@@ -136,6 +143,7 @@ macro_rules! k4_block8 {
             const SPAN: usize = $span;
             #[inline(always)]
             unsafe fn scale_bytes(&self) -> __m128i {
+                // SAFETY: `k4_scales_mins` reads only the 12 bytes of `scales`; AVX2 per the module contract.
                 unsafe { k4_scales_mins(&self.scales) }
             }
             #[inline(always)]
@@ -144,6 +152,7 @@ macro_rules! k4_block8 {
             }
             #[inline(always)]
             unsafe fn scales(cols: [__m128i; 8], p: &mut Pack) {
+                // SAFETY: `scales_k4` writes only `p`'s aligned `sc` and `mo` rows; AVX2 per the module contract.
                 unsafe { scales_k4(cols, p) }
             }
             #[inline(always)]
@@ -152,6 +161,7 @@ macro_rules! k4_block8 {
             }
             #[inline(always)]
             unsafe fn finish8(p: &Pack, sumi: __m256i, corr: __m256i, a: &BlockQ8K, acc: __m256) -> __m256 {
+                // SAFETY: `finish_k4` reads only `p`'s aligned `d` and `dmin`; AVX2 per the module contract.
                 unsafe { finish_k4(p, sumi, corr, a, acc) }
             }
         }
@@ -167,6 +177,8 @@ impl KBlock8 for BlockQ6K {
     const SPAN: usize = 2;
     #[inline(always)]
     unsafe fn scale_bytes(&self) -> __m128i {
+        // SAFETY: the unaligned 16-byte load reads exactly `scales` (`[i8; 16]`); AVX2 per the module
+        // contract.
         unsafe { _mm_loadu_si128(self.scales.as_ptr().cast()) }
     }
     #[inline(always)]
@@ -176,6 +188,8 @@ impl KBlock8 for BlockQ6K {
     /// The 16 signed group scales; `mo[q]` pairs scales `2q` and `2q + 1`.
     #[inline(always)]
     unsafe fn scales(cols: [__m128i; 8], p: &mut Pack) {
+        // SAFETY: `store` gets the 16 rows of `p.sc` and the 8 of `p.mo`, aligned as it needs; `column`
+        // gets `g < 16`; the CPU has AVX2 (module contract).
         unsafe {
             let sc: [__m256i; 16] = std::array::from_fn(|g| twice(_mm256_cvtepi8_epi32(column(&cols, g))));
             for (dst, v) in p.sc.iter_mut().zip(sc) {
@@ -193,6 +207,8 @@ impl KBlock8 for BlockQ6K {
     /// `acc + (d_x · d) · (sumi − 32 · Σ sc_g · bsum_g)`.
     #[inline(always)]
     unsafe fn finish8(p: &Pack, sumi: __m256i, corr: __m256i, a: &BlockQ8K, acc: __m256) -> __m256 {
+        // SAFETY: the aligned load reads `p.d` (8 f32), at a multiple of 32 bytes in the `align(32)`
+        // `Pack`; the CPU has AVX2 (module contract).
         unsafe {
             let d = _mm256_mul_ps(_mm256_set1_ps(a.d), _mm256_load_ps(p.d.as_ptr()));
             let sumi = _mm256_sub_epi32(sumi, _mm256_slli_epi32::<5>(corr));
@@ -235,6 +251,10 @@ unsafe fn transpose8(v: [__m256i; 8]) -> [__m256i; 8] {
 /// Block `s` of the 8 rows, repacked.
 #[inline(always)]
 unsafe fn pack<B: KBlock8>(rows: [&[B]; 8], s: usize, p: &mut Pack) {
+    // SAFETY: `s` is below every row's length (`gemm8` passes `s < n` and rows of `n` blocks), so
+    // `get_unchecked(s)` is in bounds; `pair` gets `j < 4`; the 16-byte loads read the `[u16; 8]`
+    // arrays `d`/`dmin`, and the aligned stores write `p.d`/`p.dmin`, 32-byte aligned fields of the
+    // `align(32)` `Pack`; the CPU has AVX2/F16C (module contract).
     unsafe {
         let mut chunks = [[_mm256_setzero_si256(); 8]; 8];
         let mut scale_rows = [_mm_setzero_si128(); 8];
@@ -261,6 +281,11 @@ unsafe fn pack<B: KBlock8>(rows: [&[B]; 8], s: usize, p: &mut Pack) {
 #[inline(always)]
 unsafe fn tile8<B: KBlock8, const C: usize>(packs: &[Pack], x: [&[BlockQ8K]; C]) -> [__m256; C] {
     let mut acc = [_mm256_setzero_ps(); C];
+    // SAFETY: every `x[c]` holds at least `packs.len()` blocks (`gemm8` passes activation rows of
+    // `apr >= wpr = packs.len()` blocks), so `get_unchecked(s)` is in bounds; the 4-byte unaligned
+    // reads are `qs[32k + 4g..32k + 4g + 4]` (`k, g < 8`: inside its 256 bytes) and bsums pairs
+    // `q < 8` (inside its 16 × i16); the aligned loads read rows of `p.sc` (`scale_index` is below 16)
+    // and `p.mo`, 32-byte aligned in the `align(32)` `Pack`; the CPU has AVX2/FMA (module contract).
     unsafe {
         for (s, p) in packs.iter().enumerate() {
             let a: [&BlockQ8K; C] = std::array::from_fn(|c| x[c].get_unchecked(s));
@@ -315,14 +340,21 @@ const MIN_TOKENS: usize = 5;
 pub(super) unsafe fn gemm8<B: KBlock8>(job: &GemmJob<'_, B, BlockQ8K>) {
     let (toks, n) = (job.toks.len(), job.wpr);
     if toks < MIN_TOKENS {
+        // SAFETY: the caller's `GemmFn` contract is all `qk::gemv` requires.
         return unsafe { super::qk::gemv(job) };
     }
     if job.rows.len() < 8 || n == 0 {
+        // SAFETY: the caller's `GemmFn` contract is all `gemm` requires.
         return unsafe { gemm::<super::qk::QK<B>>(job) };
     }
     // Out of the thread-local while in use (a job never nests another).
     let mut packs = PACKS.with(|cell| std::mem::take(&mut *cell.borrow_mut()));
     packs.resize(n, EMPTY);
+    // SAFETY: by the `GemmFn` contract `job.w` holds the job's rows of `n = wpr` blocks, `job.x` its
+    // tokens with `apr >= n` blocks, and `job.out` may be written at `t * ldo + r` for them; `packs`
+    // has `n` entries (resized above), so `pack` gets `s < n`; the 8-float stores cover rows
+    // `r..r + 8 <= job.rows.end` of token `t + j` inside `job.toks` (`token_tiles!`); the CPU has
+    // AVX2/FMA/F16C (module contract).
     unsafe {
         let xrow = |t: usize| job.x.get_unchecked(t * job.apr..(t + 1) * job.apr);
         let mut r = job.rows.start;

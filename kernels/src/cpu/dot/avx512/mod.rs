@@ -30,6 +30,9 @@ pub(super) unsafe fn f16_to_f32(h: f16) -> f32 {
 
 #[inline(always)]
 pub(super) unsafe fn load256(p: *const u8) -> __m256i {
+    // SAFETY: the caller guarantees 32 readable bytes at `p` (a 32-byte field, a run inside one, or
+    // 16 f16/bf16 that `dense`'s bounds keep inside the slice); the load is unaligned, and the CPU has
+    // the AVX-512 level's features (module contract above).
     unsafe { _mm256_loadu_si256(p.cast()) }
 }
 
@@ -83,6 +86,8 @@ pub(super) unsafe fn reduce16(v: &[__m512; 16]) -> [f32; 16] {
         _mm512_add_ps(_mm512_shuffle_ps::<0b10_00_10_00>(y[0], y[1]), _mm512_shuffle_ps::<0b11_01_11_01>(y[0], y[1]));
     let natural = _mm512_permutexvar_ps(_mm512_setr_epi32(0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15), z);
     let mut out = [0f32; 16];
+    // SAFETY: the unaligned 64-byte store writes exactly `out` (`[f32; 16]`); AVX-512F per the module
+    // contract.
     unsafe { _mm512_storeu_ps(out.as_mut_ptr(), natural) };
     out
 }
@@ -91,6 +96,8 @@ pub(super) unsafe fn reduce16(v: &[__m512; 16]) -> [f32; 16] {
 #[inline(always)]
 pub(super) unsafe fn tile_sums<const R: usize, const C: usize>(acc: &[[__m512; C]; R]) -> [[f32; C]; R] {
     let mut out = [[0f32; C]; R];
+    // SAFETY: register-only reductions (`reduce16`, `reduce1`) of values copied out of `acc`; AVX-512
+    // F/DQ per the module contract.
     unsafe {
         if R * C == 16 {
             let mut v = [_mm512_setzero_ps(); 16];
@@ -131,7 +138,11 @@ pub(super) trait TileKernel {
 #[inline(always)]
 pub(super) unsafe fn gemm<T: TileKernel>(job: &GemmJob<'_, T::W, T::A>) {
     let (wpr, apr) = (job.wpr, job.apr);
+    // SAFETY: called only below with rows of the job (`r + i` with `r + 4 <= job.rows.end`, or
+    // `r < job.rows.end`), and the `GemmFn` contract makes `job.w` hold each of them, `wpr` blocks long.
     let wrow = |r: usize| unsafe { job.w.get_unchecked(r * wpr..(r + 1) * wpr) };
+    // SAFETY: called only below with tokens of the job (`t + j` inside `job.toks`), and the `GemmFn`
+    // contract makes `job.x` hold each of them, `apr` blocks long.
     let xrow = |t: usize| unsafe { job.x.get_unchecked(t * apr..(t + 1) * apr) };
     macro_rules! tile {
         ($r:expr, $t:expr, [$($i:literal),+], [$($j:literal),+]) => {{
@@ -143,6 +154,10 @@ pub(super) unsafe fn gemm<T: TileKernel>(job: &GemmJob<'_, T::W, T::A>) {
             }
         }};
     }
+    // SAFETY: the `GemmFn` contract: `job.out` may be written at `t * ldo + r` for the job's rows and
+    // tokens, the only elements stored here (rows `r..r + 4 <= job.rows.end` or `r`, tokens inside
+    // `job.toks`); `T::tile` gets weight rows of `wpr` blocks and activation rows of `apr >= wpr`
+    // blocks, as it needs; the CPU has the AVX-512 level's features (module contract).
     unsafe {
         if job.toks.len() == 1 {
             let t = job.toks.start;
@@ -192,6 +207,9 @@ pub(super) unsafe fn gemm<T: TileKernel>(job: &GemmJob<'_, T::W, T::A>) {
 unsafe fn dense(n: usize, x: &[f32], load: impl Fn(usize) -> __m512, tail: impl Fn(usize) -> f32) -> f32 {
     let mut acc = [_mm512_setzero_ps(); 4];
     let mut i = 0;
+    // SAFETY: the 16-float loads read `x[i + 16k..i + 16k + 16]` only while `i + 64 <= n` (then
+    // `x[i..i + 16]` while `i + 16 <= n`), and `load` is called with the same bounds; the callers pass
+    // `n <= x.len()` and a `load` valid for `i + 16 <= n`, and run with AVX-512F (`#[target_feature]`).
     unsafe {
         while i + 64 <= n {
             for (k, a) in acc.iter_mut().enumerate() {
@@ -216,87 +234,116 @@ unsafe fn dense(n: usize, x: &[f32], load: impl Fn(usize) -> __m512, tail: impl 
 #[target_feature(enable = "avx512f,avx512bw,avx512dq,avx512vl,avx512vnni,avx2,fma,f16c")]
 pub unsafe fn f32(w: &[f32], x: &[f32]) -> f32 {
     let n = w.len().min(x.len());
+    // SAFETY: AVX-512F by `#[target_feature]`; `n = min(w.len(), x.len())` and `dense` calls `load(i)`
+    // only with `i + 16 <= n`, so the 16-float load at `w[i]` stays inside `w`.
     unsafe { dense(n, x, |i| _mm512_loadu_ps(w.as_ptr().add(i)), |i| w[i]) }
 }
 
 #[target_feature(enable = "avx512f,avx512bw,avx512dq,avx512vl,avx512vnni,avx2,fma,f16c")]
 pub unsafe fn f16(w: &[f16], x: &[f32]) -> f32 {
     let n = w.len().min(x.len());
+    // SAFETY: AVX-512F by `#[target_feature]`; `dense` calls `load(i)` only with
+    // `i + 16 <= n <= w.len()`, so the 32-byte load of 16 f16 at `w[i]` stays inside `w`.
     unsafe { dense(n, x, |i| _mm512_cvtph_ps(load256(w.as_ptr().add(i).cast())), |i| w[i].to_f32()) }
 }
 
 #[target_feature(enable = "avx512f,avx512bw,avx512dq,avx512vl,avx512vnni,avx2,fma,f16c")]
 pub unsafe fn bf16(w: &[bf16], x: &[f32]) -> f32 {
     let n = w.len().min(x.len());
+    // SAFETY: only `dense` below calls `load`, with `i + 16 <= n <= w.len()`, so the 32-byte load of
+    // 16 bf16 at `w[i]` stays inside `w`; AVX-512F by this function's `#[target_feature]`.
     let load = |i: usize| unsafe {
         let h = _mm512_cvtepu16_epi32(load256(w.as_ptr().add(i).cast()));
         _mm512_castsi512_ps(_mm512_slli_epi32(h, 16))
     };
+    // SAFETY: AVX-512F by `#[target_feature]`; `n = min(w.len(), x.len())`, and `load` is valid for
+    // the `i + 16 <= n` that `dense` gives it.
     unsafe { dense(n, x, load, |i| w[i].to_f32()) }
 }
 
 #[target_feature(enable = "avx512f,avx512bw,avx512dq,avx512vl,avx512vnni,avx2,fma,f16c")]
 pub unsafe fn q4_0(w: &[BlockQ4_0], x: &[BlockQ8A]) -> f32 {
     let n = w.len().min(x.len());
+    // SAFETY: the AVX-512 level's features are present, this function's `#[target_feature]` contract
+    // (`Kernels::for_level` detected them); the 1 × 1 tile reads blocks `0..n` of both slices, cut to
+    // `n` here.
     unsafe { Q32::<BlockQ4_0>::tile::<1, 1>([&w[..n]], [&x[..n]])[0][0] }
 }
 
 #[target_feature(enable = "avx512f,avx512bw,avx512dq,avx512vl,avx512vnni,avx2,fma,f16c")]
 pub unsafe fn gemm_q4_0(job: &GemmJob<'_, BlockQ4_0, BlockQ8A>) {
+    // SAFETY: the caller upholds the `GemmFn` contract (output, rows, CPU features), which is all
+    // `gemm32` requires.
     unsafe { q32::gemm32::<BlockQ4_0>(job) }
 }
 
 #[target_feature(enable = "avx512f,avx512bw,avx512dq,avx512vl,avx512vnni,avx2,fma,f16c")]
 pub unsafe fn q5_0(w: &[BlockQ5_0], x: &[BlockQ8A]) -> f32 {
     let n = w.len().min(x.len());
+    // SAFETY: as in `q4_0`: the features by `#[target_feature]`, and both slices cut to the `n` blocks
+    // the tile reads.
     unsafe { Q32::<BlockQ5_0>::tile::<1, 1>([&w[..n]], [&x[..n]])[0][0] }
 }
 
 #[target_feature(enable = "avx512f,avx512bw,avx512dq,avx512vl,avx512vnni,avx2,fma,f16c")]
 pub unsafe fn gemm_q5_0(job: &GemmJob<'_, BlockQ5_0, BlockQ8A>) {
+    // SAFETY: as in `gemm_q4_0`: the caller's `GemmFn` contract is `gemm32`'s.
     unsafe { q32::gemm32::<BlockQ5_0>(job) }
 }
 
 #[target_feature(enable = "avx512f,avx512bw,avx512dq,avx512vl,avx512vnni,avx2,fma,f16c")]
 pub unsafe fn q8_0(w: &[BlockQ8_0], x: &[BlockQ8A]) -> f32 {
     let n = w.len().min(x.len());
+    // SAFETY: as in `q4_0`: the features by `#[target_feature]`, and both slices cut to the `n` blocks
+    // the tile reads.
     unsafe { Q32::<BlockQ8_0>::tile::<1, 1>([&w[..n]], [&x[..n]])[0][0] }
 }
 
 #[target_feature(enable = "avx512f,avx512bw,avx512dq,avx512vl,avx512vnni,avx2,fma,f16c")]
 pub unsafe fn gemm_q8_0(job: &GemmJob<'_, BlockQ8_0, BlockQ8A>) {
+    // SAFETY: as in `gemm_q4_0`: the caller's `GemmFn` contract is `gemm32`'s.
     unsafe { q32::gemm32::<BlockQ8_0>(job) }
 }
 
 #[target_feature(enable = "avx512f,avx512bw,avx512dq,avx512vl,avx512vnni,avx2,fma,f16c")]
 pub unsafe fn q4_k(w: &[BlockQ4K], x: &[BlockQ8K]) -> f32 {
     let n = w.len().min(x.len());
+    // SAFETY: as in `q4_0`: the features by `#[target_feature]`, and both slices cut to the `n` blocks
+    // the tile reads.
     unsafe { QK::<BlockQ4K>::tile::<1, 1>([&w[..n]], [&x[..n]])[0][0] }
 }
 
 #[target_feature(enable = "avx512f,avx512bw,avx512dq,avx512vl,avx512vnni,avx2,fma,f16c")]
 pub unsafe fn gemm_q4_k(job: &GemmJob<'_, BlockQ4K, BlockQ8K>) {
+    // SAFETY: the caller upholds the `GemmFn` contract (output, rows, CPU features), which is all
+    // `gemmk` requires.
     unsafe { qk::gemmk::<BlockQ4K>(job) }
 }
 
 #[target_feature(enable = "avx512f,avx512bw,avx512dq,avx512vl,avx512vnni,avx2,fma,f16c")]
 pub unsafe fn q5_k(w: &[BlockQ5K], x: &[BlockQ8K]) -> f32 {
     let n = w.len().min(x.len());
+    // SAFETY: as in `q4_0`: the features by `#[target_feature]`, and both slices cut to the `n` blocks
+    // the tile reads.
     unsafe { QK::<BlockQ5K>::tile::<1, 1>([&w[..n]], [&x[..n]])[0][0] }
 }
 
 #[target_feature(enable = "avx512f,avx512bw,avx512dq,avx512vl,avx512vnni,avx2,fma,f16c")]
 pub unsafe fn gemm_q5_k(job: &GemmJob<'_, BlockQ5K, BlockQ8K>) {
+    // SAFETY: as in `gemm_q4_k`: the caller's `GemmFn` contract is `gemmk`'s.
     unsafe { qk::gemmk::<BlockQ5K>(job) }
 }
 
 #[target_feature(enable = "avx512f,avx512bw,avx512dq,avx512vl,avx512vnni,avx2,fma,f16c")]
 pub unsafe fn q6_k(w: &[BlockQ6K], x: &[BlockQ8K]) -> f32 {
     let n = w.len().min(x.len());
+    // SAFETY: as in `q4_0`: the features by `#[target_feature]`, and both slices cut to the `n` blocks
+    // the tile reads.
     unsafe { QK::<BlockQ6K>::tile::<1, 1>([&w[..n]], [&x[..n]])[0][0] }
 }
 
 #[target_feature(enable = "avx512f,avx512bw,avx512dq,avx512vl,avx512vnni,avx2,fma,f16c")]
 pub unsafe fn gemm_q6_k(job: &GemmJob<'_, BlockQ6K, BlockQ8K>) {
+    // SAFETY: as in `gemm_q4_k`: the caller's `GemmFn` contract is `gemmk`'s.
     unsafe { qk::gemmk::<BlockQ6K>(job) }
 }

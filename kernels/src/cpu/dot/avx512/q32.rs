@@ -13,6 +13,8 @@ pub(super) trait Block32: Block {
     /// `join(a.weights(), b.weights())`, in fewer instructions where the format allows.
     #[inline(always)]
     unsafe fn weights2(a: &Self, b: &Self) -> __m512i {
+        // SAFETY: `weights` reads only the fields of the block it is called on; the CPU has the AVX-512
+        // level's features (module contract).
         unsafe { join(a.weights(), b.weights()) }
     }
 }
@@ -31,6 +33,8 @@ unsafe fn scales2<B: Block32>(a: &B, b: &B) -> __m512 {
 /// (`wv` is `b.weights()`): every path ends a row with exactly this.
 #[inline(always)]
 unsafe fn odd_block<B: Block32>(b: &B, wv: __m256i, a: &BlockQ8A) -> f32 {
+    // SAFETY: the only load reads 32 bytes, exactly `a.qs`; the rest only touches registers; the CPU
+    // has AVX-512 VNNI/VL and F16C (module contract).
     unsafe {
         let init = _mm256_setr_epi32(-B::OFFSET * a.sum, 0, 0, 0, 0, 0, 0, 0);
         let p = _mm256_dpbusd_epi32(init, wv, load256(a.qs.as_ptr().cast()));
@@ -44,6 +48,9 @@ unsafe fn odd_block<B: Block32>(b: &B, wv: __m256i, a: &BlockQ8A) -> f32 {
 /// each pair shifted right by 4, then masked.
 #[inline(always)]
 unsafe fn nibbles64(a: *const u8, b: *const u8) -> __m512i {
+    // SAFETY: the callers pass two pointers to 16 readable bytes each (the `qs` of `Q4_0`/`Q5_0`
+    // blocks), which the unaligned loads read; the rest only touches registers; AVX-512F/BW per the
+    // module contract.
     unsafe {
         let y =
             _mm256_inserti128_si256(_mm256_castsi128_si256(_mm_loadu_si128(a.cast())), _mm_loadu_si128(b.cast()), 1);
@@ -62,10 +69,14 @@ impl Block32 for BlockQ4_0 {
     }
     #[inline(always)]
     unsafe fn weights(&self) -> __m256i {
+        // SAFETY: `nibbles32` reads 16 bytes at the pointer, exactly `qs`; AVX2 is part of the AVX-512
+        // level (module contract).
         unsafe { nibbles32(self.qs.as_ptr()) }
     }
     #[inline(always)]
     unsafe fn weights2(a: &Self, b: &Self) -> __m512i {
+        // SAFETY: `nibbles64` reads 16 bytes at each pointer, exactly each block's `qs`; AVX-512F/BW per
+        // the module contract.
         unsafe { nibbles64(a.qs.as_ptr(), b.qs.as_ptr()) }
     }
 }
@@ -77,6 +88,8 @@ impl Block32 for BlockQ5_0 {
     }
     #[inline(always)]
     unsafe fn weights(&self) -> __m256i {
+        // SAFETY: `nibbles32` reads 16 bytes at the pointer, exactly `qs`; `bits32` only touches
+        // registers; AVX2 is part of the AVX-512 level (module contract).
         unsafe { _mm256_or_si256(nibbles32(self.qs.as_ptr()), bits32(u32::from_le_bytes(self.qh), 0x10)) }
     }
     /// The fifth bits straight from a mask register: bit `j` of the two `qh`
@@ -84,6 +97,8 @@ impl Block32 for BlockQ5_0 {
     #[inline(always)]
     unsafe fn weights2(a: &Self, b: &Self) -> __m512i {
         let high = u32::from_le_bytes(a.qh) as u64 | (u32::from_le_bytes(b.qh) as u64) << 32;
+        // SAFETY: `nibbles64` reads 16 bytes at each pointer, exactly each block's `qs`; the masked add
+        // only touches registers; AVX-512F/BW per the module contract.
         unsafe {
             let v = nibbles64(a.qs.as_ptr(), b.qs.as_ptr());
             _mm512_mask_add_epi8(v, high, v, _mm512_set1_epi8(0x10))
@@ -98,10 +113,13 @@ impl Block32 for BlockQ8_0 {
     }
     #[inline(always)]
     unsafe fn weights(&self) -> __m256i {
+        // SAFETY: `load256` reads 32 bytes, exactly `qs` (`[i8; 32]`); AVX2 is part of the AVX-512 level
+        // (module contract).
         unsafe { _mm256_xor_si256(load256(self.qs.as_ptr().cast()), _mm256_set1_epi8(-128)) }
     }
     #[inline(always)]
     unsafe fn weights2(a: &Self, b: &Self) -> __m512i {
+        // SAFETY: each `load256` reads 32 bytes, exactly one block's `qs`; AVX-512F per the module contract.
         unsafe {
             let v = join(load256(a.qs.as_ptr().cast()), load256(b.qs.as_ptr().cast()));
             _mm512_xor_si512(v, _mm512_set1_epi8(-128))
@@ -122,6 +140,11 @@ pub(super) unsafe fn tile32<B: Block32, const R: usize, const C: usize>(
     let n = w[0].len();
     let mut acc = [[_mm512_setzero_ps(); C]; R];
     let mut i = 0;
+    // SAFETY: every `w[r]` and `x[c]` holds at least `n = w[0].len()` blocks (the dot products cut both
+    // to `n`; `gemm` passes weight rows of `wpr` and activation rows of `apr >= wpr` blocks), so
+    // `get_unchecked` of `i` and `i + 1` while `i + 2 <= n`, then of `i < n`, is in bounds; the loads
+    // read 32-byte `qs` fields; a prefetch is only a hint (its `wrapping_add` pointer is never
+    // dereferenced); the CPU has the AVX-512 level's features (module contract).
     unsafe {
         while i + 2 <= n {
             let mut wv = [_mm512_setzero_si512(); R];
@@ -173,6 +196,8 @@ impl<B: Block32> TileKernel for Q32<B> {
     type A = BlockQ8A;
     #[inline(always)]
     unsafe fn tile<const R: usize, const C: usize>(w: [&[B]; R], x: [&[BlockQ8A]; C]) -> [[f32; C]; R] {
+        // SAFETY: `gemm` passes rows of at least `w[0].len()` blocks each (`wpr` weight blocks,
+        // `apr >= wpr` activation blocks), which is what `tile32` requires; same CPU features.
         unsafe { tile32(w, x) }
     }
 }
@@ -198,9 +223,11 @@ pub(super) fn reserve(bytes: usize) {
 pub(super) unsafe fn gemm32<B: Block32>(job: &GemmJob<'_, B, BlockQ8A>) {
     let (toks, n) = (job.toks.len(), job.wpr);
     if toks == 1 && n >= 2 {
+        // SAFETY: the caller's `GemmFn` contract is all `gemv32` requires.
         return unsafe { gemv32::<B>(job) };
     }
     if toks < 4 || job.rows.len() < 4 || n < 2 {
+        // SAFETY: the caller's `GemmFn` contract is all `gemm` requires.
         return unsafe { gemm::<Q32<B>>(job) };
     }
     let pairs = n / 2;
@@ -212,10 +239,17 @@ pub(super) unsafe fn gemm32<B: Block32>(job: &GemmJob<'_, B, BlockQ8A>) {
     // become calls.
     let mut buf = PACKED.with(|cell| std::mem::take(&mut *cell.borrow_mut()));
     if buf.len() < act_len + w_len {
+        // SAFETY: register-only AVX-512F intrinsic; the CPU has it (module contract).
         buf.resize(act_len + w_len, unsafe { _mm512_setzero_si512() });
     }
     {
         let (act, wts) = buf.split_at_mut(act_len);
+        // SAFETY: `buf` holds at least `act_len + w_len` vectors (resized above): `act` is `3 * pairs` per
+        // token (token `t`'s slice goes to `lay_out`), `wts` is `2 * pairs` per row of the 4-row group, so
+        // `(i * pairs + p) * 2 + 1 < 8 * pairs = w_len`. By the `GemmFn` contract `job.w` holds the job's
+        // rows of `n` blocks (`2p + 1 < n`), `job.x` its tokens with `apr >= n` blocks (`lay_out` reads
+        // `2 * pairs <= n`), and `job.out` may be written for them, which `packed_tile` and `gemm` keep
+        // to; the CPU has the AVX-512 level's features (module contract).
         unsafe {
             for t in 0..toks {
                 let x = job.x.get_unchecked((job.toks.start + t) * job.apr..);
@@ -259,6 +293,10 @@ pub(super) unsafe fn gemm32<B: Block32>(job: &GemmJob<'_, B, BlockQ8A>) {
 /// blocks, the 64 values, their offset correction and their scales.
 #[inline(always)]
 unsafe fn lay_out<B: Block32>(x: &[BlockQ8A], pairs: usize, act: &mut [__m512i]) {
+    // SAFETY: the callers pass `x` with at least `2 * pairs` blocks (an activation row, `apr >= n` by
+    // the `GemmFn` contract) and `act` with at least `3 * pairs` vectors (`gemm32`: one token's slice;
+    // `gemv32`: resized to that), so `x[2p + 1]` and `act[3p + 2]` are in bounds; each load reads a
+    // block's 32-byte `qs`; AVX-512F per the module contract.
     unsafe {
         for p in 0..pairs {
             let (a0, a1) = (x.get_unchecked(2 * p), x.get_unchecked(2 * p + 1));
@@ -289,8 +327,13 @@ unsafe fn gemv32<B: Block32>(job: &GemmJob<'_, B, BlockQ8A>) {
     let tok = job.toks.start;
     let mut act = PACKED.with(|cell| std::mem::take(&mut *cell.borrow_mut()));
     if act.len() < pairs * 3 {
+        // SAFETY: register-only AVX-512F intrinsic; the CPU has it (module contract).
         act.resize(pairs * 3, unsafe { _mm512_setzero_si512() });
     }
+    // SAFETY: by the `GemmFn` contract the job's token `tok` is `apr >= n` blocks of `job.x` (`lay_out`
+    // reads `2 * pairs`, the odd block reads `n - 1`), its rows are `n` blocks of `job.w`, and
+    // `job.out` may be written at `tok * ldo + r` for them; `act` holds at least `3 * pairs` vectors
+    // (resized above), so `act[3p + 2]` is in bounds; AVX-512 level features per the module contract.
     unsafe {
         let x = job.x.get_unchecked(tok * job.apr..(tok + 1) * job.apr);
         lay_out::<B>(x, pairs, &mut act);
@@ -330,6 +373,11 @@ unsafe fn packed_tile<B: Block32, const C: usize>(
     const R: usize = 4;
     let n = job.wpr;
     let mut acc = [[_mm512_setzero_ps(); C]; R];
+    // SAFETY: `gemm32` prepared rows `r..r + 4` into `wts` (`(i * pairs + p) * 2 + 1 < 8 * pairs`) and
+    // laid out every job token in `act` (`((t + c) * pairs + p) * 3 + 2 < toks * pairs * 3`, as
+    // `t + c < toks`); rows `r..r + 4` and tokens `toks.start + t + c` are the job's, so the weight
+    // rows, the activation block `tok * apr + n - 1` (`apr >= n`) and the `job.out` stores are the
+    // `GemmFn` contract's; AVX-512 level features per the module contract.
     unsafe {
         for p in 0..pairs {
             let mut wv = [_mm512_setzero_si512(); R];

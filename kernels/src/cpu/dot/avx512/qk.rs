@@ -56,12 +56,16 @@ const K6_IDX: [[i16; 32]; 2] = [pack_index(0, 16), pack_index(1, 16)];
 /// The scales (i16, in the low lanes of `s`) spread over the packed sums' lanes.
 #[inline(always)]
 unsafe fn spread(s: __m512i, idx: &[[i16; 32]; 2]) -> [__m512i; 2] {
+    // SAFETY: each unaligned load reads 64 bytes, exactly one `[i16; 32]` of `idx`; AVX-512F/BW per
+    // the module contract.
     unsafe { idx.map(|i| _mm512_permutexvar_epi16(_mm512_loadu_si512(i.as_ptr().cast()), s)) }
 }
 
 /// `Q4_K`/`Q5_K`'s 8 sub-block scales (bytes 0..8 of `sm`), spread.
 #[inline(always)]
 unsafe fn sub_block_scales(sm: __m128i) -> [__m512i; 2] {
+    // SAFETY: `spread` reads only the constant `K4_IDX`; the rest only touches registers; AVX-512F/BW
+    // per the module contract.
     unsafe { spread(_mm512_castsi128_si512(_mm_cvtepu8_epi16(sm)), &K4_IDX) }
 }
 
@@ -78,6 +82,8 @@ unsafe fn mins(sm: __m128i, dmin: f32) -> __m512 {
 /// lane-crossing insert is needed (port 5 on Intel cores, where these tiles are bound on it).
 #[inline(always)]
 unsafe fn nibble_chunk(qs: *const u8) -> __m512i {
+    // SAFETY: the callers pass `qs[32 * j..]` of a 128-byte `qs` with `j < 4`, at least the 32 bytes
+    // read here; the load is unaligned; AVX2 is part of the AVX-512 level (module contract).
     let q = _mm512_broadcast_i64x4(unsafe { load256(qs) });
     _mm512_and_si512(_mm512_srlv_epi64(q, _mm512_set_epi64(4, 4, 4, 4, 0, 0, 0, 0)), _mm512_set1_epi8(0x0F))
 }
@@ -231,6 +237,8 @@ impl<B: KBlock> TileKernel for QK<B> {
     type A = BlockQ8K;
     #[inline(always)]
     unsafe fn tile<const R: usize, const C: usize>(w: [&[B]; R], x: [&[BlockQ8K]; C]) -> [[f32; C]; R] {
+        // SAFETY: `gemm` passes rows of at least `w[0].len()` blocks each (`wpr` weight blocks,
+        // `apr >= wpr` activation blocks), which is what `tilek` requires; same CPU features.
         unsafe { tilek(w, x) }
     }
 }
@@ -248,10 +256,16 @@ thread_local! {
 pub(super) unsafe fn gemmk<B: KBlock>(job: &GemmJob<'_, B, BlockQ8K>) {
     let (toks, n) = (job.toks.len(), job.wpr);
     if toks < 4 || job.rows.len() < 4 || n == 0 {
+        // SAFETY: the caller's `GemmFn` contract is all `gemm` requires.
         return unsafe { gemm::<QK<B>>(job) };
     }
     // Out of the thread-local while in use (see `q32::gemm32`).
     let mut preps = PREPS.with(|cell| std::mem::take(&mut *cell.borrow_mut()));
+    // SAFETY: by the `GemmFn` contract `job.w` holds the job's rows of `n = wpr` blocks, `job.x` its
+    // tokens with `apr >= n` blocks, and `job.out` may be written at `t * ldo + r` for them:
+    // `tilek_core` reads `preps[i * n + s]` (the 4 rows' `n` blocks each, pushed above) and `n` blocks
+    // of each token row, and the stores cover rows `r..r + 4 <= job.rows.end` of tokens `t + j` inside
+    // `job.toks`; the CPU has the AVX-512 level's features (module contract).
     unsafe {
         let xrow = |t: usize| job.x.get_unchecked(t * job.apr..(t + 1) * job.apr);
         let mut r = job.rows.start;
