@@ -123,12 +123,13 @@ fn same(a: &[u8], b: &[u8]) -> bool {
 
 /// The live tenant a tenant token names.
 async fn tenant_of(state: &AppState, token: &str) -> Result<Tenant, ApiError> {
-    let claims = state.jwt.verify(token).map_err(|e| ApiError::Unauthorized(e.to_string()))?;
+    let claims = state.auth.jwt.verify(token).map_err(|e| ApiError::Unauthorized(e.to_string()))?;
     if claims.role != Role::Tenant {
         return Err(ApiError::Unauthorized("this endpoint needs a tenant token".into()));
     }
     let id = claims.tenant.ok_or_else(|| ApiError::Unauthorized("the token names no tenant".into()))?;
     state
+        .auth
         .tenants
         .get(state, id)
         .await?
@@ -137,8 +138,8 @@ async fn tenant_of(state: &AppState, token: &str) -> Result<Tenant, ApiError> {
 
 /// Whether `token` is the operator's credential.
 fn is_operator(state: &AppState, token: &str) -> bool {
-    same(token.as_bytes(), state.operator_token.expose().as_bytes())
-        || state.jwt.verify(token).is_ok_and(|c| c.role == Role::Operator)
+    same(token.as_bytes(), state.auth.operator_token.expose().as_bytes())
+        || state.auth.jwt.verify(token).is_ok_and(|c| c.role == Role::Operator)
 }
 
 impl FromRequest for TenantAuth {
@@ -218,10 +219,10 @@ impl FromRequest for OperatorAuth {
         let (token, state) = (bearer(req), state(req));
         Box::pin(async move {
             let (token, state) = (token?, state?);
-            if same(token.as_bytes(), state.operator_token.expose().as_bytes()) {
+            if same(token.as_bytes(), state.auth.operator_token.expose().as_bytes()) {
                 return Ok(OperatorAuth);
             }
-            match state.jwt.verify(&token) {
+            match state.auth.jwt.verify(&token) {
                 Ok(c) if c.role == Role::Operator => Ok(OperatorAuth),
                 Ok(_) => Err(ApiError::Forbidden("this endpoint needs the operator credential".into())),
                 Err(e) => Err(ApiError::Unauthorized(e.to_string())),

@@ -270,7 +270,7 @@ fn ask(state: &AppState, engine: &EngineHandle, req: &Request) -> Option<(Ask, c
         from_token,
         transport: Box::new(HttpTransport::new(
             Duration::from_secs(d.timeout_secs),
-            state.operator_token.expose().to_string(),
+            state.auth.operator_token.expose().to_string(),
         )),
     };
     Some((ask, tier))

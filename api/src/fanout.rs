@@ -18,7 +18,7 @@ use std::time::Duration;
 pub async fn run(state: web::Data<AppState>) {
     let mut pause = Duration::from_millis(500);
     let mut listener = loop {
-        match state.store.listen_changes(state.replica).await {
+        match state.store.listen_changes(state.replica.id).await {
             Ok(l) => break l,
             Err(e) => {
                 tracing::warn!("cannot listen for other replicas' changes yet: {e}");
@@ -39,9 +39,9 @@ pub async fn run(state: web::Data<AppState>) {
                             "push"
                         }
                         Change::TenantDeleted(tenant) => {
-                            state.tenants.forget(*tenant);
-                            state.shares.lock().unwrap_or_else(|e| e.into_inner()).remove(tenant);
-                            if let Some(served) = state.served.get() {
+                            state.auth.tenants.forget(*tenant);
+                            state.accounting.shares.lock().unwrap_or_else(|e| e.into_inner()).remove(tenant);
+                            if let Some(served) = state.model.served.get() {
                                 served.engine.purge_tenant(crate::state::engine_tenant(*tenant));
                             }
                             tracing::info!(%tenant, "a deleted tenant's cache purged");
@@ -52,12 +52,12 @@ pub async fn run(state: web::Data<AppState>) {
                             "repository_deleted"
                         }
                         Change::PublicPrefixes => {
-                            let _ = state.prefix_changes.send(());
+                            let _ = state.ops.prefix_changes.send(());
                             "public_prefixes"
                         }
                     };
                     metrics::counter!("cachet:replica_changes_total", "kind" => kind).increment(1);
-                    state.changes_applied.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                    state.replica.changes_applied.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
                 }
             }
             Err(e) => {

@@ -40,9 +40,9 @@ pub fn announce(state: web::Data<AppState>) -> Option<tokio::task::JoinHandle<()
     Some(tokio::spawn(async move {
         loop {
             // Every second until the model is loaded and the row written, then every 30 s.
-            let tiered = state.served.get().is_some_and(|s| s.engine.config().kv_tier.is_some());
+            let tiered = state.model.served.get().is_some_and(|s| s.engine.config().kv_tier.is_some());
             let announced = tiered
-                && match state.store.announce_replica(state.replica, &url).await {
+                && match state.store.announce_replica(state.replica.id, &url).await {
                     Ok(()) => true,
                     Err(e) => {
                         tracing::warn!("announcing this replica's KV tier: {e}");
@@ -68,6 +68,7 @@ pub async fn get_chunk(
 ) -> Result<HttpResponse, ApiError> {
     let key = unhex(&key).ok_or_else(|| ApiError::bad("a chunk key is 64 hex digits"))?;
     let dir = state
+        .model
         .served
         .get()
         .and_then(|s| s.engine.config().kv_tier.as_ref().map(|t| t.dir.clone()))

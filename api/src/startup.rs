@@ -18,7 +18,6 @@ use cachet_tenants::Secret;
 use metrics_exporter_prometheus::{PrometheusBuilder, PrometheusHandle};
 use std::net::TcpListener;
 use std::path::Path;
-use std::sync::{Mutex, OnceLock};
 
 /// The database the service (or a CLI command) talks to; owns the private
 /// cluster when it started one.
@@ -147,7 +146,7 @@ pub fn operator_token(settings: &Settings) -> anyhow::Result<Secret> {
 async fn engine_stopped(state: &web::Data<AppState>) {
     loop {
         tokio::time::sleep(std::time::Duration::from_millis(250)).await;
-        if state.served.get().is_some_and(|s| !s.engine.is_running()) {
+        if state.model.served.get().is_some_and(|s| !s.engine.is_running()) {
             return;
         }
     }
@@ -225,28 +224,21 @@ impl Application {
         let (prefix_changes, prefix_changed) = tokio::sync::mpsc::unbounded_channel();
         let state = web::Data::new(AppState {
             settings: settings.clone(),
-            served: OnceLock::new(),
-            load_error: Mutex::new(None),
+            model: Default::default(),
             store: db.store.clone(),
-            jwt,
-            operator_token,
-            tenants: Default::default(),
-            ledger,
-            limiter: Default::default(),
-            metrics,
-            shares: Default::default(),
+            auth: crate::state::Credentials {
+                jwt,
+                operator_token,
+                tenants: Default::default(),
+                known_tasks: Default::default(),
+            },
+            accounting: crate::state::Accounting { ledger, limiter: Default::default(), shares: Default::default() },
             repos: std::sync::Arc::new(
                 crate::context::Repos::new(&settings.context, &settings.server.data_dir)
                     .context("the mirrors folder")?,
             ),
-            turns: Default::default(),
-            replica: uuid::Uuid::new_v4(),
-            branches_served: Default::default(),
-            bases: Default::default(),
-            changes_applied: Default::default(),
-            known_tasks: Default::default(),
-            metrics_addr,
-            prefix_changes,
+            replica: crate::state::Replica { id: uuid::Uuid::new_v4(), ..Default::default() },
+            ops: crate::state::Ops { metrics, metrics_addr, prefix_changes },
         });
         let sweeper = tokio::spawn(crate::sweeper::run(state.clone()));
         let fanout = tokio::spawn(crate::fanout::run(state.clone()));
@@ -258,7 +250,7 @@ impl Application {
         let limit = settings.server.max_body_bytes;
         let app_state = state.clone();
         // Names the replica that answered (behind a consistent-hash proxy: deploy/k8s/proxy.yaml).
-        let replica = state.replica.to_string();
+        let replica = state.replica.id.to_string();
         let body_timeout = std::time::Duration::from_secs(settings.server.body_timeout_secs.max(1));
         let server = HttpServer::new(move || {
             App::new()
@@ -347,7 +339,7 @@ impl Application {
         prefixes.abort();
         // Turn leases whose release may not have reached the database yet: a process started
         // next on the same database must not wait out their expiry.
-        let releasing = state.turns.lock().unwrap_or_else(|e| e.into_inner()).releasing();
+        let releasing = state.replica.turns.lock().unwrap_or_else(|e| e.into_inner()).releasing();
         for (session, holder) in releasing {
             if let Err(e) = state.store.end_turn(session, holder).await {
                 tracing::warn!(session = %session.id(), "releasing a turn lease at shutdown (it expires by itself): {e}");
@@ -355,13 +347,13 @@ impl Application {
         }
         // What the engine handed its disk tier is written before the process ends: the next
         // start serves those prefixes from disk.
-        if let Some(served) = state.served.get() {
+        if let Some(served) = state.model.served.get() {
             let flush = served.engine.flush_kv_tier();
             if tokio::time::timeout(std::time::Duration::from_secs(30), flush).await.is_err() {
                 tracing::warn!("the KV disk tier was still writing after 30 s; the chunks not written are recomputed");
             }
         }
-        let waiting = state.ledger.flush().await;
+        let waiting = state.accounting.ledger.flush().await;
         if waiting > 0 {
             tracing::warn!(
                 waiting,
@@ -390,11 +382,11 @@ fn load_model_in_background(state: web::Data<AppState>) {
         .spawn(move || match load(&state.settings) {
             Ok(served) => {
                 tracing::info!(model = %served.id, "model loaded; ready");
-                let _ = state.served.set(served);
+                let _ = state.model.served.set(served);
             }
             Err(e) => {
                 tracing::error!("the model failed to load: {e:#}");
-                *state.load_error.lock().unwrap_or_else(|e| e.into_inner()) = Some(format!("{e:#}"));
+                *state.model.load_error.lock().unwrap_or_else(|e| e.into_inner()) = Some(format!("{e:#}"));
             }
         })
         .expect("spawning the model loader");

@@ -30,27 +30,60 @@ pub struct Served {
     pub sampling: crate::config::SamplingDefaults,
 }
 
-/// Shared application state.
+/// Shared application state, in groups: a handler reaches the group it uses
+/// (`state.model.served`, `state.auth.jwt`, `state.accounting.ledger`, …).
 pub struct AppState {
     pub settings: Settings,
+    /// The model: served once loaded, or why it failed to load.
+    pub model: ModelSlot,
+    pub store: Store,
+    /// Who may call: credentials, and ids checked against their tenants.
+    pub auth: Credentials,
+    /// What requests cost and may use: the ledger, the rate limits, the KV shares.
+    pub accounting: Accounting,
+    /// Mirrors and repository contexts.
+    pub repos: std::sync::Arc<crate::context::Repos>,
+    /// This process as one of the replicas sharing the database.
+    pub replica: Replica,
+    /// Metrics and the operator's signals.
+    pub ops: Ops,
+}
+
+/// The model slot: empty until the model is loaded in the background.
+#[derive(Debug, Default)]
+pub struct ModelSlot {
     pub served: OnceLock<Served>,
     /// Why the model failed to load, if it did.
     pub load_error: Mutex<Option<String>>,
-    pub store: Store,
+}
+
+/// Credentials and what was checked against them.
+#[derive(Debug)]
+pub struct Credentials {
     pub jwt: Jwt,
     pub operator_token: Secret,
+    /// Tenants by id, as the token verification last read them.
     pub tenants: TenantCache,
+    /// Task ids checked against their tenants (see [`crate::auth::KnownIds`]).
+    pub known_tasks: crate::auth::KnownIds,
+}
+
+/// What requests cost and may use.
+#[derive(Debug)]
+pub struct Accounting {
     pub ledger: Ledger,
     pub limiter: RateLimiter,
-    pub metrics: PrometheusHandle,
     /// The KV share the engine last heard for each tenant (its plan's).
     pub shares: Mutex<std::collections::HashMap<cachet_tenants::TenantId, f64>>,
-    /// Mirrors and repository contexts.
-    pub repos: std::sync::Arc<crate::context::Repos>,
+}
+
+/// This replica: its id, its turns and sessions, and what reached it from the others.
+#[derive(Debug, Default)]
+pub struct Replica {
+    /// This process among the replicas sharing the database (fan-out notices name it).
+    pub id: uuid::Uuid,
     /// This replica's turns.
     pub turns: std::sync::Arc<Mutex<Turns>>,
-    /// This process among the replicas sharing the database (fan-out notices name it).
-    pub replica: uuid::Uuid,
     /// When this replica last assembled a prompt on each (repository, branch): a push another
     /// replica received is pre-warmed here only where this replica serves the branch.
     pub branches_served: Mutex<std::collections::HashMap<(RepoId, String), std::time::Instant>>,
@@ -58,13 +91,22 @@ pub struct AppState {
     pub bases: crate::sessions::overlay::SessionBases,
     /// Changes made elsewhere (pushes other replicas received, deletions) applied here.
     pub changes_applied: std::sync::atomic::AtomicU64,
-    /// Task ids checked against their tenants (see [`crate::auth::KnownIds`]).
-    pub known_tasks: crate::auth::KnownIds,
+}
+
+/// Metrics and the operator's signals.
+pub struct Ops {
+    pub metrics: PrometheusHandle,
     /// The address of the metrics listener (`server.metrics_bind`), where `/metrics` needs no
     /// credential.
     pub metrics_addr: Option<std::net::SocketAddr>,
     /// Tells [`crate::prefixes::keep_loaded`] to reload the public prefixes.
     pub prefix_changes: tokio::sync::mpsc::UnboundedSender<()>,
+}
+
+impl std::fmt::Debug for Ops {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Ops").field("metrics_addr", &self.metrics_addr).finish_non_exhaustive()
+    }
 }
 
 /// This replica's turns: the sessions with a turn running, and the leases of ended turns whose
@@ -131,26 +173,26 @@ pub fn engine_tenant(id: cachet_tenants::TenantId) -> cachet_engine::radix::Tena
 
 impl std::fmt::Debug for AppState {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("AppState").field("served", &self.served.get().map(|s| &s.id)).finish_non_exhaustive()
+        f.debug_struct("AppState").field("served", &self.model.served.get().map(|s| &s.id)).finish_non_exhaustive()
     }
 }
 
 impl AppState {
     /// Notes that this replica served a prompt on `branch` of `repo`.
     pub fn note_branch_served(&self, repo: RepoId, branch: &str) {
-        let mut served = self.branches_served.lock().unwrap_or_else(|e| e.into_inner());
+        let mut served = self.replica.branches_served.lock().unwrap_or_else(|e| e.into_inner());
         served.insert((repo, branch.to_string()), std::time::Instant::now());
     }
 
     /// Whether this replica served a prompt on `branch` of `repo` within `within`.
     pub fn served_branch_within(&self, repo: RepoId, branch: &str, within: std::time::Duration) -> bool {
-        let served = self.branches_served.lock().unwrap_or_else(|e| e.into_inner());
+        let served = self.replica.branches_served.lock().unwrap_or_else(|e| e.into_inner());
         served.get(&(repo, branch.to_string())).is_some_and(|t| t.elapsed() <= within)
     }
 
     /// Tells the engine a tenant's KV share when it is new or changed.
     pub fn sync_share(&self, served: &Served, tenant: &cachet_tenants::Tenant) {
-        let mut shares = self.shares.lock().unwrap_or_else(|e| e.into_inner());
+        let mut shares = self.accounting.shares.lock().unwrap_or_else(|e| e.into_inner());
         if shares.get(&tenant.id) != Some(&tenant.plan.kv_share) {
             shares.insert(tenant.id, tenant.plan.kv_share);
             served.engine.set_share(engine_tenant(tenant.id), tenant.plan.kv_share);
@@ -161,7 +203,7 @@ impl AppState {
     /// replica.
     pub async fn begin_turn(&self, session: OwnedSession) -> Result<Option<TurnGuard>, cachet_tenants::StoreError> {
         let ended_here = {
-            let mut turns = self.turns.lock().unwrap_or_else(|e| e.into_inner());
+            let mut turns = self.replica.turns.lock().unwrap_or_else(|e| e.into_inner());
             if !turns.running.insert(session) {
                 return Ok(None);
             }
@@ -170,7 +212,7 @@ impl AppState {
         let holder = uuid::Uuid::new_v4();
         let taken = self.store.begin_turn(session, holder, TURN_LEASE, ended_here).await;
         {
-            let mut turns = self.turns.lock().unwrap_or_else(|e| e.into_inner());
+            let mut turns = self.replica.turns.lock().unwrap_or_else(|e| e.into_inner());
             if !matches!(taken, Ok(true)) {
                 turns.running.remove(&session);
                 return taken.map(|_| None);
@@ -196,13 +238,13 @@ impl AppState {
                 }
             }
         });
-        Ok(Some(TurnGuard { turns: self.turns.clone(), session, holder, store: self.store.clone(), renew }))
+        Ok(Some(TurnGuard { turns: self.replica.turns.clone(), session, holder, store: self.store.clone(), renew }))
     }
 
     /// The served model, or a 503 while it loads (or if it failed to).
     pub fn served(&self) -> Result<&Served, crate::error::ApiError> {
-        self.served.get().ok_or_else(|| {
-            let why = self.load_error.lock().unwrap_or_else(|e| e.into_inner()).clone();
+        self.model.served.get().ok_or_else(|| {
+            let why = self.model.load_error.lock().unwrap_or_else(|e| e.into_inner()).clone();
             crate::error::ApiError::NotReady(match why {
                 Some(e) => format!("the model failed to load: {e}"),
                 None => "the model is still loading".into(),

@@ -26,7 +26,7 @@ pub async fn run(state: web::Data<AppState>) {
             Ok(closed) => {
                 for s in closed {
                     tracing::debug!(session = %s.id, "session idled out");
-                    if let Some(served) = state.served.get() {
+                    if let Some(served) = state.model.served.get() {
                         served.engine.release(retention_key(s.tenant, s.id));
                     }
                 }

@@ -144,14 +144,14 @@ async fn demo(state: actix_web::web::Data<crate::state::AppState>, base: String)
         Some(t) => t,
         None => state.store.create_tenant("demo", &plan).await?,
     };
-    let token = state.jwt.issue(tenant.id, Duration::from_secs(7 * 86_400))?;
-    while state.served.get().is_none() {
-        if let Some(e) = state.load_error.lock().unwrap_or_else(|e| e.into_inner()).clone() {
+    let token = state.auth.jwt.issue(tenant.id, Duration::from_secs(7 * 86_400))?;
+    while state.model.served.get().is_none() {
+        if let Some(e) = state.model.load_error.lock().unwrap_or_else(|e| e.into_inner()).clone() {
             bail!("the model failed to load: {e}");
         }
         actix_web::rt::time::sleep(Duration::from_millis(200)).await;
     }
-    let model = state.served.get().map(|s| s.id.clone()).unwrap_or_default();
+    let model = state.model.served.get().map(|s| s.id.clone()).unwrap_or_default();
     println!(
         "\nReady. Demo tenant {id} (token valid 7 days):\n\n\
          export CACHET_TOKEN={token}\n\n\

@@ -36,7 +36,7 @@ pub(crate) async fn execute(
     let engine_tenant = crate::state::engine_tenant(tenant.id);
     let public = public_prefix(served, &engine_tenant, &job);
     let billing = Billing {
-        ledger: state.ledger.clone(),
+        ledger: state.accounting.ledger.clone(),
         template: Arc::new(RowTemplate::new(&tenant, served, &job, &labels)),
         // The engine's own configuration, built once when it started.
         targets: served.engine.config().targets(labels.slo),
@@ -179,6 +179,7 @@ async fn admit(
     state.sync_share(served, tenant);
     let budget = (job.tokens.len() + job.params.max_tokens) as u64;
     state
+        .accounting
         .limiter
         .check(tenant.id, &tenant.plan.limits, budget)
         .map_err(|(message, retry_after)| ApiError::RateLimited { message, retry_after })?;
@@ -266,7 +267,7 @@ async fn move_prompt_kv(
     let moving = std::time::Instant::now();
     let mut moved = false;
     if let Some(from) = handoff {
-        crate::handoff::fetch(&served.engine, request, from, state.operator_token.expose()).await;
+        crate::handoff::fetch(&served.engine, request, from, state.auth.operator_token.expose()).await;
         moved = true;
     }
     if state.settings.disagg.reserve == crate::config::Reserve::Early {

@@ -316,10 +316,10 @@ pub fn prewarm(served: &Served, ids: &[u32]) {
 /// Postgres); a failed load is tried again with a growing pause.
 pub async fn keep_loaded(state: actix_web::web::Data<AppState>, mut changed: tokio::sync::mpsc::UnboundedReceiver<()>) {
     let served = loop {
-        if let Some(s) = state.served.get() {
+        if let Some(s) = state.model.served.get() {
             break s;
         }
-        if state.load_error.lock().unwrap_or_else(|e| e.into_inner()).is_some() {
+        if state.model.load_error.lock().unwrap_or_else(|e| e.into_inner()).is_some() {
             return;
         }
         tokio::time::sleep(std::time::Duration::from_millis(100)).await;

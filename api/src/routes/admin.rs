@@ -80,8 +80,8 @@ pub async fn delete_tenant(
     if !state.store.delete_tenant(id).await.map_err(store_error)? {
         return Err(ApiError::NotFound(format!("no tenant {id}")));
     }
-    state.tenants.forget(id);
-    if let Some(served) = state.served.get() {
+    state.auth.tenants.forget(id);
+    if let Some(served) = state.model.served.get() {
         served.engine.purge_tenant(crate::state::engine_tenant(id));
     }
     Ok(HttpResponse::NoContent().finish())
@@ -104,6 +104,6 @@ pub async fn issue_token(
         _ => return Err(ApiError::NotFound(format!("no tenant {id}"))),
     }
     let ttl = Duration::from_secs(body.ttl_secs.unwrap_or(30 * 24 * 3600));
-    let token = state.jwt.issue(id, ttl).map_err(|e| ApiError::Internal(e.to_string()))?;
+    let token = state.auth.jwt.issue(id, ttl).map_err(|e| ApiError::Internal(e.to_string()))?;
     Ok(HttpResponse::Created().json(serde_json::json!({ "token": token, "tenant": id })))
 }

@@ -49,16 +49,16 @@ pub async fn readyz(state: web::Data<AppState>) -> HttpResponse {
     security(("bearer" = [])))]
 #[get("/metrics")]
 pub async fn metrics(state: web::Data<AppState>, req: HttpRequest) -> Result<HttpResponse, ApiError> {
-    if state.metrics_addr.is_none_or(|a| a != req.app_config().local_addr()) {
+    if state.ops.metrics_addr.is_none_or(|a| a != req.app_config().local_addr()) {
         OperatorAuth::from_request(&req, &mut Payload::None).await?;
     }
-    if let Some(served) = state.served.get() {
+    if let Some(served) = state.model.served.get() {
         if let Some(s) = served.engine.snapshot().await {
             ::metrics::gauge!("cachet:prefix_cache_slots").set(s.cached_slots as f64);
             ::metrics::gauge!("cachet:kv_cache_usage_ratio").set(s.kv_used as f64 / s.kv_capacity.max(1) as f64);
         }
     }
-    Ok(HttpResponse::Ok().content_type("text/plain; version=0.0.4").body(state.metrics.render()))
+    Ok(HttpResponse::Ok().content_type("text/plain; version=0.0.4").body(state.ops.metrics.render()))
 }
 
 /// This document.

@@ -112,7 +112,7 @@ pub async fn remove(
     if !state.store.remove_public_prefix(uuid).await.map_err(store_error)? {
         return Err(missing());
     }
-    if let Some(served) = state.served.get() {
+    if let Some(served) = state.model.served.get() {
         let kept = served.prefixes.list().iter().filter(|r| r.id != Some(uuid)).cloned().collect();
         served.prefixes.set(kept);
     }

@@ -78,7 +78,7 @@ async fn report(
 ) -> Result<Report, ApiError> {
     let (from, to, asked) = parse(q)?;
     // Rows still on their way to the database count too.
-    state.ledger.flush().await;
+    state.accounting.ledger.flush().await;
     Ok(state.store.usage_report(tenant, from, to, group.unwrap_or(asked)).await?)
 }
 

@@ -189,7 +189,7 @@ pub async fn delete_repo(
         .delete_repository(auth.0.id, id)
         .await?
         .ok_or_else(|| ApiError::NotFound(format!("repository {id}")))?;
-    if let Some(served) = state.served.get() {
+    if let Some(served) = state.model.served.get() {
         for session in &closed {
             served.engine.release(retention_key(auth.0.id, *session));
         }

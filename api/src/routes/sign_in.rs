@@ -76,8 +76,8 @@ pub(crate) fn page(status: StatusCode, heading: &str, message: &str, form: bool,
 /// The cookie of a browser session for `viewer`, with a freshly minted token.
 fn session_cookie(state: &AppState, req: &HttpRequest, viewer: &Viewer) -> Result<Cookie<'static>, ApiError> {
     let token = match viewer {
-        Viewer::Operator => state.jwt.issue_operator(SESSION_TTL),
-        Viewer::Tenant(t) => state.jwt.issue(t.id, SESSION_TTL),
+        Viewer::Operator => state.auth.jwt.issue_operator(SESSION_TTL),
+        Viewer::Tenant(t) => state.auth.jwt.issue(t.id, SESSION_TTL),
     }
     .map_err(|e| ApiError::Internal(format!("minting a session token: {e}")))?;
     Ok(Cookie::build(TOKEN_COOKIE, token)
@@ -177,7 +177,7 @@ pub async fn sign_in_with_code(
     let Some(subject) = state.store.redeem_sign_in_code(&hash).await? else { return Ok(invalid()) };
     let viewer = match subject {
         SignInSubject::Operator => Viewer::Operator,
-        SignInSubject::Tenant(id) => match state.tenants.get(&state, id).await? {
+        SignInSubject::Tenant(id) => match state.auth.tenants.get(&state, id).await? {
             Some(t) => Viewer::Tenant(t),
             None => return Ok(invalid()),
         },

@@ -92,7 +92,7 @@ pub(crate) async fn client_session_task(
     let title = format!("{} session {id}", client_name(http));
     match state.store.task_for_client_session(tenant, id, &title).await {
         Ok(task) => {
-            state.known_tasks.insert(tenant, task.id);
+            state.auth.known_tasks.insert(tenant, task.id);
             Some(task.id)
         }
         Err(e) => {
@@ -152,7 +152,7 @@ pub async fn get_task(
     let id = id.into_inner();
     let task = state.store.task(auth.0.id, id).await?.ok_or_else(|| ApiError::NotFound(format!("task {id}")))?;
     // What was recorded so far, including rows still on their way to the database.
-    state.ledger.flush().await;
+    state.accounting.ledger.flush().await;
     let (requests, cost) = state.store.task_cost(auth.0.id, id).await?;
     let mut out = task_json(&task);
     out["requests"] = json!(requests);
@@ -201,7 +201,7 @@ pub(crate) async fn check_task(state: &AppState, tenant: cachet_tenants::TenantI
             Err(ApiError::Conflict(format!("task {id} is closed ({})", t.status.as_str())))
         }
         Ok(Some(t)) => {
-            state.known_tasks.insert(tenant, id);
+            state.auth.known_tasks.insert(tenant, id);
             if let Err(e) = state.store.touch_task(t.owned()).await {
                 tracing::warn!(task = %id, "{e}");
             }
@@ -209,7 +209,7 @@ pub(crate) async fn check_task(state: &AppState, tenant: cachet_tenants::TenantI
         }
         // A task this replica checked before goes on through an outage; any other is refused,
         // not taken on trust (it could be another tenant's).
-        Err(e) if e.is_unavailable() && state.known_tasks.contains(tenant, id) => {
+        Err(e) if e.is_unavailable() && state.auth.known_tasks.contains(tenant, id) => {
             tracing::warn!(task = %id, "the database is unreachable; the task was checked before: {e}");
             Ok(())
         }

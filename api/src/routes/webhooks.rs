@@ -155,7 +155,7 @@ pub async fn git_webhook(
         evicted_tokens: applied.evicted as i64,
         prewarmed: applied.prewarmed as i32,
     };
-    Store::record_invalidation(&mut tx, &inv, state.replica).await?;
+    Store::record_invalidation(&mut tx, &inv, state.replica.id).await?;
     tx.commit().await.map_err(cachet_tenants::StoreError::from)?;
     tracing::info!(repo = %repo.id, %branch, paths = applied.paths.len(), evicted = applied.evicted,
                    prewarmed = applied.prewarmed, "push applied");
@@ -211,7 +211,7 @@ pub(crate) async fn apply(
             None => Vec::new(),
         };
         let mut versions = HashMap::new();
-        if let Some(served) = st.served.get() {
+        if let Some(served) = st.model.served.get() {
             let ctx = st.repos.context(&r, &mirror, &after, served.engine.tokenizer())?;
             for s in &ctx.segments {
                 if let Some(p) = &s.path {
@@ -224,7 +224,7 @@ pub(crate) async fn apply(
     .await
     .map_err(|e| ApiError::Internal(e.to_string()))??;
 
-    let Some(served) = state.served.get() else {
+    let Some(served) = state.model.served.get() else {
         return Ok(Applied { paths, evicted: 0, prewarmed: 0, overlays: 0 });
     };
     let mut evicted = 0;
@@ -232,7 +232,7 @@ pub(crate) async fn apply(
     // prefix, stale blocks and all (their turns carry the new versions after it): nothing is
     // evicted for them; what they no longer use after their rebase is ordinary cache.
     let spare = state.repos.after_push(repo) == AfterPush::Overlay
-        && state.bases.serving(repo.id, branch, crate::sessions::idle(state));
+        && state.replica.bases.serving(repo.id, branch, crate::sessions::idle(state));
     for path in paths.iter().filter(|_| !spare) {
         let source = tag_source(repo.id, branch, path);
         evicted += served.engine.invalidate(&source, versions.get(path).map(String::as_str)).await.unwrap_or(0);
@@ -270,7 +270,9 @@ async fn prewarm(
     // With overlays, the sessions this replica serves on the branch are rebased after it (their
     // turns meanwhile start from their warm base, with the changes in an overlay).
     let behind = match state.repos.after_push(repo) {
-        AfterPush::Overlay => state.bases.behind(repo.id, branch, &prompt.at.head, crate::sessions::idle(state)),
+        AfterPush::Overlay => {
+            state.replica.bases.behind(repo.id, branch, &prompt.at.head, crate::sessions::idle(state))
+        }
         AfterPush::Rebuild => Vec::new(),
     };
     // The turns right after the push start from each session's warm prefix and its overlay:

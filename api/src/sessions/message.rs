@@ -117,7 +117,7 @@ pub async fn post_message(
         let served = st.served()?;
         let head = st.repos.mirror(&r)?.branch_head(&branch)?;
         // The warm base and an overlay of what changed since, or the head (see `overlay`).
-        let at = st.bases.plan(sid, &head, history.len(), st.repos.after_push(&r));
+        let at = st.replica.bases.plan(sid, &head, history.len(), st.repos.after_push(&r));
         session_prompt(&st.repos, served, &r, &branch, &at, &history, Some(&turn))
     })
     .await
@@ -156,7 +156,7 @@ pub async fn post_message(
 
     if crate::handoff::enabled(&state, &served.engine) {
         // This replica runs the turn now; the one before, if another, has the prefix on disk.
-        job.handoff = state.store.move_session(session.owned(), state.replica, crate::handoff::SEEN_WITHIN).await?;
+        job.handoff = state.store.move_session(session.owned(), state.replica.id, crate::handoff::SEEN_WITHIN).await?;
     }
     job.session = Some(BoundSession { id: session.id, retention: idle(&state) });
     job.spans = prompt.spans;
@@ -192,7 +192,7 @@ pub async fn post_message(
                 // What the history has now seen; a session behind the head is rebased.
                 Ok(_) => {
                     if let Some(behind) =
-                        st.bases.record(session_id, &owner, &at, turns_before + turns.len(), tools.as_ref())
+                        st.replica.bases.record(session_id, &owner, &at, turns_before + turns.len(), tools.as_ref())
                     {
                         if st.repos.after_push(&rebase_repo) == AfterPush::Overlay {
                             let delay = std::time::Duration::from_millis(st.settings.context.rebase_delay_ms);

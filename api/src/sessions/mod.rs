@@ -80,8 +80,8 @@ pub(crate) async fn open_session(state: &AppState, auth: &TenantAuth, id: Sessio
 
 async fn close(state: &AppState, tenant: cachet_tenants::TenantId, id: SessionId) -> Result<bool, ApiError> {
     let closed = state.store.close_session(tenant, id).await?;
-    state.bases.forget(id);
-    if let Some(served) = state.served.get() {
+    state.replica.bases.forget(id);
+    if let Some(served) = state.model.served.get() {
         served.engine.release(retention_key(tenant, id));
     }
     Ok(closed)

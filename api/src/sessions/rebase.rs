@@ -48,7 +48,7 @@ async fn run(state: &web::Data<AppState>, repo: &Repository, branch: &str, behin
         Err(e) => {
             metrics::counter!("cachet:session_rebases_total", "outcome" => "failed").increment(1);
             tracing::warn!(session = %behind.session, head = %behind.head, "rebasing the session failed: {e}");
-            state.bases.abandon(behind.session, &behind.head);
+            state.replica.bases.abandon(behind.session, &behind.head);
         }
     }
 }
@@ -64,10 +64,10 @@ async fn rebase(
     let served = state.served()?;
     let Some(history) = history(state, repo, behind).await? else { return Ok(false) };
     let turns = history.len();
-    if !state.bases.rebasing(behind.session, &behind.head, turns) {
+    if !state.replica.bases.rebasing(behind.session, &behind.head, turns) {
         return Ok(false);
     }
-    let tools = state.bases.tools(behind.session);
+    let tools = state.replica.bases.tools(behind.session);
     let prompt = prompt_at(state, repo, branch, At::head(behind.head.clone()), history, tools).await?;
     // The context and its framing, then the history up to the end of its last turn: what the
     // session's next prompt starts with, whatever the role of its next message.
@@ -77,7 +77,7 @@ async fn rebase(
         return Err(ApiError::Internal("the session's prompt has no context or history to pre-warm".into()));
     }
     prewarm(state, served, behind, prompt, end).await?;
-    state.bases.warm(behind.session, &behind.head, turns);
+    state.replica.bases.warm(behind.session, &behind.head, turns);
     tracing::debug!(session = %behind.session, head = %behind.head, tokens = end, "session rebased");
     Ok(true)
 }
@@ -191,11 +191,11 @@ async fn prewarm_overlay(
     let served = state.served()?;
     let Some(history) = history(state, repo, behind).await? else { return Ok(false) };
     // Where the next turn will start from (as `post_message` plans it).
-    let at = state.bases.plan(behind.session, &behind.head, history.len(), state.repos.after_push(repo));
+    let at = state.replica.bases.plan(behind.session, &behind.head, history.len(), state.repos.after_push(repo));
     if at.overlay_since.is_none() {
         return Ok(false);
     }
-    let tools = state.bases.tools(behind.session);
+    let tools = state.replica.bases.tools(behind.session);
     let prompt = prompt_at(state, repo, branch, at, history, tools).await?;
     // The prefix ends with the overlay where the turn's own content is tokenized apart from it
     // (a clean boundary: the question has tokens of its own, starting there).

@@ -45,7 +45,7 @@ async fn operators_manage_tenants_and_tenants_cannot() {
     let models: Value = r.json().await.unwrap();
     assert_eq!(models["data"][0]["id"], app.model());
     // The context window, where clients look for it.
-    let window = app.state.served.get().unwrap().engine.max_context();
+    let window = app.state.model.served.get().unwrap().engine.max_context();
     assert_eq!(
         (models["data"][0]["max_model_len"].as_u64(), models["data"][0]["context_length"].as_u64()),
         (Some(window as u64), Some(window as u64)),
@@ -92,7 +92,7 @@ async fn the_metrics_listener_answers_without_a_credential_and_tenant_labels_are
     .await;
     let (tenant, token) = app.tenant("labelled").await;
     app.chat(&token, app.chat_body("label me", 2)).await;
-    let addr = app.state.metrics_addr.expect("bound");
+    let addr = app.state.ops.metrics_addr.expect("bound");
     let r = app.client.get(format!("http://{addr}/metrics")).send().await.unwrap();
     assert_eq!(r.status(), 200);
     let metrics = r.text().await.unwrap();
@@ -108,7 +108,7 @@ async fn deleting_a_tenant_purges_its_cache() {
     let (_, token_b) = app.tenant("b").await;
     app.chat(&token_a, app.chat_body(&"a's private context ".repeat(20), 2)).await;
     app.chat(&token_b, app.chat_body("b's question", 2)).await;
-    let engine = &app.state.served.get().unwrap().engine;
+    let engine = &app.state.model.served.get().unwrap().engine;
     let before = engine.snapshot().await.unwrap().cached_slots;
     let r = app.client.delete(format!("{}/admin/tenants/{a}", app.address)).bearer_auth(OPERATOR).send().await.unwrap();
     assert_eq!(r.status(), 204);

@@ -114,7 +114,7 @@ async fn a_user_salt_only_narrows_reuse() {
 #[tokio::test]
 async fn the_public_system_prompt_is_shared_by_every_tenant_and_nothing_else() {
     let app = spawn_with(|s| s.model.public_system_prompt = "You are a careful coding assistant. ".repeat(8)).await;
-    let public = app.state.served.get().unwrap().public.clone().expect("a public prefix").1.len() as u64;
+    let public = app.state.model.served.get().unwrap().public.clone().expect("a public prefix").1.len() as u64;
     let (_, a) = app.tenant("a").await;
     let (_, b) = app.tenant("b").await;
     let body = app.chat_body(&"tenant-specific repository context ".repeat(10), 2);

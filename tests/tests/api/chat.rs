@@ -117,7 +117,7 @@ async fn a_client_disconnect_cancels_the_request() {
         assert!(std::time::Instant::now() < deadline, "the request was not cancelled");
         tokio::time::sleep(std::time::Duration::from_millis(50)).await;
     }
-    let snap = app.state.served.get().unwrap().engine.snapshot().await.unwrap();
+    let snap = app.state.model.served.get().unwrap().engine.snapshot().await.unwrap();
     assert_eq!((snap.running, snap.waiting), (0, 0));
 }
 
@@ -136,7 +136,7 @@ async fn stops_special_token_stops_and_text_parts() {
     assert_eq!(error(r, 400).await["param"], "stop");
     // A stop spelled as a special token stops at that token (forced here with logit_bias), though
     // special tokens never reach the text.
-    let tok = app.state.served.get().unwrap().engine.tokenizer().clone();
+    let tok = app.state.model.served.get().unwrap().engine.tokenizer().clone();
     let start = tok.token_id("<|im_start|>").unwrap();
     let forced = |stop: Value| {
         json!({"model": app.model(), "prompt": "a", "max_tokens": 4, "temperature": 0, "stop": stop,
@@ -174,7 +174,7 @@ async fn tokenize_and_detokenize_match_what_the_endpoints_compute() {
         .json()
         .await
         .unwrap();
-    let tok = app.state.served.get().unwrap().engine.tokenizer().clone();
+    let tok = app.state.model.served.get().unwrap().engine.tokenizer().clone();
     let ids: Vec<u32> = serde_json::from_value(v["tokens"].clone()).unwrap();
     assert_eq!(ids, tok.encode("<|im_start|>user\nhi", true).unwrap());
     assert_eq!(v["count"].as_u64().unwrap() as usize, ids.len());

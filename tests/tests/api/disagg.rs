@@ -64,10 +64,10 @@ async fn a_decode_server_answers_as_a_unified_one_with_the_prefill_done_elsewher
     assert!(prompt_tokens > 200, "{got}");
     // Everything before the last prompt token came from the prefill server (its whole chunks
     // and the partial one after them).
-    let snap = decode.state.served.get().unwrap().engine.snapshot().await.unwrap();
+    let snap = decode.state.model.served.get().unwrap().engine.snapshot().await.unwrap();
     assert_eq!(snap.kv_tier_loaded_tokens, prompt_tokens - 1, "{snap:?}");
     assert_eq!(cached(&got), prompt_tokens - 1, "{got}");
-    let computed_there = prefill.state.served.get().unwrap().engine.snapshot().await.unwrap();
+    let computed_there = prefill.state.model.served.get().unwrap().engine.snapshot().await.unwrap();
     assert!(computed_there.kv_tier_saved_tokens >= prompt_tokens - 64, "{computed_there:?}");
 
     // The ledger splits the transfer out of the time to first token (which includes it).
@@ -119,7 +119,7 @@ async fn an_early_reserving_decode_server_answers_as_a_unified_one() {
         // (The two prompts share the chat template's first few tokens.)
         assert!(cached(&got) < 32, "received, not found in a cache: {got}");
     }
-    let engine = decode.state.served.get().unwrap().engine.clone();
+    let engine = decode.state.model.served.get().unwrap().engine.clone();
     let snap = engine.snapshot().await.unwrap();
     assert_eq!(snap.kv_tier_loaded_tokens, 0, "nothing went through the disk: {snap:?}");
     // Only the last prompt token was computed on the decode server; the time to first token
@@ -178,7 +178,7 @@ async fn a_prefill_server_that_is_gone_or_breaks_off_leaves_the_prefill_to_the_d
         let got = answer(&decode, &on_decode, &prompt).await;
         assert_eq!(text(&got), text(&want), "{url} {reserve:?}: {got} vs {want}");
         assert_eq!(cached(&got), 0, "{url} {reserve:?}: nothing was transferred: {got}");
-        let engine = decode.state.served.get().unwrap().engine.clone();
+        let engine = decode.state.model.served.get().unwrap().engine.clone();
         tokio::task::spawn_blocking(move || engine.check_integrity_blocking()).await.unwrap().unwrap();
     }
 }
@@ -228,7 +228,7 @@ async fn a_decode_servers_push_prewarm_is_computed_by_its_prefill_server() {
     };
     turn("What does add_3 do?").await;
     let snap = |app: &TestApp| {
-        let engine = app.state.served.get().unwrap().engine.clone();
+        let engine = app.state.model.served.get().unwrap().engine.clone();
         async move { engine.snapshot().await.unwrap() }
     };
     let (saved, loaded) = (snap(&prefill).await.kv_tier_saved_tokens, snap(&decode).await.kv_tier_loaded_tokens);

@@ -131,7 +131,7 @@ async fn not_ready_is_503() {
     tokio::spawn(app.run_until_stopped());
     let client = reqwest::Client::new();
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
-    while state.load_error.lock().unwrap().is_none() {
+    while state.model.load_error.lock().unwrap().is_none() {
         assert!(std::time::Instant::now() < deadline);
         tokio::time::sleep(std::time::Duration::from_millis(20)).await;
     }

@@ -197,8 +197,8 @@ impl TestApp {
     /// Waits (with a deadline) for the model to be loaded.
     pub async fn wait_ready(&self) {
         let deadline = Instant::now() + Duration::from_secs(60);
-        while self.state.served.get().is_none() {
-            if let Some(e) = self.state.load_error.lock().unwrap().clone() {
+        while self.state.model.served.get().is_none() {
+            if let Some(e) = self.state.model.load_error.lock().unwrap().clone() {
                 panic!("the model failed to load: {e}");
             }
             assert!(Instant::now() < deadline, "the model did not load in time");
@@ -229,7 +229,7 @@ impl TestApp {
     }
 
     pub fn model(&self) -> String {
-        self.state.served.get().unwrap().id.clone()
+        self.state.model.served.get().unwrap().id.clone()
     }
 
     pub async fn chat(&self, token: &str, body: Value) -> reqwest::Response {
@@ -250,7 +250,7 @@ impl TestApp {
 
     /// The ledger rows of a tenant once everything recorded so far is written.
     pub async fn ledger(&self, tenant: TenantId) -> Vec<cachet_tenants::UsageRecord> {
-        let waiting = self.state.ledger.flush().await;
+        let waiting = self.state.accounting.ledger.flush().await;
         assert_eq!(waiting, 0, "rows still waiting for the database");
         self.state.store.usage(tenant, 1000).await.unwrap()
     }
@@ -429,7 +429,7 @@ impl TestApp {
 
     /// Waits until the engine has nothing running or waiting (pre-warm done).
     pub async fn engine_idle(&self) {
-        let engine = self.state.served.get().unwrap().engine.clone();
+        let engine = self.state.model.served.get().unwrap().engine.clone();
         let deadline = Instant::now() + Duration::from_secs(60);
         loop {
             let s = engine.snapshot().await.unwrap();

@@ -166,7 +166,7 @@ async fn no_row_is_lost_or_doubled_when_postgres_goes_away() {
         serve(&mut ids, app.chat(&token, app.chat_body(&format!("after {i}"), 3)).await.json().await.unwrap());
     }
     let deadline = Instant::now() + Duration::from_secs(60);
-    while app.state.ledger.flush().await > 0 {
+    while app.state.accounting.ledger.flush().await > 0 {
         assert!(Instant::now() < deadline, "the spool did not drain");
         tokio::time::sleep(Duration::from_millis(200)).await;
     }

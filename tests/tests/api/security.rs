@@ -362,7 +362,7 @@ async fn a_server_whose_engine_thread_died_says_so_and_exits_with_an_error() {
     let readyz = || async { app.client.get(format!("{}/readyz", app.address)).send().await };
     assert_eq!(readyz().await.unwrap().status(), 200);
 
-    app.state.served.get().unwrap().engine.halt();
+    app.state.model.served.get().unwrap().engine.halt();
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
     let run = app.run.lock().unwrap().take().unwrap();
     // Not ready (while it still answers), then stopped with an error.
@@ -392,7 +392,7 @@ async fn a_server_whose_engine_thread_died_says_so_and_exits_with_an_error() {
 async fn a_prompt_longer_than_any_context_is_refused_before_it_is_tokenized() {
     let app = spawn_app().await;
     let (_, token) = app.tenant("long").await;
-    let context = app.state.served.get().unwrap().engine.max_context();
+    let context = app.state.model.served.get().unwrap().engine.max_context();
     // More bytes than the context could hold at 32 bytes a token: refused on its size alone.
     let text = "word ".repeat(context * 40 / 5);
     for (path, body) in [
@@ -575,7 +575,7 @@ async fn another_tenants_identical_long_prompt_is_cold_and_only_the_public_prefi
         s.engine.pool_tokens = 16384;
     })
     .await;
-    let public = app.state.served.get().unwrap().public.clone().expect("a public prefix").1.len() as u64;
+    let public = app.state.model.served.get().unwrap().public.clone().expect("a public prefix").1.len() as u64;
     let (_, a) = app.tenant("victim").await;
     // A's private 1,500-token prompt, which the attacker guessed exactly.
     let secret: String = (0..1500).map(|i| char::from(b'a' + (i * 7 % 26) as u8)).collect();

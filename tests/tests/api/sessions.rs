@@ -379,7 +379,7 @@ async fn a_live_session_keeps_its_history_cached_under_pressure() {
     );
     error(app.message(&token, &session, json!({ "content": "q" })).await, 409).await;
     flood().await;
-    let engine = app.state.served.get().unwrap().engine.clone();
+    let engine = app.state.model.served.get().unwrap().engine.clone();
     let mut probe = cachet_engine::runtime::Request::new(
         cachet_engine::radix::TenantKey::new(tenant.to_string()),
         ids,
@@ -427,8 +427,8 @@ async fn a_push_to_one_replica_reaches_the_cache_of_another() {
     let b = spawn_replica(&a).await;
     // A third replica that never serves this repository.
     let c = spawn_replica(&a).await;
-    assert_ne!(a.state.replica, b.state.replica);
-    for (app, replica) in [(&a, a.state.replica), (&b, b.state.replica), (&c, c.state.replica)] {
+    assert_ne!(a.state.replica.id, b.state.replica.id);
+    for (app, replica) in [(&a, a.state.replica.id), (&b, b.state.replica.id), (&c, c.state.replica.id)] {
         let r = app.client.get(format!("{}/healthz", app.address)).send().await.unwrap();
         assert_eq!(r.headers()["x-cachet-replica"].to_str().unwrap(), replica.to_string());
     }
@@ -439,7 +439,7 @@ async fn a_push_to_one_replica_reaches_the_cache_of_another() {
     let session = a.session(&token, &repo).await;
     // The session's turns run on B, so B's cache holds the repository context.
     ask(&b, &token, &session, "What does Cart do?").await;
-    let engine_b = b.state.served.get().unwrap().engine.clone();
+    let engine_b = b.state.model.served.get().unwrap().engine.clone();
     let invalidated_before = engine_b.snapshot().await.unwrap().invalidated_slots;
 
     // The push webhook reaches A.
@@ -463,13 +463,13 @@ async fn a_push_to_one_replica_reaches_the_cache_of_another() {
 
     // C applied the push too (its mirror has the new commit) but computed nothing for it: it
     // serves no session on the branch.
-    let applied = |app: &TestApp| app.state.changes_applied.load(std::sync::atomic::Ordering::Relaxed);
+    let applied = |app: &TestApp| app.state.replica.changes_applied.load(std::sync::atomic::Ordering::Relaxed);
     let wait_applied = |app: &TestApp, n: u64, what: &str| {
         let what = what.to_string();
         let state = app.state.clone();
         async move {
             let deadline = std::time::Instant::now() + Duration::from_secs(30);
-            while state.changes_applied.load(std::sync::atomic::Ordering::Relaxed) < n {
+            while state.replica.changes_applied.load(std::sync::atomic::Ordering::Relaxed) < n {
                 assert!(std::time::Instant::now() < deadline, "{what}");
                 tokio::time::sleep(Duration::from_millis(50)).await;
             }
@@ -480,7 +480,7 @@ async fn a_push_to_one_replica_reaches_the_cache_of_another() {
     let id = cachet_api::context::mirror_id(repo.id.parse().unwrap());
     c.state.repos.store.mirror(&id).unwrap().resolve(&after).unwrap();
     c.engine_idle().await;
-    let snapshot = c.state.served.get().unwrap().engine.snapshot().await.unwrap();
+    let snapshot = c.state.model.served.get().unwrap().engine.snapshot().await.unwrap();
     assert_eq!((snapshot.cached_slots, snapshot.finished), (0, 0), "C pre-warmed nothing: {snapshot:?}");
 
     // Deleting the repository (through A) removes every replica's mirror.
@@ -571,7 +571,7 @@ async fn a_session_that_moves_to_another_replica_brings_its_prefix_along() {
     let session = a.session(&token, &repo).await;
     let first = ask(&a, &token, &session, "What does cart.rs do?").await;
     let first_prompt = first["usage"]["prompt_tokens"].as_u64().unwrap();
-    a.state.served.get().unwrap().engine.flush_kv_tier().await;
+    a.state.model.served.get().unwrap().engine.flush_kv_tier().await;
     // A announces itself once its model is loaded.
     let deadline = std::time::Instant::now() + Duration::from_secs(20);
     while announced(&a).await == 0 {
@@ -584,7 +584,7 @@ async fn a_session_that_moves_to_another_replica_brings_its_prefix_along() {
     let second = ask_when_free(&b, &token, &session, "And price.rs?").await;
     let got = cached(&second);
     assert!(got >= first_prompt - 32, "B had {got} tokens cached of A's {first_prompt}: {second}");
-    let snap = b.state.served.get().unwrap().engine.snapshot().await.unwrap();
+    let snap = b.state.model.served.get().unwrap().engine.snapshot().await.unwrap();
     assert!(snap.kv_tier_loaded_tokens >= first_prompt - 32 - 64, "{snap:?}");
 
     // A last replica that is gone costs the turn nothing but the fetch attempt.
@@ -598,7 +598,7 @@ async fn a_session_that_moves_to_another_replica_brings_its_prefix_along() {
     // The chunk route is the operator's, and refuses a key that is not one.
     let r = a.get(&token, &format!("/v1/internal/kv/{}", "0".repeat(64))).await;
     assert!(r.status() == 401 || r.status() == 403, "a tenant read a chunk: {}", r.status());
-    let op = a.state.operator_token.expose().to_string();
+    let op = a.state.auth.operator_token.expose().to_string();
     assert_eq!(a.get(&op, "/v1/internal/kv/..%2F..%2Fetc%2Fpasswd").await.status(), 400);
     assert_eq!(a.get(&op, &format!("/v1/internal/kv/{}", "0".repeat(64))).await.status(), 404);
 }
@@ -620,7 +620,7 @@ async fn ask_when_free(app: &TestApp, token: &str, session: &str, content: &str)
 /// Rows of `app`'s replica in `replicas`.
 async fn announced(app: &TestApp) -> i64 {
     sqlx::query_scalar("SELECT count(*) FROM replicas WHERE id = $1")
-        .bind(app.state.replica)
+        .bind(app.state.replica.id)
         .fetch_one(app.state.store.pool())
         .await
         .unwrap()
