@@ -228,9 +228,10 @@ pub fn run(args: BenchArgs) -> anyhow::Result<()> {
             let threads = b.threads();
             let (read_gbs, copy_gbs) =
                 bandwidth(&rayon::ThreadPoolBuilder::new().num_threads(threads).build().context("thread pool")?);
-            let b = speeds(&args, &path, b, read_gbs, copy_gbs)?;
+            let peak = cachet_kernels::cpu::int8_peak(&b, 0.5);
+            let b = speeds(&args, &path, b, Machine { read_gbs, copy_gbs, int8_peak: peak })?;
             if args.profile {
-                super::generate::print_profile(&b.profile());
+                super::generate::print_profile(&b.profile(), peak);
             }
             Ok(())
         }
@@ -246,7 +247,7 @@ pub fn run(args: BenchArgs) -> anyhow::Result<()> {
                     b.with_timing()
                 };
             }
-            let b = speeds(&args, &path, b, peak, f64::NAN)?;
+            let b = speeds(&args, &path, b, Machine { read_gbs: peak, copy_gbs: f64::NAN, int8_peak: None })?;
             if let Some(p) = b.profile().filter(|_| args.profile) {
                 print_cuda_profile(&p);
             }
@@ -273,13 +274,28 @@ fn print_cuda_profile(p: &cachet_kernels::cuda::CudaProfile) {
 
 /// Prefill and decode speeds on `b`, with weight bandwidth as a share of `read_gbs`; returns the
 /// backend (for its profile).
-fn speeds<B: Backend>(
-    args: &BenchArgs,
-    path: &std::path::Path,
-    b: B,
+/// What the machine can do, measured in the same run: memory bandwidth (GB/s) and, on the CPU,
+/// the int8 multiply-add peak (per second, all threads).
+struct Machine {
     read_gbs: f64,
     copy_gbs: f64,
-) -> anyhow::Result<B> {
+    int8_peak: Option<f64>,
+}
+
+/// Multiply-adds of a dense model's weight matmuls per prompt token (the output layer, computed
+/// for the last token only, left out); `None` for a mixture of experts (its tokens read
+/// different experts).
+fn matmul_macs_per_token(c: &cachet_engine::config::ModelConfig) -> Option<u64> {
+    if c.moe.is_some() {
+        return None;
+    }
+    let (q, kv) = (c.n_heads * c.head_dim, c.n_kv_heads * c.head_dim);
+    let per_layer = c.hidden * (q + 2 * kv) + q * c.hidden + 3 * c.hidden * c.intermediate;
+    Some((per_layer * c.n_layers) as u64)
+}
+
+fn speeds<B: Backend>(args: &BenchArgs, path: &std::path::Path, b: B, machine: Machine) -> anyhow::Result<B> {
+    let Machine { read_gbs, copy_gbs, int8_peak } = machine;
     let loaded = cachet_engine::loader::load(path, &b).with_context(|| format!("loading {}", path.display()))?;
     let max_batch = args.batch.iter().copied().max().unwrap_or(1);
     let slots = (args.depth + args.prompt).max(max_batch * (args.depth + args.gen + 1)).max(16);
@@ -288,6 +304,13 @@ fn speeds<B: Backend>(
     let mut bench = Bench { b, model: loaded.model, pool, scratch, logits: Vec::new(), rng: Rng::new(1234), depth: 0 };
 
     let step_bytes = bench.model.step_bytes();
+    let macs_per_token = matmul_macs_per_token(bench.model.config());
+    // A prefill's int8 multiply-adds per second (its weight matmuls over its whole time), and
+    // that as a share of the peak.
+    let int8_rate = |test: &str, tps: f64| {
+        let rate = macs_per_token.filter(|_| test.starts_with("pp")).map(|m| m as f64 * tps)?;
+        Some((rate, int8_peak.map(|p| rate / p)))
+    };
 
     // Warm-up: fault the weights in and size the buffers.
     bench.prefill(args.prompt.clamp(1, 64))?;
@@ -311,14 +334,17 @@ fn speeds<B: Backend>(
         let tests: Vec<serde_json::Value> = rows
             .iter()
             .map(|(test, batch, tps, times)| {
+                let (macs, of_peak) = int8_rate(test, *tps).map_or((None, None), |(r, f)| (Some(r), f));
                 serde_json::json!({"test": test, "batch": batch, "tokens_per_second": tps, "seconds": times,
-                    "weight_gbs": if test.starts_with("tg") { tps / *batch as f64 * step_bytes as f64 / 1e9 } else { 0.0 }})
+                    "weight_gbs": if test.starts_with("tg") { tps / *batch as f64 * step_bytes as f64 / 1e9 } else { 0.0 },
+                    "int8_macs_per_second": macs, "of_int8_peak": of_peak})
             })
             .collect();
         println!(
             "{}",
             serde_json::json!({"model": loaded.name, "backend": bench.b.name(), "tests": tests,
                 "read_gbs": read_gbs, "copy_gbs": copy_gbs, "step_bytes": step_bytes,
+                "int8_peak_macs_per_second": int8_peak, "matmul_macs_per_token": macs_per_token,
                 "host_weights": format!("{:?}", loaded.host_weights),
                 "expert_bytes": bench.model.expert_bytes().map(|(all, read)| serde_json::json!({"all": all, "read": read}))})
         );
@@ -340,14 +366,30 @@ fn speeds<B: Backend>(
                 all as f64 / 1e6
             );
         }
-        println!("| test | sequences | tokens/s (median of {}) | weight GB/s | of read bandwidth |", args.reps.max(1));
-        println!("|---|---:|---:|---:|---:|");
+        if let Some(p) = int8_peak {
+            println!(
+                "int8 multiply-add peak: {:.1} G/s on the backend's threads (its SIMD level's dot-product \
+                 instructions on registers, measured in this run)",
+                p / 1e9
+            );
+        }
+        println!(
+            "| test | sequences | tokens/s (median of {}) | weight GB/s | of read bandwidth | int8 GMAC/s | of int8 peak |",
+            args.reps.max(1)
+        );
+        println!("|---|---:|---:|---:|---:|---:|---:|");
         for (test, batch, tps, _) in &rows {
             if test.starts_with("tg") {
                 let gbs = tps / *batch as f64 * step_bytes as f64 / 1e9;
-                println!("| {test} | {batch} | {tps:.1} | {gbs:.1} | {:.0}% |", 100.0 * gbs / read_gbs);
+                println!("| {test} | {batch} | {tps:.1} | {gbs:.1} | {:.0}% | | |", 100.0 * gbs / read_gbs);
             } else {
-                println!("| {test} | {batch} | {tps:.1} | | |");
+                let (rate, share) = match int8_rate(test, *tps) {
+                    Some((r, f)) => {
+                        (format!("{:.1}", r / 1e9), f.map_or(String::new(), |f| format!("{:.0}%", 100.0 * f)))
+                    }
+                    None => (String::new(), String::new()),
+                };
+                println!("| {test} | {batch} | {tps:.1} | | | {rate} | {share} |");
             }
         }
     }

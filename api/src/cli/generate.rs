@@ -93,7 +93,7 @@ pub fn run(args: GenerateArgs) -> anyhow::Result<()> {
             }
             let gen = generate_on(&args, &model_path, prompt_text, backend)?;
             if args.profile {
-                print_profile(&gen.backend().profile());
+                print_profile(&gen.backend().profile(), None);
             }
         }
         crate::device::Device::Cuda(info) => {
@@ -203,12 +203,26 @@ fn generate_on<B: Backend>(
     Ok(gen)
 }
 
-pub(super) fn print_profile(profile: &cachet_kernels::cpu::Profile) {
-    let total: f64 = profile.iter().map(|(_, d, _)| d.as_secs_f64()).sum();
-    eprintln!("\n{:>8} {:>6} {:>9}  op", "ms", "%", "calls");
-    for (label, d, n) in profile {
-        let ms = d.as_secs_f64() * 1e3;
-        eprintln!("{ms:>8.1} {:>5.1}% {n:>9}  {label}", 100.0 * d.as_secs_f64() / total.max(1e-9));
+/// Time per op; with the machine's int8 peak (`peak`, multiply-adds per second: see
+/// [`cachet_kernels::cpu::int8_peak`]), each matmul's rate as a share of it.
+pub(super) fn print_profile(profile: &cachet_kernels::cpu::Profile, peak: Option<f64>) {
+    let total: f64 = profile.iter().map(|o| o.time.as_secs_f64()).sum();
+    eprintln!("\n{:>8} {:>6} {:>9} {:>8} {:>7}  op", "ms", "%", "calls", "GMAC/s", "of peak");
+    for o in profile {
+        let secs = o.time.as_secs_f64();
+        let rate = o.macs as f64 / secs.max(1e-9);
+        let gmacs = if o.macs > 0 { format!("{:.1}", rate / 1e9) } else { String::new() };
+        let share = match peak {
+            Some(p) if o.macs > 0 && o.label.starts_with("matmul") => format!("{:.0}%", 100.0 * rate / p),
+            _ => String::new(),
+        };
+        eprintln!(
+            "{:>8.1} {:>5.1}% {:>9} {gmacs:>8} {share:>7}  {}",
+            secs * 1e3,
+            100.0 * secs / total.max(1e-9),
+            o.calls,
+            o.label
+        );
     }
 }
 

@@ -6,11 +6,13 @@ mod attention;
 pub mod dot;
 mod matmul;
 pub mod ops;
+mod peak;
 
 pub use attention::{Attend, AttendFn, LayerKv, Tile, TileFn, TileScratch, KEY_BLOCK};
 pub use dot::{Kernels, SimdLevel};
 use matmul::{matmul_jobs, Picked, Shared};
 pub use matmul::{CpuMatrix, MatmulScratch};
+pub use peak::int8_peak;
 
 use crate::backend::*;
 use crate::quant::{dequantize_row, DType};
@@ -21,7 +23,22 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 /// Time spent per op (and per weight shape for matmuls), when profiling.
-pub type Profile = Vec<(String, Duration, u64)>;
+pub type Profile = Vec<OpTime>;
+
+/// Time, calls and multiply-adds of one op label so far.
+type OpTotals = (Duration, u64, u64);
+
+/// One op's share of a profiled run.
+#[derive(Clone, Debug, PartialEq)]
+pub struct OpTime {
+    /// The op, with its weights' formats and shapes for a matmul.
+    pub label: String,
+    pub time: Duration,
+    pub calls: u64,
+    /// Multiply-adds it did: int8 ones in a quantized matmul, f32 ones in attention (scores and
+    /// values); 0 for the element-wise ops.
+    pub macs: u64,
+}
 
 /// A row-major f32 matrix in host memory.
 #[derive(Clone, Debug, Default)]
@@ -46,7 +63,7 @@ pub struct CpuBackend {
     /// Activation buffers reused across matmul calls.
     scratch: Mutex<MatmulScratch>,
     /// Per-label (time, calls) when profiling is on.
-    profile: Option<Mutex<HashMap<String, (Duration, u64)>>>,
+    profile: Option<Mutex<HashMap<String, OpTotals>>>,
 }
 
 impl CpuBackend {
@@ -89,12 +106,19 @@ impl CpuBackend {
     pub fn profile(&self) -> Profile {
         let Some(p) = &self.profile else { return Vec::new() };
         let map = p.lock().unwrap_or_else(|e| e.into_inner());
-        let mut v: Profile = map.iter().map(|(k, &(d, n))| (k.clone(), d, n)).collect();
-        v.sort_by_key(|e| std::cmp::Reverse(e.1));
+        let mut v: Profile =
+            map.iter().map(|(k, &(time, calls, macs))| OpTime { label: k.clone(), time, calls, macs }).collect();
+        v.sort_by_key(|e| std::cmp::Reverse(e.time));
         v
     }
 
     fn timed<R>(&self, label: impl FnOnce() -> String, f: impl FnOnce() -> R) -> R {
+        self.timed_macs(label, || 0, f)
+    }
+
+    /// [`CpuBackend::timed`] for an op that does `macs()` multiply-adds (counted only when
+    /// profiling).
+    fn timed_macs<R>(&self, label: impl FnOnce() -> String, macs: impl FnOnce() -> u64, f: impl FnOnce() -> R) -> R {
         let Some(p) = &self.profile else { return f() };
         let start = Instant::now();
         let r = f();
@@ -103,6 +127,7 @@ impl CpuBackend {
         let e = map.entry(label()).or_default();
         e.0 += took;
         e.1 += 1;
+        e.2 += macs();
         r
     }
 
@@ -229,6 +254,7 @@ impl Backend for CpuBackend {
         } else {
             Vec::new()
         };
+        let macs = shapes.iter().map(|&(_, r, c)| (r * c * x.rows) as u64).sum::<u64>();
         let label = move || {
             let parts: Vec<String> = shapes.iter().map(|(d, r, c)| format!("{d} {r}x{c}")).collect();
             format!("matmul {}", parts.join(" + "))
@@ -236,7 +262,7 @@ impl Backend for CpuBackend {
         let mut guard = self.scratch.lock().unwrap_or_else(|e| e.into_inner());
         let scratch: &mut MatmulScratch = &mut guard;
         let mut jobs = Shared { x, jobs };
-        self.timed(label, || self.pool.install(|| matmul_jobs(&self.kernels, &mut jobs, scratch)));
+        self.timed_macs(label, || macs, || self.pool.install(|| matmul_jobs(&self.kernels, &mut jobs, scratch)));
     }
 
     fn matmul_picked(&self, xs: &[CpuBuf], pick: &[usize], groups: &mut [PickedGroup<'_, Self>]) {
@@ -339,8 +365,14 @@ impl Backend for CpuBackend {
         out: &mut CpuBuf,
     ) {
         self.resize(out, q.rows, q.cols);
-        self.timed(
+        // Scores and values: two multiply-adds per query head, key and head value.
+        let macs = || {
+            let keys: usize = seqs.iter().map(|s| (0..s.rows.len()).map(|r| s.first_pos + r + 1).sum::<usize>()).sum();
+            (2 * keys * shape.n_heads * shape.head_dim) as u64
+        };
+        self.timed_macs(
             || "attention".into(),
+            macs,
             || {
                 self.pool.install(|| {
                     attention::attention(&self.kernels, &q.data, &kv.layers[layer], seqs, slots, shape, &mut out.data)

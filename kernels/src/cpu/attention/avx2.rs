@@ -1,10 +1,16 @@
-//! AVX2 attention kernel for head sizes 64 and 128 (other sizes use the
-//! scalar kernel), the same structure as the AVX-512 one with 8 lanes and one
-//! head per pass over V (AVX2 has 16 vector registers).
+//! AVX2 attention: the flash-style tile kernel (see the module above) for head sizes 64 and
+//! 128 (other sizes go row by row through the scalar kernel), the AVX-512 kernel's structure
+//! with 8 lanes. Per block of [`KEY_BLOCK`] keys: K and V converted from f16 once for every
+//! query of the tile (a prefill tile holds ~128 query heads, so a long prompt reads its K/V
+//! once per tile instead of once per query), scores as a register-tiled product of the
+//! transposed, pre-scaled queries (8 query heads per vector) with broadcast key values, the
+//! online softmax vectorised over queries, and V accumulated two queries and 32 values at a
+//! time (AVX2 has 16 vector registers). Every value goes through the same operations whatever
+//! the tile's size, so a decode step equals the row's place in a prefill.
 //!
 //! Safety: requires the features of `SimdLevel::Avx2`.
 
-use super::Attend;
+use super::{tile_by_rows, Attend, Tile, TileScratch, KEY_BLOCK};
 use std::arch::x86_64::*;
 
 const LOG2E: f32 = std::f32::consts::LOG2_E;
@@ -28,92 +34,245 @@ unsafe fn exp256(x: __m256) -> __m256 {
     _mm256_mul_ps(p, pow2n)
 }
 
+/// One query row through the tile kernel (the per-row interface): the same arithmetic as the
+/// row's place in any tile, so a decode step and a prefill chunk agree bit for bit.
 #[target_feature(enable = "avx2,fma,f16c")]
-pub unsafe fn attend(a: &Attend<'_>, scores: &mut [f32], out: &mut [f32]) {
-    match a.hd {
-        64 if a.rep <= 64 => attend_hd::<8>(a, scores, out),
-        128 if a.rep <= 64 => attend_hd::<16>(a, scores, out),
-        _ => super::attend_scalar(a, scores, out),
+pub unsafe fn attend(a: &Attend<'_>, _scores: &mut [f32], out: &mut [f32]) {
+    if a.keys.is_empty() {
+        out.fill(0.0);
+        return;
+    }
+    let t = Tile {
+        q: a.q,
+        q_cols: a.rep * a.hd,
+        rows: 1,
+        pos0: a.keys.len() - 1,
+        head0: 0,
+        rep: a.rep,
+        hd: a.hd,
+        k: a.k,
+        v: a.v,
+        kv_cols: a.kv_cols,
+        offset: a.offset,
+        keys: a.keys,
+        scale: a.scale,
+    };
+    tile(&t, &mut TileScratch::default(), out.as_mut_ptr());
+}
+
+/// The tile kernel (a [`super::TileFn`]).
+#[target_feature(enable = "avx2,fma,f16c")]
+pub unsafe fn tile(t: &Tile<'_>, sc: &mut TileScratch, out: *mut f32) {
+    match t.hd {
+        64 => tile_hd::<8, 64>(t, sc, out),
+        128 => tile_hd::<16, 128>(t, sc, out),
+        _ => tile_by_rows(t, sc, out, super::attend_scalar),
     }
 }
 
-/// `HD` vectors of 8 per head.
+/// Head size `HD` = `HV` vectors of 8.
 #[inline(always)]
-unsafe fn attend_hd<const HD: usize>(a: &Attend<'_>, scores: &mut [f32], out: &mut [f32]) {
-    let (n, rep, hd) = (a.keys.len(), a.rep, HD * 8);
-    let row = |slot: u32| slot as usize * a.kv_cols + a.offset;
-    let scale = _mm_set1_ps(a.scale);
+unsafe fn tile_hd<const HV: usize, const HD: usize>(t: &Tile<'_>, sc: &mut TileScratch, out: *mut f32) {
+    const KB: usize = KEY_BLOCK;
+    let (rows, rep) = (t.rows, t.rep);
+    let m = rows * rep;
+    if m == 0 {
+        return;
+    }
+    let mv = m.div_ceil(8);
+    let mp = mv * 8;
+    let nk = t.keys.len();
+    // Scratch: qt (HD × mp) | s (KB × mp) | kf, vf (KB × HD) | o (m × HD) | max, sum, alpha (mp).
+    let total = HD * mp + KB * mp + 2 * KB * HD + m * HD + 3 * mp;
+    if sc.f.len() < total {
+        sc.f.resize(total, 0.0);
+    }
+    if sc.i.len() < mp {
+        sc.i.resize(mp, 0);
+    }
+    let qt = sc.f.as_mut_ptr();
+    let s = qt.add(HD * mp);
+    let kf = s.add(KB * mp);
+    let vf = kf.add(KB * HD);
+    let o = vf.add(KB * HD);
+    let mx = o.add(m * HD);
+    let sum = mx.add(mp);
+    let alpha = sum.add(mp);
+    let qpos = sc.i.as_mut_ptr();
 
-    for (j, &slot) in a.keys.iter().enumerate() {
-        let kp = a.k.as_ptr().add(row(slot));
-        let mut kf = [_mm256_setzero_ps(); HD];
-        for (i, k) in kf.iter_mut().enumerate() {
-            *k = _mm256_cvtph_ps(_mm_loadu_si128(kp.add(8 * i).cast()));
+    // Queries transposed (lane = query) and pre-scaled; padding lanes are zero queries at the
+    // last row's position.
+    for r in 0..rows {
+        for h in 0..rep {
+            let i = r * rep + h;
+            let qp = t.q.as_ptr().add(r * t.q_cols + (t.head0 + h) * HD);
+            for d in 0..HD {
+                *qt.add(d * mp + i) = *qp.add(d) * t.scale;
+            }
         }
-        let mut h = 0;
-        while h < rep {
-            let mut parts = [_mm_setzero_ps(); 4];
-            for (t, part) in parts.iter_mut().enumerate() {
-                if h + t < rep {
-                    let qp = a.q.as_ptr().add((h + t) * hd);
-                    let mut acc = _mm256_mul_ps(_mm256_loadu_ps(qp), kf[0]);
-                    for (i, k) in kf.iter().enumerate().skip(1) {
-                        acc = _mm256_fmadd_ps(_mm256_loadu_ps(qp.add(8 * i)), *k, acc);
-                    }
-                    *part = _mm_add_ps(_mm256_castps256_ps128(acc), _mm256_extractf128_ps::<1>(acc));
+    }
+    for d in 0..HD {
+        for i in m..mp {
+            *qt.add(d * mp + i) = 0.0;
+        }
+    }
+    for i in 0..mp {
+        *qpos.add(i) = (t.pos0 + i.min(m - 1) / rep) as i32;
+        *mx.add(i) = f32::NEG_INFINITY;
+        *sum.add(i) = 0.0;
+    }
+    std::ptr::write_bytes(o, 0, m * HD);
+
+    let mut kb = 0;
+    while kb < nk {
+        let nj = KB.min(nk - kb);
+        let nj4 = nj.next_multiple_of(4);
+        for j in 0..nj {
+            let off = *t.keys.get_unchecked(kb + j) as usize * t.kv_cols + t.offset;
+            let (kp, vp) = (t.k.as_ptr().add(off), t.v.as_ptr().add(off));
+            for c in 0..HV {
+                _mm256_storeu_ps(kf.add(j * HD + 8 * c), _mm256_cvtph_ps(_mm_loadu_si128(kp.add(8 * c).cast())));
+                _mm256_storeu_ps(vf.add(j * HD + 8 * c), _mm256_cvtph_ps(_mm_loadu_si128(vp.add(8 * c).cast())));
+            }
+        }
+        // Rows past the keys are zero (their scores are masked anyway).
+        std::ptr::write_bytes(kf.add(nj * HD), 0, (nj4 - nj) * HD);
+        std::ptr::write_bytes(vf.add(nj * HD), 0, (nj4 - nj) * HD);
+
+        let mut iv = 0;
+        while iv < mv {
+            if mv - iv >= 2 {
+                scores::<HD, 2>(qt, kf, s, mp, iv, nj4);
+                iv += 2;
+            } else {
+                scores::<HD, 1>(qt, kf, s, mp, iv, nj4);
+                iv += 1;
+            }
+        }
+
+        // Online softmax: a key is visible to a query at or after its position; invisible ones
+        // weigh exactly zero and leave the running max alone.
+        for iv in 0..mv {
+            let pos = _mm256_loadu_si256(qpos.add(8 * iv).cast());
+            let m_old = _mm256_loadu_ps(mx.add(8 * iv));
+            let mut m_new = m_old;
+            for j in 0..nj4 {
+                let hidden = _mm256_castsi256_ps(_mm256_cmpgt_epi32(_mm256_set1_epi32((kb + j) as i32), pos));
+                let seen_max = _mm256_max_ps(m_new, _mm256_loadu_ps(s.add(j * mp + 8 * iv)));
+                m_new = _mm256_blendv_ps(seen_max, m_new, hidden);
+            }
+            let a = exp256(_mm256_sub_ps(m_old, m_new));
+            let mut l = _mm256_mul_ps(_mm256_loadu_ps(sum.add(8 * iv)), a);
+            for j in 0..nj4 {
+                let hidden = _mm256_castsi256_ps(_mm256_cmpgt_epi32(_mm256_set1_epi32((kb + j) as i32), pos));
+                let sp = s.add(j * mp + 8 * iv);
+                let p = _mm256_andnot_ps(hidden, exp256(_mm256_sub_ps(_mm256_loadu_ps(sp), m_new)));
+                _mm256_storeu_ps(sp, p);
+                l = _mm256_add_ps(l, p);
+            }
+            _mm256_storeu_ps(mx.add(8 * iv), m_new);
+            _mm256_storeu_ps(sum.add(8 * iv), l);
+            _mm256_storeu_ps(alpha.add(8 * iv), a);
+        }
+
+        // V in slices of 4 vectors (32 values) of the head, two queries at a time: 8
+        // accumulators, 4 values and a weight in registers.
+        for c0 in (0..HV).step_by(4) {
+            let mut i = 0;
+            while i < m {
+                if m - i >= 2 {
+                    values::<HD, 2>(s, vf, o, alpha, mp, i, c0, nj4);
+                    i += 2;
+                } else {
+                    values::<HD, 1>(s, vf, o, alpha, mp, i, c0, nj4);
+                    i += 1;
                 }
             }
-            let sums = _mm_mul_ps(_mm_hadd_ps(_mm_hadd_ps(parts[0], parts[1]), _mm_hadd_ps(parts[2], parts[3])), scale);
-            let mut lanes = [0f32; 4];
-            _mm_storeu_ps(lanes.as_mut_ptr(), sums);
-            for (t, &v) in lanes.iter().enumerate().take(rep - h) {
-                scores[(h + t) * n + j] = v;
-            }
-            h += 4;
         }
+        kb += KB;
     }
 
-    let mut inv = [0f32; 64];
-    let full = n - n % 8;
-    for (h, inv_h) in inv.iter_mut().enumerate().take(rep) {
-        let sc = &mut scores[h * n..(h + 1) * n];
-        let p = sc.as_mut_ptr();
-        let mut maxv = _mm256_set1_ps(f32::NEG_INFINITY);
-        for i in (0..full).step_by(8) {
-            maxv = _mm256_max_ps(maxv, _mm256_loadu_ps(p.add(i)));
+    for i in 0..m {
+        let (r, h) = (i / rep, i % rep);
+        let inv = _mm256_set1_ps(1.0 / *sum.add(i));
+        let op = out.add(r * t.q_cols + (t.head0 + h) * HD);
+        for c in 0..HV {
+            _mm256_storeu_ps(op.add(8 * c), _mm256_mul_ps(_mm256_loadu_ps(o.add(i * HD + 8 * c)), inv));
         }
-        let mut lanes = [0f32; 8];
-        _mm256_storeu_ps(lanes.as_mut_ptr(), maxv);
-        let max = lanes.iter().chain(&sc[full..]).fold(f32::NEG_INFINITY, |m, &v| m.max(v));
-        let maxv = _mm256_set1_ps(max);
-        let mut sumv = _mm256_setzero_ps();
-        for i in (0..full).step_by(8) {
-            let e = exp256(_mm256_sub_ps(_mm256_loadu_ps(p.add(i)), maxv));
-            _mm256_storeu_ps(p.add(i), e);
-            sumv = _mm256_add_ps(sumv, e);
-        }
-        _mm256_storeu_ps(lanes.as_mut_ptr(), sumv);
-        let mut sum: f32 = lanes.iter().sum();
-        for v in &mut sc[full..] {
-            *v = (*v - max).exp();
-            sum += *v;
-        }
-        *inv_h = 1.0 / sum;
     }
+}
 
-    for (h, &inv_h) in inv.iter().enumerate().take(rep) {
-        let mut acc = [_mm256_setzero_ps(); HD];
-        for (j, &slot) in a.keys.iter().enumerate() {
-            let vp = a.v.as_ptr().add(row(slot));
-            let p = _mm256_set1_ps(*scores.get_unchecked(h * n + j));
-            for (i, o) in acc.iter_mut().enumerate() {
-                *o = _mm256_fmadd_ps(p, _mm256_cvtph_ps(_mm_loadu_si128(vp.add(8 * i).cast())), *o);
+/// Scores of the query vectors `iv0..iv0 + NI` against keys `0..nj4` (4 at a time):
+/// `s[j][i] = Σ_d qt[d][i] · kf[j][d]`, summed in `d` order from zero.
+#[inline(always)]
+unsafe fn scores<const HD: usize, const NI: usize>(
+    qt: *const f32,
+    kf: *const f32,
+    s: *mut f32,
+    mp: usize,
+    iv0: usize,
+    nj4: usize,
+) {
+    let mut j = 0;
+    while j < nj4 {
+        let mut acc = [[_mm256_setzero_ps(); NI]; 4];
+        for d in 0..HD {
+            let mut qv = [_mm256_setzero_ps(); NI];
+            for (c, q) in qv.iter_mut().enumerate() {
+                *q = _mm256_loadu_ps(qt.add(d * mp + 8 * (iv0 + c)));
+            }
+            for (jj, acc_j) in acc.iter_mut().enumerate() {
+                let k = _mm256_broadcast_ss(&*kf.add((j + jj) * HD + d));
+                for (a, q) in acc_j.iter_mut().zip(&qv) {
+                    *a = _mm256_fmadd_ps(*q, k, *a);
+                }
             }
         }
-        let s = _mm256_set1_ps(inv_h);
-        let op = out.as_mut_ptr().add(h * hd);
-        for (i, o) in acc.iter().enumerate() {
-            _mm256_storeu_ps(op.add(8 * i), _mm256_mul_ps(*o, s));
+        for (jj, acc_j) in acc.iter().enumerate() {
+            for (c, a) in acc_j.iter().enumerate() {
+                _mm256_storeu_ps(s.add((j + jj) * mp + 8 * (iv0 + c)), *a);
+            }
+        }
+        j += 4;
+    }
+}
+
+/// `o[i] = o[i] · alpha[i] + Σ_j s[j][i] · vf[j]` for queries `i0..i0 + NQ`, on the head's
+/// vectors `c0..c0 + 4`.
+#[inline(always)]
+#[allow(clippy::too_many_arguments)]
+unsafe fn values<const HD: usize, const NQ: usize>(
+    s: *const f32,
+    vf: *const f32,
+    o: *mut f32,
+    alpha: *const f32,
+    mp: usize,
+    i0: usize,
+    c0: usize,
+    nj4: usize,
+) {
+    let mut acc = [[_mm256_setzero_ps(); 4]; NQ];
+    for (q, acc_q) in acc.iter_mut().enumerate() {
+        let a = _mm256_set1_ps(*alpha.add(i0 + q));
+        for (c, x) in acc_q.iter_mut().enumerate() {
+            *x = _mm256_mul_ps(_mm256_loadu_ps(o.add((i0 + q) * HD + 8 * (c0 + c))), a);
+        }
+    }
+    for j in 0..nj4 {
+        let mut v = [_mm256_setzero_ps(); 4];
+        for (c, x) in v.iter_mut().enumerate() {
+            *x = _mm256_loadu_ps(vf.add(j * HD + 8 * (c0 + c)));
+        }
+        for (q, acc_q) in acc.iter_mut().enumerate() {
+            let p = _mm256_broadcast_ss(&*s.add(j * mp + i0 + q));
+            for (x, vc) in acc_q.iter_mut().zip(&v) {
+                *x = _mm256_fmadd_ps(p, *vc, *x);
+            }
+        }
+    }
+    for (q, acc_q) in acc.iter().enumerate() {
+        for (c, x) in acc_q.iter().enumerate() {
+            _mm256_storeu_ps(o.add((i0 + q) * HD + 8 * (c0 + c)), *x);
         }
     }
 }

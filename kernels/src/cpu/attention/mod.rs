@@ -2,14 +2,14 @@
 //! `p` reads the slots of positions `0..=p` in order, so its result is the
 //! same whether it is part of a prefill chunk or a single decode step.
 //!
-//! Levels with a tile kernel (`Kernels::tile`, AVX-512) split the work into
+//! Levels with a tile kernel (`Kernels::tile`: AVX2, AVX-512) split the work into
 //! (block of query rows, KV head) tasks computed flash-attention style: the
 //! keys in fixed blocks of [`KEY_BLOCK`] positions, each block's K and V read
 //! and converted from f16 once for all the tile's query heads, an online
 //! softmax across blocks. Every query's arithmetic is the same whatever tile
 //! it is in (blocks start at fixed positions, and keys a query may not see
 //! add exact zeros), so results stay independent of batching and chunking.
-//! Other levels use one task per (query row, KV head) with the level's
+//! The scalar level uses one task per (query row, KV head) with
 //! `Kernels::attend`.
 
 #[cfg(target_arch = "x86_64")]

@@ -329,6 +329,15 @@ fn attend_avx512(a: &Attend<'_>, scores: &mut [f32], out: &mut [f32]) {
 /// As for [`TileFn`]; reachable only through `Kernels::for_level`, which
 /// checked the features.
 #[cfg(target_arch = "x86_64")]
+unsafe fn tile_avx2(t: &Tile<'_>, sc: &mut TileScratch, out: *mut f32) {
+    // SAFETY: the caller's contract, and the CPU was checked.
+    unsafe { super::attention::avx2::tile(t, sc, out) }
+}
+
+/// # Safety
+/// As for [`TileFn`]; reachable only through `Kernels::for_level`, which
+/// checked the features.
+#[cfg(target_arch = "x86_64")]
 unsafe fn tile_avx512(t: &Tile<'_>, sc: &mut TileScratch, out: *mut f32) {
     // SAFETY: the caller's contract, and the CPU was checked.
     unsafe { super::attention::avx512::tile(t, sc, out) }
@@ -424,6 +433,7 @@ impl Kernels {
             #[cfg(target_arch = "x86_64")]
             SimdLevel::Avx2 => Some(Kernels {
                 attend: attend_avx2,
+                tile: Some(tile_avx2),
                 silu_mul: silu_mul_avx2,
                 gemm_q4_0: Some(avx2::gemm_q4_0),
                 gemm_q5_0: Some(avx2::gemm_q5_0),
