@@ -117,6 +117,30 @@ impl JsonCall {
         matches!(key, Some("arguments" | "parameters"))
     }
 
+    /// Character `c` (at byte `i`) before the call's object, or between a list's objects:
+    /// `Some(n)` when the call ends there, its first `n` bytes of the text being its own.
+    fn before(&mut self, c: char, i: usize) -> Option<usize> {
+        match c {
+            '{' => {
+                self.before_object = false;
+                self.depth = 1;
+                self.raw.push(c);
+                None
+            }
+            ']' if self.list => {
+                self.list_done = true;
+                self.done = true;
+                Some(i + 1)
+            }
+            _ if c.is_whitespace() || (self.list && c == ',') => None,
+            _ => {
+                // Not a call after all: what is left is not this scanner's.
+                self.done = true;
+                Some(i)
+            }
+        }
+    }
+
     /// Scans `text`; returns how many of its bytes belong to this call.
     pub(super) fn feed(&mut self, text: &str) -> usize {
         for (i, c) in text.char_indices() {
@@ -124,23 +148,8 @@ impl JsonCall {
                 return i;
             }
             if self.before_object {
-                match c {
-                    '{' => {
-                        self.before_object = false;
-                        self.depth = 1;
-                        self.raw.push(c);
-                    }
-                    ']' if self.list => {
-                        self.list_done = true;
-                        self.done = true;
-                        return i + 1;
-                    }
-                    _ if c.is_whitespace() || (self.list && c == ',') => {}
-                    _ => {
-                        // Not a call after all: what is left is not this scanner's.
-                        self.done = true;
-                        return i;
-                    }
+                if let Some(taken) = self.before(c, i) {
+                    return taken;
                 }
                 continue;
             }
