@@ -58,7 +58,10 @@ where
     (median(benign), median(hostile))
 }
 
+// A ratio of timings: the project keeps those out of the test suite (a shared CI machine makes
+// them flaky); `scripts/fairness-check.sh` runs it (`--ignored`) before its real-model check.
 #[tokio::test]
+#[ignore = "a timing ratio: run by scripts/fairness-check.sh"]
 async fn a_tenants_attacks_leave_another_tenants_latency_alone() {
     let app = spawn_app().await;
     let (_, attacker) = app.tenant("attacker").await;
