@@ -10,7 +10,7 @@
 //!
 //! Safety: requires the features of `SimdLevel::Avx2`.
 
-use super::{tile_by_rows, Attend, Tile, TileScratch, KEY_BLOCK};
+use super::{tile_by_rows, Attend, Tile, TileBufs, TileScratch, KEY_BLOCK};
 use std::arch::x86_64::*;
 
 const LOG2E: f32 = std::f32::consts::LOG2_E;
@@ -74,54 +74,9 @@ pub unsafe fn tile(t: &Tile<'_>, sc: &mut TileScratch, out: *mut f32) {
 #[inline(always)]
 unsafe fn tile_hd<const HV: usize, const HD: usize>(t: &Tile<'_>, sc: &mut TileScratch, out: *mut f32) {
     const KB: usize = KEY_BLOCK;
-    let (rows, rep) = (t.rows, t.rep);
-    let m = rows * rep;
-    if m == 0 {
-        return;
-    }
-    let mv = m.div_ceil(8);
-    let mp = mv * 8;
+    let Some(bufs) = TileBufs::carve(t, sc, 8) else { return };
+    let TileBufs { m, mv, mp, qt, s, kf, vf, o, mx, sum, alpha, qpos } = bufs;
     let nk = t.keys.len();
-    // Scratch: qt (HD × mp) | s (KB × mp) | kf, vf (KB × HD) | o (m × HD) | max, sum, alpha (mp).
-    let total = HD * mp + KB * mp + 2 * KB * HD + m * HD + 3 * mp;
-    if sc.f.len() < total {
-        sc.f.resize(total, 0.0);
-    }
-    if sc.i.len() < mp {
-        sc.i.resize(mp, 0);
-    }
-    let qt = sc.f.as_mut_ptr();
-    let s = qt.add(HD * mp);
-    let kf = s.add(KB * mp);
-    let vf = kf.add(KB * HD);
-    let o = vf.add(KB * HD);
-    let mx = o.add(m * HD);
-    let sum = mx.add(mp);
-    let alpha = sum.add(mp);
-    let qpos = sc.i.as_mut_ptr();
-
-    // Queries transposed (lane = query) and pre-scaled; padding lanes are zero queries at the
-    // last row's position.
-    for r in 0..rows {
-        for h in 0..rep {
-            let i = r * rep + h;
-            let qp = t.q.as_ptr().add(r * t.q_cols + (t.head0 + h) * HD);
-            for d in 0..HD {
-                *qt.add(d * mp + i) = *qp.add(d) * t.scale;
-            }
-        }
-    }
-    for d in 0..HD {
-        for i in m..mp {
-            *qt.add(d * mp + i) = 0.0;
-        }
-    }
-    for i in 0..mp {
-        *qpos.add(i) = (t.pos0 + i.min(m - 1) / rep) as i32;
-        *mx.add(i) = f32::NEG_INFINITY;
-        *sum.add(i) = 0.0;
-    }
-    std::ptr::write_bytes(o, 0, m * HD);
 
     let mut kb = 0;
     while kb < nk {
@@ -192,14 +147,7 @@ unsafe fn tile_hd<const HV: usize, const HD: usize>(t: &Tile<'_>, sc: &mut TileS
         kb += KB;
     }
 
-    for i in 0..m {
-        let (r, h) = (i / rep, i % rep);
-        let inv = _mm256_set1_ps(1.0 / *sum.add(i));
-        let op = out.add(r * t.q_cols + (t.head0 + h) * HD);
-        for c in 0..HV {
-            _mm256_storeu_ps(op.add(8 * c), _mm256_mul_ps(_mm256_loadu_ps(o.add(i * HD + 8 * c)), inv));
-        }
-    }
+    bufs.finish(t, out);
 }
 
 /// Scores of the query vectors `iv0..iv0 + NI` against keys `0..nj4` (4 at a time):

@@ -93,6 +93,117 @@ pub struct TileScratch {
 /// meanwhile; the CPU must support the kernel's level.
 pub type TileFn = unsafe fn(&Tile<'_>, &mut TileScratch, *mut f32);
 
+/// A tile kernel's buffers, carved out of its [`TileScratch`] by [`TileBufs::carve`], with the
+/// tile's `m = rows · rep` queries padded to `mp` (a whole number `mv` of vectors of `lanes`).
+pub(super) struct TileBufs {
+    pub m: usize,
+    pub mv: usize,
+    pub mp: usize,
+    /// The queries transposed (`hd × mp`: lane = query) and pre-scaled; padding lanes are zero
+    /// queries at the last row's position.
+    pub qt: *mut f32,
+    /// Scores of a key block (`KEY_BLOCK × mp`).
+    pub s: *mut f32,
+    /// A key block's K and V in f32 (`KEY_BLOCK × hd` each).
+    pub kf: *mut f32,
+    pub vf: *mut f32,
+    /// The output accumulators (`m × hd`), zero.
+    pub o: *mut f32,
+    /// The running max (−∞), sum (0) and rescale factor of each query (`mp` each).
+    pub mx: *mut f32,
+    pub sum: *mut f32,
+    pub alpha: *mut f32,
+    /// Each query's position (`mp`).
+    pub qpos: *mut i32,
+}
+
+impl TileBufs {
+    /// Sizes `sc` for the tile (head size `hd`, vectors of `lanes` queries), carves it and sets
+    /// every buffer's starting values; `None` for a tile without queries. The pointers are valid
+    /// while `sc` is not touched otherwise.
+    ///
+    /// # Safety
+    /// `t.q` must hold `rows` rows of `q_cols` values with heads `head0..head0 + rep` of `hd`
+    /// values each in them (as [`attention`] builds tiles).
+    #[inline(always)]
+    pub(super) unsafe fn carve(t: &Tile<'_>, sc: &mut TileScratch, lanes: usize) -> Option<TileBufs> {
+        const KB: usize = KEY_BLOCK;
+        let (hd, rep) = (t.hd, t.rep);
+        let m = t.rows * rep;
+        if m == 0 {
+            return None;
+        }
+        let mv = m.div_ceil(lanes);
+        let mp = mv * lanes;
+        // qt (hd × mp) | s (KB × mp) | kf, vf (KB × hd) | o (m × hd) | max, sum, alpha (mp).
+        let total = hd * mp + KB * mp + 2 * KB * hd + m * hd + 3 * mp;
+        if sc.f.len() < total {
+            sc.f.resize(total, 0.0);
+        }
+        if sc.i.len() < mp {
+            sc.i.resize(mp, 0);
+        }
+        // SAFETY: every offset below is within the `total` values just ensured.
+        let (qt, s, kf, vf, o, mx, sum, alpha) = unsafe {
+            let qt = sc.f.as_mut_ptr();
+            let s = qt.add(hd * mp);
+            let kf = s.add(KB * mp);
+            let vf = kf.add(KB * hd);
+            let o = vf.add(KB * hd);
+            let mx = o.add(m * hd);
+            let sum = mx.add(mp);
+            (qt, s, kf, vf, o, mx, sum, sum.add(mp))
+        };
+        let b = TileBufs { m, mv, mp, qt, s, kf, vf, o, mx, sum, alpha, qpos: sc.i.as_mut_ptr() };
+        // SAFETY: the reads of `t.q` are within its rows and heads (the caller's promise); the
+        // writes are within the buffers carved above.
+        unsafe {
+            for r in 0..t.rows {
+                for h in 0..rep {
+                    let i = r * rep + h;
+                    let qp = t.q.as_ptr().add(r * t.q_cols + (t.head0 + h) * hd);
+                    for d in 0..hd {
+                        *b.qt.add(d * mp + i) = *qp.add(d) * t.scale;
+                    }
+                }
+            }
+            for d in 0..hd {
+                for i in m..mp {
+                    *b.qt.add(d * mp + i) = 0.0;
+                }
+            }
+            for i in 0..mp {
+                *b.qpos.add(i) = (t.pos0 + i.min(m - 1) / rep) as i32;
+                *b.mx.add(i) = f32::NEG_INFINITY;
+                *b.sum.add(i) = 0.0;
+            }
+            std::ptr::write_bytes(b.o, 0, m * hd);
+        }
+        Some(b)
+    }
+
+    /// Writes each query's output (its accumulators over its sum) to its head of its row in
+    /// `out` (laid out as `t.q`).
+    ///
+    /// # Safety
+    /// `out` as a [`TileFn`]'s; the buffers as [`TileBufs::carve`] left them, accumulated.
+    #[inline(always)]
+    pub(super) unsafe fn finish(&self, t: &Tile<'_>, out: *mut f32) {
+        let hd = t.hd;
+        for i in 0..self.m {
+            let (r, h) = (i / t.rep, i % t.rep);
+            // SAFETY: `sum` and `o` hold `m` queries; `out`'s span is the caller's promise.
+            unsafe {
+                let inv = 1.0 / *self.sum.add(i);
+                let op = out.add(r * t.q_cols + (t.head0 + h) * hd);
+                for d in 0..hd {
+                    *op.add(d) = *self.o.add(i * hd + d) * inv;
+                }
+            }
+        }
+    }
+}
+
 /// Query rows per tile: about 128 query heads per task.
 fn tile_rows(rep: usize) -> usize {
     (128 / rep.max(1)).max(1)
