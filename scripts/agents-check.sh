@@ -5,9 +5,11 @@
 # endpoint, and run headless in a throwaway git repository with a task that
 # needs a tool ("read notes.txt and tell me the secret number").
 #
-#   scripts/agents-check.sh            Qwen Code and Codex CLI (what scripts/test.sh runs)
+#   scripts/agents-check.sh            Qwen Code and Codex CLI, unbound and bound to a repository
+#                                      (what scripts/test.sh runs)
 #   scripts/agents-check.sh --all      also opencode, aider and the Continue autocomplete replay
-#   scripts/agents-check.sh qwen aider  the clients named (qwen, codex, opencode, aider, continue)
+#   scripts/agents-check.sh qwen aider  the clients named (qwen, codex, opencode, aider, continue,
+#                                      qwen-bound, codex-bound)
 #   AGENTS_RECORD=trace.jsonl ...      also record every request the clients send (scripts/record_proxy.py)
 #
 # A client passes when it exits 0, cachet's log shows no 4xx/5xx answer during
@@ -17,6 +19,11 @@
 # a clean run in which the model chose not to call a tool is tried again (up to
 # AGENTS_ATTEMPTS, 6: the 0.5B model calls Qwen Code's tool in about half of its runs). Whether the 0.5B model then solves the task is reported,
 # not required; the table's seconds are the last try's.
+# The -bound runs register the throwaway repository with cachet and bind the client to it
+# through its own settings only (Qwen Code: the model name `<model>@<repository>`; Codex: an
+# `X-Cachet-Repository` header in its provider's `http_headers`, docs/agents.md): they pass when
+# every completion request of the run was rendered with the repository's context
+# (cachet:bound_prompts_total); a tool call is not required (the note is in the context).
 # The table goes to stdout and to target/agents-check.md.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -29,9 +36,9 @@ OPENCODE=opencode-ai@1.18.33
 AIDER=aider-chat==0.86.2
 TIMEOUT=${AGENTS_TIMEOUT:-900}
 
-CLIENTS=(qwen codex)
+CLIENTS=(qwen codex qwen-bound codex-bound)
 if [ "${1:-}" = "--all" ]; then
-  CLIENTS=(qwen codex opencode aider continue)
+  CLIENTS=(qwen codex qwen-bound codex-bound opencode aider continue)
 elif [ $# -gt 0 ]; then
   CLIENTS=("$@")
 fi
@@ -66,7 +73,8 @@ cleanup() {
 }
 trap cleanup EXIT
 # info: actix's access log (one line per request, with its status).
-RUST_LOG=info,cachet_engine=warn "$BIN" serve --bind "127.0.0.1:$PORT" --data-dir "$DATA/server" > "$LOG" 2>&1 &
+# Repositories may be registered from under $DATA (the -bound runs register their work folder).
+CACHET_CONTEXT__ALLOWED_ROOT=$DATA RUST_LOG=info,cachet_engine=warn "$BIN" serve --bind "127.0.0.1:$PORT" --data-dir "$DATA/server" > "$LOG" 2>&1 &
 PID=$!
 wait_http "$BASE/readyz" "cachet serve" "$PID" "$LOG"
 TENANT=$("$BIN" tenants create agents-check --data-dir "$DATA/server" 2>/dev/null)
@@ -94,6 +102,22 @@ repo() {
 
 TASK="Read the file notes.txt and tell me the secret number in it."
 
+# Registers a work folder as the tenant's repository named after it; waits until it is ready.
+register() {
+  local name id status
+  name=$(basename "$1")
+  id=$(curl -fs -H "Authorization: Bearer $TOKEN" -H 'content-type: application/json' \
+    -d "{\"url\": \"$1\", \"name\": \"$name\"}" "$BASE/v1/repos" | python3 -c 'import json, sys; print(json.load(sys.stdin)["id"])')
+  for _ in $(seq 300); do
+    status=$(curl -fs -H "Authorization: Bearer $TOKEN" "$BASE/v1/repos/$id" | python3 -c 'import json, sys; print(json.load(sys.stdin)["status"])')
+    if [ "$status" = ready ]; then echo "$name"; return 0; fi
+    [ "$status" = fetching ] || { echo "registering $1: $status" >&2; return 1; }
+    sleep 0.2
+  done
+  echo "registering $1: still fetching" >&2
+  return 1
+}
+
 run_qwen() {
   npm_install "$QWEN_CODE"
   VERSION=$("$TOOLS/node_modules/.bin/qwen" --version)
@@ -115,7 +139,7 @@ EOF
   # For any model named qwen*-coder it teaches Qwen3-Coder's XML call format in its system prompt;
   # Qwen2.5-Coder models call tools in JSON inside <tool_call> (what their chat template, which
   # cachet renders, shows them), which is its "qwen-vl" style.
-  (cd "$1" && HOME=$home OPENAI_BASE_URL="$CLIENT_BASE/v1" OPENAI_API_KEY="$TOKEN" OPENAI_MODEL="$MODEL" \
+  (cd "$1" && HOME=$home OPENAI_BASE_URL="$CLIENT_BASE/v1" OPENAI_API_KEY="$TOKEN" OPENAI_MODEL="${QWEN_MODEL:-$MODEL}" \
     QWEN_CODE_TOOL_CALL_STYLE=qwen-vl QWEN_SYSTEM_MD="$home/.qwen/system.md" \
     timeout "$TIMEOUT" "$TOOLS/node_modules/.bin/qwen" --auth-type openai --approval-mode yolo --bare \
     -p "Use the read_file tool to read notes.txt, then tell me the secret number in it.")
@@ -138,6 +162,7 @@ name = "cachet"
 base_url = "$CLIENT_BASE/v1"
 env_key = "CACHET_TOKEN"
 wire_api = "responses"
+${CODEX_HEADERS:-}
 
 [features]
 multi_agent = false
@@ -145,6 +170,20 @@ goals = false
 EOF
   (cd "$1" && CODEX_HOME=$home timeout "$TIMEOUT" "$TOOLS/node_modules/.bin/codex" exec --skip-git-repo-check \
     "Run the shell command \`cat notes.txt\` with exec_command, then tell me the secret number." </dev/null)
+}
+
+# Bound to the work folder, registered as a repository: by the model name (Qwen Code) and by a
+# header (Codex, whose model keeps the name its metadata is for).
+run_qwen_bound() {
+  local name
+  name=$(register "$1") || return 1
+  QWEN_MODEL="$MODEL@$name" run_qwen "$1"
+}
+
+run_codex_bound() {
+  local name
+  name=$(register "$1") || return 1
+  CODEX_HEADERS="http_headers = { \"X-Cachet-Repository\" = \"$name\" }" run_codex "$1"
 }
 
 run_opencode() {
@@ -208,10 +247,11 @@ TABLE=$ROOT/target/agents-check.md
 } > "$TABLE"
 # One run of a client: sets RC, SECS, CALLS, RESULTS, REQUESTS, ERRORS, SOLVED.
 attempt() {
-  local client=$1 dir calls0 results0 lines0 start access
+  local client=$1 dir calls0 results0 bound0 lines0 start access
   dir=$(repo "$client-$2")
   calls0=$(metric cachet:tool_calls_total)
   results0=$(metric cachet:tool_results_total)
+  bound0=$(metric cachet:bound_prompts_total)
   lines0=$(wc -l < "$LOG")
   CLIENT_BASE=$BASE
   local proxy=
@@ -226,16 +266,18 @@ attempt() {
   fi
   start=$(date +%s)
   set +e
-  "run_$client" "$dir" > "$DATA/$client.out" 2>&1
+  "run_${client//-/_}" "$dir" > "$DATA/$client.out" 2>&1
   RC=$?
   set -e
   [ -z "$proxy" ] || { kill "$proxy"; wait "$proxy" 2>/dev/null || true; }
   SECS=$(( $(date +%s) - start ))
   CALLS=$(( $(metric cachet:tool_calls_total) - calls0 ))
   RESULTS=$(( $(metric cachet:tool_results_total) - results0 ))
+  BOUND=$(( $(metric cachet:bound_prompts_total) - bound0 ))
   # The access log: one `request status=…` event per request, in its `http{method=… path=…}` span.
   access=$(tail -n +"$((lines0 + 1))" "$LOG" | grep -E 'method=(GET|POST) path=/v1/[^ ]* .*: request status=' || true)
   REQUESTS=$(printf '%s' "$access" | grep -c . || true)
+  COMPLETIONS=$(printf '%s' "$access" | grep -cE 'method=POST path=/v1/(chat/completions|responses) ' || true)
   ERRORS=$(printf '%s' "$access" | grep -E 'status=[45][0-9][0-9]' || true)
   SOLVED=no
   if grep -q 4217 "$DATA/$client.out"; then SOLVED=yes; fi
@@ -255,14 +297,18 @@ for client in "${CLIENTS[@]}"; do
     [ "$RC" = 0 ] || why+=("exit $RC")
     [ -z "$ERRORS" ] || why+=("4xx/5xx answers")
     [ "$REQUESTS" != 0 ] || why+=("no requests")
+    case $client in
+      *-bound) [ "$COMPLETIONS" != 0 ] && [ "$BOUND" = "$COMPLETIONS" ] || why+=("$BOUND of $COMPLETIONS completions bound") ;;
+    esac
     [ ${#why[@]} = 0 ] || break # a hard failure: no retry
     case $client in
-      aider | continue) break ;;
+      aider | continue | *-bound) break ;;
       *) if [ "$CALLS" != 0 ] && [ "$RESULTS" != 0 ]; then break; fi ;;
     esac
   done
   case $client in
     aider | continue) tools="n/a (no tools)" ;;
+    *-bound) tools="$CALLS / $RESULTS (not required; $BOUND of $COMPLETIONS bound)" ;;
     *)
       tools="$CALLS / $RESULTS"
       if [ "$CALLS" = 0 ] || [ "$RESULTS" = 0 ]; then why+=("no tool call round trip"); fi

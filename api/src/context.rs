@@ -29,6 +29,9 @@ pub struct RepoOptions {
     /// What a session's next turn sees after a push changed files in its context (default: the
     /// server's `[context] after_push`).
     pub after_push: Option<AfterPush>,
+    /// Follow the working tree of a repository registered from a local path: uncommitted edits
+    /// are in the context of its checked-out branch within a second or so (`crate::watch`).
+    pub watch: bool,
 }
 
 /// The engine's tokenizer as the context crate's token counter (special
@@ -123,6 +126,23 @@ impl Repos {
             tracing::warn!(repo = %repo.id, "stored context options unreadable ({e}); using defaults");
             RepoOptions::default()
         })
+    }
+
+    /// Whether the repository's working tree is watched (`crate::watch`).
+    pub fn watched(&self, repo: &Repository) -> bool {
+        Self::stored(repo).watch
+    }
+
+    /// The commit `branch`'s context is built at: for a watched repository whose working tree
+    /// has that branch checked out, the latest snapshot of the working tree; else the branch's
+    /// head.
+    pub fn head(&self, repo: &Repository, mirror: &Mirror, branch: &str) -> Result<CommitId, ContextError> {
+        if self.watched(repo) {
+            if let Some(snapshot) = mirror.worktree_head(branch)? {
+                return Ok(snapshot);
+            }
+        }
+        mirror.branch_head(branch)
     }
 
     /// What a session's next turn sees after a push to the repository.

@@ -51,3 +51,4 @@ pub mod startup;
 pub mod state;
 pub mod sweeper;
 pub mod telemetry;
+pub mod watch;

@@ -91,6 +91,11 @@ pub struct Replica {
     pub bases: crate::sessions::overlay::SessionBases,
     /// Changes made elsewhere (pushes other replicas received, deletions) applied here.
     pub changes_applied: std::sync::atomic::AtomicU64,
+    /// The preambles of bound requests on each branch (`crate::openai::binding`), which a push
+    /// pre-warms the new context behind.
+    pub preambles: crate::openai::binding::Preambles,
+    /// The working trees this replica watches (`crate::watch`).
+    pub watches: crate::watch::Watches,
 }
 
 /// Metrics and the operator's signals.

@@ -20,6 +20,7 @@ pub async fn run(state: web::Data<AppState>) {
     loop {
         // First at start: registrations a dead process left are taken up at once.
         crate::registration::resume_abandoned(&state.store, &state.repos, stale_registration).await;
+        crate::watch::ensure(&state).await;
         tokio::time::sleep(period).await;
         let now = chrono::Utc::now();
         match state.store.close_idle_sessions(now - session_idle).await {

@@ -6,7 +6,7 @@
 //! unless `REQUIRE_MODEL=1`.
 
 use cachet_api::context::PlainTokens;
-use cachet_api::sessions::prompt::{assemble, block, Kind, Message, Piece};
+use cachet_api::sessions::prompt::{assemble, block, Kind, Message, Piece, Render};
 use cachet_context::testing::TestRepo;
 use cachet_context::{ContextBuilder, ContextOptions, Mirror, RepoContext, SegmentKind};
 use cachet_engine::chat_template::ChatTemplate;
@@ -93,7 +93,7 @@ fn session_prompt_tokens_are_the_whole_texts_tokens() {
             ],
         ),
     ];
-    let prompt = assemble(&template, &tok, &messages, None).unwrap();
+    let prompt = assemble(&template, &tok, &messages, Render::with_tools(None)).unwrap();
     assert_eq!(prompt.tokens, tok.encode(&prompt.text, true).unwrap(), "piecewise tokens differ: {}", prompt.text);
     assert!(prompt.text.starts_with("<|im_start|>system\nYou are a careful"));
     assert!(prompt.text.ends_with("Fix the failing test.<|im_end|>\n<|im_start|>assistant\n"));
@@ -105,11 +105,7 @@ fn session_prompt_tokens_are_the_whole_texts_tokens() {
     system.extend(context_pieces);
     let tools = serde_json::json!([{"type": "function", "function": {"name": "run", "description": "Run a command",
         "parameters": {"type": "object", "properties": {"cmd": {"type": "string"}}, "required": ["cmd"]}}}]);
-    let tool = |id: &str, text: &str| Message {
-        role: "tool",
-        pieces: vec![Piece::text(Kind::ToolResult, text)],
-        tool_call_id: Some(id.into()),
-    };
+    let tool = |id: &str, text: &str| Message::tool(vec![Piece::text(Kind::ToolResult, text)], Some(id.into()));
     let messages = vec![
         Message::new("system", system),
         Message::new("user", vec![Piece::text(Kind::HistoryUser, "Run the tests.")]),
@@ -124,7 +120,7 @@ fn session_prompt_tokens_are_the_whole_texts_tokens() {
         tool("call_2", "exit status: 101"),
         Message::new("user", vec![Piece::text(Kind::Question, "Fix it.")]),
     ];
-    let prompt = assemble(&template, &tok, &messages, Some(&tools)).unwrap();
+    let prompt = assemble(&template, &tok, &messages, Render::with_tools(Some(&tools))).unwrap();
     assert_eq!(prompt.tokens, tok.encode(&prompt.text, true).unwrap(), "piecewise tokens differ: {}", prompt.text);
     let tools_at = prompt.text.find("# Tools").unwrap();
     assert!(prompt.text.find("### ").unwrap() < tools_at, "the repository context comes before the tools");
@@ -143,4 +139,49 @@ fn this_repositorys_context_blocks_tokenize_alone() {
     let ctx = context(&tok, &mirror, 8192);
     assert!(ctx.tokens.len() <= 8192 && ctx.tokens.len() > 4096, "{}", ctx.tokens.len());
     assert_blocks_tokenize_alone(&tok, &ctx);
+}
+
+/// A conversation bound to a repository through the OpenAI API (`openai::binding`): the client's
+/// own system prompt and tools first, the repository context as a system message of its own, an
+/// assistant turn that only made a call (empty content, `tool_calls`), its result, and the next
+/// question — still exactly the whole text's tokens, in the real template.
+#[test]
+fn a_bound_conversation_keeps_the_clients_prompt_first_and_its_tokens_exact() {
+    let Some((tok, template)) = real_model() else { return };
+    let dir = tempfile::tempdir().unwrap();
+    let repo = TestRepo::init(dir.path().join("shop")).unwrap();
+    let files: Vec<(&str, Option<&str>)> = FILES.iter().map(|(p, c)| (*p, Some(*c))).collect();
+    repo.commit(&files, "first").unwrap();
+    let ctx = context(&tok, &Mirror::open_path(repo.path()).unwrap(), 4096);
+    let context_pieces: Vec<Piece> = ctx
+        .segments
+        .iter()
+        .map(|s| Piece {
+            tokens: Some(ctx.tokens[s.tokens.clone()].to_vec()),
+            ..Piece::text(Kind::File, &ctx.text[s.text.clone()])
+        })
+        .collect();
+    let tools = serde_json::json!([{"type": "function", "function": {"name": "run", "description": "Run a command",
+        "parameters": {"type": "object", "properties": {"cmd": {"type": "string"}}, "required": ["cmd"]}}}]);
+    let mut call = Message::new("assistant", Vec::new());
+    call.fields.tool_calls = Some(serde_json::json!([{"id": "call_1", "type": "function",
+        "function": {"name": "run", "arguments": {"cmd": "cargo test"}}}]));
+    let messages = vec![
+        Message::new("system", vec![Piece::text(Kind::Instructions, "You are a coding agent. Use the tools.")]),
+        Message::new("system", context_pieces),
+        Message::new("user", vec![Piece::text(Kind::HistoryUser, "Run the tests.")]),
+        call,
+        Message::tool(vec![Piece::text(Kind::HistoryTool, "test cart ... FAILED\n")], Some("call_1".into())),
+        Message::new("user", vec![Piece::text(Kind::HistoryUser, "Fix it.")]),
+    ];
+    let render = Render { tools: Some(&tools), kwargs: None, generation_prompt: true };
+    let prompt = assemble(&template, &tok, &messages, render).unwrap();
+    assert_eq!(prompt.tokens, tok.encode(&prompt.text, true).unwrap(), "piecewise tokens differ: {}", prompt.text);
+    let text = &prompt.text;
+    assert!(text.starts_with("<|im_start|>system\nYou are a coding agent."), "{text}");
+    assert!(text.find("# Tools").unwrap() < text.find("### ").unwrap(), "the tools come before the context: {text}");
+    assert!(text.contains(r#"{"name": "run", "arguments": {"cmd": "cargo test"}}"#), "{text}");
+    // The context's blocks kept their own tokens (the spans a push evicts are exact).
+    let blocks = prompt.segments.iter().filter(|s| s.kind == Kind::File && !s.tokens.is_empty()).count();
+    assert_eq!(blocks, ctx.segments.len());
 }

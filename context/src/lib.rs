@@ -61,5 +61,8 @@ pub use ids::{BlobId, CommitId};
 pub use options::{ContextOptions, FileRules, Order};
 pub use refs::{DefinitionShown, DefinitionsVisible};
 pub use stability::StabilityModel;
-pub use store::{set_network_timeouts, Change, ChangeKind, FileAt, Mirror, RepoStore, Source, SourcePolicy};
+pub use store::{
+    set_network_timeouts, Change, ChangeKind, FileAt, Mirror, RepoStore, Source, SourcePolicy, WorktreeSnapshot,
+    MAX_WORKTREE_CHANGES, MAX_WORKTREE_FILE_BYTES, WORKTREE_REFS,
+};
 pub use tokens::TokenCounter;

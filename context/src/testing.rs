@@ -103,6 +103,15 @@ impl TestRepo {
         Ok(())
     }
 
+    /// Writes the checked-out commit's files into the working tree and the index (commits only
+    /// write objects and refs): what `git checkout -f` does.
+    pub fn checkout(&self) -> Result<(), ContextError> {
+        let repo = self.repo()?;
+        repo.set_head("refs/heads/main")?;
+        repo.checkout_head(Some(git2::build::CheckoutBuilder::new().force()))?;
+        Ok(())
+    }
+
     /// The commit `main` points at.
     pub fn head(&self) -> Result<CommitId, ContextError> {
         let repo = self.repo()?;

@@ -4,9 +4,10 @@
 //! grammar the engine enforces, and calls in the answer become `tool_calls`
 //! (see [`super::tools`]).
 
+use super::binding::{self, Binding};
 use super::tools::{self, ToolFields};
 use super::types::{reject_unknown, ChatCompletion, ChatCompletionRequest, ChatMessageIn, Content, Sampling};
-use super::{execute, model, params, Endpoint, Job};
+use super::{execute, params, Endpoint, Job};
 use crate::auth::TenantAuth;
 use crate::error::ApiError;
 use crate::state::{AppState, Served};
@@ -137,46 +138,57 @@ pub async fn chat_completions(
     body: web::Json<ChatCompletionRequest>,
 ) -> Result<HttpResponse, ApiError> {
     reject_unknown(&body.unknown)?;
-    let served = model(&state, &body.model)?;
+    let (served, binding) = binding::resolve(&state, &auth.0, &http, &body.model).await?;
     let fields = ToolFields::of(&body.tooling, body.sampling.grammar.as_ref());
     let id = crate::telemetry::request_id(&http);
     let kwargs = body.chat_template_kwargs.as_ref();
-    let job = job(id, served, messages(&body)?, fields, kwargs, &body.sampling, Endpoint::ChatCompletions).await?;
+    let conversation = Conversation { messages: messages(&body)?, fields, kwargs, binding };
+    let job = job(id, &state, served, conversation, &body.sampling, Endpoint::ChatCompletions).await?;
     execute(&state, &http, auth, served, &body.sampling, job).await
 }
 
-/// Renders a conversation behind the public system prompt, plans its tools and
-/// grammar, and builds the request (chat completions and the Responses API).
+/// A conversation to render, and what shapes its prompt.
+pub(crate) struct Conversation<'a> {
+    /// The client's messages.
+    pub messages: Vec<ChatMessage>,
+    pub fields: ToolFields<'a>,
+    /// `chat_template_kwargs`.
+    pub kwargs: Option<&'a serde_json::Map<String, Value>>,
+    /// The repository whose context the prompt holds.
+    pub binding: Option<Binding>,
+}
+
+/// Renders a conversation behind the public system prompt (and, bound to a repository, with its
+/// context: see [`binding`]), plans its tools and grammar, and builds the request (chat
+/// completions and the Responses API).
 pub(crate) async fn job(
     id: cachet_tenants::RequestId,
+    state: &AppState,
     served: &Served,
-    messages: Vec<ChatMessage>,
-    fields: ToolFields<'_>,
-    kwargs: Option<&serde_json::Map<String, Value>>,
+    conversation: Conversation<'_>,
     sampling: &Sampling,
     endpoint: Endpoint,
 ) -> Result<Job, ApiError> {
+    let Conversation { messages, fields, kwargs, binding } = conversation;
     super::think::check_kwargs(kwargs)?;
     let template = served.engine.chat_template().ok_or_else(|| ApiError::bad("the model has no chat template"))?;
     let plan = tools::plan(fields, template.source())?;
     super::count_results(endpoint, messages.iter().rev().take_while(|m| m.role == "tool").count());
-    let mut conversation = Vec::new();
-    if let Some((public, _)) = &served.public {
-        conversation.push(ChatMessage::system(public.clone()));
-    }
-    conversation.extend(messages);
-    let text = template
-        .render_with(&conversation, true, plan.template_tools.as_ref(), kwargs.unwrap_or(&serde_json::Map::new()))
-        .map_err(|e| ApiError::bad_param("messages", e.to_string()))?;
-    let think = super::think::template_thinks(template.source()).then(|| super::think::prompt_opens_block(&text));
-    let tokens = super::encode(&served.engine, text).await?;
+    let request = binding::Request::new(served, messages, plan.template_tools.clone(), kwargs.cloned());
+    let rendered = binding::prompt(state, served, request, binding).await?;
+    let think =
+        super::think::template_thinks(template.source()).then(|| super::think::prompt_opens_block(&rendered.text));
     let public = served
         .public
         .as_ref()
-        .filter(|(_, ids)| tokens.starts_with(ids))
+        .filter(|(_, ids)| rendered.tokens.starts_with(ids))
         .map(|(_, ids)| PublicPrefix { template: "chat".into(), tokens: ids.len() });
-    let params = params(sampling, tokens.len(), served)?;
-    let mut job = Job::new(id, endpoint, tokens, public, params);
+    let params = params(sampling, rendered.tokens.len(), served)?;
+    let mut job = Job::new(id, endpoint, rendered.tokens, public, params);
+    job.spans = rendered.spans;
+    if let Some(commit) = rendered.commit {
+        job.headers.push(("x-cachet-context-commit", commit.to_string()));
+    }
     job.grammar = tools::compile(&served.engine, &plan).await?;
     job.calls = plan.calls;
     job.think = think;

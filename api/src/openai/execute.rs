@@ -114,11 +114,19 @@ async fn respond(
             served.id.clone(),
             *echo,
         );
-        if stream {
-            return Ok(responses::answer::respond(builder, (calls, think), first, events, lp_engine));
+        let mut response = match stream {
+            true => responses::answer::respond(builder, (calls, think), first, events, lp_engine),
+            false => {
+                let ((text, _, entries), completion) = collect(first, &mut events, &served.engine).await?;
+                responses::answer::whole(builder, (calls, think), &text, &entries, &completion)
+            }
+        };
+        for (name, value) in &headers {
+            if let Ok(value) = actix_web::http::header::HeaderValue::from_str(value) {
+                response.headers_mut().insert(actix_web::http::header::HeaderName::from_static(name), value);
+            }
         }
-        let ((text, _, entries), completion) = collect(first, &mut events, &served.engine).await?;
-        return Ok(responses::answer::whole(builder, (calls, think), &text, &entries, &completion));
+        return Ok(response);
     }
     let ctx = stream::Context {
         id: format!("{}-{}", if chat_shaped(endpoint) { "chatcmpl" } else { "cmpl" }, id.simple()),

@@ -3,6 +3,7 @@
 //! request (scoped to the authenticated tenant, salted by `user`), the
 //! ledger hook, and the answer — one JSON body, or server-sent events.
 
+pub mod binding;
 pub mod chat;
 pub mod completions;
 mod execute;
@@ -36,27 +37,45 @@ fn chat_shaped(endpoint: Endpoint) -> bool {
     matches!(endpoint, Endpoint::ChatCompletions | Endpoint::SessionMessages)
 }
 
-/// The models this server serves.
+/// The models this server serves: the model, and the model bound to each of the tenant's
+/// repositories that are ready (`<model>@<repository>`).
 #[utoipa::path(get, path = "/v1/models", tag = "openai", responses((status = 200, body = ModelList)),
     security(("bearer" = [])))]
 #[get("/v1/models")]
-pub async fn list_models(state: web::Data<AppState>, _auth: TenantAuth) -> Result<HttpResponse, ApiError> {
+pub async fn list_models(state: web::Data<AppState>, auth: TenantAuth) -> Result<HttpResponse, ApiError> {
     let served = state.served()?;
-    Ok(HttpResponse::Ok().json(ModelList {
-        object: "list",
-        data: vec![ModelCard {
-            id: served.id.clone(),
-            object: "model",
-            created: served.created,
-            owned_by: "cachet",
-            max_model_len: served.engine.max_context(),
-            context_length: served.engine.max_context(),
-        }],
-    }))
+    let card = |id: String| ModelCard {
+        id,
+        object: "model",
+        created: served.created,
+        owned_by: "cachet",
+        max_model_len: served.engine.max_context(),
+        context_length: served.engine.max_context(),
+    };
+    let mut data = vec![card(served.id.clone())];
+    // The model bound to each of the tenant's ready repositories (see `binding`).
+    let repos = state.store.repositories(auth.0.id).await?;
+    let ready = repos.iter().filter(|r| crate::registration::ready(r).is_ok());
+    data.extend(ready.map(|r| card(format!("{}@{}", served.id, r.name))));
+    Ok(HttpResponse::Ok().json(ModelList { object: "list", data }))
 }
 
-/// The served model, if `model` names it.
+/// The served model, if `model` names it (without a repository binding: see [`binding`] for the
+/// endpoints that take one).
 pub(crate) fn model<'a>(state: &'a AppState, model: &str) -> Result<&'a Served, ApiError> {
+    if let (name, Some(_)) = binding::split_model(model) {
+        model_named(state, name)?;
+        return Err(ApiError::bad_param(
+            "model",
+            "a repository binding (`model@repository`) applies to /v1/chat/completions, /v1/responses and /tokenize \
+             with messages",
+        ));
+    }
+    model_named(state, model)
+}
+
+/// The served model, if `model` is its id or `default`.
+fn model_named<'a>(state: &'a AppState, model: &str) -> Result<&'a Served, ApiError> {
     let served = state.served()?;
     if model == served.id || model == "default" {
         Ok(served)
@@ -77,7 +96,7 @@ fn user_salt(user: &str) -> Arc<str> {
 /// Bytes of prompt text per token of context beyond which a prompt cannot fit, whatever it says.
 /// The served tokenizers average 3–5 bytes a token on code and prose; 32 leaves room for long runs
 /// of whitespace or repeated characters.
-const MAX_BYTES_PER_TOKEN: usize = 32;
+pub(crate) const MAX_BYTES_PER_TOKEN: usize = 32;
 
 /// Tokenizes a prompt (special tokens parsed) without holding an HTTP worker: a text longer than
 /// the context could hold at [`MAX_BYTES_PER_TOKEN`] is refused (413) before any work, the rest is

@@ -1,16 +1,17 @@
 //! `POST /tokenize` and `POST /detokenize`, in vLLM's shapes: the token ids
 //! cachet would compute for a text prompt (as `/v1/completions` encodes it) or
 //! a conversation (as `/v1/chat/completions` renders it: the operator's system
-//! prompt, the model's chat template, tools), and the text of token ids.
+//! prompt, the model's chat template, tools, and the repository context of a
+//! binding, with what each span of the prompt is), and the text of token ids.
 
+use super::binding;
 use super::chat::message;
 use super::tools::{self, ToolFields};
 use super::types::{reject_unknown, ChatMessageIn, ToolRequest, Unknown};
 use crate::auth::TenantAuth;
 use crate::error::ApiError;
 use crate::state::AppState;
-use actix_web::{post, web, HttpResponse};
-use cachet_engine::chat_template::ChatMessage;
+use actix_web::{post, web, HttpRequest, HttpResponse};
 use serde::Deserialize;
 use serde_json::json;
 
@@ -58,12 +59,18 @@ pub struct DetokenizeRequest {
 #[post("/tokenize")]
 pub async fn tokenize(
     state: web::Data<AppState>,
-    _auth: TenantAuth,
+    http: HttpRequest,
+    auth: TenantAuth,
     body: web::Json<TokenizeRequest>,
 ) -> Result<HttpResponse, ApiError> {
     reject_unknown(&body.unknown)?;
-    let served = super::model(&state, body.model.as_deref().unwrap_or("default"))?;
+    let name = body.model.as_deref().unwrap_or("default");
+    let (served, binding) = match &body.messages {
+        Some(_) => binding::resolve(&state, &auth.0, &http, name).await?,
+        None => (super::model(&state, name)?, None),
+    };
     let tok = served.engine.tokenizer();
+    let mut rendered = None;
     let tokens = match (&body.prompt, &body.messages) {
         (Some(prompt), None) => {
             if body.add_generation_prompt.is_some() || body.tooling.tools.is_some() {
@@ -81,19 +88,14 @@ pub async fn tokenize(
             }
             let template =
                 served.engine.chat_template().ok_or_else(|| ApiError::bad("the model has no chat template"))?;
-            let fields = ToolFields::of(&body.tooling, None);
-            let plan = tools::plan(fields, template.source())?;
-            let mut conversation = Vec::new();
-            if let Some((public, _)) = &served.public {
-                conversation.push(ChatMessage::system(public.clone()));
-            }
-            for (i, m) in messages.iter().enumerate() {
-                conversation.push(message(m, i)?);
-            }
-            let text = template
-                .render(&conversation, body.add_generation_prompt.unwrap_or(true), plan.template_tools.as_ref())
-                .map_err(|e| ApiError::bad_param("messages", e.to_string()))?;
-            super::encode(&served.engine, text).await?
+            let plan = tools::plan(ToolFields::of(&body.tooling, None), template.source())?;
+            let messages = messages.iter().enumerate().map(|(i, m)| message(m, i)).collect::<Result<Vec<_>, _>>()?;
+            let mut request = binding::Request::new(served, messages, plan.template_tools, None);
+            request.generation_prompt = body.add_generation_prompt.unwrap_or(true);
+            let prompt = binding::prompt(&state, served, request, binding).await?;
+            let tokens = prompt.tokens.clone();
+            rendered = Some(prompt);
+            tokens
         }
         _ => return Err(ApiError::bad_param("prompt", "give either prompt or messages")),
     };
@@ -101,12 +103,23 @@ pub async fn tokenize(
         Some(true) => Some(tokens.iter().map(|&t| tok.token(t).unwrap_or_default()).collect::<Vec<_>>()),
         _ => None,
     };
-    Ok(HttpResponse::Ok().json(json!({
+    let mut out = json!({
         "count": tokens.len(),
         "max_model_len": served.engine.max_context(),
         "tokens": tokens,
         "token_strs": token_strs,
-    })))
+    });
+    // Bound to a repository: the commit of its context, and what each span of the prompt is.
+    if let Some(prompt) = rendered.filter(|p| p.commit.is_some()) {
+        out["context_commit"] = json!(prompt.commit.map(|c| c.to_string()));
+        // A watched working tree's snapshot: the commit its uncommitted changes are over.
+        if let Some(head) = prompt.uncommitted_over {
+            out["context_uncommitted_over"] = json!(head.to_string());
+        }
+        out["segments"] = json!(prompt.segments);
+        out["prompt"] = json!(prompt.text);
+    }
+    Ok(HttpResponse::Ok().json(out))
 }
 
 /// The text of token ids (special tokens included).

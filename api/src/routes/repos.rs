@@ -84,7 +84,10 @@ pub async fn create_repo(
 ) -> Result<HttpResponse, ApiError> {
     let body = body.into_inner();
     state.repos.check_options(&body.options)?;
-    state.repos.store.validate(&body.url)?;
+    let source = state.repos.store.validate(&body.url)?;
+    if body.options.watch && !matches!(source, cachet_context::Source::Local(_)) {
+        return Err(ApiError::bad_param("watch", "only a repository registered from a local path can be watched"));
+    }
     let secret = new_secret()?;
     let options = serde_json::to_value(&body.options).unwrap_or_default();
     let name = body.name.clone().unwrap_or_else(|| name_from(&body.url));
@@ -107,6 +110,10 @@ pub async fn create_repo(
             out["status"] = json!(RepoStatus::Ready.as_str());
             out["default_branch"] = json!(fetched.default_branch);
             out["head"] = json!(fetched.head);
+            // The sweeper starts the watch of a registration that finishes later.
+            if let Ok(Some(ready)) = state.store.repository(auth.0.id, repo.id).await {
+                crate::watch::start(&state, &ready).await?;
+            }
             Ok(HttpResponse::Created().json(out))
         }
         Ok(Ok(Err(e))) => {
@@ -189,6 +196,7 @@ pub async fn delete_repo(
         .delete_repository(auth.0.id, id)
         .await?
         .ok_or_else(|| ApiError::NotFound(format!("repository {id}")))?;
+    state.replica.watches.stop(id);
     if let Some(served) = state.model.served.get() {
         for session in &closed {
             served.engine.release(retention_key(auth.0.id, *session));

@@ -158,11 +158,11 @@ pub async fn git_webhook(
     Store::record_invalidation(&mut tx, &inv, state.replica.id).await?;
     tx.commit().await.map_err(cachet_tenants::StoreError::from)?;
     tracing::info!(repo = %repo.id, %branch, paths = applied.paths.len(), evicted = applied.evicted,
-                   prewarmed = applied.prewarmed, "push applied");
+                   prewarmed = applied.prewarmed, bound_prewarmed = applied.bound, "push applied");
     Ok(HttpResponse::Ok().json(json!({
         "event": "push", "delivery": delivery, "ref": push.git_ref, "before": push.before, "after": push.after,
         "changed_paths": applied.paths, "evicted_tokens": applied.evicted, "prewarmed": applied.prewarmed,
-        "overlays_prewarmed": applied.overlays,
+        "overlays_prewarmed": applied.overlays, "bound_prewarmed": applied.bound,
     })))
 }
 
@@ -174,6 +174,8 @@ pub(crate) struct Applied {
     /// Sessions left behind whose next turn's prefix (with its overlay) was computed before the
     /// webhook answered.
     pub overlays: usize,
+    /// Pre-warm requests sent for the preambles of bound requests (`crate::openai::binding`).
+    pub bound: usize,
 }
 
 /// Which replica received a push.
@@ -225,7 +227,7 @@ pub(crate) async fn apply(
     .map_err(|e| ApiError::Internal(e.to_string()))??;
 
     let Some(served) = state.model.served.get() else {
-        return Ok(Applied { paths, evicted: 0, prewarmed: 0, overlays: 0 });
+        return Ok(Applied { paths, evicted: 0, prewarmed: 0, overlays: 0, bound: 0 });
     };
     let mut evicted = 0;
     // With overlays, the sessions this replica serves on the branch keep using their warm
@@ -238,12 +240,14 @@ pub(crate) async fn apply(
         evicted += served.engine.invalidate(&source, versions.get(path).map(String::as_str)).await.unwrap_or(0);
     }
     let serves_branch = || state.served_branch_within(repo.id, branch, crate::sessions::idle(state));
-    let (prewarmed, overlays) = if is_zero(&push.after) || (received == Received::Elsewhere && !serves_branch()) {
-        (0, 0)
+    let (prewarmed, overlays, bound) = if is_zero(&push.after) || (received == Received::Elsewhere && !serves_branch())
+    {
+        (0, 0, 0)
     } else {
-        prewarm(state, served, repo, branch).await?
+        let (prewarmed, overlays) = prewarm(state, served, repo, branch).await?;
+        (prewarmed, overlays, crate::openai::binding::prewarm(state, served, repo, branch).await)
     };
-    Ok(Applied { paths, evicted, prewarmed, overlays })
+    Ok(Applied { paths, evicted, prewarmed, overlays, bound })
 }
 
 /// Pre-warms the branch's repository context if a session on it is active; with overlays,
@@ -262,7 +266,7 @@ async fn prewarm(
     let (st, r, b) = (state.clone(), repo.clone(), branch.to_string());
     let prompt = web::block(move || {
         let served = st.served()?;
-        let commit: CommitId = st.repos.mirror(&r)?.branch_head(&b)?;
+        let commit: CommitId = st.repos.head(&r, &st.repos.mirror(&r)?, &b)?;
         session_prompt(&st.repos, served, &r, &b, &At::head(commit), &[], None)
     })
     .await

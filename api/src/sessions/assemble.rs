@@ -9,7 +9,7 @@
 //! context stays first, and what was pre-warmed without tools stays reusable.
 
 use super::overlay::{overlay, At, Overlay};
-use super::prompt::{assemble, block, Assembled, Kind, Message, Piece};
+use super::prompt::{assemble, block, Assembled, Kind, Message, Piece, Render};
 use crate::context::{tag_source, Repos};
 use crate::error::ApiError;
 use crate::state::Served;
@@ -71,7 +71,8 @@ pub struct SessionPrompt {
     pub context_end: usize,
 }
 
-fn context_pieces(ctx: &RepoContext) -> Vec<Piece> {
+/// The repository context as prompt pieces, with their tokens.
+pub(crate) fn context_pieces(ctx: &RepoContext) -> Vec<Piece> {
     ctx.segments
         .iter()
         .map(|s| Piece {
@@ -115,7 +116,9 @@ fn history_messages(served: &Served, history: &[Turn]) -> Vec<Message> {
                     piece.tokens = Some(tokens);
                 }
             }
-            Message { role, pieces: vec![piece], tool_call_id: turn.tool_call_id.clone() }
+            let mut message = Message::new(role, vec![piece]);
+            message.fields.tool_call_id = turn.tool_call_id.clone();
+            message
         })
         .collect()
 }
@@ -195,11 +198,7 @@ fn tool_messages(turn: &TurnInput) -> Result<Vec<Message>, ApiError> {
                     format!("a tool result may be at most {MAX_TOOL_RESULT_BYTES} bytes"),
                 ));
             }
-            Ok(Message {
-                role: "tool",
-                pieces: vec![Piece::text(Kind::ToolResult, r.content.clone())],
-                tool_call_id: Some(r.tool_call_id.clone()),
-            })
+            Ok(Message::tool(vec![Piece::text(Kind::ToolResult, r.content.clone())], Some(r.tool_call_id.clone())))
         })
         .collect()
 }
@@ -259,10 +258,11 @@ pub fn session_prompt(
         messages.push(Message::new("user", pieces));
     }
     let tools = turn.and_then(|t| t.tools.as_ref());
-    let assembled = assemble(template, served.engine.tokenizer(), &messages, tools).map_err(|e| match e {
-        super::prompt::PromptError::Tokenizer(m) => ApiError::bad(m),
-        other => ApiError::Internal(other.to_string()),
-    })?;
+    let assembled =
+        assemble(template, served.engine.tokenizer(), &messages, Render::with_tools(tools)).map_err(|e| match e {
+            super::prompt::PromptError::Tokenizer(m) => ApiError::bad(m),
+            other => ApiError::Internal(other.to_string()),
+        })?;
     // Pre-warm fills the system message and the framing after it (when there is one).
     let context_end = if messages.len() > 1 && !messages[0].pieces.is_empty() && messages[0].role == "system" {
         assembled.end_of_frame_after(0)
@@ -285,7 +285,7 @@ pub fn session_prompt(
 }
 
 /// Cache tags for the repository pieces of a prompt.
-fn spans(repo: RepoId, branch: &str, assembled: &Assembled) -> Vec<TokenSpan> {
+pub(crate) fn spans(repo: RepoId, branch: &str, assembled: &Assembled) -> Vec<TokenSpan> {
     assembled
         .segments
         .iter()

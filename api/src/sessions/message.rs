@@ -115,7 +115,7 @@ pub async fn post_message(
     let (st, r, branch, sid) = (state.clone(), repo.clone(), session.branch.clone(), session.id);
     let prompt = web::block(move || {
         let served = st.served()?;
-        let head = st.repos.mirror(&r)?.branch_head(&branch)?;
+        let head = st.repos.head(&r, &st.repos.mirror(&r)?, &branch)?;
         // The warm base and an overlay of what changed since, or the head (see `overlay`).
         let at = st.replica.bases.plan(sid, &head, history.len(), st.repos.after_push(&r));
         session_prompt(&st.repos, served, &r, &branch, &at, &history, Some(&turn))

@@ -113,7 +113,7 @@ pub async fn create_session(
         if let Err(e) = mirror.fetch() {
             tracing::warn!(repo = %r.id, "fetch failed, using the mirror as it is: {e}");
         }
-        Ok(mirror.branch_head(&b)?)
+        Ok(repos.head(&r, &mirror, &b)?)
     })
     .await
     .map_err(|e| ApiError::Internal(e.to_string()))??;

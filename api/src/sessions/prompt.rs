@@ -37,6 +37,8 @@ pub enum Kind {
     Outline,
     /// Repository context: a file in full.
     File,
+    /// The client's own system prompt (a request bound to a repository through the OpenAI API).
+    Instructions,
     /// A user turn of the history.
     HistoryUser,
     /// An assistant turn of the history.
@@ -82,14 +84,27 @@ impl Piece {
 pub struct Message {
     pub role: &'static str,
     pub pieces: Vec<Piece>,
-    /// A `tool` message: the call it answers.
-    pub tool_call_id: Option<String>,
+    /// The rest of the message as the template reads it (`tool_call_id`, an assistant's
+    /// `tool_calls`, `name`, `reasoning_content`); its role and content are not read.
+    pub fields: ChatMessage,
 }
 
 impl Message {
     /// A message of `role` made of `pieces`.
     pub fn new(role: &'static str, pieces: Vec<Piece>) -> Message {
-        Message { role, pieces, tool_call_id: None }
+        Message { role, pieces, fields: ChatMessage::new(role, "") }
+    }
+
+    /// A `tool` message answering the call `tool_call_id`.
+    pub fn tool(pieces: Vec<Piece>, tool_call_id: Option<String>) -> Message {
+        let mut message = Message::new("tool", pieces);
+        message.fields.tool_call_id = tool_call_id;
+        message
+    }
+
+    /// Whether the message has content to place (a message without any is rendered as it is).
+    fn has_content(&self) -> bool {
+        self.pieces.iter().any(|p| !p.text.is_empty())
     }
 }
 
@@ -145,26 +160,55 @@ fn sentinel(i: usize) -> String {
     format!("\u{E000}cachet-{i}\u{E001}")
 }
 
+/// How the template renders a conversation: the tools it shows, the variables it is given
+/// (`chat_template_kwargs`), and whether the prompt ends with the opening of the answer.
+#[derive(Clone, Copy, Debug)]
+pub struct Render<'a> {
+    pub tools: Option<&'a Value>,
+    pub kwargs: Option<&'a serde_json::Map<String, Value>>,
+    pub generation_prompt: bool,
+}
+
+impl<'a> Render<'a> {
+    /// The tools given, no variables, with the generation prompt.
+    pub fn with_tools(tools: Option<&'a Value>) -> Render<'a> {
+        Render { tools, kwargs: None, generation_prompt: true }
+    }
+
+    fn run(&self, template: &ChatTemplate, messages: &[ChatMessage]) -> Result<String, PromptError> {
+        let none = serde_json::Map::new();
+        template
+            .render_with(messages, self.generation_prompt, self.tools, self.kwargs.unwrap_or(&none))
+            .map_err(|e| PromptError::Template(e.to_string()))
+    }
+}
+
 /// The conversation as a template sees it: `texts` as the messages' contents.
 fn chat_messages(messages: &[Message], texts: impl Fn(usize) -> String) -> Vec<ChatMessage> {
     messages
         .iter()
         .enumerate()
         .map(|(i, m)| {
-            let mut msg = ChatMessage::new(m.role, texts(i));
-            msg.tool_call_id = m.tool_call_id.clone();
+            let mut msg = m.fields.clone();
+            msg.role = m.role.to_string();
+            msg.content = texts(i);
             msg
         })
         .collect()
 }
 
-/// The framing of `messages` in `template`: one more frame than messages.
-fn frames(template: &ChatTemplate, messages: &[Message], tools: Option<&Value>) -> Result<Vec<String>, PromptError> {
-    let probe = chat_messages(messages, sentinel);
-    let rendered = template.render(&probe, true, tools).map_err(|e| PromptError::Template(e.to_string()))?;
+/// The framing of `messages` in `template`: one more frame than messages (a message without
+/// content has an empty frame before it: its framing is in the next one).
+fn frames(template: &ChatTemplate, messages: &[Message], render: Render<'_>) -> Result<Vec<String>, PromptError> {
+    let probe = chat_messages(messages, |i| if messages[i].has_content() { sentinel(i) } else { String::new() });
+    let rendered = render.run(template, &probe)?;
     let mut frames = Vec::with_capacity(messages.len() + 1);
     let mut rest = rendered.as_str();
-    for i in 0..messages.len() {
+    for (i, message) in messages.iter().enumerate() {
+        if !message.has_content() {
+            frames.push(String::new());
+            continue;
+        }
         let mark = sentinel(i);
         let at = rest.find(&mark).ok_or(PromptError::Unsupported)?;
         frames.push(rest[..at].to_string());
@@ -192,8 +236,7 @@ fn clean(a: &Item<'_>, b: &Item<'_>) -> bool {
     a.special || b.special || (a.text.ends_with('\n') && !b.text.starts_with(char::is_whitespace))
 }
 
-/// Assembles `messages` in `template` (with the generation prompt; `tools` as the
-/// template renders them).
+/// Assembles `messages` in `template` as `render` says.
 ///
 /// The tokens are those of the whole text: pieces and framing are tokenized on
 /// their own where nothing can merge across their boundary, and together where
@@ -205,9 +248,9 @@ pub fn assemble(
     template: &ChatTemplate,
     tokenizer: &Tokenizer,
     messages: &[Message],
-    tools: Option<&Value>,
+    render: Render<'_>,
 ) -> Result<Assembled, PromptError> {
-    let frames = frames(template, messages, tools)?;
+    let frames = frames(template, messages, render)?;
     let mut items: Vec<Item<'_>> = Vec::new();
     // The items of each frame.
     let mut frame_items: Vec<Range<usize>> = Vec::with_capacity(frames.len());
@@ -274,8 +317,7 @@ pub fn assemble(
     out.frame_ends = frame_items.iter().map(|r| boundary[r.end]).collect();
     // The template must place each content verbatim.
     let whole = chat_messages(messages, |i| messages[i].pieces.iter().map(|p| p.text.as_str()).collect());
-    let rendered = template.render(&whole, true, tools).map_err(|e| PromptError::Template(e.to_string()))?;
-    if rendered != out.text {
+    if render.run(template, &whole)? != out.text {
         return Err(PromptError::Unsupported);
     }
     Ok(out)

@@ -58,7 +58,8 @@ const HEADS_REFSPEC: &str = "+refs/heads/*:refs/heads/*";
 
 impl Mirror {
     /// Opens an existing repository (bare or with a work tree) at exactly `path` (no search in
-    /// parent directories). Nothing is ever written through it except by [`Mirror::fetch`].
+    /// parent directories). Nothing is ever written through it except by [`Mirror::fetch`] and
+    /// [`Mirror::snapshot_worktree`] (a mirror's own objects and `refs/cachet/worktree/*`).
     pub fn open_path(path: &Path) -> Result<Mirror, ContextError> {
         let mirror = Mirror { path: path.to_path_buf(), guard: None };
         mirror.repo().map_err(|e| match e {

@@ -205,6 +205,19 @@ impl Store {
         Ok(row.map(Repository::from))
     }
 
+    /// Every live, ready repository whose working tree is watched (`"watch": true` in its
+    /// options), of every tenant whose account is live.
+    pub async fn watched_repositories(&self) -> Result<Vec<Repository>, StoreError> {
+        let rows: Vec<RepoRow> = sqlx::query_as(&format!(
+            "SELECT {REPO_COLUMNS} FROM repositories r WHERE deleted_at IS NULL AND status = 'ready' \
+             AND options->>'watch' = 'true' \
+             AND EXISTS (SELECT 1 FROM tenants t WHERE t.id = r.tenant_id AND t.deleted_at IS NULL) ORDER BY created_at, id"
+        ))
+        .fetch_all(self.pool())
+        .await?;
+        Ok(rows.into_iter().map(Repository::from).collect())
+    }
+
     /// The tenant's live repositories, oldest first.
     pub async fn repositories(&self, tenant: TenantId) -> Result<Vec<Repository>, StoreError> {
         let rows: Vec<RepoRow> = sqlx::query_as(&format!(

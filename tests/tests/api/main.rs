@@ -4,6 +4,7 @@
 mod admin_and_ops;
 mod auth;
 mod bench;
+mod binding;
 mod chat;
 mod disagg;
 mod errors;

@@ -16,7 +16,7 @@ mod tests;
 use super::chat::{self, history_calls, push_custom_call};
 use super::tools::{valid_name, ToolFields};
 use super::types::{reject_unknown, Sampling, ToolRequest, Unknown};
-use super::{execute, model, Endpoint};
+use super::{binding, execute, Endpoint};
 use crate::auth::TenantAuth;
 use crate::error::ApiError;
 use crate::state::AppState;
@@ -523,7 +523,7 @@ pub async fn create_response(
     let body = body.into_inner();
     reject_unknown(&body.unknown)?;
     refuse_stateful(&body)?;
-    let served = model(&state, &body.model)?;
+    let (served, binding) = binding::resolve(&state, &auth.0, &http, &body.model).await?;
     let messages = conversation(body.instructions.as_deref(), &body.input)?;
     let tooling = ToolRequest {
         tools: chat_tools(body.tools.as_ref())?,
@@ -535,7 +535,8 @@ pub async fn create_response(
     let fields = ToolFields::of(&tooling, None);
     let id = crate::telemetry::request_id(&http);
     let kwargs = body.chat_template_kwargs.as_ref();
-    let mut job = chat::job(id, served, messages, fields, kwargs, &sampling, Endpoint::Responses).await?;
+    let conversation = chat::Conversation { messages, fields, kwargs, binding };
+    let mut job = chat::job(id, &state, served, conversation, &sampling, Endpoint::Responses).await?;
     job.echo = Some(Box::new(echo(&body, &served.sampling)));
     execute(&state, &http, auth, served, &sampling, job).await
 }
