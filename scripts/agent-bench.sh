@@ -6,6 +6,10 @@
 #
 #   scripts/agent-bench.sh                                  aider (whole) on cachet and llama-server
 #   CLIENTS="aider-whole codex" TARGETS=cachet LIMIT=10 MODEL=qwen2.5-coder-1.5b scripts/agent-bench.sh
+#   REPO_TASKS=bench/repo-tasks/more-itertools.json CLIENTS="codex qwen" TARGETS=cachet scripts/agent-bench.sh
+#       multi-file tasks from a repository's history (scripts/repo_tasks.py), each client without and
+#       with the repository context (BIND="off on"); REPO_GIT is a clone of the repository (cloned
+#       from the task list's URL when unset)
 #
 # Settings (environment): CLIENTS (aider-whole aider-diff codex qwen), TARGETS (cachet llama),
 # MODEL (a `cachet models list` name, default qwen2.5-coder-1.5b), LIMIT (exercises, 0: all a-m),
@@ -32,6 +36,14 @@ BIN=${CACHET_BIN:-target/release/cachet}
 TOOLS=$ROOT/target/agents
 OUT=$ROOT/target/agent-bench
 mkdir -p "$TOOLS" "$OUT"
+REPO_TASKS=${REPO_TASKS:-}
+BIND=${BIND:-off on}
+STATE=$OUT/state
+mkdir -p "$STATE"
+# Repository tasks register their working trees with cachet (watched): they live under its root.
+export CACHET_CONTEXT__ALLOWED_ROOT=$STATE
+# A run of every task takes hours on a 2-core machine.
+export TOKEN_TTL=${TOKEN_TTL:-24h}
 
 need() { # clients' installs, once
   case "$1" in
@@ -57,9 +69,16 @@ need() { # clients' installs, once
 }
 for c in $CLIENTS; do need "$c"; done
 
-EXERCISM=${EXERCISM_DIR:-$TOOLS/exercism-python}
-if [ ! -d "$EXERCISM/exercises/practice" ]; then
-  git clone -q --depth 1 https://github.com/exercism/python "$EXERCISM"
+if [ -n "$REPO_TASKS" ]; then
+  REPO_GIT=${REPO_GIT:-$TOOLS/$(basename "$REPO_TASKS" .json)}
+  if [ ! -d "$REPO_GIT" ]; then
+    git clone -q "$(python3 -c 'import json, sys; print(json.load(open(sys.argv[1]))["repository"])' "$REPO_TASKS")" "$REPO_GIT"
+  fi
+else
+  EXERCISM=${EXERCISM_DIR:-$TOOLS/exercism-python}
+  if [ ! -d "$EXERCISM/exercises/practice" ]; then
+    git clone -q --depth 1 https://github.com/exercism/python "$EXERCISM"
+  fi
 fi
 
 GGUF=$("$BIN" models pull "$MODEL" 2>/dev/null | tail -n 1)
@@ -89,6 +108,18 @@ run_target() { # target: starts it, runs every client, stops it
     *) echo "unknown target $target (cachet, llama)" >&2; exit 1 ;;
   esac
   for client in $CLIENTS; do
+    if [ -n "$REPO_TASKS" ]; then
+      for bind in $BIND; do
+        local how=()
+        [ "$bind" = on ] && [ "$target" = cachet ] && how=(--bind)
+        [ "$bind" = on ] && [ "$target" != cachet ] && continue
+        python3 scripts/agent_bench.py --client "$client" --base "$base" --key "$key" --model default \
+          --target "$target" "${extra[@]}" "${how[@]}" --repo-tasks "$REPO_TASKS" --repo-git "$REPO_GIT" \
+          --limit "$LIMIT" --names "$NAMES" --tools "$TOOLS" --state "$STATE" --out "$OUT/tasks-$STAMP.jsonl" |
+          tail -n 1 | tee -a "$OUT/summary-$STAMP.txt"
+      done
+      continue
+    fi
     python3 scripts/agent_bench.py --client "$client" --base "$base" --key "$key" --model default \
       --target "$target" "${extra[@]}" --exercism "$EXERCISM" --limit "$LIMIT" --names "$NAMES" \
       --tools "$TOOLS" --out "$OUT/tasks-$STAMP.jsonl" | tail -n 1 | tee -a "$OUT/summary-$STAMP.txt"

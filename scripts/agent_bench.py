@@ -24,6 +24,16 @@ through the proxy, since with `--bare` Qwen Code reads no settings, `customHeade
         --model default --exercism DIR --limit 10 --out results.jsonl [--cachet] [--tools DIR]
 
 One JSON line per task goes to --out; a summary table to stdout.
+
+Repository tasks (`--repo-tasks FILE --repo-git DIR`, made by scripts/repo_tasks.py from a public
+repository's history) are multi-file: the repository at a commit's parent, the commit message as
+the task, the commit's test files (not in the working tree during the run) passing afterwards as
+success. With `--bind`, each task's working tree is registered with cachet as a watched repository
+(`"watch": true`) and the client is bound to it through its own settings (docs/agents.md,
+"Repository context for any client": Qwen Code and aider by the model name, Codex by the
+`X-Cachet-Repository` header), so its prompts carry the repository context and follow its edits.
+Each row then also has the first turn's time to first byte and the bytes of tool output the client
+sent back (what its tools read).
 """
 import argparse
 import http.client
@@ -39,6 +49,12 @@ import threading
 import time
 import urllib.parse
 import urllib.request
+
+REPO_PROMPT = """{message}
+
+Make this change in the repository in the working directory. Its tests ({tests}) will be run
+afterwards with `python -m unittest`; they are not in the working tree now. Standard library only.
+"""
 
 PROMPT = """{instructions}
 ####
@@ -88,13 +104,15 @@ class Meter:
             self.output = 0
             self.ttft = []
             self.client_sessions = []
+            self.tool_bytes = 0
+            self.tool_ids = set()
 
     def snapshot(self):
         with self.lock:
             return {"requests": self.requests, "http_errors": self.errors, "tool_calls": self.tool_calls,
                     "apply_patch_calls": self.patches,
                     "prompt_tokens": self.prompt, "cached_tokens": self.cached, "output_tokens": self.output,
-                    "ttft_s": [round(t, 3) for t in self.ttft]}
+                    "ttft_s": [round(t, 3) for t in self.ttft], "tool_output_bytes": self.tool_bytes}
 
     def usage(self, u):
         if not isinstance(u, dict):
@@ -103,6 +121,31 @@ class Meter:
         self.output += u.get("completion_tokens") or u.get("output_tokens") or 0
         details = u.get("prompt_tokens_details") or u.get("input_tokens_details") or {}
         self.cached += (details or {}).get("cached_tokens") or 0
+
+
+def tool_outputs(meter, body):
+    """Adds the tool output a request carries for the first time (chat `tool` messages, Responses
+    `function_call_output` / `custom_tool_call_output` items): what the client's tools read."""
+    try:
+        doc = json.loads(body)
+    except ValueError:
+        return
+    if not isinstance(doc, dict):
+        return
+    items = []
+    for m in doc.get("messages") or []:
+        if isinstance(m, dict) and m.get("role") == "tool":
+            items.append((m.get("tool_call_id"), m.get("content")))
+    for i in doc.get("input") if isinstance(doc.get("input"), list) else []:
+        if isinstance(i, dict) and i.get("type") in ("function_call_output", "custom_tool_call_output"):
+            items.append((i.get("call_id"), i.get("output")))
+    with meter.lock:
+        for call, content in items:
+            key = call or json.dumps(content)[:200]
+            if key in meter.tool_ids:
+                continue
+            meter.tool_ids.add(key)
+            meter.tool_bytes += len(content if isinstance(content, str) else json.dumps(content))
 
 
 def account(meter, body, streamed):
@@ -170,6 +213,8 @@ def start_proxy(upstream, meter, add_task_header):
                     meter.client_sessions.append(run)
             started = time.monotonic()
             conn = http.client.HTTPConnection(target.hostname, target.port, timeout=3600)
+            if method == "POST" and body:
+                tool_outputs(meter, body)
             conn.request(method, self.path, body=body or None, headers=headers)
             answer = conn.getresponse()
             self.send_response(answer.status)
@@ -254,19 +299,22 @@ def git(work, *args):
     subprocess.run(["git", *args], cwd=work, check=True, capture_output=True)
 
 
-def client_command(args, work, files, message, base, task, resume=None):
-    """The command line (and environment) that runs the client once on `message`."""
+def client_command(args, work, files, message, base, task, resume=None, repo=None):
+    """The command line (and environment) that runs the client once on `message`; `repo`: the
+    cachet repository the client is bound to."""
     env = dict(os.environ)
     tools = args.tools
+    # Bound by the model name, except Codex (a header: its model keeps its catalogue entry).
+    model = f"{args.model}@{repo}" if repo and args.client != "codex" else args.model
     if args.client.startswith("aider"):
         fmt = args.client.split("-", 1)[1]
-        settings = {"name": f"openai/{args.model}", "edit_format": fmt,
+        settings = {"name": f"openai/{model}", "edit_format": fmt,
                     "extra_params": {"max_tokens": 2048}}
         if task:
             settings["extra_params"]["extra_headers"] = {"X-Cachet-Task": task}
         with open(os.path.join(work, ".aider.model.settings.yml"), "w") as f:
             f.write(json.dumps([settings]))  # JSON is YAML
-        cmd = [os.path.join(tools, "aider-venv", "bin", "aider"), "--model", f"openai/{args.model}",
+        cmd = [os.path.join(tools, "aider-venv", "bin", "aider"), "--model", f"openai/{model}",
                "--openai-api-base", base, "--openai-api-key", args.key, "--edit-format", fmt, "--yes-always",
                "--no-auto-commits", "--no-dirty-commits", "--no-gitignore", "--no-show-model-warnings",
                "--no-check-update", "--no-analytics", "--no-pretty", "--no-stream", "--map-tokens", "0",
@@ -278,7 +326,8 @@ def client_command(args, work, files, message, base, task, resume=None):
         os.makedirs(home, exist_ok=True)
         catalog = os.path.join(home, "catalog.json")
         shutil.copy(os.path.join(os.path.dirname(__file__), "fixtures", "codex-model-catalog.json"), catalog)
-        headers = f'http_headers = {{ "X-Cachet-Task" = "{task}" }}\n' if task else ""
+        pairs = ([f'"X-Cachet-Task" = "{task}"'] if task else []) + ([f'"X-Cachet-Repository" = "{repo}"'] if repo else [])
+        headers = f'http_headers = {{ {", ".join(pairs)} }}\n' if pairs else ""
         with open(os.path.join(home, "config.toml"), "w") as f:
             f.write(f'model = "{args.model}"\nmodel_provider = "bench"\nweb_search = "disabled"\n'
                     f'model_catalog_json = "{catalog}"\n\n[model_providers.bench]\nname = "bench"\n'
@@ -296,7 +345,7 @@ def client_command(args, work, files, message, base, task, resume=None):
         system = os.path.join(home, ".qwen", "system.md")
         with open(system, "w") as f:
             f.write(QWEN_SYSTEM)
-        env.update(OPENAI_BASE_URL=base, OPENAI_API_KEY=args.key, OPENAI_MODEL=args.model, HOME=home,
+        env.update(OPENAI_BASE_URL=base, OPENAI_API_KEY=args.key, OPENAI_MODEL=model, HOME=home,
                    QWEN_SYSTEM_MD=system, QWEN_CODE_TOOL_CALL_STYLE="qwen-vl")
         cmd = [os.path.join(tools, "node_modules", ".bin", "qwen"), "--auth-type", "openai", "--approval-mode",
                "yolo", "--bare", f"--prompt={message}"]
@@ -363,6 +412,70 @@ def one_task(args, slug, folder, files, meter, base):
     return row
 
 
+def bind(args, work, name):
+    """Registers `work` as the tenant's watched repository `name`; its id once it is ready."""
+    repo = cachet_call(args, "POST", "/repos", {"url": work, "name": name, "watch": True})
+    deadline = time.monotonic() + 300
+    while repo.get("status") != "ready":
+        if repo.get("status") == "failed" or time.monotonic() > deadline:
+            raise SystemExit(f"registering {work}: {repo}")
+        time.sleep(0.2)
+        repo = cachet_call(args, "GET", f"/repos/{repo['id']}")
+    return repo["id"]
+
+
+def one_repo_task(args, spec, meter, base, attempt_no):
+    """A repository task (scripts/repo_tasks.py): the client changes the repository at the
+    commit's parent; the commit's tests decide."""
+    import repo_tasks
+    work = tempfile.mkdtemp(prefix=f"bench-{spec['id']}-", dir=args.state)
+    repo_tasks.checkout(args.repo_git, spec["parent"], work)
+    name = repo_id = None
+    if args.bind:
+        name = f"task-{spec['id']}-{args.client}-{attempt_no}"
+        repo_id = bind(args, work, name)
+    task = None
+    if args.cachet and args.client != "codex":
+        task = cachet_call(args, "POST", "/tasks", {"title": f"{args.client} {spec['id']}"})["id"]
+    meter.reset(task)
+    started = time.monotonic()
+    message = REPO_PROMPT.format(message=spec["message"], tests=", ".join(spec["tests"]))
+    ok, output, tries, log = False, "", 0, ""
+    for attempt in range(1 + args.retries):
+        tries = attempt + 1
+        resume = meter.client_sessions[0] if attempt and args.client == "codex" and meter.client_sessions else None
+        cmd, env = client_command(args, work, spec["sources"], message, base, task, resume, repo=name)
+        try:
+            p = subprocess.run(cmd, cwd=work, env=env, stdin=subprocess.DEVNULL, capture_output=True, text=True,
+                               timeout=args.timeout)
+            log += p.stdout[-4000:] + p.stderr[-4000:]
+        except subprocess.TimeoutExpired:
+            log += f"\n[client timed out after {args.timeout} s]\n"
+        # The commit's tests, then the working tree's own versions back (the client must not see them).
+        repo_tasks.put_tests(args.repo_git, spec["commit"], spec["tests"], work)
+        ok, output = repo_tasks.run_tests(work, spec["tests"])
+        subprocess.run(["git", "checkout", "-q", "--", *spec["tests"]], cwd=work, capture_output=True)
+        if ok:
+            break
+        tail = "\n".join(output.strip().splitlines()[-50:])
+        message = RETRY.format(output=tail, files=", ".join(spec["sources"]))
+    wall = time.monotonic() - started
+    snap = meter.snapshot()
+    row = {"task": spec["id"], "commit": spec["commit"], "client": args.client, "target": args.target,
+           "model": args.model, "bound": bool(args.bind), "solved": ok, "tries": tries, "wall_s": round(wall, 1),
+           "first_turn_ttft_s": snap["ttft_s"][0] if snap["ttft_s"] else None, **snap}
+    if task:
+        cachet_call(args, "POST", f"/tasks/{task}/outcome",
+                    {"status": "succeeded" if ok else "failed",
+                     "evidence": {"tests": "passed" if ok else "failed", "output": output[-2000:], "tries": tries}})
+    if repo_id:
+        cachet_call(args, "DELETE", f"/repos/{repo_id}")
+    with open(os.path.join(work, "client.log"), "w") as f:
+        f.write(log)
+    row["workdir"] = work
+    return row
+
+
 def summary(rows):
     solved = [r for r in rows if r["solved"]]
     prompt = sum(r["prompt_tokens"] for r in rows)
@@ -377,6 +490,10 @@ def summary(rows):
         "tool_calls": sum(r["tool_calls"] for r in rows),
         "apply_patch_calls": sum(r["apply_patch_calls"] for r in rows),
         "http_errors": sum(r["http_errors"] for r in rows),
+        "tool_calls_per_solved": round(sum(r["tool_calls"] for r in rows) / len(solved), 1) if solved else None,
+        "tool_output_bytes": sum(r.get("tool_output_bytes", 0) for r in rows),
+        "median_first_turn_ttft_s": statistics.median(
+            [r["first_turn_ttft_s"] for r in rows if r.get("first_turn_ttft_s") is not None] or [0]),
         "wall_s": round(sum(r["wall_s"] for r in rows), 1),
     }
     costs = [r.get("ledger_cost") for r in rows if r.get("ledger_cost") is not None]
@@ -393,7 +510,11 @@ def main():
     ap.add_argument("--model", default="default")
     ap.add_argument("--target", default="cachet", help="a name for the server in the results")
     ap.add_argument("--cachet", action="store_true", help="open a cachet task per exercise and report outcomes")
-    ap.add_argument("--exercism", required=True, help="a checkout of exercism/python")
+    ap.add_argument("--exercism", help="a checkout of exercism/python")
+    ap.add_argument("--repo-tasks", help="repository tasks (scripts/repo_tasks.py) instead of Exercism's")
+    ap.add_argument("--repo-git", help="with --repo-tasks: a clone of their repository")
+    ap.add_argument("--bind", action="store_true",
+                    help="with --repo-tasks and --cachet: the client gets the repository context (a watched repository)")
     ap.add_argument("--letters", default="a-m", help="first letters of the exercises (default a-m; n-z are held out)")
     ap.add_argument("--names", default="", help="only these exercises (comma-separated)")
     ap.add_argument("--limit", type=int, default=0)
@@ -409,6 +530,22 @@ def main():
     base = start_proxy(args.base, meter, add_task_header=args.cachet and args.client == "qwen")
     names = set(filter(None, args.names.split(",")))
     rows = []
+    if args.repo_tasks:
+        sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+        specs = json.load(open(args.repo_tasks))["tasks"]
+        specs = [t for t in specs if not names or t["id"] in names][: args.limit or None]
+        for n, spec in enumerate(specs):
+            row = one_repo_task(args, spec, meter, base, n)
+            rows.append(row)
+            print(json.dumps({k: row[k] for k in ("task", "bound", "solved", "tries", "wall_s", "requests",
+                                                  "tool_calls", "first_turn_ttft_s")}), flush=True)
+            with open(args.out, "a") as f:
+                f.write(json.dumps(row) + "\n")
+        print(json.dumps({"client": args.client, "target": args.target, "model": args.model,
+                          "bound": bool(args.bind), **summary(rows)}))
+        return
+    if not args.exercism:
+        raise SystemExit("give --exercism (or --repo-tasks)")
     for slug, folder, files in exercises(args.exercism, args.letters, names, args.limit):
         row = one_task(args, slug, folder, files, meter, base)
         rows.append(row)

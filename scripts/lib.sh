@@ -36,11 +36,11 @@ stop_cachet() {
 }
 
 # tenant_token NAME: creates tenant NAME on the server start_cachet started and prints a token of
-# it (valid an hour).
+# it (valid an hour, or $TOKEN_TTL).
 tenant_token() {
   local tenant
   tenant=$("$CACHET_BIN_STARTED" tenants create "$1" --data-dir "$DATA" 2>/dev/null)
-  "$CACHET_BIN_STARTED" token issue --tenant "$tenant" --ttl 1h --data-dir "$DATA" 2>/dev/null
+  "$CACHET_BIN_STARTED" token issue --tenant "$tenant" --ttl "${TOKEN_TTL:-1h}" --data-dir "$DATA" 2>/dev/null
 }
 
 # moe_venv: prints the Python environment with torch, transformers and gguf that the

@@ -281,3 +281,51 @@ async fn a_watched_working_trees_edit_reaches_the_next_prompt_and_leaves_the_cac
     let r = app.post(&token, "/v1/repos", json!({ "url": "https://example.com/a.git", "watch": true })).await;
     error(r, 400).await;
 }
+
+/// Both caches with a binding: an agent preamble the operator registered public is read from the
+/// shared cache by another tenant's first bound request, and the repository part comes from the
+/// tenant's own cache in its next conversation on the same commit (the ledger's cached tokens).
+#[tokio::test]
+async fn a_bound_agent_shares_its_public_preamble_and_keeps_its_repository_part_to_its_tenant() {
+    let app = spawn_app().await;
+    let (_, acme) = app.tenant("acme").await;
+    let (globex_id, globex) = app.tenant("globex").await;
+    let system = "You are a coding agent. Read the repository before you change it; run the tests. ".repeat(6);
+    let preamble = json!({ "messages": [{ "role": "system", "content": system }],
+                           "tools": serde_json::from_str::<Value>(TOOLS).unwrap() });
+    let r = app
+        .post(OPERATOR, "/admin/public-prefixes", json!({ "name": "agent", "source": preamble, "prewarm": false }))
+        .await;
+    assert_eq!(r.status(), 201);
+    let public = r.json::<Value>().await.unwrap()["tokens"].as_u64().unwrap();
+    app.register(&acme, shop(&app, "shop")).await;
+    app.register(&globex, shop(&app, "store")).await;
+    let body = |model: String, question: &str| {
+        json!({ "model": model, "max_tokens": 2, "temperature": 0, "tools": preamble["tools"],
+                "messages": [{ "role": "system", "content": system }, { "role": "user", "content": question }] })
+    };
+    let first: Value =
+        app.chat(&acme, body(format!("{}@shop", app.model()), "What does Cart do?")).await.json().await.unwrap();
+    assert_eq!(cached(&first), 0);
+    // Another tenant, its own repository: the preamble from the shared cache, nothing of acme's.
+    let other: Value =
+        app.chat(&globex, body(format!("{}@store", app.model()), "What does Cart do?")).await.json().await.unwrap();
+    assert_eq!(cached(&other), public, "the public preamble and nothing after it");
+    // That tenant's next conversation on the same commit: its repository part from its own cache.
+    let prompt: Value = tokenize(&app, &globex, &body(format!("{}@store", app.model()), "Add a tax."), None)
+        .await
+        .json()
+        .await
+        .unwrap();
+    let next: Value =
+        app.chat(&globex, body(format!("{}@store", app.model()), "Add a tax.")).await.json().await.unwrap();
+    assert!(
+        cached(&next) >= context_end(&prompt),
+        "{} cached, the context ends at {}",
+        cached(&next),
+        context_end(&prompt)
+    );
+    let rows = app.ledger(globex_id).await;
+    let last = rows.iter().max_by_key(|r| r.created_at).unwrap();
+    assert_eq!(last.cached_tokens as u64, cached(&next), "the ledger has the cached tokens");
+}
