@@ -13,7 +13,8 @@
 #
 # Settings (environment): CLIENTS (aider-whole aider-diff codex qwen), TARGETS (cachet llama),
 # MODEL (a `cachet models list` name, default qwen2.5-coder-1.5b), LIMIT (exercises, 0: all a-m),
-# NAMES (comma-separated exercises), THREADS (default: the cores), EXERCISM_DIR (a checkout of
+# NAMES (comma-separated exercises or task ids), TIMEOUT and RETRIES (per client run, repository
+# tasks: 900 s, 1), THREADS (default: the cores), EXERCISM_DIR (a checkout of
 # exercism/python; cloned when unset), CACHET_BIN (default target/release/cachet), LLAMA_BIN or
 # LLAMA_SRC (scripts/llama-peer.sh). Results: one JSON line per task in target/agent-bench/,
 # the summary rows on stdout.
@@ -114,6 +115,7 @@ run_target() { # target: starts it, runs every client, stops it
         [ "$bind" = on ] && [ "$target" = cachet ] && how=(--bind)
         [ "$bind" = on ] && [ "$target" != cachet ] && continue
         python3 scripts/agent_bench.py --client "$client" --base "$base" --key "$key" --model default \
+          --timeout "${TIMEOUT:-900}" --retries "${RETRIES:-1}" \
           --target "$target" "${extra[@]}" "${how[@]}" --repo-tasks "$REPO_TASKS" --repo-git "$REPO_GIT" \
           --limit "$LIMIT" --names "$NAMES" --tools "$TOOLS" --state "$STATE" --out "$OUT/tasks-$STAMP.jsonl" |
           tail -n 1 | tee -a "$OUT/summary-$STAMP.txt"
