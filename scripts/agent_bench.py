@@ -353,6 +353,28 @@ def client_command(args, work, files, message, base, task, resume=None, repo=Non
     raise SystemExit(f"unknown client {args.client}")
 
 
+def attempts(args, meter, work, files, message, base, task, check, repo=None):
+    """Runs the client on `message`, then `check()` (the tests: `(ok, output)`); a failure gets
+    `--retries` more runs with the failing output. Returns (ok, output, tries, the client's log)."""
+    ok, output, tries, log = False, "", 0, ""
+    for attempt in range(1 + args.retries):
+        tries = attempt + 1
+        resume = meter.client_sessions[0] if attempt and args.client == "codex" and meter.client_sessions else None
+        cmd, env = client_command(args, work, files, message, base, task, resume, repo=repo)
+        try:
+            p = subprocess.run(cmd, cwd=work, env=env, stdin=subprocess.DEVNULL, capture_output=True, text=True,
+                               timeout=args.timeout)
+            log += p.stdout[-4000:] + p.stderr[-4000:]
+        except subprocess.TimeoutExpired:
+            log += f"\n[client timed out after {args.timeout} s]\n"
+        ok, output = check()
+        if ok:
+            break
+        tail = "\n".join(output.strip().splitlines()[-50:])
+        message = RETRY.format(output=tail, files=" ".join(files))
+    return ok, output, tries, log
+
+
 def cachet_call(args, method, path, body=None):
     url = args.base.rstrip("/") + path
     data = json.dumps(body).encode() if body is not None else None
@@ -375,22 +397,8 @@ def one_task(args, slug, folder, files, meter, base):
     meter.reset(task)
     started = time.monotonic()
     message = PROMPT.format(instructions=instructions(folder), files=" ".join(files["solution"]))
-    ok, output, tries, log = False, "", 0, ""
-    for attempt in range(1 + args.retries):
-        tries = attempt + 1
-        resume = meter.client_sessions[0] if attempt and args.client == "codex" and meter.client_sessions else None
-        cmd, env = client_command(args, work, files["solution"], message, base, task, resume)
-        try:
-            p = subprocess.run(cmd, cwd=work, env=env, stdin=subprocess.DEVNULL, capture_output=True, text=True,
-                               timeout=args.timeout)
-            log += p.stdout[-4000:] + p.stderr[-4000:]
-        except subprocess.TimeoutExpired:
-            log += f"\n[client timed out after {args.timeout} s]\n"
-        ok, output = run_tests(work, folder, files)
-        if ok:
-            break
-        tail = "\n".join(output.strip().splitlines()[-50:])
-        message = RETRY.format(output=tail, files=" ".join(files["solution"]))
+    ok, output, tries, log = attempts(args, meter, work, files["solution"], message, base, task,
+                                      lambda: run_tests(work, folder, files))
     wall = time.monotonic() - started
     row = {"exercise": slug, "client": args.client, "target": args.target, "model": args.model, "solved": ok,
            "tries": tries, "wall_s": round(wall, 1), **meter.snapshot()}
@@ -440,25 +448,14 @@ def one_repo_task(args, spec, meter, base, attempt_no):
     meter.reset(task)
     started = time.monotonic()
     message = REPO_PROMPT.format(message=spec["message"], tests=", ".join(spec["tests"]))
-    ok, output, tries, log = False, "", 0, ""
-    for attempt in range(1 + args.retries):
-        tries = attempt + 1
-        resume = meter.client_sessions[0] if attempt and args.client == "codex" and meter.client_sessions else None
-        cmd, env = client_command(args, work, spec["sources"], message, base, task, resume, repo=name)
-        try:
-            p = subprocess.run(cmd, cwd=work, env=env, stdin=subprocess.DEVNULL, capture_output=True, text=True,
-                               timeout=args.timeout)
-            log += p.stdout[-4000:] + p.stderr[-4000:]
-        except subprocess.TimeoutExpired:
-            log += f"\n[client timed out after {args.timeout} s]\n"
+    def check():
         # The commit's tests, then the working tree's own versions back (the client must not see them).
         repo_tasks.put_tests(args.repo_git, spec["commit"], spec["tests"], work)
-        ok, output = repo_tasks.run_tests(work, spec["tests"])
+        result = repo_tasks.run_tests(work, spec["tests"])
         subprocess.run(["git", "checkout", "-q", "--", *spec["tests"]], cwd=work, capture_output=True)
-        if ok:
-            break
-        tail = "\n".join(output.strip().splitlines()[-50:])
-        message = RETRY.format(output=tail, files=", ".join(spec["sources"]))
+        return result
+
+    ok, output, tries, log = attempts(args, meter, work, spec["sources"], message, base, task, check, repo=name)
     wall = time.monotonic() - started
     snap = meter.snapshot()
     row = {"task": spec["id"], "commit": spec["commit"], "client": args.client, "target": args.target,

@@ -20,7 +20,7 @@ use crate::sessions::prompt::{assemble, Kind, Message, Piece, PromptError, Rende
 use crate::state::{AppState, Served};
 use actix_web::{web, HttpRequest};
 use cachet_context::CommitId;
-use cachet_engine::chat_template::ChatMessage;
+use cachet_engine::chat_template::{ChatMessage, ChatTemplate};
 use cachet_engine::generate::GenerateParams;
 use cachet_engine::runtime::{EngineHandle, PublicPrefix, Request as EngineRequest, SloClass, TokenSpan};
 use cachet_tenants::store::{RepoStatus, Repository};
@@ -174,15 +174,7 @@ pub(crate) async fn prompt(
 ) -> Result<Rendered, ApiError> {
     let Some(binding) = binding else {
         let template = served.engine.chat_template().ok_or_else(|| ApiError::bad("the model has no chat template"))?;
-        let none = Map::new();
-        let text = template
-            .render_with(
-                &request.messages,
-                request.generation_prompt,
-                request.tools.as_ref(),
-                request.kwargs.as_ref().unwrap_or(&none),
-            )
-            .map_err(|e| ApiError::bad_param("messages", e.to_string()))?;
+        let text = request.text(template, &request.messages)?;
         let tokens = super::encode(&served.engine, text.clone()).await?;
         return Ok(Rendered {
             text,
@@ -255,10 +247,7 @@ pub(crate) fn render(
             if !context.segments.is_empty() {
                 whole.insert(leading, ChatMessage::system(context.text.clone()));
             }
-            let none = Map::new();
-            let text = template
-                .render_with(&whole, how.generation_prompt, how.tools, how.kwargs.unwrap_or(&none))
-                .map_err(|e| ApiError::bad_param("messages", e.to_string()))?;
+            let text = request.text(template, &whole)?;
             let tokens = tokenizer.encode(&text, true).map_err(|e| ApiError::bad_param("messages", e.to_string()))?;
             Ok(Rendered {
                 text,
@@ -315,18 +304,21 @@ pub const MAX_PREAMBLE_BYTES: usize = 256 << 10;
 impl Request {
     /// The preamble of this conversation: its leading system messages, tools and variables.
     fn preamble(&self) -> Request {
-        let leading = self.messages.iter().take_while(|m| m.role == "system").cloned().collect();
-        Request { messages: leading, generation_prompt: true, ..self.clone_settings() }
-    }
-
-    fn clone_settings(&self) -> Request {
         Request {
-            messages: Vec::new(),
+            messages: self.messages.iter().take_while(|m| m.role == "system").cloned().collect(),
             public_first: self.public_first,
             tools: self.tools.clone(),
             kwargs: self.kwargs.clone(),
-            generation_prompt: self.generation_prompt,
+            generation_prompt: true,
         }
+    }
+
+    /// `messages` rendered with this request's tools, variables and generation prompt.
+    fn text(&self, template: &ChatTemplate, messages: &[ChatMessage]) -> Result<String, ApiError> {
+        let none = Map::new();
+        template
+            .render_with(messages, self.generation_prompt, self.tools.as_ref(), self.kwargs.as_ref().unwrap_or(&none))
+            .map_err(|e| ApiError::bad_param("messages", e.to_string()))
     }
 
     fn same_preamble(&self, other: &Request) -> bool {
@@ -385,12 +377,9 @@ pub(crate) async fn prewarm(state: &AppState, served: &Served, repo: &Repository
         request.messages.push(ChatMessage::user("?"));
         let binding = Binding { repo: repo.clone(), branch: branch.to_string() };
         let (repos, engine) = (state.repos.clone(), served.engine.clone());
-        let rendered = match web::block(move || render(&repos, &engine, &binding, &request)).await {
-            Ok(Ok(rendered)) => rendered,
-            Ok(Err(e)) => {
-                tracing::warn!(repo = %repo.id, branch, "pre-warming a bound preamble failed: {e}");
-                continue;
-            }
+        let done = web::block(move || render(&repos, &engine, &binding, &request)).await;
+        let rendered = match done.map_err(|e| ApiError::Internal(e.to_string())).and_then(|r| r) {
+            Ok(rendered) => rendered,
             Err(e) => {
                 tracing::warn!(repo = %repo.id, branch, "pre-warming a bound preamble failed: {e}");
                 continue;
