@@ -382,6 +382,10 @@ pub struct EngineSettings {
     /// A prompt is not kept waiting behind decoders past this multiple of its time alone, even
     /// when its TTFT target would allow it (0: only the target counts).
     pub prompt_slowdown: f64,
+    /// A request with at most this many output tokens left runs alone while other tenants'
+    /// longer requests can wait within their targets, where passes cost about their tokens
+    /// (a CPU); 0: off.
+    pub express_tokens: usize,
     /// Most requests running at once.
     pub max_running: usize,
     /// `slo` (fair share, deadlines, prefix), `fcfs` or `lpm`.
@@ -451,6 +455,7 @@ impl Default for EngineSettings {
             pace_margin: d.pace_margin,
             min_prefill_chunk: d.min_prefill_chunk,
             prompt_slowdown: d.prompt_slowdown,
+            express_tokens: d.express_tokens,
             max_running: d.max_running,
             policy: d.policy,
             overload_factor: d.overload_factor,
@@ -586,6 +591,7 @@ impl Settings {
             pace_margin: e.pace_margin,
             min_prefill_chunk: e.min_prefill_chunk,
             prompt_slowdown: e.prompt_slowdown,
+            express_tokens: e.express_tokens,
             max_running: e.max_running,
             policy: e.policy,
             interactive: SloTargets {

@@ -74,6 +74,11 @@ pub struct EngineConfig {
     /// waiting past this multiple of what it takes alone either (0: only the target counts):
     /// a target sized for long prompts would otherwise let short ones wait all of it.
     pub prompt_slowdown: f64,
+    /// The express lane (under `slo`): a request with at most this many output tokens left
+    /// runs its passes alone while every other running request is another tenant's with more
+    /// to do and can wait (see `express`); only where a pass's cost grows with its tokens (a
+    /// CPU). 0: off.
+    pub express_tokens: usize,
     /// Most requests running (holding KV and decoding) at once.
     pub max_running: usize,
     pub policy: Policy,
@@ -103,6 +108,7 @@ impl Default for EngineConfig {
             pace_margin: 0.85,
             min_prefill_chunk: 16,
             prompt_slowdown: 3.0,
+            express_tokens: 64,
             max_running: 64,
             policy: Policy::Slo,
             interactive: SloTargets { ttft: Duration::from_secs(3), itl: Duration::from_millis(250) },

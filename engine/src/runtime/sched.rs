@@ -13,7 +13,8 @@
 //!   priority, longest cached prefix. Running prompts get their chunks in
 //!   the same order.
 //!
-//! Pre-warm requests always go last.
+//! Pre-warm requests always go last. Before any of this, a tenant's short request may take a
+//! pass alone (the express lane, `express.rs`).
 //!
 //! Admission control refuses (429 with Retry-After) only what waiting would fix: a request
 //! predicted to miss its TTFT target by more than `overload_factor` because of the queue
@@ -98,7 +99,7 @@ impl Scheduler {
 
     /// Whether a hopeless request has waited its [`Scheduler::patience`]: from then on every pass
     /// gives it a bounded share, so it is never starved.
-    fn overdue(&self, seq: &Seq, now: Instant) -> bool {
+    pub(super) fn overdue(&self, seq: &Seq, now: Instant) -> bool {
         now.saturating_duration_since(seq.arrival) >= self.patience(seq)
     }
 

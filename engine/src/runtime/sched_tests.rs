@@ -561,3 +561,104 @@ fn a_users_first_token_does_not_wait_for_background_work_filling_its_pass() {
     }
     assert!(computed(&e, prewarm) > 47, "the pre-warm resumed: {}", computed(&e, prewarm));
 }
+
+/// Queues a request of tenant `tenant` (see [`submit`]).
+fn submit_as(e: &mut Scheduler, tenant: &str, prompt: usize, max_tokens: usize) -> u64 {
+    let params = GenerateParams { max_tokens, ignore_eos: true, ..Default::default() };
+    let tokens = (0..prompt as u32).map(|i| (i * 11 + 5 + prompt as u32) % 300).collect();
+    let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
+    std::mem::forget(rx);
+    let id = e.intake.next_id;
+    e.submit(Request::new(TenantKey::new(tenant), tokens, params), tx);
+    id
+}
+
+/// Tokens request `id` has produced (None once it has finished).
+fn produced(e: &Scheduler, id: u64) -> Option<usize> {
+    e.running.iter().find(|s| s.id == id).map(|s| s.generated())
+}
+
+/// One step with the pass cost `cost` (the fake runner's 1 ms passes would otherwise become
+/// the fit).
+fn step_at(e: &mut Scheduler, cost: &PassModel) {
+    e.pace = cost.clone();
+    e.step();
+}
+
+/// Tenant A decodes a long answer; tenant B's 8-token question arrives. Returns the engine
+/// after B's admission step, A's and B's ids.
+fn long_beside_short(cost: &PassModel, b_tenant: &str) -> (Scheduler, u64, u64) {
+    let mut e = engine(cfg());
+    let a = submit_as(&mut e, "a", 20, 1000);
+    for _ in 0..3 {
+        step_at(&mut e, cost);
+    }
+    let b = submit_as(&mut e, b_tenant, 20, 8);
+    step_at(&mut e, cost);
+    assert_eq!(produced(&e, b), Some(1), "B's prompt is done in its admission pass");
+    (e, a, b)
+}
+
+/// Where a pass costs about its tokens (10 ms + 2 ms a token), another tenant's short request
+/// runs its passes alone while the long one can wait: B's remaining 7 tokens take 7 passes and
+/// A pauses (its gaps stay far within the 250 ms target); then A goes on.
+#[test]
+fn the_express_lane_runs_a_tenants_short_request_alone_while_the_others_can_wait() {
+    let cost = pass_cost();
+    let (mut e, a, b) = long_beside_short(&cost, "b");
+    let paused = produced(&e, a).unwrap();
+    for _ in 0..7 {
+        step_at(&mut e, &cost);
+    }
+    assert_eq!(produced(&e, b), None, "B finished in 7 passes of its own");
+    assert_eq!(produced(&e, a), Some(paused), "A waited");
+    step_at(&mut e, &cost);
+    assert_eq!(produced(&e, a), Some(paused + 1), "A goes on");
+}
+
+/// The lane closes for a pass once a decoder could not wait through it and the next one within
+/// its inter-token target, and opens again after it.
+#[test]
+fn the_express_lane_closes_when_a_decoder_would_miss_its_inter_token_target() {
+    let cost = pass_cost();
+    let (mut e, a, b) = long_beside_short(&cost, "b");
+    let paused = produced(&e, a).unwrap();
+    step_at(&mut e, &cost);
+    assert_eq!((produced(&e, a), produced(&e, b)), (Some(paused), Some(2)), "express");
+    // 230 ms since A's last token: 230 + 12 + 14 ms > 250 ms, so A is in the next pass.
+    e.clock.advance(Duration::from_millis(229));
+    step_at(&mut e, &cost);
+    assert_eq!((produced(&e, a), produced(&e, b)), (Some(paused + 1), Some(3)), "together");
+    step_at(&mut e, &cost);
+    assert_eq!((produced(&e, a), produced(&e, b)), (Some(paused + 1), Some(4)), "express again");
+}
+
+/// Within one tenant requests share passes, and where a token adds little to a pass (a GPU) the
+/// lane stays closed: the long request gets a token every pass.
+#[test]
+fn the_express_lane_stays_closed_within_a_tenant_and_where_tokens_cost_little() {
+    for (cost, tenant) in [(pass_cost(), "a"), (cost(0.010, 0.000_01), "b")] {
+        let (mut e, a, b) = long_beside_short(&cost, tenant);
+        let before = produced(&e, a).unwrap();
+        for k in 1..=3 {
+            step_at(&mut e, &cost);
+            assert_eq!(produced(&e, a), Some(before + k));
+            assert_eq!(produced(&e, b), Some(1 + k));
+        }
+    }
+}
+
+/// Another tenant's prompt that would miss its TTFT target by waiting through the lane's pass
+/// gets the usual pass instead.
+#[test]
+fn the_express_lane_does_not_hold_a_prompt_that_must_start() {
+    let cost = pass_cost();
+    let (mut e, a, b) = long_beside_short(&cost, "b");
+    // C waited 2.99 s of its 3 s target: it cannot wait 26 ms more.
+    let c = submit_as(&mut e, "c", 20, 4);
+    e.clock.advance(Duration::from_millis(2_990));
+    let before = (produced(&e, a).unwrap(), produced(&e, b).unwrap());
+    step_at(&mut e, &cost);
+    assert_eq!(produced(&e, c), Some(1), "C was admitted and computed");
+    assert_eq!((produced(&e, a), produced(&e, b)), (Some(before.0 + 1), Some(before.1 + 1)));
+}

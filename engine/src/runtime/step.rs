@@ -21,6 +21,9 @@ impl Scheduler {
         self.preempt_prewarms();
         self.refuse_late(now);
         self.receive_remote();
+        if let Some(plan) = self.express(now) {
+            return Some(plan);
+        }
         let mut plan = Vec::new();
         let mut budget = self.step_budget(now);
 
