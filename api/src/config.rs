@@ -386,6 +386,9 @@ pub struct EngineSettings {
     /// longer requests can wait within their targets, where passes cost about their tokens
     /// (a CPU); 0: off.
     pub express_tokens: usize,
+    /// Speculative decoding: at most this many tokens drafted (from the request's own prompt
+    /// and output) per decoding request and pass, where they pay; 0: off.
+    pub draft_tokens: usize,
     /// Most requests running at once.
     pub max_running: usize,
     /// `slo` (fair share, deadlines, prefix), `fcfs` or `lpm`.
@@ -456,6 +459,7 @@ impl Default for EngineSettings {
             min_prefill_chunk: d.min_prefill_chunk,
             prompt_slowdown: d.prompt_slowdown,
             express_tokens: d.express_tokens,
+            draft_tokens: d.draft_tokens,
             max_running: d.max_running,
             policy: d.policy,
             overload_factor: d.overload_factor,
@@ -592,6 +596,7 @@ impl Settings {
             min_prefill_chunk: e.min_prefill_chunk,
             prompt_slowdown: e.prompt_slowdown,
             express_tokens: e.express_tokens,
+            draft_tokens: e.draft_tokens,
             max_running: e.max_running,
             policy: e.policy,
             interactive: SloTargets {

@@ -9,5 +9,6 @@ mod logprobs;
 mod moe_reference;
 mod overload;
 mod runtime;
+mod speculative;
 mod tiny_models;
 mod tokenizer_reference;

@@ -57,6 +57,10 @@ pub struct BenchArgs {
     /// engine loop (at each --batch), and grammar compile times for 20 tools.
     #[arg(long, conflicts_with = "reuse")]
     pub grammar: bool,
+    /// Instead: decode speed with speculative decoding (drafts from the prompt and output) vs
+    /// without, through the engine loop, on a code edit (a file asked back with a rename).
+    #[arg(long, conflicts_with_all = ["reuse", "grammar"])]
+    pub spec: bool,
 }
 
 struct Bench<B: Backend> {
@@ -207,6 +211,14 @@ fn median(mut v: Vec<f64>) -> f64 {
 pub fn run(args: BenchArgs) -> anyhow::Result<()> {
     let path = super::model_path(args.model.as_deref())?;
     let device = crate::device::select(args.device.parse().map_err(anyhow::Error::msg)?)?;
+    if args.spec {
+        return match device {
+            crate::device::Device::Cpu => super::bench_spec::run(&args, &path, || Ok(CpuBackend::new(args.threads)?)),
+            crate::device::Device::Cuda(info) => {
+                super::bench_spec::run(&args, &path, || crate::device::cuda_backend(&info, args.cublas_prefill))
+            }
+        };
+    }
     if args.grammar {
         return match device {
             crate::device::Device::Cpu => super::bench_grammar::run(&args, &path, CpuBackend::new(args.threads)?),

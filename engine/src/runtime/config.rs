@@ -79,6 +79,10 @@ pub struct EngineConfig {
     /// to do and can wait (see `express`); only where a pass's cost grows with its tokens (a
     /// CPU). 0: off.
     pub express_tokens: usize,
+    /// Speculative decoding: at most this many drafted tokens per decoding sequence and pass
+    /// (drafts from the sequence's own prompt and output, `draft.rs`; how many, if any, is
+    /// chosen per pass from the drafter's hit rate and the measured pass costs). 0: off.
+    pub draft_tokens: usize,
     /// Most requests running (holding KV and decoding) at once.
     pub max_running: usize,
     pub policy: Policy,
@@ -109,6 +113,7 @@ impl Default for EngineConfig {
             min_prefill_chunk: 16,
             prompt_slowdown: 3.0,
             express_tokens: 64,
+            draft_tokens: 16,
             max_running: 64,
             policy: Policy::Slo,
             interactive: SloTargets { ttft: Duration::from_secs(3), itl: Duration::from_millis(250) },
@@ -143,6 +148,9 @@ impl EngineConfig {
         }
         if !self.prompt_slowdown.is_finite() || self.prompt_slowdown < 0.0 {
             return Err(ConfigError("prompt_slowdown must be >= 0".into()));
+        }
+        if self.draft_tokens > 64 {
+            return Err(ConfigError(format!("draft_tokens must be at most 64, not {}", self.draft_tokens)));
         }
         if self.max_running == 0 {
             return Err(ConfigError("max_running must be at least 1".into()));

@@ -86,6 +86,6 @@ impl Scheduler {
             return None;
         }
         metrics::counter!("cachet:express_passes_total").increment(1);
-        Some(vec![Planned { seq: seq.id, len: chunk, logits: true }])
+        Some(vec![Planned { seq: seq.id, len: chunk, logits: true, draft: 0 }])
     }
 }

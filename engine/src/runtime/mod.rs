@@ -12,6 +12,7 @@
 mod admission;
 mod clock;
 mod config;
+mod draft;
 mod express;
 mod handle;
 mod kv;

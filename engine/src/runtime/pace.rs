@@ -50,7 +50,18 @@ pub(crate) struct PassModel {
     /// Tokens per second of a forward pass (a moving average over passes of 16 tokens and
     /// more), for admission's predictions.
     pub throughput: f64,
+    /// Passes of up to [`SMALL`] tokens timed by size: (moving average of seconds, passes
+    /// seen). The line above is a fit over all sizes; at a few tokens a CPU's matrix kernels
+    /// are far from their large-batch efficiency, which is what the choice of a draft's length
+    /// has to know (see [`PassModel::cost`]).
+    small: Vec<(f64, u32)>,
 }
+
+/// Passes up to this size are also timed by size.
+const SMALL: usize = 80;
+
+/// Passes of a size seen before its own average counts instead of the fit.
+const SMALL_SEEN: u32 = 3;
 
 impl PassModel {
     /// Checks a pass that decoders waited for (its length is their inter-token gap) against the
@@ -82,6 +93,14 @@ impl PassModel {
             return;
         }
         self.seen = self.seen.saturating_add(1);
+        if tokens <= SMALL {
+            if self.small.is_empty() {
+                self.small = vec![(0.0, 0); SMALL + 1];
+            }
+            let (mean, seen) = &mut self.small[tokens];
+            *mean = if *seen == 0 { secs } else { 0.8 * *mean + 0.2 * secs };
+            *seen = seen.saturating_add(1);
+        }
         let n = tokens as f64;
         self.w = self.w * FORGET + 1.0;
         self.n = self.n * FORGET + n;
@@ -121,6 +140,16 @@ impl PassModel {
     /// Predicted seconds of a pass of `tokens` tokens.
     pub fn seconds(&self, tokens: usize) -> Option<f64> {
         self.fit().map(|(fixed, per)| fixed + per * tokens as f64)
+    }
+
+    /// Seconds a pass of `tokens` takes: the recent average of passes of that size where
+    /// enough were seen (small passes), else the fit's prediction (which, at a few tokens on a
+    /// CPU, is optimistic: a draft length the average does not know yet gets tried).
+    pub fn cost(&self, tokens: usize) -> Option<f64> {
+        match self.small.get(tokens) {
+            Some(&(mean, seen)) if seen >= SMALL_SEEN => Some(mean),
+            _ => self.seconds(tokens),
+        }
     }
 
     /// How much longer than predicted the slow passes run (the 95th
@@ -420,5 +449,27 @@ mod tests {
         m.observe(100, 0.1);
         let (fixed, per) = m.fit().unwrap();
         assert!(fixed >= 0.0 && per > 0.0);
+    }
+}
+
+#[cfg(test)]
+mod cost_tests {
+    use super::*;
+
+    /// A size seen three times costs its own recent average, not the line through all sizes.
+    #[test]
+    fn small_passes_cost_what_they_were_measured_at() {
+        let mut m = PassModel::default();
+        for _ in 0..3 {
+            m.observe(1, 0.020);
+            m.observe(512, 1.000);
+        }
+        let line = m.seconds(9).unwrap();
+        assert_eq!(m.cost(9), Some(line), "not seen: the fit");
+        for _ in 0..3 {
+            m.observe(9, 0.100);
+        }
+        assert!((m.cost(9).unwrap() - 0.100).abs() < 1e-9);
+        assert!(m.cost(9).unwrap() > m.seconds(9).unwrap());
     }
 }

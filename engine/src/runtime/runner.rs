@@ -26,9 +26,10 @@ pub(super) struct Ran {
     pub secs: f64,
     /// Why the forward pass failed (every planned sequence fails with it).
     pub failed: Option<String>,
-    /// Per planned chunk, in plan order: its sampled token where it sampled (a chunk with logits
-    /// of a request that is not a pre-warm).
-    pub sampled: Vec<Option<Sampled>>,
+    /// Per planned chunk, in plan order: the tokens it sampled (none for a chunk without logits
+    /// or of a pre-warm; one, or with a draft one per position up to the first that differs
+    /// from the draft: the tokens decoding one at a time would have given).
+    pub sampled: Vec<Vec<Sampled>>,
     /// How the grammar masks went, when some sequence was constrained.
     pub grammar: Option<masks::Timing>,
 }
@@ -100,16 +101,33 @@ impl<B: Backend> Runner<B> {
         // Grammars: the masks of the sequences that sample this step are computed on another
         // thread while the forward pass runs; the step waits only for what is not ready.
         let mut constrained = masks::take(plan, &index, running);
-        let chunks: Vec<SeqChunk<'_>> = plan
+        // A drafted chunk runs the sequence's last token then its draft, with logits at each.
+        let drafted: Vec<Vec<u32>> = plan
             .iter()
             .zip(&index)
             .map(|(p, &i)| {
                 let s = &running[i];
+                if p.draft == 0 {
+                    return Vec::new();
+                }
+                std::iter::once(s.tokens[s.computed]).chain(s.draft.iter().copied()).collect()
+            })
+            .collect();
+        let chunks: Vec<SeqChunk<'_>> = plan
+            .iter()
+            .zip(&index)
+            .zip(&drafted)
+            .map(|((p, &i), drafted)| {
+                let s = &running[i];
                 SeqChunk {
-                    tokens: &s.tokens[s.computed..s.computed + p.len],
+                    tokens: if p.draft > 0 { drafted } else { &s.tokens[s.computed..s.computed + p.len] },
                     start_pos: s.computed,
                     slots: SlotId::raw(&s.slots[..s.computed + p.len]),
-                    logits: if p.logits { LogitsFor::Last } else { LogitsFor::None },
+                    logits: match (p.logits, p.draft) {
+                        (false, _) => LogitsFor::None,
+                        (true, 0) => LogitsFor::Last,
+                        (true, _) => LogitsFor::All,
+                    },
                 }
             })
             .collect();
@@ -124,7 +142,7 @@ impl<B: Backend> Runner<B> {
         let secs = start.elapsed().as_secs_f64();
         drop(chunks);
         let (mut masks, grammar) = masks::give_back(running, constrained, computed);
-        let mut sampled: Vec<Option<Sampled>> = Vec::with_capacity(plan.len());
+        let mut sampled: Vec<Vec<Sampled>> = Vec::with_capacity(plan.len());
         if let Err(e) = result {
             return Ran { index, secs, failed: Some(e.to_string()), sampled, grammar };
         }
@@ -132,17 +150,32 @@ impl<B: Backend> Runner<B> {
         let mut row = 0;
         for (p, &i) in plan.iter().zip(&index) {
             if !p.logits {
-                sampled.push(None);
+                sampled.push(Vec::new());
                 continue;
             }
-            let logits = &mut self.logits[row * vocab..(row + 1) * vocab];
-            row += 1;
+            let rows = 1 + p.draft;
+            let first = row;
+            row += rows;
             let seq = &mut running[i];
             if seq.req.prewarm {
-                sampled.push(None);
+                sampled.push(Vec::new());
                 continue;
             }
-            sampled.push(Some(masks::sample(seq, logits, masks.remove(&seq.id))));
+            // Position by position, as decoding one token at a time would (the sampler's
+            // penalties and random draws advance with each token): the drafted token at a
+            // position is kept only if it is the token sampled there.
+            let mut mask = masks.remove(&seq.id);
+            let mut got = Vec::with_capacity(rows);
+            for j in 0..rows {
+                let logits = &mut self.logits[(first + j) * vocab..(first + j + 1) * vocab];
+                let token = masks::sample(seq, logits, mask.take());
+                let more = matches!(&token, Ok((t, _)) if j < p.draft && *t == seq.draft[j]);
+                got.push(token);
+                if !more {
+                    break;
+                }
+            }
+            sampled.push(got);
         }
         Ran { index, secs, failed: None, sampled, grammar }
     }

@@ -42,7 +42,8 @@ const PASS: Duration = Duration::from_millis(1);
 
 impl Scheduler {
     /// One step with a fake runner: what the scheduler plans "runs" at once and every sequence
-    /// that samples gets [`TOKEN`].
+    /// that samples gets [`TOKEN`] (a drafted chunk: one per position while the draft says
+    /// [`TOKEN`], then one more).
     fn step(&mut self) {
         let now = self.clock.now();
         if let Some(plan) = self.schedule(now) {
@@ -51,8 +52,13 @@ impl Scheduler {
             let sampled = plan
                 .iter()
                 .map(|p| {
-                    let prewarm = running.iter().find(|s| s.id == p.seq).is_some_and(|s| s.req.prewarm);
-                    (p.logits && !prewarm).then_some(Ok((TOKEN, None)))
+                    let seq = running.iter().find(|s| s.id == p.seq).expect("planned");
+                    if p.logits && !seq.req.prewarm {
+                        let confirmed = seq.draft.iter().take_while(|&&t| t == TOKEN).count().min(p.draft);
+                        (0..=confirmed).map(|_| Ok((TOKEN, None))).collect()
+                    } else {
+                        Vec::new()
+                    }
                 })
                 .collect();
             self.clock.advance(PASS);
@@ -70,6 +76,7 @@ fn cfg() -> EngineConfig {
         overload_factor: 0.0,
         min_prefill_chunk: 8,
         pace_margin: 1.0,
+        draft_tokens: 0,
         interactive: SloTargets { ttft: Duration::from_secs(3), itl: Duration::from_millis(250) },
         ..EngineConfig::default()
     }
@@ -661,4 +668,47 @@ fn the_express_lane_does_not_hold_a_prompt_that_must_start() {
     step_at(&mut e, &cost);
     assert_eq!(produced(&e, c), Some(1), "C was admitted and computed");
     assert_eq!((produced(&e, a), produced(&e, b)), (Some(before.0 + 1), Some(before.1 + 1)));
+}
+
+/// Speculative decoding where a token adds little to a pass: once the output repeats, the
+/// drafter's guesses (the fake model always samples [`TOKEN`]) are drafted and confirmed,
+/// several tokens a pass; the request still ends at its `max_tokens`, and the slots it holds
+/// are exactly its computed positions.
+#[test]
+fn drafts_that_pay_are_planned_and_confirmed_tokens_save_passes() {
+    let cost = cost(0.010, 0.000_1);
+    let mut e = engine(EngineConfig { draft_tokens: 8, ..cfg() });
+    let id = submit(&mut e, 20, 60);
+    step_at(&mut e, &cost);
+    let mut steps = 1;
+    while produced(&e, id).is_some() {
+        step_at(&mut e, &cost);
+        steps += 1;
+        if let Some(seq) = e.running.iter().find(|s| s.id == id) {
+            assert_eq!(seq.slots.len(), seq.computed, "slots beyond the computed positions");
+            assert_eq!(seq.computed + 1, seq.tokens.len());
+        }
+        assert!(steps < 60, "no draft was confirmed");
+    }
+    assert!(steps < 20, "{steps} steps for 60 tokens");
+    let (drafted, accepted) = (e.stats.drafted_tokens, e.stats.accepted_tokens);
+    assert!(accepted >= 40 && drafted >= accepted, "{steps} steps, {drafted} drafted, {accepted} confirmed");
+    assert_eq!(e.kv.free() + e.kv.usage().cached, e.kv.capacity(), "slots leaked");
+}
+
+/// Where every token of a pass costs as much as a pass's fixed part and the drafter is often
+/// wrong, nothing is drafted.
+#[test]
+fn drafts_that_do_not_pay_are_not_planned() {
+    let cost = cost(0.001, 0.020);
+    let mut e = engine(EngineConfig { draft_tokens: 8, ..cfg() });
+    let id = submit(&mut e, 20, 30);
+    step_at(&mut e, &cost);
+    e.running[0].drafter.accept = 0.5;
+    for _ in 0..5 {
+        step_at(&mut e, &cost);
+        e.running[0].drafter.accept = 0.5;
+    }
+    assert_eq!(e.stats.drafted_tokens, 0);
+    assert_eq!(produced(&e, id), Some(6));
 }

@@ -52,6 +52,10 @@ pub(super) struct Seq {
     /// Its prompt's K/V is arriving from elsewhere ([`Request::remote_kv`]): nothing to compute
     /// until it has, its slots reserved.
     pub receiving: bool,
+    /// Speculative decoding: the n-gram index of its tokens and its hit rate, and the tokens
+    /// drafted for the pass being run (empty between passes).
+    pub drafter: super::draft::Drafter,
+    pub draft: Vec<u32>,
     /// The span of the phase the request is in (a child of its span: a trace shows how long it
     /// queued, computed its prompt and decoded).
     phase: (Phase, tracing::Span),
@@ -120,6 +124,8 @@ impl Seq {
             retractions: 0,
             stored: 0,
             receiving,
+            drafter: Default::default(),
+            draft: Vec::new(),
             phase: (Phase::Queue, queue),
         }
     }

@@ -16,6 +16,8 @@ pub(super) struct Stats {
     pub grammar_masks: u64,
     pub grammar_mask_seconds: f64,
     pub grammar_wait_seconds: f64,
+    pub drafted_tokens: u64,
+    pub accepted_tokens: u64,
 }
 
 /// A point-in-time view of the engine.
@@ -51,6 +53,10 @@ pub struct Snapshot {
     pub grammar_masks: u64,
     pub grammar_mask_seconds: f64,
     pub grammar_wait_seconds: f64,
+    /// Speculative decoding: tokens drafted into passes, and those the model confirmed (each
+    /// saved a pass).
+    pub drafted_tokens: u64,
+    pub accepted_tokens: u64,
     /// The disk tier (zeros without one): bytes and chunks stored, prompt tokens loaded from it
     /// instead of computed, prompt tokens handed to it, chunks dropped because its writer was
     /// behind, and writes that failed.
@@ -94,6 +100,8 @@ impl Scheduler {
             grammar_masks: self.stats.grammar_masks,
             grammar_mask_seconds: self.stats.grammar_mask_seconds,
             grammar_wait_seconds: self.stats.grammar_wait_seconds,
+            drafted_tokens: self.stats.drafted_tokens,
+            accepted_tokens: self.stats.accepted_tokens,
         }
     }
 

@@ -34,10 +34,12 @@ impl Scheduler {
                 if !self.kv.reserve_free(seq, 1) {
                     continue;
                 }
-                plan.push(Planned { seq: seq.id, len: 1, logits: true });
+                plan.push(Planned { seq: seq.id, len: 1, logits: true, draft: 0 });
                 budget -= 1;
             }
         }
+        // Drafted tokens after the decoders' last ones, where they pay (speculative decoding).
+        self.plan_drafts(&mut plan, &mut budget);
         // 2. Prefill chunks of sequences already running, then 3. admit waiting requests in
         // policy order while budget and memory last. Under `slo`, prompts that can no longer
         // meet their TTFT target (hopeless) yield to everything that still can: overdue ones (see
@@ -124,7 +126,7 @@ impl Scheduler {
                     plan[k].len += chunk;
                     plan[k].logits = logits;
                 }
-                None => plan.push(Planned { seq: id, len: chunk, logits }),
+                None => plan.push(Planned { seq: id, len: chunk, logits, draft: 0 }),
             }
             *budget -= chunk;
         }
@@ -172,7 +174,7 @@ impl Scheduler {
                 self.waiting.push(seq);
                 return true;
             }
-            plan.push(Planned { seq: seq.id, len: chunk, logits: chunk == seq.remaining() });
+            plan.push(Planned { seq: seq.id, len: chunk, logits: chunk == seq.remaining(), draft: 0 });
             *budget -= chunk;
             self.running.push(seq);
         }
@@ -337,10 +339,38 @@ impl Scheduler {
         let mut ends = Ends::default();
         let mut sampled = ran.sampled.into_iter();
         for (p, &i) in plan.iter().zip(&ran.index) {
-            self.advance(i, p.len, ran.secs * p.len as f64 / total as f64, &mut ends);
-            let token = sampled.next().flatten();
-            if p.logits {
-                self.hand_out(i, token, &mut ends);
+            let tokens = sampled.next().unwrap_or_default();
+            // A drafted chunk holds K/V for its first position and for each draft token that
+            // was confirmed: one position per token sampled.
+            let valid = if p.draft > 0 { tokens.len().clamp(1, p.len) } else { p.len };
+            self.advance(i, valid, ran.secs * p.len as f64 / total as f64, &mut ends);
+            if p.draft > 0 {
+                self.settle_draft(i, p.draft, tokens.len());
+            }
+            if !p.logits {
+                continue;
+            }
+            if tokens.is_empty() {
+                self.hand_out(i, None, &mut ends);
+                continue;
+            }
+            if let (Some(guess), Some(Ok((token, _)))) = (self.running[i].drafter.guess.take(), tokens.first()) {
+                let hit = usize::from(guess == *token);
+                self.running[i].drafter.observe(hit, 1 - hit);
+            }
+            for token in tokens {
+                let ended = ends.finished.len() + ends.failed.len();
+                self.hand_out(i, Some(token), &mut ends);
+                if ends.finished.len() + ends.failed.len() > ended {
+                    break;
+                }
+            }
+            // Confirmed draft positions past where the output ended hold K/V of tokens it does
+            // not have.
+            let seq = &mut self.running[i];
+            if seq.computed >= seq.tokens.len() {
+                seq.computed = seq.tokens.len() - 1;
+                self.kv.unreserve(seq, seq.computed);
             }
         }
         self.settle(ends, now);
@@ -385,6 +415,21 @@ impl Scheduler {
             seq.computed_prefill += len;
         }
         *self.vtc.entry(seq.req.tenant.clone()).or_default() += len as f64;
+    }
+
+    /// Running sequence `i` ran a draft of `draft` tokens and sampled `sampled` tokens (all but
+    /// the last confirm a drafted one): the slots of the positions that were not confirmed go
+    /// back (their K/V never reaches the cache), the drafter learns how it did, and the counts.
+    fn settle_draft(&mut self, i: usize, draft: usize, sampled: usize) {
+        let seq = &mut self.running[i];
+        self.kv.unreserve(seq, seq.computed);
+        let accepted = sampled.saturating_sub(1);
+        seq.drafter.observe(accepted, usize::from(accepted < draft));
+        seq.draft.clear();
+        self.stats.drafted_tokens += draft as u64;
+        self.stats.accepted_tokens += accepted as u64;
+        metrics::counter!("cachet:spec_draft_tokens_total").increment(draft as u64);
+        metrics::counter!("cachet:spec_accepted_tokens_total").increment(accepted as u64);
     }
 
     /// Running sequence `i` sampled `token`: its text goes out, and whether it ends here (a stop,

@@ -1,0 +1,84 @@
+//! Speculative decoding on a tiny random-weight model: drafted tokens are checked by the model
+//! in the same pass, so what a request gets is exactly what decoding one token at a time gives
+//! — greedy or sampled with a seed, with penalties, stop tokens and log-probabilities — alone or
+//! batched with others, and the slots of rejected drafts go back.
+
+use crate::common;
+use common::{pool, tiny_engine, tokens};
+
+use cachet_engine::generate::GenerateParams;
+use cachet_engine::radix::TenantKey;
+use cachet_engine::runtime::{EngineConfig, EngineHandle, Event, Request};
+use cachet_engine::sampler::SamplingParams;
+
+/// A prompt that repeats a 12-token phrase: the model's output soon repeats something the
+/// drafter has seen.
+fn repetitive(seed: u64, n: usize) -> Vec<u32> {
+    tokens(seed, 12).into_iter().cycle().take(n).collect()
+}
+
+fn cases() -> Vec<(Vec<u32>, GenerateParams)> {
+    let greedy = GenerateParams { max_tokens: 48, ignore_eos: true, ..Default::default() };
+    let sampled = GenerateParams {
+        sampling: SamplingParams {
+            temperature: 0.8,
+            top_p: 0.95,
+            repetition_penalty: 1.1,
+            seed: Some(7),
+            ..Default::default()
+        },
+        ..greedy.clone()
+    };
+    let logprobs = GenerateParams { logprobs: Some(3), ..greedy.clone() };
+    let mut prompts: Vec<Vec<u32>> = (0..4).map(|i| repetitive(i, 40 + 24 * i as usize)).collect();
+    prompts.push(tokens(9, 30));
+    let mut cases = Vec::new();
+    for (i, p) in prompts.into_iter().enumerate() {
+        cases.push((p.clone(), greedy.clone()));
+        cases.push((p.clone(), if i % 2 == 0 { sampled.clone() } else { logprobs.clone() }));
+    }
+    // A stop token that the greedy output of the first prompt produces part way.
+    cases.push((repetitive(0, 40), GenerateParams { stop_token_ids: vec![repetitive(0, 40)[5]], ..greedy }));
+    cases
+}
+
+/// Every event of a request, written out (token ids, texts, log-probabilities, the end).
+fn events(h: &EngineHandle, prompt: &[u32], params: &GenerateParams) -> Vec<String> {
+    let mut s = h.submit(Request::new(TenantKey::new("t"), prompt.to_vec(), params.clone()));
+    let mut out = Vec::new();
+    while let Some(e) = s.blocking_next() {
+        match e {
+            Event::Token { id, text, logprobs } => out.push(format!("{id} {text:?} {logprobs:?}")),
+            Event::Done(c) => {
+                out.push(format!("done {:?} {}", c.finish_reason, c.output_tokens));
+                break;
+            }
+            Event::Error(e) => panic!("request failed: {e}"),
+        }
+    }
+    out
+}
+
+#[test]
+fn drafted_outputs_are_those_of_decoding_one_token_at_a_time() {
+    let plain = tiny_engine(EngineConfig { draft_tokens: 0, ..pool(8192) });
+    let spec = tiny_engine(EngineConfig { draft_tokens: 16, ..pool(8192) });
+    let cases = cases();
+    let want: Vec<Vec<String>> = cases.iter().map(|(p, g)| events(&plain, p, g)).collect();
+    // One at a time, then all together (drafted chunks beside other sequences' tokens).
+    for (i, (p, g)) in cases.iter().enumerate() {
+        assert_eq!(events(&spec, p, g), want[i], "case {i} alone");
+    }
+    std::thread::scope(|scope| {
+        let runs: Vec<_> = cases.iter().map(|(p, g)| scope.spawn(|| events(&spec, p, g))).collect();
+        for (i, run) in runs.into_iter().enumerate() {
+            assert_eq!(run.join().unwrap(), want[i], "case {i} batched");
+        }
+    });
+    let s = spec.snapshot_blocking().unwrap();
+    assert!(s.accepted_tokens > 0, "no draft was confirmed, so the test checked nothing: {s:?}");
+    assert!(s.drafted_tokens > s.accepted_tokens, "no draft was rejected: {s:?}");
+    assert_eq!(plain.snapshot_blocking().unwrap().drafted_tokens, 0);
+    spec.check_integrity_blocking().unwrap();
+    assert_eq!(s.kv_used, s.cached_slots, "slots held outside the cache with nothing running: {s:?}");
+}
