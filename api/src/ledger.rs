@@ -280,6 +280,8 @@ mod tests {
             slo_class: Some(cachet_tenants::SloClass::Interactive),
             slo_met: Some(true),
             kv_transfer_ms: None,
+            drafted_tokens: 0,
+            accepted_tokens: 0,
         }
     }
 

@@ -206,6 +206,18 @@ impl Constraint {
         }
     }
 
+    /// How many of `tokens`, from the start, the grammar allows one after the other from here
+    /// (the state does not move: a draft is checked before the model verifies it). An
+    /// end-of-sequence id ends the count (it ends the output); a matcher error counts as none.
+    pub(crate) fn allowed_prefix(&mut self, tokens: &[u32]) -> usize {
+        let upto = tokens.iter().position(|t| self.eos.contains(t)).unwrap_or(tokens.len());
+        let m = &mut self.matcher;
+        match std::panic::catch_unwind(AssertUnwindSafe(|| m.validate_tokens(&tokens[..upto]))) {
+            Ok(Ok(n)) => n.min(upto),
+            _ => 0,
+        }
+    }
+
     /// Whether the grammar is complete and allows nothing more.
     pub(crate) fn finished(&self) -> bool {
         self.matcher.is_stopped() && !self.matcher.is_error()

@@ -6,6 +6,7 @@
 use crate::common;
 use common::{pool, tiny_engine, tokens};
 
+use cachet_engine::constraint::{Grammar, GrammarSource};
 use cachet_engine::generate::GenerateParams;
 use cachet_engine::radix::TenantKey;
 use cachet_engine::runtime::{EngineConfig, EngineHandle, Event, Request};
@@ -44,7 +45,19 @@ fn cases() -> Vec<(Vec<u32>, GenerateParams)> {
 
 /// Every event of a request, written out (token ids, texts, log-probabilities, the end).
 fn events(h: &EngineHandle, prompt: &[u32], params: &GenerateParams) -> Vec<String> {
-    let mut s = h.submit(Request::new(TenantKey::new("t"), prompt.to_vec(), params.clone()));
+    constrained_events(h, prompt, params, None)
+}
+
+/// [`events`] of a request under `grammar`.
+fn constrained_events(
+    h: &EngineHandle,
+    prompt: &[u32],
+    params: &GenerateParams,
+    grammar: Option<&Grammar>,
+) -> Vec<String> {
+    let mut r = Request::new(TenantKey::new("t"), prompt.to_vec(), params.clone());
+    r.grammar = grammar.cloned();
+    let mut s = h.submit(r);
     let mut out = Vec::new();
     while let Some(e) = s.blocking_next() {
         match e {
@@ -81,4 +94,37 @@ fn drafted_outputs_are_those_of_decoding_one_token_at_a_time() {
     assert_eq!(plain.snapshot_blocking().unwrap().drafted_tokens, 0);
     spec.check_integrity_blocking().unwrap();
     assert_eq!(s.kv_used, s.cached_slots, "slots held outside the cache with nothing running: {s:?}");
+}
+
+/// Under a grammar a draft is cut at its first token the grammar would not allow, and each
+/// verified position is masked by the grammar's state after the tokens before it: outputs are
+/// those of decoding one token at a time, and drafts were confirmed.
+#[test]
+fn drafted_outputs_under_a_grammar_are_those_of_decoding_one_token_at_a_time() {
+    let plain = tiny_engine(EngineConfig { draft_tokens: 0, ..pool(8192) });
+    let spec = tiny_engine(EngineConfig { draft_tokens: 16, ..pool(8192) });
+    let sources = [
+        GrammarSource::Regex("[a-d ]{1,120}".into()),
+        GrammarSource::JsonSchema(
+            r#"{"type": "array", "items": {"enum": ["read", "write", "list"]}, "maxItems": 30}"#.into(),
+        ),
+    ];
+    let greedy = GenerateParams { max_tokens: 100, ..Default::default() };
+    let seeded = GenerateParams {
+        sampling: SamplingParams { temperature: 0.7, seed: Some(3), ..Default::default() },
+        ..greedy.clone()
+    };
+    let before = spec.snapshot_blocking().unwrap();
+    for source in &sources {
+        let (g_plain, g_spec) = (plain.grammars().compile(source).unwrap(), spec.grammars().compile(source).unwrap());
+        for (i, params) in [&greedy, &seeded].into_iter().enumerate() {
+            for prompt in [repetitive(i as u64, 40), tokens(20 + i as u64, 30)] {
+                let want = constrained_events(&plain, &prompt, params, Some(&g_plain));
+                assert_eq!(constrained_events(&spec, &prompt, params, Some(&g_spec)), want, "{source:?}, {params:?}");
+            }
+        }
+    }
+    let s = spec.snapshot_blocking().unwrap();
+    assert!(s.accepted_tokens > before.accepted_tokens, "no draft was confirmed under a grammar: {s:?}");
+    spec.check_integrity_blocking().unwrap();
 }

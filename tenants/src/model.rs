@@ -199,6 +199,12 @@ pub struct UsageRecord {
     /// milliseconds; included in `ttft_ms` and `e2e_ms`. `None`: nothing moved.
     #[serde(default)]
     pub kv_transfer_ms: Option<f64>,
+    /// Speculative decoding: tokens drafted into the request's passes, and those the model
+    /// confirmed (output tokens that took no pass of their own; `output_tokens` counts them once).
+    #[serde(default)]
+    pub drafted_tokens: i64,
+    #[serde(default)]
+    pub accepted_tokens: i64,
 }
 
 impl UsageRecord {
@@ -211,6 +217,8 @@ impl UsageRecord {
             ("cached_tokens", self.cached_tokens),
             ("computed_tokens", self.computed_tokens),
             ("output_tokens", self.output_tokens),
+            ("drafted_tokens", self.drafted_tokens),
+            ("accepted_tokens", self.accepted_tokens),
         ] {
             if value < 0 {
                 return Err(format!("usage row {id}: {what} is negative"));

@@ -50,6 +50,8 @@ fn record(tenant: TenantId, r: &Req) -> UsageRecord {
         slo_class: Some(SloClass::Interactive),
         slo_met: r.slo_met,
         kv_transfer_ms: None,
+        drafted_tokens: 0,
+        accepted_tokens: 0,
     }
 }
 

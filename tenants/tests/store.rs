@@ -39,6 +39,8 @@ fn usage(tenant: TenantId, seconds_ago: i64) -> UsageRecord {
         slo_class: Some(SloClass::Interactive),
         slo_met: Some(true),
         kv_transfer_ms: None,
+        drafted_tokens: 0,
+        accepted_tokens: 0,
     }
 }
 

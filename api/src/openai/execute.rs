@@ -360,6 +360,8 @@ impl RowTemplate {
             slo_class: Some(self.labels.slo),
             slo_met,
             kv_transfer_ms: moved,
+            drafted_tokens: c.drafted_tokens as i64,
+            accepted_tokens: c.accepted_tokens as i64,
         }
     }
 }
@@ -477,6 +479,8 @@ mod tests {
             e2e: Duration::from_millis(e2e_ms),
             compute_seconds: 0.0,
             retractions: 0,
+            drafted_tokens: 0,
+            accepted_tokens: 0,
         }
     }
 

@@ -121,10 +121,12 @@ impl super::Scheduler {
     /// output's and the context's room, the pass's budget) that maximize the tokens the pass is
     /// expected to produce per second of the pass — with the pass's cost at its new size as
     /// measured ([`super::pace::PassModel::cost`]) and each drafted token right with the
-    /// drafter's estimated chance, given the ones before it were. A sequence with a grammar,
-    /// a pre-warm, or one whose drafter has nothing does not draft; one that could but does not
-    /// pay keeps its drafter's next-token guess, checked against the token sampled so that
-    /// its estimate follows the text.
+    /// drafter's estimated chance, given the ones before it were. Under a grammar the draft is
+    /// cut at its first token the grammar would not allow (checked without moving the
+    /// grammar's state: only sampled tokens are fed to it, so a rejected draft leaves nothing
+    /// to roll back). A pre-warm, or a sequence whose drafter has nothing, does not draft; one
+    /// that could but does not pay keeps its drafter's next-token guess, checked against the
+    /// token sampled so that its estimate follows the text.
     pub(super) fn plan_drafts(&mut self, plan: &mut [super::plan::Planned], budget: &mut usize) {
         let max = self.cfg.draft_tokens;
         let mut tokens = plan.len();
@@ -136,7 +138,7 @@ impl super::Scheduler {
             let Some(seq) = self.running.iter_mut().find(|s| s.id == p.seq) else { continue };
             seq.draft.clear();
             seq.drafter.guess = None;
-            if seq.req.prewarm || seq.constraint.is_some() || p.len != 1 {
+            if seq.req.prewarm || p.len != 1 {
                 continue;
             }
             let left = seq.req.params.max_tokens.saturating_sub(seq.generated());
@@ -144,6 +146,11 @@ impl super::Scheduler {
             let cap = max.min(left.saturating_sub(1)).min(room).min(*budget);
             seq.drafter.propose(&seq.tokens, cap.max(1), &mut seq.draft);
             let guess = seq.draft.first().copied();
+            // Under a grammar, the draft ends at its first token the grammar would not allow.
+            if let Some(c) = &mut seq.constraint {
+                let allowed = c.allowed_prefix(&seq.draft);
+                seq.draft.truncate(allowed);
+            }
             let mut best = (0, rate);
             for k in 1..=seq.draft.len().min(cap) {
                 let Some(cost) = self.pace.cost(tokens + k).filter(|&c| c > 0.0) else { break };

@@ -158,6 +158,10 @@ pub struct Completion {
     pub compute_seconds: f64,
     /// Times it was pushed out of memory and resumed.
     pub retractions: u32,
+    /// Speculative decoding: tokens drafted into its passes, and those the model confirmed
+    /// (each one an output token that took no pass of its own; `output_tokens` counts it once).
+    pub drafted_tokens: usize,
+    pub accepted_tokens: usize,
 }
 
 /// The refusal of a request predicted to have its first token after `predicted` against a
@@ -180,6 +184,8 @@ impl Completion {
             e2e: Duration::ZERO,
             compute_seconds: 0.0,
             retractions: 0,
+            drafted_tokens: 0,
+            accepted_tokens: 0,
         }
     }
 }

@@ -164,10 +164,15 @@ impl<B: Backend> Runner<B> {
             // Position by position, as decoding one token at a time would (the sampler's
             // penalties and random draws advance with each token): the drafted token at a
             // position is kept only if it is the token sampled there.
+            // The first position's grammar mask was computed beside the pass; a later position's is
+            // computed here, from the grammar's state after the tokens before it.
             let mut mask = masks.remove(&seq.id);
             let mut got = Vec::with_capacity(rows);
             for j in 0..rows {
                 let logits = &mut self.logits[(first + j) * vocab..(first + j + 1) * vocab];
+                if j > 0 {
+                    mask = seq.constraint.as_mut().map(|c| c.mask());
+                }
                 let token = masks::sample(seq, logits, mask.take());
                 let more = matches!(&token, Ok((t, _)) if j < p.draft && *t == seq.draft[j]);
                 got.push(token);

@@ -712,3 +712,32 @@ fn drafts_that_do_not_pay_are_not_planned() {
     assert_eq!(e.stats.drafted_tokens, 0);
     assert_eq!(produced(&e, id), Some(6));
 }
+
+/// Tenant B's copy of tenant A's answer drafts exactly as it would had A never run: drafts come
+/// from the request's own text only, so B's decode speed tells B nothing of what A wrote.
+#[test]
+fn a_tenants_drafts_never_come_from_another_tenants_text() {
+    let cost = cost(0.010, 0.000_1);
+    let run = |a_first: bool| {
+        let mut e = engine(EngineConfig { draft_tokens: 8, ..cfg() });
+        if a_first {
+            let a = submit_as(&mut e, "a", 20, 60);
+            step_at(&mut e, &cost);
+            while produced(&e, a).is_some() {
+                step_at(&mut e, &cost);
+            }
+            assert!(e.stats.accepted_tokens > 0, "A's answer was drafted");
+        }
+        let before = (e.stats.drafted_tokens, e.stats.accepted_tokens);
+        // The same prompt: B's answer is a copy of A's.
+        let b = submit_as(&mut e, "b", 20, 60);
+        step_at(&mut e, &cost);
+        let mut steps = 1;
+        while produced(&e, b).is_some() {
+            step_at(&mut e, &cost);
+            steps += 1;
+        }
+        (steps, e.stats.drafted_tokens - before.0, e.stats.accepted_tokens - before.1)
+    };
+    assert_eq!(run(true), run(false));
+}

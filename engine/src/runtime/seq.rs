@@ -56,6 +56,9 @@ pub(super) struct Seq {
     /// drafted for the pass being run (empty between passes).
     pub drafter: super::draft::Drafter,
     pub draft: Vec<u32>,
+    /// Tokens drafted into its passes so far, and those confirmed.
+    pub drafted: usize,
+    pub accepted: usize,
     /// The span of the phase the request is in (a child of its span: a trace shows how long it
     /// queued, computed its prompt and decoded).
     phase: (Phase, tracing::Span),
@@ -126,6 +129,8 @@ impl Seq {
             receiving,
             drafter: Default::default(),
             draft: Vec::new(),
+            drafted: 0,
+            accepted: 0,
             phase: (Phase::Queue, queue),
         }
     }

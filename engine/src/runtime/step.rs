@@ -426,6 +426,8 @@ impl Scheduler {
         let accepted = sampled.saturating_sub(1);
         seq.drafter.observe(accepted, usize::from(accepted < draft));
         seq.draft.clear();
+        seq.drafted += draft;
+        seq.accepted += accepted;
         self.stats.drafted_tokens += draft as u64;
         self.stats.accepted_tokens += accepted as u64;
         metrics::counter!("cachet:spec_draft_tokens_total").increment(draft as u64);
@@ -586,6 +588,8 @@ impl Scheduler {
             e2e: end - seq.arrival,
             compute_seconds: seq.compute_seconds,
             retractions: seq.retractions,
+            drafted_tokens: seq.drafted,
+            accepted_tokens: seq.accepted,
         }
     }
 }

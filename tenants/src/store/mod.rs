@@ -172,6 +172,8 @@ struct UsageRow {
     slo_class: Option<SloClass>,
     slo_met: Option<bool>,
     kv_transfer_ms: Option<f64>,
+    drafted_tokens: i64,
+    accepted_tokens: i64,
 }
 
 impl From<UsageRow> for UsageRecord {
@@ -198,6 +200,8 @@ impl From<UsageRow> for UsageRecord {
             slo_class: r.slo_class,
             slo_met: r.slo_met,
             kv_transfer_ms: r.kv_transfer_ms,
+            drafted_tokens: r.drafted_tokens,
+            accepted_tokens: r.accepted_tokens,
         }
     }
 }
@@ -205,7 +209,7 @@ impl From<UsageRow> for UsageRecord {
 const TENANT_COLUMNS: &str = "id, name, plan, created_at, deleted_at";
 const USAGE_COLUMNS: &str = "id, tenant_id, session_id, task_id, model, endpoint, prompt_tokens, cached_tokens, \
      computed_tokens, output_tokens, queue_ms, ttft_ms, e2e_ms, compute_seconds, cost, status, finish_reason, created_at, \
-     slo_class, slo_met, kv_transfer_ms";
+     slo_class, slo_met, kv_transfer_ms, drafted_tokens, accepted_tokens";
 
 fn check_name(name: &str) -> Result<&str, StoreError> {
     let name = name.trim();
@@ -375,7 +379,9 @@ impl Store {
                     .push_bind(r.created_at)
                     .push_bind(r.slo_class)
                     .push_bind(r.slo_met)
-                    .push_bind(r.kv_transfer_ms);
+                    .push_bind(r.kv_transfer_ms)
+                    .push_bind(r.drafted_tokens)
+                    .push_bind(r.accepted_tokens);
             });
             // A row still open ('running', or 'interrupted' by the sweeper) takes the newer state;
             // a final row never changes.
@@ -386,7 +392,8 @@ impl Store {
                  queue_ms = EXCLUDED.queue_ms, ttft_ms = EXCLUDED.ttft_ms, e2e_ms = EXCLUDED.e2e_ms, \
                  compute_seconds = EXCLUDED.compute_seconds, cost = EXCLUDED.cost, status = EXCLUDED.status, \
                  finish_reason = EXCLUDED.finish_reason, slo_class = EXCLUDED.slo_class, slo_met = EXCLUDED.slo_met, \
-                 kv_transfer_ms = EXCLUDED.kv_transfer_ms, \
+                 kv_transfer_ms = EXCLUDED.kv_transfer_ms, drafted_tokens = EXCLUDED.drafted_tokens, \
+                 accepted_tokens = EXCLUDED.accepted_tokens, \
                  updated_at = now() \
                  WHERE requests.status IN ('running', 'interrupted')",
             );

@@ -57,6 +57,29 @@ async fn ledger_rows_match_the_responses() {
     }
 }
 
+/// Speculative decoding in the ledger: a row counts the tokens drafted into its request's passes
+/// and those confirmed, and its output tokens once (as the response's usage does).
+#[tokio::test]
+async fn ledger_rows_count_drafted_and_confirmed_tokens() {
+    let app = spawn_app().await;
+    let (tenant, token) = app.tenant("acme").await;
+    let mut responses = Vec::new();
+    for i in 0..4 {
+        let body = app.chat_body(&format!("repeat after me: {i} abc abc abc abc abc abc abc abc abc abc"), 64);
+        responses.push(app.chat(&token, body).await.json::<Value>().await.unwrap());
+    }
+    let rows = app.ledger(tenant).await;
+    let mut confirmed = 0;
+    for v in &responses {
+        let row = rows.iter().find(|r| r.id == request_id(v)).expect("a row per response");
+        assert_eq!(row.output_tokens, v["usage"]["completion_tokens"].as_i64().unwrap());
+        assert!(row.accepted_tokens <= row.drafted_tokens, "{row:?}");
+        assert!(row.accepted_tokens < row.output_tokens.max(1), "{row:?}");
+        confirmed += row.accepted_tokens;
+    }
+    assert!(confirmed > 0, "no drafted token was confirmed in four repetitive answers: {rows:?}");
+}
+
 /// An agent that knows nothing of tasks (Codex sends its run id as `session-id`) gets one task per
 /// run: every request of the run lands in it, another tenant's run with the same id is another
 /// task neither can see, an explicit task wins, and the outcome is recorded like any task's.

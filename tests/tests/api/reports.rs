@@ -334,6 +334,8 @@ fn seeded(
         slo_class: Some(SloClass::Interactive),
         slo_met: Some(ttft < 400.0),
         kv_transfer_ms: None,
+        drafted_tokens: 0,
+        accepted_tokens: 0,
     }
 }
 

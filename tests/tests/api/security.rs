@@ -247,6 +247,8 @@ async fn reports_never_join_another_tenants_task() {
         slo_class: Some(SloClass::Interactive),
         slo_met: Some(true),
         kv_transfer_ms: None,
+        drafted_tokens: 0,
+        accepted_tokens: 0,
     };
     app.state.store.insert_usage(&[row(a, 5.0), row(b, 1.0)]).await.unwrap();
     let text = app.get(&a_token, "/v1/reports/usage?group_by=task").await.text().await.unwrap();

@@ -141,6 +141,8 @@ fn completion(reason: FinishReason) -> Completion {
         e2e: Duration::ZERO,
         compute_seconds: 0.0,
         retractions: 0,
+        drafted_tokens: 0,
+        accepted_tokens: 0,
     }
 }
 use cachet_engine::generate::FinishReason;
