@@ -14,7 +14,7 @@ use clap::{Args, Parser, Subcommand};
 use std::path::PathBuf;
 use std::time::Duration;
 
-/// Load generator for OpenAI-compatible servers: seven coding-agent workloads,
+/// Load generator for OpenAI-compatible servers: eight coding-agent workloads,
 /// TTFT / ITL / e2e percentiles, throughput, SLO attainment and goodput.
 #[derive(Debug, Parser)]
 #[command(name = "cachet-bench", version)]

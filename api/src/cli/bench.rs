@@ -195,7 +195,7 @@ fn bandwidth(pool: &rayon::ThreadPool) -> (f64, f64) {
     ((n * 8) as f64 / read / 1e9, (n * 8) as f64 / copy / 1e9)
 }
 
-fn median(mut v: Vec<f64>) -> f64 {
+pub(super) fn median(mut v: Vec<f64>) -> f64 {
     v.sort_by(f64::total_cmp);
     let n = v.len();
     if n == 0 {

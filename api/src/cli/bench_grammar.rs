@@ -12,6 +12,7 @@
 //!   builds): cold (cache cleared) and cached, and the one-off cost of the
 //!   tokenizer view llguidance needs.
 
+use super::bench::median;
 use crate::openai::tools::{self, ToolFields};
 use anyhow::Context;
 use cachet_engine::chat_template::ChatMessage;
@@ -121,15 +122,6 @@ pub fn agent_tools() -> Value {
             json!(["summary", "success"])
         ),
     ])
-}
-
-fn median(mut v: Vec<f64>) -> f64 {
-    v.sort_by(f64::total_cmp);
-    match v.len() {
-        0 => f64::NAN,
-        n if n % 2 == 1 => v[n / 2],
-        n => (v[n / 2 - 1] + v[n / 2]) / 2.0,
-    }
 }
 
 /// One round: `batch` requests at once. Each request's decode rate is taken over the tokens

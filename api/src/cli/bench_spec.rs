@@ -9,6 +9,7 @@
 //! requests and rounds), the drafted tokens the model confirmed, and tokens per pass; and that
 //! both engines wrote the same tokens.
 
+use super::bench::median;
 use anyhow::Context;
 use cachet_engine::chat_template::ChatMessage;
 use cachet_engine::generate::GenerateParams;
@@ -21,15 +22,6 @@ use std::time::Instant;
 
 /// The file the answer repeats.
 const FILE: &str = include_str!("../../../scripts/fairness_check.py");
-
-fn median(mut v: Vec<f64>) -> f64 {
-    v.sort_by(f64::total_cmp);
-    match v.len() {
-        0 => f64::NAN,
-        n if n % 2 == 1 => v[n / 2],
-        n => (v[n / 2 - 1] + v[n / 2]) / 2.0,
-    }
-}
 
 /// One round on `engine`: `batch` greedy copies at once. Per request: its decode rate and its
 /// tokens.

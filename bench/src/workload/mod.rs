@@ -1,4 +1,4 @@
-//! Workloads: seven named scenarios, six of them sets of conversations built
+//! Workloads: eight named scenarios, seven of them sets of conversations built
 //! from real source text, one a replay of requests recorded from real agent
 //! clients ([`trace`]), plus the arrival process that starts them.
 //!
@@ -35,7 +35,7 @@ pub fn approx_tokens(text: &str) -> usize {
     text.chars().count().div_ceil(CHARS_PER_TOKEN)
 }
 
-/// The seven workloads.
+/// The eight workloads.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
 #[serde(rename_all = "kebab-case")]
 pub enum Scenario {
@@ -54,11 +54,15 @@ pub enum Scenario {
     /// Several concurrent agents, each replaying a session recorded from a real agent client
     /// (system prompt, tool list, tool calls and results as the client sent them).
     AgentTrace,
+    /// A real file asked back whole with a small change (a rename, comments, doc comments): what
+    /// an agent's `write_file` after an edit looks like, where most of the answer repeats the
+    /// prompt (what speculative decoding is for).
+    CodeEdit,
 }
 
 impl Scenario {
-    /// All seven, in report order.
-    pub const ALL: [Scenario; 7] = [
+    /// All eight, in report order.
+    pub const ALL: [Scenario; 8] = [
         Scenario::RepeatedContext,
         Scenario::Unrelated,
         Scenario::LongInput,
@@ -66,6 +70,7 @@ impl Scenario {
         Scenario::Peak,
         Scenario::Agent,
         Scenario::AgentTrace,
+        Scenario::CodeEdit,
     ];
 
     /// The command-line name (`repeated-context`, ...).
@@ -78,6 +83,7 @@ impl Scenario {
             Scenario::Peak => "peak",
             Scenario::Agent => "agent",
             Scenario::AgentTrace => "agent-trace",
+            Scenario::CodeEdit => "code-edit",
         }
     }
 
@@ -157,6 +163,7 @@ impl ScenarioSpec {
     /// | peak | 8 Poisson + 16 burst | 600 | 32 | open, 0.2/s, burst at 10 s |
     /// | agent | 2 sessions x 4 turns | 800 initial + 400 per tool output | 32 | closed, 2 users |
     /// | agent-trace | 6 agents x up to 8 recorded requests | as recorded | at most 64 | closed, 3 users |
+    /// | code-edit | 4 | a file of up to 600 + the change asked | the file back, at most 384 | closed, 2 users |
     ///
     /// `agent-trace` replays the recorded sessions of its trace in turn (agent `i` replays
     /// session `i mod sessions`); its `turns` caps the requests replayed per agent and its
@@ -188,6 +195,8 @@ impl ScenarioSpec {
             ),
             Scenario::Agent => spec(2, 4, 800, 400, 32, closed(2)),
             Scenario::AgentTrace => ScenarioSpec { ignore_eos: false, ..spec(6, 8, 0, 0, 64, closed(3)) },
+            // The answer ends where the file does.
+            Scenario::CodeEdit => ScenarioSpec { ignore_eos: false, ..spec(4, 1, 0, 600, 384, closed(2)) },
         }
     }
 
@@ -250,6 +259,10 @@ impl ScenarioSpec {
             Scenario::AgentTrace => format!(
                 "{} agent(s), each replaying a recorded agent-client session (up to {} requests, as recorded)",
                 self.conversations, self.turns
+            ),
+            Scenario::CodeEdit => format!(
+                "{} file(s) of up to ~{} tok asked back whole with a small change",
+                self.conversations, self.prompt_tokens
             ),
             _ => format!("{} prompts of ~{} tok", self.conversations, self.prompt_tokens),
         };

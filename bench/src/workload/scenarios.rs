@@ -1,4 +1,4 @@
-//! The prompt builders of the six scenarios. Each conversation draws from
+//! The prompt builders of the seven scenarios built from source text. Each conversation draws from
 //! its own random stream (seed, scenario, index), so conversations do not
 //! change when others are added.
 
@@ -54,6 +54,7 @@ pub(super) fn conversation(spec: &ScenarioSpec, corpus: &SourceCorpus, seed: u64
             Some("Explain the code above line by line in detail, then propose improvements and rewrite it in full."),
         )),
         Scenario::Agent => agent(spec, corpus, &mut rng),
+        Scenario::CodeEdit => single(code_edit(&mut rng, corpus, chars)),
         // Built from a trace (`Workload::from_trace`), not from source text.
         Scenario::AgentTrace => Conversation { preamble: Vec::new(), turns: Vec::new(), replay: Vec::new() },
     }
@@ -122,6 +123,27 @@ fn agent(spec: &ScenarioSpec, corpus: &SourceCorpus, rng: &mut Rng) -> Conversat
         });
     }
     Conversation { preamble: vec![Message::new("system", AGENT_SYSTEM)], turns, replay: Vec::new() }
+}
+
+/// A file of the corpus (its first `chars` characters, whole lines) asked back whole with a small
+/// change: a declared name renamed, a comment above each function, or doc comments.
+fn code_edit(rng: &mut Rng, corpus: &SourceCorpus, chars: usize) -> String {
+    let file = corpus.pick(rng);
+    let text = super::source::truncate_at_line(&file.text, chars.max(CHARS_PER_TOKEN * 8));
+    let items = identifiers(text);
+    let change = match rng.below(3) {
+        0 if !items.is_empty() => {
+            let item = &items[rng.below(items.len())];
+            format!("Rename `{item}` to `{item}_v2` everywhere in it.")
+        }
+        1 => "Add a one-line comment above every function explaining what it does.".to_string(),
+        _ => "Add a doc comment (or docstring) to every function and type that has none.".to_string(),
+    };
+    format!(
+        "Here is `{}`:\n```\n{text}```\n{change} Answer with the whole new file in one fenced code block and \
+         nothing else.",
+        file.path
+    )
 }
 
 /// A question about an item of `text` (a function, type, ...) in `path`, or

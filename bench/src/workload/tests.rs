@@ -173,7 +173,7 @@ fn scaling_and_parsing() {
     assert_eq!(spec.conversations, 4);
     assert_eq!(spec.requests(), 4 + 8);
     assert_eq!(spec.prompt_tokens, 150);
-    assert_eq!(Scenario::parse_list("all").unwrap().len(), 7);
+    assert_eq!(Scenario::parse_list("all").unwrap().len(), 8);
     assert_eq!(Scenario::parse_list("agent-trace").unwrap(), vec![Scenario::AgentTrace]);
     assert_eq!(Scenario::parse_list("peak, agent,peak").unwrap(), vec![Scenario::Peak, Scenario::Agent]);
     assert!(Scenario::parse_list("nope").is_err());
@@ -210,4 +210,22 @@ fn agent_trace_agents_replay_the_sessions_in_turn_each_as_its_own_user() {
     let corpus = corpus();
     let w = Workload::build(&ScenarioSpec::defaults(Scenario::AgentTrace), &corpus, 0).unwrap();
     assert!(w.requests() > 0 && w.requests() <= ScenarioSpec::defaults(Scenario::AgentTrace).requests());
+}
+
+#[test]
+fn a_code_edit_asks_for_a_real_file_back_with_a_change() {
+    let corpus = corpus();
+    let spec = ScenarioSpec::defaults(Scenario::CodeEdit);
+    assert!(!spec.ignore_eos, "the answer ends where the file does");
+    let w = Workload::build(&spec, &corpus, 5).unwrap();
+    assert_eq!(w.requests(), 4);
+    for c in &w.conversations {
+        let t = &c.turns[0];
+        let (path, rest) = t.strip_prefix("Here is `").unwrap().split_once("`:\n```\n").unwrap();
+        let (code, ask) = rest.rsplit_once("```\n").unwrap();
+        let file = corpus.files().iter().find(|f| f.path == path).expect("a file of the corpus");
+        assert!(file.text.starts_with(code), "{path}: not the start of the file");
+        assert!(approx_tokens(code) <= spec.prompt_tokens, "{path}: {} tokens", approx_tokens(code));
+        assert!(ask.ends_with("Answer with the whole new file in one fenced code block and nothing else."), "{ask}");
+    }
 }

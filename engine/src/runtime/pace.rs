@@ -450,11 +450,6 @@ mod tests {
         let (fixed, per) = m.fit().unwrap();
         assert!(fixed >= 0.0 && per > 0.0);
     }
-}
-
-#[cfg(test)]
-mod cost_tests {
-    use super::*;
 
     /// A size seen three times costs its own recent average, not the line through all sizes.
     #[test]

@@ -78,6 +78,9 @@ pub struct PrivateCluster {
     exit_watcher: Option<ChildStdin>,
 }
 
+/// Ports tried when the one chosen free is taken before the server binds it.
+const START_TRIES: u32 = 3;
+
 impl PrivateCluster {
     /// Starts the cluster whose data lives in `dir` (running initdb on first use), listening on
     /// 127.0.0.1:`port` (0 = the port remembered in the folder if it is still free, else a free
@@ -113,15 +116,28 @@ impl PrivateCluster {
         if !cluster.data_dir().join("PG_VERSION").is_file() {
             cluster.initdb()?;
         }
-        cluster.port = cluster.choose_port(port)?;
-        cluster.write_file("port", &cluster.port.to_string())?;
-        if let Err(err) = cluster.start_server() {
+        // A port chosen free can be taken by another process before the server binds it (tests
+        // start many clusters at once): with no port asked for, another free one is tried.
+        let mut tries = 0;
+        loop {
+            cluster.port = cluster.choose_port(port)?;
+            cluster.write_file("port", &cluster.port.to_string())?;
+            let Err(err) = cluster.start_server() else { break };
             // Another process may have started it between our check and our start.
             if cluster.attach_if_running()? {
                 cluster.read_password()?;
                 return Ok(cluster);
             }
-            return Err(err);
+            tries += 1;
+            let taken =
+                matches!(&err, ClusterError::Command { output, .. } if output.contains("Address already in use"));
+            if port != 0 || !taken || tries == START_TRIES {
+                return Err(err);
+            }
+            tracing::warn!(
+                port = cluster.port,
+                "the port chosen for the private Postgres was taken meanwhile; another"
+            );
         }
         if cluster.dir.join(PASSWORD_FILE).is_file() {
             cluster.read_password()?;
