@@ -17,7 +17,9 @@
 #                                to compare two builds against the same llama-server;
 #                                environment: THREADS=2 CTX=16384 SLOTS=4 SCENARIOS=all
 #                                SCALE=1 SEED=1 OUT=target/compare EXPERIMENT=1 SIDE_BY_SIDE=1
-#                                CALIBRATE=1; CACHET_RUST_LOG=warn is cachet's log filter:
+#                                CALIBRATE=1; LLAMA_ARGS: more llama-server options, e.g.
+#                                "--spec-type ngram-mod" for its draftless speculation;
+#                                CACHET_RUST_LOG=warn is cachet's log filter:
 #                                warn,cachet::pass=trace logs every forward pass)
 #
 # Writes $OUT/side-by-side/ and $OUT/experiment/ (results.json, results.md, ttft.svg,
@@ -84,8 +86,10 @@ machine="$(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | sed 's/^ //'), $(
 } > "$OUT/summary.md"
 
 start_llama() {
+  # LLAMA_ARGS is split into words on purpose.
+  # shellcheck disable=SC2086
   "$BIN/llama-server" -m "$MODEL" -a "$MODEL_ID" -t "$THREADS" -c "$CTX" -np "$SLOTS" --kv-unified \
-    --host 127.0.0.1 --port "$LLAMA_PORT" --no-webui > "$OUT/llama-server.log" 2>&1 &
+    --host 127.0.0.1 --port "$LLAMA_PORT" --no-webui ${LLAMA_ARGS:-} > "$OUT/llama-server.log" 2>&1 &
   LLAMA_PID=$!
   PIDS+=("$LLAMA_PID")
   wait_http "http://127.0.0.1:$LLAMA_PORT/health" llama-server "$LLAMA_PID" "$OUT/llama-server.log"

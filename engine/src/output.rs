@@ -143,6 +143,11 @@ impl Output {
         self.produced
     }
 
+    /// Whether `token` ends the output by itself (an end-of-sequence or stop token id).
+    pub fn stops_at(&self, token: u32) -> bool {
+        self.stop_ids.contains(&token)
+    }
+
     /// Takes the next sampled token.
     pub fn push(&mut self, tok: &Tokenizer, token: u32) -> Result<Piece, TokenizerError> {
         self.produced += 1;

@@ -105,6 +105,8 @@ fn drafted_outputs_under_a_grammar_are_those_of_decoding_one_token_at_a_time() {
     let spec = tiny_engine(EngineConfig { draft_tokens: 16, ..pool(8192) });
     let sources = [
         GrammarSource::Regex("[a-d ]{1,120}".into()),
+        // Complete after a few repeats, where a draft of the repeats goes on.
+        GrammarSource::Regex("(ab ){3}".into()),
         GrammarSource::JsonSchema(
             r#"{"type": "array", "items": {"enum": ["read", "write", "list"]}, "maxItems": 30}"#.into(),
         ),

@@ -174,7 +174,10 @@ impl<B: Backend> Runner<B> {
                     mask = seq.constraint.as_mut().map(|c| c.mask());
                 }
                 let token = masks::sample(seq, logits, mask.take());
-                let more = matches!(&token, Ok((t, _)) if j < p.draft && *t == seq.draft[j]);
+                // Past a token that ends the output — its grammar complete, an end-of-sequence or
+                // stop id — decoding one at a time would sample nothing more.
+                let ends = |t: u32| seq.constraint.as_ref().is_some_and(|c| c.finished()) || seq.output.stops_at(t);
+                let more = matches!(&token, Ok((t, _)) if j < p.draft && *t == seq.draft[j] && !ends(*t));
                 got.push(token);
                 if !more {
                     break;

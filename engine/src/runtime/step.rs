@@ -351,16 +351,17 @@ impl Scheduler {
                 continue;
             }
             if tokens.is_empty() {
-                self.hand_out(i, None, &mut ends);
+                self.hand_out(i, None, true, &mut ends);
                 continue;
             }
             if let (Some(guess), Some(Ok((token, _)))) = (self.running[i].drafter.guess.take(), tokens.first()) {
                 let hit = usize::from(guess == *token);
                 self.running[i].drafter.observe(hit, 1 - hit);
             }
-            for token in tokens {
+            let count = tokens.len();
+            for (k, token) in tokens.into_iter().enumerate() {
                 let ended = ends.finished.len() + ends.failed.len();
-                self.hand_out(i, Some(token), &mut ends);
+                self.hand_out(i, Some(token), k + 1 == count, &mut ends);
                 if ends.finished.len() + ends.failed.len() > ended {
                     break;
                 }
@@ -436,7 +437,11 @@ impl Scheduler {
 
     /// Running sequence `i` sampled `token`: its text goes out, and whether it ends here (a stop,
     /// the context's end, a complete grammar, the caller's own judgment) is noted in `ends`.
-    fn hand_out(&mut self, i: usize, token: Option<super::runner::Sampled>, ends: &mut Ends) {
+    ///
+    /// `last`: the last token the pass sampled for it. The grammar's state is the one after that
+    /// token (a drafted chunk samples several; the runner stops at one that completes the
+    /// grammar), so whether the grammar is complete is asked of the last one only.
+    fn hand_out(&mut self, i: usize, token: Option<super::runner::Sampled>, last: bool, ends: &mut Ends) {
         let (max_context, labels_on) = (self.model.max_context, self.cfg.tenant_labels);
         let seq = &mut self.running[i];
         if seq.req.prewarm {
@@ -464,7 +469,7 @@ impl Scheduler {
                 Some(FinishReason::Length)
             }
             // The grammar is complete and allows nothing more (not even text before an EOS).
-            None if seq.constraint.as_ref().is_some_and(|c| c.finished()) => {
+            None if last && seq.constraint.as_ref().is_some_and(|c| c.finished()) => {
                 text.push_str(&seq.output.flush(&self.model.tokenizer).unwrap_or_default());
                 Some(FinishReason::Stop)
             }
