@@ -1,7 +1,8 @@
 //! Every SIMD path against the scalar reference, per format: within 1e-5 of
 //! the sum of absolute products (the paths combine exact integer partial sums
-//! in different orders). The AVX2 K-format kernels reduce each block's integer
-//! sum exactly, as the scalar ones do, so there they must agree bit for bit.
+//! in different orders). The AVX2 kernels of the quantized formats reduce each block's
+//! integer sum exactly and then take the scalar path's float steps, so there they must agree
+//! bit for bit.
 
 use cachet_kernels::backend::{AttnSeq, AttnShape, Backend, KvLayout, RopeConfig, RopeStyle};
 use cachet_kernels::cpu::{CpuBackend, Kernels, SimdLevel};
@@ -62,6 +63,15 @@ fn dot(d: &Kernels, dtype: DType, w: &Bytes, x: &[f32]) -> f32 {
     }
 }
 
+/// Whether `d`'s kernels for `dtype` are AVX2's, which give the scalar path's bits.
+fn avx2_is_scalar(d: &Kernels, dtype: DType) -> bool {
+    match dtype {
+        DType::Q4_K | DType::Q5_K | DType::Q6_K => d.k_level == SimdLevel::Avx2,
+        DType::Q4_0 | DType::Q5_0 | DType::Q8_0 => d.level == SimdLevel::Avx2,
+        _ => false,
+    }
+}
+
 #[test]
 fn every_simd_dot_matches_scalar() {
     let scalar = Kernels::scalar();
@@ -76,8 +86,7 @@ fn every_simd_dot_matches_scalar() {
                     let w = quantized(dtype, &rng.vec(n, scale));
                     let x = rng.vec(n, 2.0);
                     let (a, b) = (dot(&scalar, dtype, &w, &x), dot(&d, dtype, &w, &x));
-                    let k_format = matches!(dtype, DType::Q4_K | DType::Q5_K | DType::Q6_K);
-                    if k_format && d.k_level == SimdLevel::Avx2 {
+                    if avx2_is_scalar(&d, dtype) {
                         assert_eq!(a.to_bits(), b.to_bits(), "{:?} {dtype} n={n}: {a} vs {b}", d.level);
                     }
                     let tol = 1e-5 * magnitude(dtype, &w, &x) + 1e-30;
@@ -178,20 +187,24 @@ fn picked_matmuls_equal_their_own_calls() {
     }
 }
 
-/// Prompt-sized K-format matmuls at every level (AVX2: 8 rows side by side, repacked per job;
-/// the rows left over in tiles) give each element the single dot product's value — at AVX2
-/// bit for bit the scalar path's — for row counts that leave 8-row groups, 4-row tiles and
-/// single rows, and token counts that leave partial 4-token tiles (one token: 4 rows at once).
+/// Quantized matmuls at every level (AVX2: 8 rows side by side, repacked per job; for the K
+/// formats the rows left over in tiles, for the 32-value formats the last group padded) give
+/// each element the single dot product's value — at AVX2 bit for bit the scalar path's — for
+/// row counts that leave 8-row groups, 4-row tiles and single rows, and token counts that leave
+/// partial 4-token tiles (one token: the decode paths).
 #[test]
-fn k_format_matmul_equals_the_dot_product() {
+fn quantized_matmul_equals_the_dot_product() {
     let mut rng = Lcg(11);
     let scalar = Kernels::scalar();
     for (kernels, cpu) in backends() {
         let level = (kernels.level, kernels.k_level);
-        for dtype in [DType::Q4_K, DType::Q5_K, DType::Q6_K] {
+        for dtype in DType::ALL.into_iter().filter(|d| d.is_quantized()) {
             for (rows, cols, t) in
-                [(203, 768, 70), (45, 2048, 9), (16, 256, 4), (203, 2048, 1), (7, 768, 2), (13, 512, 3)]
+                [(203, 768, 70), (45, 2048, 9), (16, 256, 4), (203, 2048, 1), (7, 768, 2), (13, 512, 3), (11, 544, 5)]
             {
+                if cols % dtype.block_len() != 0 {
+                    continue;
+                }
                 let wf = rng.vec(rows * cols, 1.0);
                 let wb = quantized(dtype, &wf);
                 let tensor = HostTensor::new(dtype, vec![rows, cols], wb.clone()).unwrap();
@@ -208,7 +221,7 @@ fn k_format_matmul_equals_the_dot_product() {
                         let got = y.data[ti * rows + r];
                         let want = dot(&kernels, dtype, &wr, xr);
                         assert_eq!(got.to_bits(), want.to_bits(), "{level:?} {dtype} {rows}x{cols} row {r} token {ti}");
-                        if kernels.k_level == SimdLevel::Avx2 {
+                        if avx2_is_scalar(&kernels, dtype) {
                             let s = dot(&scalar, dtype, &wr, xr);
                             assert_eq!(got.to_bits(), s.to_bits(), "{dtype} {rows}x{cols} row {r} token {ti}: scalar");
                         }

@@ -45,9 +45,11 @@ use super::attention::{attend_scalar, Attend, AttendFn, Tile, TileFn, TileScratc
 use crate::quant::*;
 use half::{bf16, f16};
 
-/// Bytes of laid-out activations a worker thread holds for one-token (decode) jobs without
-/// allocating: about 3 bytes per value of a row at either x86 level, so rows of up to ~40,000
-/// values (a longer row's first decode step grows the buffer once).
+/// Bytes of scratch a worker thread holds for decode-sized jobs without allocating: at the
+/// AVX-512 level one-token jobs lay a row's activations out in about 3 bytes per value; at AVX2
+/// jobs of a few tokens (several sequences' decode steps, speculative decoding's verification)
+/// repack 8-row groups of the 32-value formats in 17 bytes per value. Rows of up to ~40,000
+/// values (a longer row's first such job grows the buffer once).
 const GEMV_LAYOUT_BYTES: usize = 128 * 1024;
 
 /// Sizes this thread's buffers for `level`'s kernels; the CPU backend runs it on every worker thread when it

@@ -1,6 +1,7 @@
-//! AVX2 + FMA + F16C dot products (`u8 × i8` via `maddubs`); the quantized formats as register
-//! tiles (`q32`, `qk`), whose 1 × 1 tile is the dot product, and the K formats' prompt-sized
-//! GEMM with 8 rows side by side (`qk8`), bit for bit the same.
+//! AVX2 + FMA + F16C dot products (`u8 × i8` via `maddubs`): the K formats as register tiles
+//! (`qk`), whose 1 × 1 tile is the dot product, and their prompt-sized GEMM with 8 rows side by
+//! side (`qk8`); the 32-value formats with 8 rows side by side for one token or several (`q32`).
+//! Every path gives the scalar dot product's bits.
 //!
 //! Safety: every function here requires the `avx2`, `fma` and `f16c` CPU
 //! features; `Kernels::for_level` hands them out only after detecting them.
@@ -16,7 +17,8 @@ use std::arch::x86_64::*;
 
 /// Gives this thread's decode buffers room for `bytes` (see `dot::warm_thread`).
 pub(super) fn reserve(bytes: usize) {
-    q32::reserve(bytes);
+    // `q32`'s packs: 544 bytes per 32 values (17 per value), where the layout took 3.
+    q32::reserve(bytes / 3 * 17);
 }
 
 #[inline(always)]
@@ -91,12 +93,6 @@ pub(super) unsafe fn k4_scales_mins(q: &[u8; 12]) -> __m128i {
         let hi = _mm_or_si128(_mm_and_si128(nib, _mm_set1_epi8(0x0f)), top);
         _mm_unpacklo_epi32(lo, hi)
     }
-}
-
-/// Σ u8 × i8 over 32 bytes as 8 i32 lanes.
-#[inline(always)]
-unsafe fn dot_u8i8(w: __m256i, x: __m256i) -> __m256i {
-    _mm256_madd_epi16(_mm256_maddubs_epi16(w, x), _mm256_set1_epi16(1))
 }
 
 /// An `R`-row × `C`-token tile of dot products. Implementations compute each element with the
@@ -174,8 +170,8 @@ unsafe fn gemm<T: TileKernel>(job: &GemmJob<'_, T::W, T::A>) {
 pub unsafe fn q4_0(w: &[BlockQ4_0], x: &[BlockQ8A]) -> f32 {
     let n = w.len().min(x.len());
     // SAFETY: AVX2/FMA/F16C are present, this function's `#[target_feature]` contract (its caller,
-    // `Kernels::for_level`, detected them); `tile32` reads blocks `0..n` of both slices, cut to `n` here.
-    unsafe { q32::tile32::<BlockQ4_0, 1, 1>([&w[..n]], [&x[..n]])[0][0] }
+    // `Kernels::for_level`, detected them); `dot32` zips the two slices, cut to `n` here.
+    unsafe { q32::dot32::<BlockQ4_0>(&w[..n], &x[..n]) }
 }
 
 #[target_feature(enable = "avx2,fma,f16c")]
@@ -188,9 +184,9 @@ pub unsafe fn gemm_q4_0(job: &GemmJob<'_, BlockQ4_0, BlockQ8A>) {
 #[target_feature(enable = "avx2,fma,f16c")]
 pub unsafe fn q5_0(w: &[BlockQ5_0], x: &[BlockQ8A]) -> f32 {
     let n = w.len().min(x.len());
-    // SAFETY: as in `q4_0`: the features by `#[target_feature]`, and both slices cut to the `n` blocks
-    // `tile32` reads.
-    unsafe { q32::tile32::<BlockQ5_0, 1, 1>([&w[..n]], [&x[..n]])[0][0] }
+    // SAFETY: AVX2/FMA/F16C are present, this function's `#[target_feature]` contract (its caller,
+    // `Kernels::for_level`, detected them); `dot32` zips the two slices, cut to `n` here.
+    unsafe { q32::dot32::<BlockQ5_0>(&w[..n], &x[..n]) }
 }
 
 #[target_feature(enable = "avx2,fma,f16c")]
@@ -202,9 +198,9 @@ pub unsafe fn gemm_q5_0(job: &GemmJob<'_, BlockQ5_0, BlockQ8A>) {
 #[target_feature(enable = "avx2,fma,f16c")]
 pub unsafe fn q8_0(w: &[BlockQ8_0], x: &[BlockQ8A]) -> f32 {
     let n = w.len().min(x.len());
-    // SAFETY: as in `q4_0`: the features by `#[target_feature]`, and both slices cut to the `n` blocks
-    // `tile32` reads.
-    unsafe { q32::tile32::<BlockQ8_0, 1, 1>([&w[..n]], [&x[..n]])[0][0] }
+    // SAFETY: AVX2/FMA/F16C are present, this function's `#[target_feature]` contract (its caller,
+    // `Kernels::for_level`, detected them); `dot32` zips the two slices, cut to `n` here.
+    unsafe { q32::dot32::<BlockQ8_0>(&w[..n], &x[..n]) }
 }
 
 #[target_feature(enable = "avx2,fma,f16c")]

@@ -219,7 +219,7 @@ impl KBlock8 for BlockQ6K {
 
 /// `t[g]` lane `i` = `v[i]` lane `g` (8 × 8 32-bit lanes).
 #[inline(always)]
-unsafe fn transpose8(v: [__m256i; 8]) -> [__m256i; 8] {
+pub(super) unsafe fn transpose8(v: [__m256i; 8]) -> [__m256i; 8] {
     let a: [__m256i; 8] = std::array::from_fn(|j| {
         let (x, y) = (v[j & !1], v[j | 1]);
         if j % 2 == 0 {
