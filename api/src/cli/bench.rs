@@ -61,6 +61,10 @@ pub struct BenchArgs {
     /// without, through the engine loop, on a code edit (a file asked back with a rename).
     #[arg(long, conflicts_with_all = ["reuse", "grammar"])]
     pub spec: bool,
+    /// With --spec: the longest draft per sequence and pass (`[engine] draft_tokens`; default: its
+    /// default).
+    #[arg(long, requires = "spec", value_parser = clap::value_parser!(u32).range(1..=64))]
+    pub draft_tokens: Option<u32>,
 }
 
 struct Bench<B: Backend> {

@@ -85,7 +85,7 @@ pub fn run<B: Backend + 'static>(
         overload_factor: 0.0,
         ..EngineConfig::default()
     };
-    let drafts = cfg.draft_tokens.max(1);
+    let drafts = args.draft_tokens.map_or(cfg.draft_tokens, |d| d as usize).max(1);
     let engine_on = runtime::start(b_on, on, EngineConfig { draft_tokens: drafts, ..cfg.clone() })?;
     let engine_off = runtime::start(b_off, off, EngineConfig { draft_tokens: 0, ..cfg })?;
     let warm = GenerateParams { max_tokens: 1, ..Default::default() };
