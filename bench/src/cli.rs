@@ -14,7 +14,7 @@ use clap::{Args, Parser, Subcommand};
 use std::path::PathBuf;
 use std::time::Duration;
 
-/// Load generator for OpenAI-compatible servers: eight coding-agent workloads,
+/// Load generator for OpenAI-compatible servers: nine coding-agent workloads,
 /// TTFT / ITL / e2e percentiles, throughput, SLO attainment and goodput.
 #[derive(Debug, Parser)]
 #[command(name = "cachet-bench", version)]
@@ -90,7 +90,7 @@ pub struct RunArgs {
     #[arg(long = "target-api-key", value_name = "NAME=KEY")]
     pub target_api_keys: Vec<String>,
     /// Comma-separated scenarios, or `all`: repeated-context, unrelated, long-input, long-output, peak, agent,
-    /// agent-trace.
+    /// agent-trace, code-edit, code-edit-tools.
     #[arg(long, default_value = "all")]
     pub scenario: String,
     /// Seed of prompts and arrival schedules.

@@ -195,6 +195,7 @@ pub async fn send(
     record.output_tokens = acc.output_tokens();
     record.prompt_tokens = acc.prompt_tokens();
     record.cached_tokens = acc.cached_tokens();
+    (record.drafted_tokens, record.accepted_tokens) = acc.drafts().unzip();
     record.error = error;
     let text = if record.error.is_none() { acc.text } else { String::new() };
     Outcome { record, text }

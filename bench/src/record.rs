@@ -51,6 +51,13 @@ pub struct RequestRecord {
     pub prompt_tokens: Option<u64>,
     /// Prompt tokens served from the server's cache, when it says.
     pub cached_tokens: Option<u64>,
+    /// Speculative decoding, when the server says: the tokens it drafted for this request and
+    /// those the model confirmed (cachet: `usage.completion_tokens_details`' accepted and
+    /// rejected prediction tokens; llama-server: `timings.draft_n` and `draft_n_accepted`).
+    #[serde(default)]
+    pub drafted_tokens: Option<u64>,
+    #[serde(default)]
+    pub accepted_tokens: Option<u64>,
     /// The client's estimate of the prompt's size (characters / 4).
     pub approx_prompt_tokens: u64,
     /// HTTP status, when a response arrived (of the last attempt).
@@ -77,6 +84,8 @@ impl RequestRecord {
             output_tokens: 0,
             prompt_tokens: None,
             cached_tokens: None,
+            drafted_tokens: None,
+            accepted_tokens: None,
             approx_prompt_tokens,
             status: None,
             retries: 0,

@@ -93,6 +93,11 @@ pub struct UsageReport {
     pub completion_tokens: Option<u64>,
     /// `usage.prompt_tokens_details.cached_tokens`.
     pub cached_tokens: Option<u64>,
+    /// `usage.completion_tokens_details.accepted_prediction_tokens` (cachet: drafted tokens the
+    /// model confirmed).
+    pub accepted_prediction_tokens: Option<u64>,
+    /// `usage.completion_tokens_details.rejected_prediction_tokens`.
+    pub rejected_prediction_tokens: Option<u64>,
 }
 
 /// One parsed event.
@@ -115,6 +120,8 @@ pub struct Chunk {
     pub cache_n: Option<u64>,
     /// llama-server's `timings.prompt_n` (prompt tokens it evaluated).
     pub prompt_n: Option<u64>,
+    /// llama-server's `timings.draft_n` and `timings.draft_n_accepted` (speculative decoding).
+    pub draft_n: Option<(u64, u64)>,
     /// The message of an in-stream `error` object.
     pub error: Option<String>,
     /// A Responses stream's last event (`response.completed` or `response.incomplete`).
@@ -152,6 +159,8 @@ pub fn parse_event(data: &str) -> Result<SseEvent, String> {
         prompt_tokens: u["prompt_tokens"].as_u64(),
         completion_tokens: u["completion_tokens"].as_u64(),
         cached_tokens: u["prompt_tokens_details"]["cached_tokens"].as_u64(),
+        accepted_prediction_tokens: u["completion_tokens_details"]["accepted_prediction_tokens"].as_u64(),
+        rejected_prediction_tokens: u["completion_tokens_details"]["rejected_prediction_tokens"].as_u64(),
     });
     let error = v.get("error").filter(|e| !e.is_null()).map(|e| match e["message"].as_str() {
         Some(m) => m.to_string(),
@@ -162,6 +171,7 @@ pub fn parse_event(data: &str) -> Result<SseEvent, String> {
         usage,
         cache_n: v["timings"]["cache_n"].as_u64(),
         prompt_n: v["timings"]["prompt_n"].as_u64(),
+        draft_n: v["timings"]["draft_n"].as_u64().map(|n| (n, v["timings"]["draft_n_accepted"].as_u64().unwrap_or(0))),
         error,
         completes: false,
     }))
@@ -182,6 +192,8 @@ fn responses_event(v: &Value, kind: &str) -> Chunk {
                     prompt_tokens: u["input_tokens"].as_u64(),
                     completion_tokens: u["output_tokens"].as_u64(),
                     cached_tokens: u["input_tokens_details"]["cached_tokens"].as_u64(),
+                    accepted_prediction_tokens: None,
+                    rejected_prediction_tokens: None,
                 });
             }
         }
@@ -211,6 +223,8 @@ pub struct StreamAccumulator {
     pub cache_n: Option<u64>,
     /// The last `timings.prompt_n` seen.
     pub prompt_n: Option<u64>,
+    /// The last `timings.draft_n` (and `draft_n_accepted`) seen.
+    pub draft_n: Option<(u64, u64)>,
     /// Whether `[DONE]` (or a Responses stream's last event) arrived.
     pub done: bool,
     /// The first in-stream error or unparseable chunk.
@@ -232,6 +246,7 @@ impl StreamAccumulator {
                 }
                 self.cache_n = c.cache_n.or(self.cache_n);
                 self.prompt_n = c.prompt_n.or(self.prompt_n);
+                self.draft_n = c.draft_n.or(self.draft_n);
                 if self.error.is_none() {
                     self.error = c.error;
                 }
@@ -256,6 +271,17 @@ impl StreamAccumulator {
             (Some(c), Some(p)) => Some(c + p),
             _ => None,
         })
+    }
+
+    /// Drafted and confirmed tokens (speculative decoding): the usage's accepted and rejected
+    /// prediction tokens, else llama-server's `timings.draft_n` and `draft_n_accepted`, else
+    /// unknown.
+    pub fn drafts(&self) -> Option<(u64, u64)> {
+        let from_usage = self.usage.as_ref().and_then(|u| {
+            let accepted = u.accepted_prediction_tokens?;
+            Some((accepted + u.rejected_prediction_tokens.unwrap_or(0), accepted))
+        });
+        from_usage.or(self.draft_n)
     }
 
     /// Cached prompt tokens: `cached_tokens`, else `timings.cache_n`, else unknown.
@@ -397,5 +423,24 @@ mod tests {
         assert_eq!(out, vec!["one\ntwo".to_string(), "[DONE]".to_string()]);
         assert_eq!(dec.push(b"data: tail"), Vec::<String>::new());
         assert_eq!(dec.finish().as_deref(), Some("tail"));
+    }
+
+    #[test]
+    fn drafts_from_cachet_usage_or_llama_server_timings() {
+        let mut cachet = StreamAccumulator::default();
+        cachet.observe(
+            r#"{"choices":[],"usage":{"prompt_tokens":10,"completion_tokens":9,"prompt_tokens_details":{"cached_tokens":0},"completion_tokens_details":{"accepted_prediction_tokens":6,"rejected_prediction_tokens":2}}}"#,
+            1.0,
+        );
+        assert_eq!(cachet.drafts(), Some((8, 6)));
+        let mut llama = StreamAccumulator::default();
+        llama.observe(
+            r#"{"choices":[{"index":0,"delta":{},"finish_reason":"stop"}],"timings":{"cache_n":0,"prompt_n":10,"draft_n":12,"draft_n_accepted":7}}"#,
+            1.0,
+        );
+        assert_eq!(llama.drafts(), Some((12, 7)));
+        let mut neither = StreamAccumulator::default();
+        neither.observe(r#"{"choices":[],"usage":{"prompt_tokens":10,"completion_tokens":9}}"#, 1.0);
+        assert_eq!(neither.drafts(), None, "a server that says nothing about drafts");
     }
 }

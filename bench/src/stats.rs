@@ -102,6 +102,10 @@ pub struct Summary {
     /// Sum of cached tokens / sum of prompt tokens over the completed requests
     /// that report both; `None` when none does.
     pub cached_ratio: Option<f64>,
+    /// Speculative decoding over the completed requests that report it: tokens drafted and
+    /// confirmed; `None` when none does.
+    #[serde(default)]
+    pub drafts: Option<Drafts>,
     /// Attempts repeated after a 429 or 503, over all requests.
     #[serde(default)]
     pub retries: u64,
@@ -109,6 +113,15 @@ pub struct Summary {
     /// [`crate::calibrate`]), when the run was calibrated.
     #[serde(default)]
     pub calibrated: Option<Attainment>,
+}
+
+/// Speculative decoding's drafts over a scenario's requests.
+#[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Drafts {
+    /// Tokens the server drafted.
+    pub drafted: u64,
+    /// Of them, those the model confirmed.
+    pub accepted: u64,
 }
 
 /// How many requests met an SLO, and the goodput.
@@ -163,6 +176,7 @@ pub fn summarize(records: &[RequestRecord], slo: &Slo) -> Summary {
         prompt_tokens: done.iter().filter_map(|r| r.prompt_tokens).sum(),
         output_tokens,
         cached_ratio: cached_ratio(&done),
+        drafts: drafts(&done),
         retries: records.iter().map(|r| u64::from(r.retries)).sum(),
         calibrated: None,
     }
@@ -177,6 +191,13 @@ fn wall_seconds(records: &[RequestRecord]) -> f64 {
     } else {
         0.0
     }
+}
+
+fn drafts(done: &[&RequestRecord]) -> Option<Drafts> {
+    let reported: Vec<(u64, u64)> =
+        done.iter().filter_map(|r| Some((r.drafted_tokens?, r.accepted_tokens.unwrap_or(0)))).collect();
+    (!reported.is_empty())
+        .then(|| Drafts { drafted: reported.iter().map(|d| d.0).sum(), accepted: reported.iter().map(|d| d.1).sum() })
 }
 
 fn cached_ratio(done: &[&RequestRecord]) -> Option<f64> {
@@ -254,6 +275,8 @@ mod tests {
             output_tokens: tokens.len() as u64,
             prompt_tokens: prompt,
             cached_tokens: cached,
+            drafted_tokens: None,
+            accepted_tokens: None,
             approx_prompt_tokens: 0,
             status: Some(200),
             retries: 0,

@@ -238,12 +238,22 @@ pub struct PromptTokensDetails {
     pub cached_tokens: usize,
 }
 
+/// Speculative decoding's drafts, in OpenAI's fields for predicted tokens: the engine's own
+/// guesses (from the request's prompt and output so far) that the model confirmed, and those it
+/// did not. Confirmed ones are counted once in `completion_tokens`; rejected ones not at all.
+#[derive(Clone, Debug, Serialize, ToSchema, PartialEq)]
+pub struct CompletionTokensDetails {
+    pub accepted_prediction_tokens: usize,
+    pub rejected_prediction_tokens: usize,
+}
+
 #[derive(Clone, Debug, Serialize, ToSchema, PartialEq)]
 pub struct Usage {
     pub prompt_tokens: usize,
     pub completion_tokens: usize,
     pub total_tokens: usize,
     pub prompt_tokens_details: PromptTokensDetails,
+    pub completion_tokens_details: CompletionTokensDetails,
 }
 
 impl Usage {
@@ -253,6 +263,10 @@ impl Usage {
             completion_tokens: c.output_tokens,
             total_tokens: c.prompt_tokens + c.output_tokens,
             prompt_tokens_details: PromptTokensDetails { cached_tokens: c.cached_tokens },
+            completion_tokens_details: CompletionTokensDetails {
+                accepted_prediction_tokens: c.accepted_tokens,
+                rejected_prediction_tokens: c.drafted_tokens.saturating_sub(c.accepted_tokens),
+            },
         }
     }
 }

@@ -57,8 +57,8 @@ pub fn render(file: &ResultsFile) -> String {
     let _ = writeln!(
         md,
         "\n## Results\n\n| scenario | system | done / failed | TTFT p50 / p95 / p99 ms | ITL p50 / p95 / p99 ms \
-         | e2e p50 / p95 / p99 ms | req/s | out tok/s | SLO met | goodput req/s |{} cached | prompt tok |\n\
-         |---|---|---|---|---|---|---|---|---|---|{}---|---|",
+         | e2e p50 / p95 / p99 ms | req/s | out tok/s | SLO met | goodput req/s |{} cached | prompt tok | drafts confirmed |\n\
+         |---|---|---|---|---|---|---|---|---|---|{}---|---|---|",
         if calibrated { " SLO met (calibrated) | goodput (calibrated) |" } else { "" },
         if calibrated { "---|---|" } else { "" },
     );
@@ -73,6 +73,11 @@ pub fn render(file: &ResultsFile) -> String {
         } else {
             "n/a".into()
         };
+        let drafts = match s.drafts {
+            None => "n/a".to_string(),
+            Some(d) if d.drafted == 0 => "0".to_string(),
+            Some(d) => format!("{} / {} ({:.0}%)", d.accepted, d.drafted, d.accepted as f64 * 100.0 / d.drafted as f64),
+        };
         let cal = match (calibrated, s.calibrated) {
             (false, _) => String::new(),
             (true, None) => " n/a | n/a |".into(),
@@ -80,7 +85,7 @@ pub fn render(file: &ResultsFile) -> String {
         };
         let _ = writeln!(
             md,
-            "| {} | {} | {} / {}{} | {} | {} | {} | {:.3} | {:.1} | {:.0}% | {:.3} |{cal} {} | {} |",
+            "| {} | {} | {} / {}{} | {} | {} | {} | {:.3} | {:.1} | {:.0}% | {:.3} |{cal} {} | {} | {drafts} |",
             r.scenario,
             system_cell(r, several_slos),
             s.completed,

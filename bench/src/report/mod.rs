@@ -168,6 +168,8 @@ pub(crate) mod tests {
             output_tokens: 3,
             prompt_tokens: Some(100),
             cached_tokens: Some(50),
+            drafted_tokens: Some(8),
+            accepted_tokens: Some(6),
             approx_prompt_tokens: 90,
             status: Some(200),
             retries: 0,

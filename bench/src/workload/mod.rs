@@ -1,5 +1,5 @@
-//! Workloads: eight named scenarios, seven of them sets of conversations built
-//! from real source text, one a replay of requests recorded from real agent
+//! Workloads: nine named scenarios, eight of them built from real source text (one of those a
+//! tool-call request of its own), one a replay of requests recorded from real agent
 //! clients ([`trace`]), plus the arrival process that starts them.
 //!
 //! Sizes are in *approximate tokens*: the client has no tokenizer, so it
@@ -35,7 +35,7 @@ pub fn approx_tokens(text: &str) -> usize {
     text.chars().count().div_ceil(CHARS_PER_TOKEN)
 }
 
-/// The eight workloads.
+/// The nine workloads.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
 #[serde(rename_all = "kebab-case")]
 pub enum Scenario {
@@ -58,11 +58,15 @@ pub enum Scenario {
     /// an agent's `write_file` after an edit looks like, where most of the answer repeats the
     /// prompt (what speculative decoding is for).
     CodeEdit,
+    /// The same edit as an agent's tool call: the whole new file as the `content` argument of a
+    /// required `write_file` call, so the answer is JSON under the tool-call grammar (the file
+    /// JSON-escaped), streamed as tool-call argument deltas.
+    CodeEditTools,
 }
 
 impl Scenario {
-    /// All eight, in report order.
-    pub const ALL: [Scenario; 8] = [
+    /// All nine, in report order.
+    pub const ALL: [Scenario; 9] = [
         Scenario::RepeatedContext,
         Scenario::Unrelated,
         Scenario::LongInput,
@@ -71,6 +75,7 @@ impl Scenario {
         Scenario::Agent,
         Scenario::AgentTrace,
         Scenario::CodeEdit,
+        Scenario::CodeEditTools,
     ];
 
     /// The command-line name (`repeated-context`, ...).
@@ -84,6 +89,7 @@ impl Scenario {
             Scenario::Agent => "agent",
             Scenario::AgentTrace => "agent-trace",
             Scenario::CodeEdit => "code-edit",
+            Scenario::CodeEditTools => "code-edit-tools",
         }
     }
 
@@ -164,6 +170,7 @@ impl ScenarioSpec {
     /// | agent | 2 sessions x 4 turns | 800 initial + 400 per tool output | 32 | closed, 2 users |
     /// | agent-trace | 6 agents x up to 8 recorded requests | as recorded | at most 64 | closed, 3 users |
     /// | code-edit | 4 | a file of up to 600 + the change asked | the file back, at most 384 | closed, 2 users |
+    /// | code-edit-tools | 4 | the same, with a `write_file` tool | one `write_file` call, at most 384 | closed, 2 users |
     ///
     /// `agent-trace` replays the recorded sessions of its trace in turn (agent `i` replays
     /// session `i mod sessions`); its `turns` caps the requests replayed per agent and its
@@ -196,7 +203,9 @@ impl ScenarioSpec {
             Scenario::Agent => spec(2, 4, 800, 400, 32, closed(2)),
             Scenario::AgentTrace => ScenarioSpec { ignore_eos: false, ..spec(6, 8, 0, 0, 64, closed(3)) },
             // The answer ends where the file does.
-            Scenario::CodeEdit => ScenarioSpec { ignore_eos: false, ..spec(4, 1, 0, 600, 384, closed(2)) },
+            Scenario::CodeEdit | Scenario::CodeEditTools => {
+                ScenarioSpec { ignore_eos: false, ..spec(4, 1, 0, 600, 384, closed(2)) }
+            }
         }
     }
 
@@ -262,6 +271,10 @@ impl ScenarioSpec {
             ),
             Scenario::CodeEdit => format!(
                 "{} file(s) of up to ~{} tok asked back whole with a small change",
+                self.conversations, self.prompt_tokens
+            ),
+            Scenario::CodeEditTools => format!(
+                "{} file(s) of up to ~{} tok asked back whole with a small change, as one required `write_file` call",
                 self.conversations, self.prompt_tokens
             ),
             _ => format!("{} prompts of ~{} tok", self.conversations, self.prompt_tokens),

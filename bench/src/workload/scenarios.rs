@@ -1,9 +1,9 @@
-//! The prompt builders of the seven scenarios built from source text. Each conversation draws from
+//! The prompt builders of the eight scenarios built from source text. Each conversation draws from
 //! its own random stream (seed, scenario, index), so conversations do not
 //! change when others are added.
 
 use super::{Conversation, Scenario, ScenarioSpec, CHARS_PER_TOKEN};
-use crate::client::Message;
+use crate::client::{HttpRequest, Message};
 use crate::rng::Rng;
 use crate::workload::source::SourceCorpus;
 
@@ -55,6 +55,7 @@ pub(super) fn conversation(spec: &ScenarioSpec, corpus: &SourceCorpus, seed: u64
         )),
         Scenario::Agent => agent(spec, corpus, &mut rng),
         Scenario::CodeEdit => single(code_edit(&mut rng, corpus, chars)),
+        Scenario::CodeEditTools => code_edit_tools(spec, &mut rng, corpus, chars),
         // Built from a trace (`Workload::from_trace`), not from source text.
         Scenario::AgentTrace => Conversation { preamble: Vec::new(), turns: Vec::new(), replay: Vec::new() },
     }
@@ -128,6 +129,15 @@ fn agent(spec: &ScenarioSpec, corpus: &SourceCorpus, rng: &mut Rng) -> Conversat
 /// A file of the corpus (its first `chars` characters, whole lines) asked back whole with a small
 /// change: a declared name renamed, a comment above each function, or doc comments.
 fn code_edit(rng: &mut Rng, corpus: &SourceCorpus, chars: usize) -> String {
+    let (path, text, change) = edit(rng, corpus, chars);
+    format!(
+        "Here is `{path}`:\n```\n{text}```\n{change} Answer with the whole new file in one fenced code block and \
+         nothing else."
+    )
+}
+
+/// The file (path, its first `chars` characters in whole lines) and the change asked for.
+fn edit(rng: &mut Rng, corpus: &SourceCorpus, chars: usize) -> (String, String, String) {
     let file = corpus.pick(rng);
     let text = super::source::truncate_at_line(&file.text, chars.max(CHARS_PER_TOKEN * 8));
     let items = identifiers(text);
@@ -139,11 +149,38 @@ fn code_edit(rng: &mut Rng, corpus: &SourceCorpus, chars: usize) -> String {
         1 => "Add a one-line comment above every function explaining what it does.".to_string(),
         _ => "Add a doc comment (or docstring) to every function and type that has none.".to_string(),
     };
-    format!(
-        "Here is `{}`:\n```\n{text}```\n{change} Answer with the whole new file in one fenced code block and \
-         nothing else.",
-        file.path
-    )
+    (file.path.clone(), text.to_string(), change)
+}
+
+/// The system prompt of `code-edit-tools`.
+const EDIT_SYSTEM: &str = "You are a coding agent. Make the change the user asks for by calling write_file once \
+with the file's path and its whole new content.";
+
+/// `code-edit`'s edit as an agent asks for it: a chat request with a `write_file` tool that must
+/// be called (`tool_choice` `required`, one call), greedy, streamed with its usage.
+fn code_edit_tools(spec: &ScenarioSpec, rng: &mut Rng, corpus: &SourceCorpus, chars: usize) -> Conversation {
+    let (path, text, change) = edit(rng, corpus, chars);
+    let user = format!("Here is `{path}`:\n```\n{text}```\n{change} Write the whole new file with write_file.");
+    let body = serde_json::json!({
+        "messages": [{"role": "system", "content": EDIT_SYSTEM}, {"role": "user", "content": user}],
+        "tools": [{"type": "function", "function": {
+            "name": "write_file",
+            "description": "Replaces a file's whole content.",
+            "parameters": {"type": "object", "properties": {
+                "path": {"type": "string", "description": "The file's path."},
+                "content": {"type": "string", "description": "The file's new content, whole."}
+            }, "required": ["path", "content"], "additionalProperties": false}
+        }}],
+        "tool_choice": "required",
+        "parallel_tool_calls": false,
+        "max_tokens": spec.max_tokens,
+        "temperature": 0,
+        "stream": true,
+        "stream_options": {"include_usage": true},
+    });
+    let approx_prompt_tokens = super::trace::approx_prompt_tokens(&body);
+    let req = HttpRequest { path: "/v1/chat/completions".into(), body, approx_prompt_tokens };
+    Conversation { preamble: Vec::new(), turns: Vec::new(), replay: vec![req] }
 }
 
 /// A question about an item of `text` (a function, type, ...) in `path`, or

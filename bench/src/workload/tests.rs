@@ -16,6 +16,11 @@ fn all_text(w: &Workload) -> Vec<String> {
             for t in &c.turns {
                 s.push_str(t);
             }
+            for r in &c.replay {
+                for m in r.body["messages"].as_array().into_iter().flatten() {
+                    s.push_str(m["content"].as_str().unwrap_or_default());
+                }
+            }
             s
         })
         .collect()
@@ -173,7 +178,7 @@ fn scaling_and_parsing() {
     assert_eq!(spec.conversations, 4);
     assert_eq!(spec.requests(), 4 + 8);
     assert_eq!(spec.prompt_tokens, 150);
-    assert_eq!(Scenario::parse_list("all").unwrap().len(), 8);
+    assert_eq!(Scenario::parse_list("all").unwrap().len(), 9);
     assert_eq!(Scenario::parse_list("agent-trace").unwrap(), vec![Scenario::AgentTrace]);
     assert_eq!(Scenario::parse_list("peak, agent,peak").unwrap(), vec![Scenario::Peak, Scenario::Agent]);
     assert!(Scenario::parse_list("nope").is_err());
@@ -227,5 +232,30 @@ fn a_code_edit_asks_for_a_real_file_back_with_a_change() {
         assert!(file.text.starts_with(code), "{path}: not the start of the file");
         assert!(approx_tokens(code) <= spec.prompt_tokens, "{path}: {} tokens", approx_tokens(code));
         assert!(ask.ends_with("Answer with the whole new file in one fenced code block and nothing else."), "{ask}");
+    }
+}
+
+#[test]
+fn a_tool_call_code_edit_asks_for_one_write_file_call_with_the_file() {
+    let corpus = corpus();
+    let spec = ScenarioSpec::defaults(Scenario::CodeEditTools);
+    let w = Workload::build(&spec, &corpus, 5).unwrap();
+    assert_eq!(w.requests(), 4);
+    for c in &w.conversations {
+        assert!(c.turns.is_empty() && c.replay.len() == 1, "one request, sent as built");
+        let r = &c.replay[0];
+        assert_eq!(r.path, "/v1/chat/completions");
+        let b = &r.body;
+        assert_eq!(b["tools"][0]["function"]["name"], "write_file");
+        assert_eq!(b["tools"][0]["function"]["parameters"]["required"], serde_json::json!(["path", "content"]));
+        assert_eq!((b["tool_choice"].as_str(), b["parallel_tool_calls"].as_bool()), (Some("required"), Some(false)));
+        assert_eq!((b["stream"].as_bool(), b["max_tokens"].as_u64()), (Some(true), Some(u64::from(spec.max_tokens))));
+        let user = b["messages"][1]["content"].as_str().unwrap();
+        let (path, rest) = user.strip_prefix("Here is `").unwrap().split_once("`:\n```\n").unwrap();
+        let (code, ask) = rest.rsplit_once("```\n").unwrap();
+        let file = corpus.files().iter().find(|f| f.path == path).expect("a file of the corpus");
+        assert!(file.text.starts_with(code), "{path}: not the start of the file");
+        assert!(ask.ends_with("Write the whole new file with write_file."), "{ask}");
+        assert!(r.approx_prompt_tokens as usize >= approx_tokens(code), "the estimate counts the file");
     }
 }

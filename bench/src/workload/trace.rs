@@ -181,7 +181,7 @@ fn mark_prompt(prompt: &mut Value, mark: &str) {
 }
 
 /// Characters of what the model reads (messages, input, instructions, prompt, tools) / 4.
-fn approx_prompt_tokens(body: &Value) -> u64 {
+pub(crate) fn approx_prompt_tokens(body: &Value) -> u64 {
     let chars: usize = ["messages", "input", "instructions", "prompt", "suffix", "tools"]
         .iter()
         .filter_map(|k| body.get(*k))

@@ -7,15 +7,21 @@
 //! draft is only a guess: every drafted token is checked by the model in the same pass (see
 //! `step.rs`), and the output is exactly what decoding one token at a time gives.
 //!
-//! The index holds only this sequence's tokens: a draft never carries another request's text,
-//! let alone another tenant's (whose decode speed would otherwise tell what that tenant wrote).
+//! The index holds only this sequence's tokens. Where it has nothing, the draft may come from
+//! the same tenant's recent answers ([`Recent`]: what followed the sequence's last 4 tokens in
+//! one of them, each kept with the last tokens of its prompt) — a new session writing what an
+//! earlier one wrote, an agent's tool call repeating an earlier one. Never from another tenant's
+//! (whose decode speed would otherwise tell what that tenant wrote), nor across a tenant's cache
+//! salts (its end users, when it keeps them apart).
 //!
 //! How many tokens to draft is the scheduler's choice (`plan_drafts`): from the drafter's running
 //! estimate of how often its guesses are right (checked at every token, drafted or not: each
 //! step the drafter's next-token guess is compared with the token sampled) and the measured cost
 //! of passes of each size.
 
-use std::collections::HashMap;
+use crate::radix::TenantKey;
+use std::collections::{HashMap, VecDeque};
+use std::sync::Arc;
 
 /// N-gram lengths looked up, longest first.
 const NGRAMS: [usize; 3] = [4, 3, 2];
@@ -78,7 +84,7 @@ impl Drafter {
     /// earlier occurrence of its longest indexed suffix. Where that runs into the end of
     /// `tokens` (a repeating pattern: the suffix last occurred a period ago), the draft goes on
     /// repeating it. Empty when nothing matches.
-    pub fn propose(&mut self, tokens: &[u32], k: usize, out: &mut Vec<u32>) {
+    fn propose(&mut self, tokens: &[u32], k: usize, out: &mut Vec<u32>) {
         out.clear();
         if k == 0 || tokens.is_empty() {
             return;
@@ -103,6 +109,15 @@ impl Drafter {
         }
     }
 
+    /// [`Drafter::propose`], then, when the sequence's own text has nothing, its owner's recent
+    /// answers ([`Recent::propose`]).
+    pub fn propose_with(&mut self, tokens: &[u32], k: usize, recent: &Recent, owner: &Owner, out: &mut Vec<u32>) {
+        self.propose(tokens, k, out);
+        if out.is_empty() {
+            recent.propose(owner, tokens, k, out);
+        }
+    }
+
     /// Updates the acceptance estimate with `hits` guesses that were right, then `misses` (0 or
     /// 1) that was not.
     pub fn observe(&mut self, hits: usize, misses: usize) {
@@ -112,6 +127,120 @@ impl Drafter {
         for _ in 0..misses {
             self.accept -= LEARN * self.accept;
         }
+    }
+}
+
+/// Whose answers a draft may come from: a tenant, within one cache salt.
+pub(super) type Owner = (TenantKey, Option<Arc<str>>);
+
+/// Tokens of its prompt kept before each answer (what a new request's last tokens match when it
+/// asks what an earlier one asked).
+const LEAD_IN: usize = 16;
+
+/// Recent answers kept per owner, in tokens (lead-ins included).
+const PER_OWNER: usize = 16_384;
+
+/// Recent answers kept in all, in tokens: past it the least recently used owner's oldest
+/// answer goes (about 8 MB with the index).
+const TOTAL: usize = 262_144;
+
+/// The n-gram a recent answer is found by: longer than within a sequence, since it crosses
+/// requests.
+const RECENT_NGRAM: usize = 4;
+
+/// Recent answers of each tenant (within a cache salt), for drafts: bounded per owner and in
+/// all, the least recently used owner's oldest answers evicted first, like the cache.
+#[derive(Debug, Default)]
+pub(super) struct Recent {
+    owners: HashMap<Owner, Texts>,
+    total: usize,
+    /// Uses so far (an owner's `used` is the last).
+    tick: u64,
+    /// Answers added so far (the next one's id).
+    next_id: u64,
+}
+
+/// One owner's answers, oldest first, and the index of their n-grams.
+#[derive(Debug, Default)]
+struct Texts {
+    docs: VecDeque<(u64, Vec<u32>)>,
+    /// Hash of an n-gram → (answer id, position right after it), the latest occurrence.
+    index: HashMap<u64, (u64, u32)>,
+    tokens: usize,
+    used: u64,
+}
+
+impl Texts {
+    fn doc(&self, id: u64) -> Option<&[u32]> {
+        let first = self.docs.front()?.0;
+        let (got, doc) = self.docs.get(id.checked_sub(first)? as usize)?;
+        (*got == id).then_some(doc.as_slice())
+    }
+
+    /// Drops the oldest answer and its index entries; its tokens.
+    fn evict(&mut self) -> usize {
+        let Some((id, doc)) = self.docs.pop_front() else { return 0 };
+        for end in RECENT_NGRAM..doc.len() {
+            let h = hash(&doc[end - RECENT_NGRAM..end]);
+            if self.index.get(&h).is_some_and(|&(d, _)| d == id) {
+                self.index.remove(&h);
+            }
+        }
+        self.tokens -= doc.len();
+        doc.len()
+    }
+}
+
+impl Recent {
+    /// Keeps `answer` (with the last [`LEAD_IN`] tokens of `prompt` before it) for `owner`.
+    pub fn add(&mut self, owner: &Owner, prompt: &[u32], answer: &[u32]) {
+        if answer.len() < RECENT_NGRAM {
+            return;
+        }
+        let mut doc = prompt[prompt.len().saturating_sub(LEAD_IN)..].to_vec();
+        doc.extend_from_slice(answer);
+        doc.truncate(PER_OWNER);
+        let (id, len) = (self.next_id, doc.len());
+        self.next_id += 1;
+        self.tick += 1;
+        let texts = self.owners.entry(owner.clone()).or_default();
+        texts.used = self.tick;
+        while texts.tokens + len > PER_OWNER {
+            self.total -= texts.evict();
+        }
+        for end in RECENT_NGRAM..len {
+            texts.index.insert(hash(&doc[end - RECENT_NGRAM..end]), (id, end as u32));
+        }
+        texts.tokens += len;
+        texts.docs.push_back((id, doc));
+        self.total += len;
+        while self.total > TOTAL {
+            let Some(lru) = self.owners.iter().min_by_key(|(_, t)| t.used).map(|(o, _)| o.clone()) else { break };
+            let texts = self.owners.get_mut(&lru).expect("just found");
+            self.total -= texts.evict();
+            if texts.docs.is_empty() {
+                self.owners.remove(&lru);
+            }
+        }
+    }
+
+    /// Up to `k` tokens to follow `tokens`, from `owner`'s answers: what followed the latest
+    /// occurrence of its last [`RECENT_NGRAM`] tokens, up to that answer's end.
+    pub fn propose(&self, owner: &Owner, tokens: &[u32], k: usize, out: &mut Vec<u32>) {
+        let (Some(texts), true) = (self.owners.get(owner), tokens.len() >= RECENT_NGRAM) else { return };
+        let suffix = &tokens[tokens.len() - RECENT_NGRAM..];
+        let Some(&(id, at)) = texts.index.get(&hash(suffix)) else { return };
+        let Some(doc) = texts.doc(id) else { return };
+        let at = at as usize;
+        if at >= RECENT_NGRAM && &doc[at - RECENT_NGRAM..at] == suffix {
+            out.extend(doc[at..].iter().take(k));
+        }
+    }
+
+    /// Tokens held.
+    #[cfg(test)]
+    pub fn tokens(&self) -> usize {
+        self.total
     }
 }
 
@@ -144,7 +273,8 @@ impl super::Scheduler {
             let left = seq.req.params.max_tokens.saturating_sub(seq.generated());
             let room = max_context.saturating_sub(seq.tokens.len());
             let cap = max.min(left.saturating_sub(1)).min(room).min(*budget);
-            seq.drafter.propose(&seq.tokens, cap.max(1), &mut seq.draft);
+            let owner = (seq.req.tenant.clone(), seq.req.salt.clone());
+            seq.drafter.propose_with(&seq.tokens, cap.max(1), &self.recent, &owner, &mut seq.draft);
             let guess = seq.draft.first().copied();
             // Under a grammar, the draft ends at its first token the grammar would not allow.
             if let Some(c) = &mut seq.constraint {
@@ -237,5 +367,45 @@ mod tests {
         assert!(d.accept < 0.7);
         assert!((expected(0.5, 3) - 0.875).abs() < 1e-12);
         assert_eq!(expected(0.9, 0), 0.0);
+    }
+
+    #[test]
+    fn recent_answers_draft_for_their_owner_only_and_stay_bounded() {
+        let owner = |t: &str, salt: Option<&str>| (TenantKey::new(t), salt.map(Arc::from));
+        let (a, a_user, b) = (owner("a", None), owner("a", Some("u1")), owner("b", None));
+        let mut r = Recent::default();
+        // A asked [1 2 3 4 5] and was answered [6 7 8 9 10].
+        r.add(&a, &[1, 2, 3, 4, 5], &[6, 7, 8, 9, 10]);
+        let propose = |r: &Recent, o: &Owner, tokens: &[u32], k| {
+            let mut out = Vec::new();
+            r.propose(o, tokens, k, &mut out);
+            out
+        };
+        // Asked again (the prompt ends the same): the answer, from its start, up to its end.
+        assert_eq!(propose(&r, &a, &[9, 2, 3, 4, 5], 3), [6, 7, 8]);
+        assert_eq!(propose(&r, &a, &[4, 5, 6, 7], 8), [8, 9, 10]);
+        // Another tenant, or the tenant's salted users, get nothing from it.
+        assert!(propose(&r, &b, &[9, 2, 3, 4, 5], 3).is_empty());
+        assert!(propose(&r, &a_user, &[9, 2, 3, 4, 5], 3).is_empty());
+        // A drafter falls back to them only when the sequence's own text has nothing.
+        let mut d = Drafter::default();
+        let mut out = Vec::new();
+        d.propose_with(&[2, 3, 4, 5], 2, &r, &a, &mut out);
+        assert_eq!(out, [6, 7]);
+        d.propose_with(&[2, 3, 4, 5, 1, 2, 3, 4, 5], 2, &r, &a, &mut out);
+        assert_eq!(out, [1, 2], "its own text first");
+        // Bounded: an owner keeps at most PER_OWNER tokens, the oldest answers going first.
+        let long: Vec<u32> = (100..100 + PER_OWNER as u32 / 2).collect();
+        r.add(&a, &[0], &long);
+        r.add(&a, &[0], &long);
+        assert!(r.tokens() <= PER_OWNER, "{}", r.tokens());
+        assert!(propose(&r, &a, &[9, 2, 3, 4, 5], 3).is_empty(), "the first answer was evicted");
+        assert_eq!(propose(&r, &a, &[100, 101, 102, 103], 2), [104, 105]);
+        // And in all: the least recently used owner's answers go first.
+        for t in 0..(TOTAL / (long.len() + 1) + 2) {
+            r.add(&owner(&format!("t{t}"), None), &[0], &long);
+        }
+        assert!(r.tokens() <= TOTAL);
+        assert!(propose(&r, &a, &[100, 101, 102, 103], 2).is_empty(), "A was the least recently used");
     }
 }

@@ -116,6 +116,8 @@ pub(crate) struct Scheduler {
     vtc: HashMap<TenantKey, f64>,
     /// Pass time against pass size (pacing prefill around decode) and throughput (admission).
     pace: pace::PassModel,
+    /// Each tenant's recent answers, where drafts may also come from.
+    recent: draft::Recent,
     stats: stats::Stats,
     /// What "now" is for every decision and reported time.
     clock: clock::Clock,
@@ -261,6 +263,7 @@ impl Scheduler {
             running: Vec::new(),
             vtc: HashMap::new(),
             pace: pace::PassModel::default(),
+            recent: draft::Recent::default(),
             stats: stats::Stats::default(),
             clock: clock::Clock::System,
         }

@@ -713,8 +713,36 @@ fn drafts_that_do_not_pay_are_not_planned() {
     assert_eq!(produced(&e, id), Some(6));
 }
 
+/// A tenant asking again what it asked before drafts the earlier answer (its recent answers,
+/// found by the prompt's last tokens) from its first decode step on: fewer passes than cold.
+#[test]
+fn a_tenants_earlier_answer_drafts_its_request_that_asks_the_same() {
+    let cost = cost(0.010, 0.000_1);
+    let steps = |e: &mut Scheduler, tenant: &str| {
+        let id = submit_as(e, tenant, 20, 60);
+        step_at(e, &cost);
+        let mut steps = 1;
+        while produced(e, id).is_some() {
+            step_at(e, &cost);
+            steps += 1;
+        }
+        steps
+    };
+    let mut e = engine(EngineConfig { draft_tokens: 8, ..cfg() });
+    let cold = steps(&mut e, "a");
+    let accepted = e.stats.accepted_tokens;
+    let again = steps(&mut e, "a");
+    assert!(again < cold, "asked again: {again} passes, cold {cold}");
+    assert!(e.stats.accepted_tokens - accepted > accepted, "more confirmed than cold");
+    // Off, nothing is kept.
+    let mut off = engine(EngineConfig { draft_tokens: 0, ..cfg() });
+    steps(&mut off, "a");
+    assert_eq!(off.recent.tokens(), 0);
+}
+
 /// Tenant B's copy of tenant A's answer drafts exactly as it would had A never run: drafts come
-/// from the request's own text only, so B's decode speed tells B nothing of what A wrote.
+/// from the request's own text and its own tenant's answers, so B's decode speed tells B nothing
+/// of what A wrote.
 #[test]
 fn a_tenants_drafts_never_come_from_another_tenants_text() {
     let cost = cost(0.010, 0.000_1);

@@ -404,7 +404,7 @@ impl Scheduler {
     /// progress, its compute time and its tenant's fair-share counter.
     fn advance(&mut self, i: usize, len: usize, secs: f64, ends: &mut Ends) {
         let seq = &mut self.running[i];
-        let prefill = seq.computed < seq.prompt_len;
+        let (prefill, before) = (seq.computed < seq.prompt_len, seq.computed);
         seq.computed += len;
         if prefill && seq.computed >= seq.prompt_len && !seq.req.prewarm {
             ends.prompted.push(i);
@@ -413,7 +413,9 @@ impl Scheduler {
         }
         seq.compute_seconds += secs;
         if prefill {
-            seq.computed_prefill += len;
+            // Only the prompt's positions: a pass that computes a prompt's last token can carry a
+            // draft after it (a request whose prompt arrived from a prefill server).
+            seq.computed_prefill += seq.computed.min(seq.prompt_len) - before;
         }
         *self.vtc.entry(seq.req.tenant.clone()).or_default() += len as f64;
     }
@@ -554,6 +556,11 @@ impl Scheduler {
     /// Caches what the request computed and reports its accounting.
     fn finish(&mut self, seq: &mut Seq, reason: FinishReason, _now: Instant) {
         self.kv.release(seq, true);
+        if !seq.req.prewarm && self.cfg.draft_tokens > 0 {
+            let owner = (seq.req.tenant.clone(), seq.req.salt.clone());
+            let (prompt, answer) = seq.tokens.split_at(seq.prompt_len.min(seq.tokens.len()));
+            self.recent.add(&owner, prompt, answer);
+        }
         let completion = self.completion(seq, reason);
         metrics::histogram!("cachet:e2e_request_latency_seconds").record(completion.e2e.as_secs_f64());
         self.stats.finished += 1;

@@ -58,7 +58,8 @@ async fn ledger_rows_match_the_responses() {
 }
 
 /// Speculative decoding in the ledger: a row counts the tokens drafted into its request's passes
-/// and those confirmed, and its output tokens once (as the response's usage does).
+/// and those confirmed, and its output tokens once (as the response's usage does, whose
+/// `completion_tokens_details` carries the same counts).
 #[tokio::test]
 async fn ledger_rows_count_drafted_and_confirmed_tokens() {
     let app = spawn_app().await;
@@ -74,6 +75,10 @@ async fn ledger_rows_count_drafted_and_confirmed_tokens() {
         let row = rows.iter().find(|r| r.id == request_id(v)).expect("a row per response");
         assert_eq!(row.output_tokens, v["usage"]["completion_tokens"].as_i64().unwrap());
         assert!(row.accepted_tokens <= row.drafted_tokens, "{row:?}");
+        // The response says the same, in OpenAI's fields for predicted tokens.
+        let d = &v["usage"]["completion_tokens_details"];
+        assert_eq!(row.accepted_tokens, d["accepted_prediction_tokens"].as_i64().unwrap(), "{v}");
+        assert_eq!(row.drafted_tokens - row.accepted_tokens, d["rejected_prediction_tokens"].as_i64().unwrap(), "{v}");
         assert!(row.accepted_tokens < row.output_tokens.max(1), "{row:?}");
         confirmed += row.accepted_tokens;
     }
