@@ -17,7 +17,8 @@
 #                                to compare two builds against the same llama-server;
 #                                environment: THREADS=2 CTX=16384 SLOTS=4 SCENARIOS=all
 #                                SCALE=1 SEED=1 OUT=target/compare EXPERIMENT=1 SIDE_BY_SIDE=1
-#                                CALIBRATE=1; LLAMA_ARGS: more llama-server options, e.g.
+#                                CALIBRATE=1; MODEL=file.gguf (default: the default model);
+#                                LLAMA_ARGS: more llama-server options, e.g.
 #                                "--spec-type ngram-mod" for its draftless speculation;
 #                                CACHET_RUST_LOG=warn is cachet's log filter:
 #                                warn,cachet::pass=trace logs every forward pass)
@@ -46,7 +47,7 @@ BIN=$(scripts/llama-peer.sh)
 cargo build -q --release -p cachet-api -p cachet-bench
 CACHET=${CACHET_BIN:-$PWD/target/release/cachet}
 BENCH=$PWD/target/release/cachet-bench
-MODEL=$($CACHET models pull 2>/dev/null | tail -n 1)
+MODEL=${MODEL:-$($CACHET models pull 2>/dev/null | tail -n 1)}
 MODEL_ID=$(basename "$MODEL" .gguf)
 
 DATA="$OUT/cachet-data"

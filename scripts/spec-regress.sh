@@ -25,7 +25,9 @@ MODEL_ID=$(basename "$MODEL" .gguf)
 . scripts/lib.sh
 
 run() { # name, draft_tokens, round
-  CACHET_ENGINE__DRAFT_TOKENS=$2 CACHET_MODEL__PATH="$MODEL" CACHET_MODEL__THREADS="$THREADS" start_cachet "$CACHET" "spec-$1"
+  # Never refusing (as compare.sh's side-by-side run): what is compared is speed, not admission.
+  CACHET_ENGINE__DRAFT_TOKENS=$2 CACHET_ENGINE__OVERLOAD_FACTOR=0 CACHET_MODEL__PATH="$MODEL" \
+    CACHET_MODEL__THREADS="$THREADS" start_cachet "$CACHET" "spec-$1"
   local token
   token=$(tenant_token bench)
   "$BENCH" run --target "$1=$BASE@$MODEL_ID" --api-key "$token" --no-calibrate --scenario "$SCENARIOS" \
