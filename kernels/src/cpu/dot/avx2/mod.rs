@@ -60,7 +60,13 @@ pub(super) unsafe fn nibbles32(p: *const u8) -> __m256i {
 /// 32 bits → 32 bytes, `val` where the bit is set and 0 elsewhere.
 #[inline(always)]
 pub(super) unsafe fn bits32(bits: u32, val: i8) -> __m256i {
-    let v = _mm256_set1_epi32(bits as i32);
+    spread_bits(_mm256_set1_epi32(bits as i32), val)
+}
+
+/// [`bits32`] of the 32 bits in every lane of `v` (however they were broadcast: a register, or a
+/// load, which costs no shuffle).
+#[inline(always)]
+pub(super) unsafe fn spread_bits(v: __m256i, val: i8) -> __m256i {
     #[rustfmt::skip]
     let spread = _mm256_setr_epi8(
         0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1,
