@@ -1,7 +1,9 @@
 //! Admission control under a burst far above capacity: the excess is refused
 //! at once with `Overloaded`, and every admitted interactive request meets
-//! its time-to-first-token target. Its own test binary, so no other test in
-//! the process competes for the CPU while it measures.
+//! its time-to-first-token target. The engine's other tests run beside these
+//! (one test binary), so the bounds leave room for a busy CPU, and the burst
+//! is sized from the throughput the engine measures, so a fast CPU is not
+//! let through whole.
 
 use crate::common;
 use common::tokens;
@@ -34,13 +36,25 @@ fn busy_engine(seed: u64) -> (runtime::EngineHandle, Duration) {
     (runtime::start(backend, loaded, config).unwrap(), target)
 }
 
+/// A burst for an engine computing `throughput` prompt tokens a second: prompts of about a tenth
+/// of the target each (at most 1,500 tokens, so a fast machine's burst fits the pool), and five
+/// times as many as fit within the 0.8 × target limit (40 at least). A fixed count of 40 let a
+/// fast machine admit them all once the prompts reached their cap (the tiny model at 75k tokens
+/// a second would compute 40 × 1,500 within the limit).
+fn burst(throughput: f64, target: Duration) -> (usize, usize) {
+    let len = ((throughput * target.as_secs_f64() / 10.0) as usize).clamp(32, 1500);
+    let fit = throughput * 0.8 * target.as_secs_f64() / len as f64;
+    (len, ((5.0 * fit).ceil() as usize).clamp(40, 400))
+}
+
 #[test]
 fn overload_is_refused_early_and_admitted_requests_meet_their_target() {
     let (h, target) = busy_engine(77);
     let throughput = h.snapshot_blocking().unwrap().throughput;
-    // Each prompt takes about a tenth of the target; send forty at once.
-    let len = ((throughput * target.as_secs_f64() / 10.0) as usize).clamp(32, 1500);
-    let streams: Vec<_> = (0..40).map(|i| h.submit(request(&format!("t{}", i % 4), tokens(200 + i, len), 2))).collect();
+    // Each prompt takes about a tenth of the target; send five times what fits at once.
+    let (len, n) = burst(throughput, target);
+    let streams: Vec<_> =
+        (0..n).map(|i| h.submit(request(&format!("t{}", i % 4), tokens(200 + i as u64, len), 2))).collect();
     // Served in full, the burst would take about four targets. Admission keeps the predicted
     // wait of the admitted within the target; the wall clock of a shared machine is noisy
     // (a CI run measured 838 ms against 800), so it is checked with room to spare: well below
@@ -64,7 +78,7 @@ fn overload_is_refused_early_and_admitted_requests_meet_their_target() {
             Err(e) => panic!("{e}"),
         }
     }
-    assert!(refused >= 10, "the burst was far above capacity: {admitted} admitted, {refused} refused");
+    assert!(refused >= n / 4, "the burst was far above capacity: {admitted} admitted, {refused} refused");
     assert!(admitted >= 3, "{admitted} admitted");
     // What was admitted fits the target at the throughput the engine first published, with the
     // same room (the estimate rises as batched prefills run): the refusals came from the
@@ -80,28 +94,32 @@ fn overload_is_refused_early_and_admitted_requests_meet_their_target() {
 fn the_excess_is_refused_at_the_door_without_waiting_for_a_step() {
     let (h, target) = busy_engine(79);
     let throughput = h.snapshot_blocking().unwrap().throughput;
-    // A tenth of the target each: about eight fit within the 0.8 × target limit.
-    let len = ((throughput * target.as_secs_f64() / 10.0) as usize).clamp(32, 1500);
+    // A tenth of the target each (less on a fast machine): about eight fit within the
+    // 0.8 × target limit, and five times as many are sent.
+    let (len, n) = burst(throughput, target);
     // The door judges with the engine's fit of pass time against pass size; fitted on the one
     // or two passes the burst's first requests ran (on a tiny model mostly fixed cost), it was
     // several times off and let 23–28 of 40 through now and then. Passes of this size first.
     for i in 0..4 {
         h.submit(request("warm", tokens(900 + i, len), 2)).collect_blocking().result.unwrap();
     }
-    let mut streams: Vec<_> = (0..40).map(|i| h.submit(request("one", tokens(500 + i, len), 2))).collect();
+    let mut streams: Vec<_> = (0..n).map(|i| h.submit(request("one", tokens(500 + i as u64, len), 2))).collect();
     // Right after submitting, before any step could judge them: the door's refusals are there.
     let at_door = streams
         .iter_mut()
         .map(|s| s.try_next())
         .filter(|e| matches!(e, Some(Event::Error(RequestError::Overloaded { .. }))))
         .count();
-    // About 32 are beyond the limit; how many the door sees as such rests on its pass-time fit,
-    // which a shared machine's noise moves (19 and 21 of 40 in two runs of 40): the property
-    // here is that a large part is refused before any step, not the fit's accuracy (which
-    // `overload_is_refused_early_and_admitted_requests_meet_their_target` bounds).
-    assert!(at_door >= 12, "{at_door} of 40 refused at once");
+    // About four in five are beyond the limit; how many the door sees as such rests on its
+    // pass-time fit, which a shared machine's noise moves (19 and 21 of 40 in two runs of 40):
+    // the property here is that a large part is refused before any step, not the fit's accuracy
+    // (which `overload_is_refused_early_and_admitted_requests_meet_their_target` bounds).
+    assert!(
+        at_door >= n * 3 / 10,
+        "{at_door} of {n} refused at once ({len}-token prompts at {throughput:.0} tokens/s)"
+    );
     let snapshot = h.snapshot_blocking().unwrap();
-    assert!(snapshot.refused_at_door >= 12, "{} refused at the door", snapshot.refused_at_door);
+    assert!(snapshot.refused_at_door >= (n * 3 / 10) as u64, "{} refused at the door", snapshot.refused_at_door);
     assert!(snapshot.refused >= at_door as u64);
     drop(streams);
     h.check_integrity_blocking().unwrap();
