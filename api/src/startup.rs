@@ -400,6 +400,18 @@ fn start_engine<B: cachet_kernels::backend::Backend + 'static>(
 ) -> anyhow::Result<cachet_engine::runtime::EngineHandle> {
     let loaded = cachet_engine::loader::load(path, &backend).with_context(|| format!("loading {}", path.display()))?;
     tracing::info!(backend = %backend.name(), "model loaded");
+    let model = loaded.model.config();
+    if let Some(y) = model.yarn {
+        tracing::info!(
+            factor = y.factor,
+            trained_context = y.original_context,
+            served_context = model.max_context,
+            attention_factor = y.attention_factor,
+            "RoPE extended with YaRN: serving {} tokens of context (trained for {})",
+            model.max_context,
+            y.original_context
+        );
+    }
     Ok(cachet_engine::runtime::start(backend, loaded, config)?)
 }
 

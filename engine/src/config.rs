@@ -3,7 +3,7 @@
 
 use crate::gguf::GgufFile;
 use crate::LoadError;
-use cachet_kernels::backend::{RopeConfig, RopeStyle};
+use cachet_kernels::backend::{RopeConfig, RopeStyle, Yarn};
 
 /// The decoder architectures the generic model runs.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -87,8 +87,11 @@ pub struct ModelConfig {
     pub rope_theta: f32,
     pub rope_style: RopeStyle,
     pub rms_eps: f32,
-    /// The context length the model was trained for.
+    /// The context served: the one the model was trained for, or with YaRN the extended one
+    /// (`original_context × factor` when that is longer).
     pub max_context: usize,
+    /// YaRN context extension, when the model's files ask for it.
+    pub yarn: Option<Yarn>,
     /// Q/K/V projections have biases (Qwen2).
     pub qkv_bias: bool,
     /// Per-head RMSNorm of Q and K (Qwen3).
@@ -114,9 +117,8 @@ impl ModelConfig {
         let embed =
             f.tensor_info("token_embd.weight").ok_or_else(|| LoadError::MissingTensor("token_embd.weight".into()))?;
         let vocab_size = embed.shape[0];
-        if f.get(&format!("{a}.rope.scaling.type")).is_some() || f.tensor_info("rope_freqs.weight").is_some() {
-            return Err(LoadError::Unsupported("RoPE scaling (rope.scaling / rope_freqs) is not supported yet".into()));
-        }
+        let context = f.get_u64(&format!("{a}.context_length"))?.map_or(2048, |v| v as usize);
+        let yarn = yarn_from_gguf(f, a, context)?;
         let moe = if arch.is_moe() {
             let expert_ff = req("expert_feed_forward_length")?;
             Some(MoeConfig {
@@ -151,7 +153,8 @@ impl ModelConfig {
             // rotation; Qwen files keep the NeoX layout.
             rope_style: if arch == Arch::Llama { RopeStyle::Interleaved } else { RopeStyle::Neox },
             rms_eps: f.get_f64(&format!("{a}.attention.layer_norm_rms_epsilon"))?.unwrap_or(1e-6) as f32,
-            max_context: f.get_u64(&format!("{a}.context_length"))?.map_or(2048, |v| v as usize),
+            max_context: served_context(context, yarn),
+            yarn,
             qkv_bias: f.tensor_info("blk.0.attn_q.bias").is_some(),
             qk_norm: f.tensor_info("blk.0.attn_q_norm.weight").is_some(),
             moe,
@@ -171,18 +174,12 @@ impl ModelConfig {
         let req = |k: &str| int(k).ok_or_else(|| missing(k));
         let hidden = req("hidden_size")?;
         let n_heads = req("num_attention_heads")?;
-        if !json["rope_scaling"].is_null() {
-            return Err(LoadError::Unsupported("config.json rope_scaling is not supported yet".into()));
-        }
         // transformers 5 writes `rope_parameters` in place of `rope_theta` / `rope_scaling`.
         let rope = &json["rope_parameters"];
-        if rope["rope_type"].as_str().is_some_and(|t| t != "default") {
-            return Err(LoadError::Unsupported(format!(
-                "config.json rope_type {} is not supported yet",
-                rope["rope_type"]
-            )));
-        }
         let rope_theta = json["rope_theta"].as_f64().or_else(|| rope["rope_theta"].as_f64()).unwrap_or(10_000.0);
+        let context = int("max_position_embeddings").unwrap_or(2048);
+        let scaling = if json["rope_scaling"].is_null() { rope } else { &json["rope_scaling"] };
+        let yarn = yarn_from_hf(scaling, json["original_max_position_embeddings"].as_u64(), context)?;
         let moe = if arch.is_moe() {
             if json["decoder_sparse_step"].as_u64().is_some_and(|s| s != 1)
                 || json["mlp_only_layers"].as_array().is_some_and(|l| !l.is_empty())
@@ -215,7 +212,8 @@ impl ModelConfig {
             rope_theta: rope_theta as f32,
             rope_style: RopeStyle::Neox,
             rms_eps: json["rms_norm_eps"].as_f64().unwrap_or(1e-6) as f32,
-            max_context: int("max_position_embeddings").unwrap_or(2048),
+            max_context: served_context(context, yarn),
+            yarn,
             qkv_bias: match arch {
                 Arch::Qwen2 => true,
                 Arch::Qwen2Moe => json["qkv_bias"].as_bool().unwrap_or(true),
@@ -263,12 +261,24 @@ impl ModelConfig {
         if !(self.rms_eps.is_finite() && self.rms_eps > 0.0 && self.rope_theta.is_finite() && self.rope_theta > 0.0) {
             return bad(format!("rms_eps {} / rope_theta {} out of range", self.rms_eps, self.rope_theta));
         }
+        if let Some(y) = &self.yarn {
+            let finite = [y.factor, y.beta_fast, y.beta_slow, y.attention_factor].iter().all(|v| v.is_finite());
+            if !finite || !(1.0..=1024.0).contains(&y.factor) || y.attention_factor <= 0.0 || y.beta_slow <= 0.0 {
+                return bad(format!("YaRN parameters out of range: {y:?}"));
+            }
+            if y.original_context == 0 || y.original_context > 1 << 24 {
+                return bad(format!("YaRN original context {} out of range", y.original_context));
+            }
+        }
+        if self.max_context > 1 << 24 {
+            return bad(format!("a context of {} tokens", self.max_context));
+        }
         Ok(())
     }
 
     /// Rotary embedding parameters.
     pub fn rope(&self) -> RopeConfig {
-        RopeConfig { head_dim: self.head_dim, theta: self.rope_theta, style: self.rope_style }
+        RopeConfig { head_dim: self.head_dim, theta: self.rope_theta, style: self.rope_style, yarn: self.yarn }
     }
 
     /// Width of the Q projection.
@@ -280,6 +290,103 @@ impl ModelConfig {
     pub fn kv_dim(&self) -> usize {
         self.n_kv_heads * self.head_dim
     }
+}
+
+/// The context served: with YaRN, the trained window times the factor where that is longer than
+/// the model's stated context (vLLM's rule; a config that already states the extended context
+/// keeps it).
+fn served_context(context: usize, yarn: Option<Yarn>) -> usize {
+    yarn.map_or(context, |y| context.max((y.original_context as f64 * y.factor as f64) as usize))
+}
+
+/// YaRN from a config.json's `rope_scaling` (or transformers 5's `rope_parameters`), as
+/// transformers 5 reads it: `original_max_position_embeddings` (the config's own top-level one
+/// first, as Phi-3 keeps it, else the scaling's, else the stated context), `factor` (else the
+/// stated context over the original), `beta_fast` (32), `beta_slow` (1), `attention_factor` (else
+/// from `mscale` and `mscale_all_dim`, else `0.1 · ln(factor) + 1`), `truncate` (true). Other
+/// scaling types are a clear error.
+fn yarn_from_hf(
+    scaling: &serde_json::Value,
+    top_original: Option<u64>,
+    context: usize,
+) -> Result<Option<Yarn>, LoadError> {
+    if scaling.is_null() {
+        return Ok(None);
+    }
+    let kind = scaling["rope_type"].as_str().or_else(|| scaling["type"].as_str()).unwrap_or("default");
+    match kind {
+        "default" => return Ok(None),
+        "yarn" => {}
+        other => {
+            return Err(LoadError::Unsupported(format!(
+                "RoPE scaling {other:?} (cachet applies YaRN, rope_type \"yarn\", and no other)"
+            )));
+        }
+    }
+    // transformers takes a missing or zero beta as its default (`get("beta_fast") or 32`).
+    let float = |k: &str| scaling[k].as_f64().map(|v| v as f32).filter(|&v| v != 0.0);
+    let original = top_original.or_else(|| scaling["original_max_position_embeddings"].as_u64());
+    let original_context = original.map_or(context, |v| v as usize);
+    let factor = match (float("factor"), original) {
+        (Some(f), _) => f,
+        (None, Some(o)) if o > 0 => (context as f64 / o as f64) as f32,
+        _ => return Err(missing("rope_scaling.factor")),
+    };
+    let attention_factor = match (float("attention_factor"), float("mscale"), float("mscale_all_dim")) {
+        (Some(a), _, _) => a,
+        (None, Some(m), Some(all)) => {
+            Yarn::default_attention_factor(factor, m) / Yarn::default_attention_factor(factor, all)
+        }
+        _ => Yarn::default_attention_factor(factor, 1.0),
+    };
+    Ok(Some(Yarn {
+        factor,
+        original_context,
+        beta_fast: float("beta_fast").unwrap_or(32.0),
+        beta_slow: float("beta_slow").unwrap_or(1.0),
+        attention_factor,
+        truncate: scaling["truncate"].as_bool().unwrap_or(true),
+    }))
+}
+
+/// YaRN from a GGUF's `<arch>.rope.scaling.*` keys, which llama.cpp's converter writes from
+/// config.json: `type` "yarn", `factor`, `original_context_length`, and where the config had
+/// them `yarn_attn_factor` (its `attention_factor`), `yarn_beta_fast` and `yarn_beta_slow`;
+/// `attn_factor` multiplies the attention factor, as llama.cpp applies it. What cachet cannot
+/// apply as stated (another scaling type, per-dimension `rope_freqs`, an extrapolation factor
+/// other than 1, DeepSeek's `yarn_log_multiplier`) is a clear error.
+fn yarn_from_gguf(f: &GgufFile, a: &str, context: usize) -> Result<Option<Yarn>, LoadError> {
+    if f.tensor_info("rope_freqs.weight").is_some() {
+        return Err(LoadError::Unsupported("per-dimension RoPE frequency factors (rope_freqs.weight)".into()));
+    }
+    let key = |k: &str| format!("{a}.rope.scaling.{k}");
+    match f.get_str(&key("type"))? {
+        None | Some("none") => return Ok(None),
+        Some("yarn") => {}
+        Some(other) => {
+            return Err(LoadError::Unsupported(format!(
+                "RoPE scaling {other:?} (cachet applies YaRN, rope.scaling.type \"yarn\", and no other)"
+            )));
+        }
+    }
+    let float = |k: &str| -> Result<Option<f32>, LoadError> { Ok(f.get_f64(&key(k))?.map(|v| v as f32)) };
+    let factor = float("factor")?.ok_or_else(|| missing(&key("factor")))?;
+    if let Some(e) = float("yarn_ext_factor")?.filter(|&e| e != 1.0) {
+        return Err(LoadError::Unsupported(format!("a YaRN extrapolation factor of {e} (only 1)")));
+    }
+    if let Some(m) = float("yarn_log_multiplier")?.filter(|&m| m != 0.0) {
+        return Err(LoadError::Unsupported(format!("a YaRN log multiplier of {m} (DeepSeek's attention scale)")));
+    }
+    let attention_factor = float("yarn_attn_factor")?.unwrap_or(Yarn::default_attention_factor(factor, 1.0))
+        * float("attn_factor")?.unwrap_or(1.0);
+    Ok(Some(Yarn {
+        factor,
+        original_context: f.get_u64(&key("original_context_length"))?.map_or(context, |v| v as usize),
+        beta_fast: float("yarn_beta_fast")?.unwrap_or(32.0),
+        beta_slow: float("yarn_beta_slow")?.unwrap_or(1.0),
+        attention_factor,
+        truncate: true,
+    }))
 }
 
 fn missing(key: &str) -> LoadError {
@@ -312,7 +419,7 @@ mod tests {
     }
 
     /// transformers 5 writes `rope_parameters` and `num_local_experts`; dense layers among the
-    /// sparse ones and RoPE scaling are refused, not run wrongly.
+    /// sparse ones and RoPE scaling other than YaRN are refused, not run wrongly.
     #[test]
     fn transformers_5_configs_and_unsupported_shapes() {
         let mut j = qwen3_moe();
@@ -324,9 +431,14 @@ mod tests {
         let c = ModelConfig::from_hf(&j).unwrap();
         assert_eq!((c.rope_theta, c.moe.unwrap().experts), (1e6, 64));
 
+        // YaRN without its factor, and a scaling type cachet does not apply (YaRN itself:
+        // tests/yarn_reference.rs).
         j["rope_parameters"]["rope_type"] = json!("yarn");
         let err = ModelConfig::from_hf(&j).unwrap_err().to_string();
-        assert!(err.contains("rope_type"), "{err}");
+        assert!(err.contains("factor"), "{err}");
+        j["rope_parameters"]["rope_type"] = json!("linear");
+        let err = ModelConfig::from_hf(&j).unwrap_err().to_string();
+        assert!(err.contains("\"linear\""), "{err}");
 
         let mut j = qwen3_moe();
         j["mlp_only_layers"] = json!([0, 1]);

@@ -259,6 +259,7 @@ mod tests {
             rope_style: RopeStyle::Neox,
             rms_eps: 1e-6,
             max_context: 64,
+            yarn: None,
             qkv_bias: false,
             qk_norm: false,
             moe: None,

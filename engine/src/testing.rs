@@ -76,6 +76,13 @@ pub struct TinyMoe {
     pub shared_ff: Option<usize>,
 }
 
+/// A YaRN context extension for a tiny model's files.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct TinyYarn {
+    pub factor: f32,
+    pub original_context: usize,
+}
+
 /// A tiny model: shapes chosen so every format (K formats need rows of 256)
 /// can hold every matrix.
 #[derive(Clone, Debug)]
@@ -93,6 +100,9 @@ pub struct Tiny {
     pub tied: bool,
     /// Routed experts in place of the dense FFN (whose tensors are then absent).
     pub moe: Option<TinyMoe>,
+    /// YaRN, written as Qwen's model cards have users add it (`factor` and
+    /// `original_max_position_embeddings`; the rest at their defaults).
+    pub yarn: Option<TinyYarn>,
     /// (name, shape outermost first, values); experts stacked (`GateExps`: `[experts, ff, hidden]`).
     pub tensors: Vec<(TensorName, Vec<usize>, Vec<f32>)>,
 }
@@ -174,8 +184,15 @@ impl Tiny {
             eps: 1e-6,
             tied,
             moe,
+            yarn: None,
             tensors,
         }
+    }
+
+    /// The context the files state: 4096, or with YaRN the original window (as Qwen's
+    /// configs keep `max_position_embeddings` at the trained length beside the scaling).
+    fn context(&self) -> usize {
+        self.yarn.map_or(4096, |y| y.original_context)
     }
 
     pub fn get(&self, name: TensorName) -> Option<&[f32]> {
@@ -196,7 +213,7 @@ impl Tiny {
         let mut w = GgufWriter::new();
         w.metadata("general.architecture", Value::String(a.into()))
             .metadata(&format!("{a}.block_count"), Value::U32(self.layers as u32))
-            .metadata(&format!("{a}.context_length"), Value::U32(4096))
+            .metadata(&format!("{a}.context_length"), Value::U32(self.context() as u32))
             .metadata(&format!("{a}.embedding_length"), Value::U32(self.hidden as u32))
             .metadata(&format!("{a}.feed_forward_length"), Value::U32(self.inter as u32))
             .metadata(&format!("{a}.attention.head_count"), Value::U32(self.heads as u32))
@@ -205,6 +222,12 @@ impl Tiny {
             .metadata(&format!("{a}.attention.layer_norm_rms_epsilon"), Value::F32(self.eps));
         if self.arch.qk_norm() {
             w.metadata(&format!("{a}.attention.key_length"), Value::U32(self.head_dim as u32));
+        }
+        if let Some(y) = self.yarn {
+            // The keys llama.cpp's converter writes for `rope_scaling` of type yarn.
+            w.metadata(&format!("{a}.rope.scaling.type"), Value::String("yarn".into()))
+                .metadata(&format!("{a}.rope.scaling.factor"), Value::F32(y.factor))
+                .metadata(&format!("{a}.rope.scaling.original_context_length"), Value::U32(y.original_context as u32));
         }
         if let Some(m) = self.moe {
             w.metadata(&format!("{a}.expert_count"), Value::U32(m.experts as u32))
@@ -248,10 +271,17 @@ impl Tiny {
             "head_dim": self.head_dim,
             "rope_theta": self.theta,
             "rms_norm_eps": self.eps,
-            "max_position_embeddings": 4096,
+            "max_position_embeddings": self.context(),
             "tie_word_embeddings": self.tied,
             "rope_scaling": null,
         });
+        if let Some(y) = self.yarn {
+            config["rope_scaling"] = serde_json::json!({
+                "type": "yarn",
+                "factor": y.factor,
+                "original_max_position_embeddings": y.original_context,
+            });
+        }
         if let Some(m) = self.moe {
             config["num_experts"] = m.experts.into();
             config["num_experts_per_tok"] = m.active.into();

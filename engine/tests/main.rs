@@ -12,3 +12,4 @@ mod runtime;
 mod speculative;
 mod tiny_models;
 mod tokenizer_reference;
+mod yarn_reference;

@@ -41,16 +41,17 @@ extern "C" __global__ void rms_norm_inplace_f32(float* x, const float* w, u32 gr
     rms_norm_group(x, w, x, group, eps);
 }
 
-// Per position p (row r): half cosines then half sines of p * inv_freq[j].
-// `inv_freq` holds f32 bits, computed on the host exactly as the CPU does.
-extern "C" __global__ void rope_table_f32(const u32* positions, const u32* inv_freq, float* out, u32 n, u32 half) {
+// Per position p (row r): half cosines then half sines of p * inv_freq[j], times
+// `scale` (YaRN's attention factor, else 1). `inv_freq` holds f32 bits, computed on
+// the host exactly as the CPU does.
+extern "C" __global__ void rope_table_f32(const u32* positions, const u32* inv_freq, float* out, u32 n, u32 half, float scale) {
     const u64 total = (u64)n * half;
     for (u64 i = global_index(); i < total; i += grid_stride()) {
         const u64 r = i / half;
         const u32 j = (u32)(i % half);
         const float angle = (float)positions[r] * __uint_as_float(inv_freq[j]);
-        out[r * 2 * half + j] = cosf(angle);
-        out[r * 2 * half + half + j] = sinf(angle);
+        out[r * 2 * half + j] = cosf(angle) * scale;
+        out[r * 2 * half + half + j] = sinf(angle) * scale;
     }
 }
 

@@ -46,6 +46,59 @@ pub struct RopeConfig {
     pub head_dim: usize,
     pub theta: f32,
     pub style: RopeStyle,
+    /// YaRN context extension (`None`: plain RoPE).
+    pub yarn: Option<Yarn>,
+}
+
+impl RopeConfig {
+    /// Plain RoPE (no context extension).
+    pub fn plain(head_dim: usize, theta: f32, style: RopeStyle) -> RopeConfig {
+        RopeConfig { head_dim, theta, style, yarn: None }
+    }
+}
+
+/// YaRN ("Yet another RoPE extensioN", Peng et al. 2023) as Hugging Face transformers applies it
+/// (`rope_type: "yarn"`, a static factor): the low frequencies (dimensions that turn less than
+/// `beta_slow` times over the original window) are divided by `factor`, the high ones (more than
+/// `beta_fast` turns) are kept, a linear ramp blends the dimensions between, and every cosine and
+/// sine is multiplied by `attention_factor` (by default `0.1 · ln(factor) + 1`), which scales
+/// the attention logits by its square.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Yarn {
+    pub factor: f32,
+    /// The context the model was trained for (`original_max_position_embeddings`).
+    pub original_context: usize,
+    pub beta_fast: f32,
+    pub beta_slow: f32,
+    pub attention_factor: f32,
+    /// Whether the ramp's ends are rounded to whole dimensions (transformers' `truncate`, true
+    /// unless a config says otherwise; llama.cpp always rounds).
+    pub truncate: bool,
+}
+
+impl Yarn {
+    /// transformers' default attention factor for a scaling factor (`get_mscale`).
+    pub fn default_attention_factor(factor: f32, mscale: f32) -> f32 {
+        if factor <= 1.0 {
+            1.0
+        } else {
+            0.1 * mscale * factor.ln() + 1.0
+        }
+    }
+
+    /// The dimension (of `dim`) that turns `rotations` times over the original window
+    /// (transformers' `find_correction_dim`, in f64 as Python computes it).
+    fn correction_dim(&self, rotations: f64, dim: usize, base: f64) -> f64 {
+        dim as f64 * (self.original_context as f64 / (rotations * 2.0 * std::f64::consts::PI)).ln() / (2.0 * base.ln())
+    }
+
+    /// The ramp's first and last dimension pair (transformers' `find_correction_range`).
+    pub(crate) fn range(&self, dim: usize, base: f32) -> (f64, f64) {
+        let low = self.correction_dim(self.beta_fast as f64, dim, base as f64);
+        let high = self.correction_dim(self.beta_slow as f64, dim, base as f64);
+        let (low, high) = if self.truncate { (low.floor(), high.ceil()) } else { (low, high) };
+        (low.max(0.0), high.min(dim as f64 - 1.0))
+    }
 }
 
 /// Shape of the KV pool: K and V of every layer for `slots` token slots.

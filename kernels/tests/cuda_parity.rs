@@ -286,9 +286,18 @@ fn rope_table_and_both_rope_styles_match_the_cpu() {
     let c = cpu();
     let mut rng = Lcg(5);
     let positions: Vec<u32> = vec![0, 1, 2, 17, 255, 256, 4095, 40_000, 131_071];
-    for (hd, theta) in [(64, 10_000.0), (128, 1_000_000.0)] {
+    // Qwen2.5's YaRN (factor 4 over 32k): blended frequencies and the attention factor.
+    let yarn = Yarn {
+        factor: 4.0,
+        original_context: 32_768,
+        beta_fast: 32.0,
+        beta_slow: 1.0,
+        attention_factor: Yarn::default_attention_factor(4.0, 1.0),
+        truncate: true,
+    };
+    for (hd, theta, yarn) in [(64, 10_000.0, None), (128, 1_000_000.0, None), (128, 1_000_000.0, Some(yarn))] {
         for style in [RopeStyle::Neox, RopeStyle::Interleaved] {
-            let rope = RopeConfig { head_dim: hd, theta, style };
+            let rope = RopeConfig { yarn, ..RopeConfig::plain(hd, theta, style) };
             let (mut tc, mut tg) = (c.buf(), g.buf());
             c.rope_table(&positions, &rope, &mut tc);
             g.rope_table(&positions, &rope, &mut tg);

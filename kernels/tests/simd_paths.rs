@@ -326,7 +326,7 @@ fn attention_rows_do_not_depend_on_the_batch() {
 fn rope_styles_rotate_the_right_pairs() {
     let cpu = CpuBackend::new(1).unwrap();
     for style in [RopeStyle::Neox, RopeStyle::Interleaved] {
-        let rope = RopeConfig { head_dim: 8, theta: 10000.0, style };
+        let rope = RopeConfig::plain(8, 10000.0, style);
         let (mut table, mut x) = (cpu.buf(), cpu.buf());
         cpu.rope_table(&[0, 5], &rope, &mut table);
         let vals: Vec<f32> = (0..16).map(|i| i as f32 + 1.0).collect();

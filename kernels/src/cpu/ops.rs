@@ -33,10 +33,25 @@ pub fn rms_norm_inplace(x: &mut [f32], w: &[f32], eps: f32, group: usize) {
     });
 }
 
-/// Inverse frequencies `theta^(-2i/d)` as Hugging Face computes them (f32).
+/// Inverse frequencies `theta^(-2i/d)` as Hugging Face computes them (f32), with YaRN's blend of
+/// interpolated (`/ factor`) and kept frequencies where the model has it (transformers'
+/// `_compute_yarn_parameters`, its f32 steps in its order).
 pub(crate) fn inv_freq(rope: &RopeConfig, i: usize) -> f32 {
     let exponent = (2 * i) as f32 / rope.head_dim as f32;
-    1.0 / rope.theta.powf(exponent)
+    let pos_freq = rope.theta.powf(exponent);
+    let Some(yarn) = rope.yarn else { return 1.0 / pos_freq };
+    let (extrapolation, interpolation) = (1.0 / pos_freq, 1.0 / (yarn.factor * pos_freq));
+    // The ends in f64 (Python floats), the ramp in f32 (a float32 tensor).
+    let (low, high) = yarn.range(rope.head_dim, rope.theta);
+    let high = if low == high { high + 0.001 } else { high };
+    let ramp = ((i as f32 - low as f32) / (high - low) as f32).clamp(0.0, 1.0);
+    let keep = 1.0 - ramp;
+    interpolation * (1.0 - keep) + extrapolation * keep
+}
+
+/// What every cosine and sine is multiplied by (YaRN's attention factor; 1 without it).
+pub(crate) fn rope_scale(rope: &RopeConfig) -> f32 {
+    rope.yarn.map_or(1.0, |y| y.attention_factor)
 }
 
 /// Per position: `head_dim/2` cosines then `head_dim/2` sines.
@@ -47,11 +62,12 @@ pub fn rope_table(positions: &[u32], rope: &RopeConfig, out: &mut [f32]) {
     for (i, f) in freqs.iter_mut().enumerate() {
         *f = inv_freq(rope, i);
     }
+    let scale = rope_scale(rope);
     for (&p, row) in positions.iter().zip(out.chunks_mut(rope.head_dim)) {
         for (i, &f) in freqs.iter().enumerate() {
             let angle = p as f32 * f;
-            row[i] = angle.cos();
-            row[half + i] = angle.sin();
+            row[i] = angle.cos() * scale;
+            row[half + i] = angle.sin() * scale;
         }
     }
 }

@@ -99,10 +99,10 @@ pub(super) fn rope_table(be: &CudaBackend, positions: &[u32], rope: &RopeConfig,
     let idx = upload_u32(be, &mut scratch.idx, &host);
     let pos = idx.slice(0..positions.len());
     let freq = idx.slice(positions.len()..host.len());
-    let (n, h) = (positions.len() as u32, half as u32);
-    // SAFETY: rope_table_f32(const u32*, const u32*, float*, u32, u32); out
+    let (n, h, scale) = (positions.len() as u32, half as u32, crate::cpu::ops::rope_scale(rope));
+    // SAFETY: rope_table_f32(const u32*, const u32*, float*, u32, u32, float); out
     // holds n × head_dim values.
-    launch!(be, "rope_table", &be.kernels.rope_table, grid(positions.len() * half); pos, freq, out.slice_mut(), n, h);
+    launch!(be, "rope_table", &be.kernels.rope_table, grid(positions.len() * half); pos, freq, out.slice_mut(), n, h, scale);
 }
 
 pub(super) fn rope(be: &CudaBackend, x: &mut CudaBuf, table: &CudaBuf, rope: &RopeConfig) {
