@@ -43,6 +43,9 @@ export LD_LIBRARY_PATH="$(scripts/nvrtc.sh)${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
 section "build the tests (and the cachet binary they run)"
 cargo test --workspace --no-run
 
+section "every SIMD intrinsic inlined into its kernel (scripts/check-simd-inlined.sh)"
+scripts/check-simd-inlined.sh target/debug/cachet
+
 section "the default model"
 target/debug/cachet models pull
 

@@ -138,22 +138,39 @@ pub(super) unsafe fn dot32<B: Block32>(w: &[B], x: &[BlockQ8A]) -> f32 {
 #[inline(always)]
 unsafe fn reduce8<B: Block32>(m: [__m256i; 8]) -> __m256i {
     let ones = _mm256_set1_epi16(1);
-    // Each step pairs rows and adds what lands in the same lane: lanes of rows 2k and 2k + 1,
-    // then of rows 4k .. 4k + 4.
-    let add = |x: __m256i, y: __m256i, i16: bool| if i16 { _mm256_add_epi16(x, y) } else { _mm256_add_epi32(x, y) };
-    let step1 = |a, b, i16| add(_mm256_unpacklo_epi32(a, b), _mm256_unpackhi_epi32(a, b), i16);
-    let step2 = |a, b, i16| add(_mm256_unpacklo_epi64(a, b), _mm256_unpackhi_epi64(a, b), i16);
     // `lo`: rows 0..4 in 32-bit lanes 0..4 (low 128 bits: their bytes 0..16, high: 16..32); `hi`: rows 4..8.
     let (lo, hi) = if B::SPAN >= 4 {
         // In i16 each lane ends as 4 pair sums (below 2^15 when 4 fit), then one `madd` widens.
-        let t: [__m256i; 4] = std::array::from_fn(|k| step1(m[2 * k], m[2 * k + 1], true));
-        (_mm256_madd_epi16(step2(t[0], t[1], true), ones), _mm256_madd_epi16(step2(t[2], t[3], true), ones))
+        let t: [__m256i; 4] = each!(4, |k| pair_rows(m[2 * k], m[2 * k + 1], true));
+        (_mm256_madd_epi16(pair_halves(t[0], t[1], true), ones), _mm256_madd_epi16(pair_halves(t[2], t[3], true), ones))
     } else {
-        let q: [__m256i; 8] = std::array::from_fn(|k| _mm256_madd_epi16(m[k], ones));
-        let t: [__m256i; 4] = std::array::from_fn(|k| step1(q[2 * k], q[2 * k + 1], false));
-        (step2(t[0], t[1], false), step2(t[2], t[3], false))
+        let q: [__m256i; 8] = each!(8, |k| _mm256_madd_epi16(m[k], ones));
+        let t: [__m256i; 4] = each!(4, |k| pair_rows(q[2 * k], q[2 * k + 1], false));
+        (pair_halves(t[0], t[1], false), pair_halves(t[2], t[3], false))
     };
     _mm256_add_epi32(_mm256_permute2x128_si256::<0x20>(lo, hi), _mm256_permute2x128_si256::<0x31>(lo, hi))
+}
+
+/// `x + y` in 16- or 32-bit lanes.
+#[inline(always)]
+unsafe fn add_lanes(x: __m256i, y: __m256i, i16: bool) -> __m256i {
+    if i16 {
+        _mm256_add_epi16(x, y)
+    } else {
+        _mm256_add_epi32(x, y)
+    }
+}
+
+/// [`reduce8`]'s first step: rows `a` and `b` paired, what lands in the same 32-bit lane added.
+#[inline(always)]
+unsafe fn pair_rows(a: __m256i, b: __m256i, i16: bool) -> __m256i {
+    add_lanes(_mm256_unpacklo_epi32(a, b), _mm256_unpackhi_epi32(a, b), i16)
+}
+
+/// [`reduce8`]'s second step: pairs of rows paired, what lands in the same 64-bit lane added.
+#[inline(always)]
+unsafe fn pair_halves(a: __m256i, b: __m256i, i16: bool) -> __m256i {
+    add_lanes(_mm256_unpacklo_epi64(a, b), _mm256_unpackhi_epi64(a, b), i16)
 }
 
 /// The 8 rows' scales of block `s` as f32.
@@ -226,7 +243,7 @@ unsafe fn gemv32<B: Block32>(job: &GemmJob<'_, B, BlockQ8A>) {
             for (s, a) in x.iter().enumerate() {
                 prefetch::<B>(next, s);
                 let xq = load256(a.qs.as_ptr().cast());
-                let m: [__m256i; 8] = std::array::from_fn(|i| pairs::<B>(rows[i].get_unchecked(s).values(), xq));
+                let m: [__m256i; 8] = each!(8, |i| pairs::<B>(rows[i].get_unchecked(s).values(), xq));
                 let isum = _mm256_sub_epi32(reduce8::<B>(m), _mm256_set1_epi32(B::OFFSET * a.sum));
                 acc = finish8(acc, scales8(&rows, s), a.d, isum);
             }
@@ -257,7 +274,7 @@ unsafe fn pack<B: Block32>(rows: &[&[B]; 8], s: usize, p: &mut Pack32) {
     // SAFETY: the callers pass `s` below every row's length; the aligned store writes `p.d`, 32-byte
     // aligned in the `align(32)` `Pack32`; the CPU has AVX2/F16C (module contract).
     unsafe {
-        let t = transpose8(std::array::from_fn(|i| rows[i].get_unchecked(s).values()));
+        let t = transpose8(each!(8, |i| rows[i].get_unchecked(s).values()));
         for (g, v) in t.into_iter().enumerate() {
             if B::SIGNED {
                 p.s[g] = v;

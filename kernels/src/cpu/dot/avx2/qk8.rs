@@ -61,7 +61,7 @@ unsafe fn columns(r: [__m128i; 8]) -> [__m128i; 8] {
     let mut out = [_mm_setzero_si128(); 8];
     for half in 0..2 {
         // i16 element c: rows 2k, 2k + 1 at column 8·half + c.
-        let s: [__m128i; 4] = std::array::from_fn(|k| {
+        let s: [__m128i; 4] = each!(4, |k| {
             if half == 0 {
                 _mm_unpacklo_epi8(r[2 * k], r[2 * k + 1])
             } else {
@@ -220,25 +220,25 @@ impl KBlock8 for BlockQ6K {
 /// `t[g]` lane `i` = `v[i]` lane `g` (8 × 8 32-bit lanes).
 #[inline(always)]
 pub(super) unsafe fn transpose8(v: [__m256i; 8]) -> [__m256i; 8] {
-    let a: [__m256i; 8] = std::array::from_fn(|j| {
+    let a: [__m256i; 8] = each!(8, |j| {
         let (x, y) = (v[j & !1], v[j | 1]);
-        if j % 2 == 0 {
+        if j.is_multiple_of(2) {
             _mm256_unpacklo_epi32(x, y)
         } else {
             _mm256_unpackhi_epi32(x, y)
         }
     });
     // b[4h + m]: dwords m and m + 4 of rows 4h..4h + 4.
-    let b: [__m256i; 8] = std::array::from_fn(|j| {
+    let b: [__m256i; 8] = each!(8, |j| {
         let (h, m) = (j / 4, j % 4);
         let (x, y) = (a[4 * h + m / 2], a[4 * h + 2 + m / 2]);
-        if m % 2 == 0 {
+        if m.is_multiple_of(2) {
             _mm256_unpacklo_epi64(x, y)
         } else {
             _mm256_unpackhi_epi64(x, y)
         }
     });
-    std::array::from_fn(|g| {
+    each!(8, |g| {
         let m = g % 4;
         if g < 4 {
             _mm256_permute2x128_si256(b[m], b[4 + m], 0x20)
