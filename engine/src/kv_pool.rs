@@ -4,7 +4,7 @@
 
 use crate::config::ModelConfig;
 use crate::EngineError;
-use cachet_kernels::backend::{Backend, BackendError, KvLayout};
+use cachet_kernels::backend::{Backend, BackendError, KvFormat, KvLayout};
 
 /// Index of one token slot in the pool.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
@@ -32,11 +32,11 @@ pub enum PoolSize {
 }
 
 impl PoolSize {
-    /// Number of slots for a model.
-    pub fn slots(self, config: &ModelConfig) -> usize {
+    /// Number of slots for a model whose K/V are stored in `format`.
+    pub fn slots(self, config: &ModelConfig, format: KvFormat) -> usize {
         match self {
             PoolSize::Tokens(n) => n,
-            PoolSize::Bytes(b) => b / layout(config, 1).bytes_per_slot(),
+            PoolSize::Bytes(b) => b / kv_layout(config, 1, format).bytes_per_slot(),
             PoolSize::Contexts(n) => n.saturating_mul(config.max_context),
         }
     }
@@ -44,17 +44,18 @@ impl PoolSize {
     /// The size to allocate when `available` bytes of memory are free: `Contexts` shrinks to
     /// what half of them hold (a whole number of 256-token blocks, at least 256); the others
     /// are taken as asked.
-    pub fn fit(self, config: &ModelConfig, available: Option<u64>) -> PoolSize {
+    pub fn fit(self, config: &ModelConfig, format: KvFormat, available: Option<u64>) -> PoolSize {
         let PoolSize::Contexts(_) = self else { return self };
-        let wanted = self.slots(config);
-        let per_slot = layout(config, 1).bytes_per_slot() as u64;
+        let wanted = self.slots(config, format);
+        let per_slot = kv_layout(config, 1, format).bytes_per_slot() as u64;
         let fits = available.map_or(usize::MAX, |a| (a / 2 / per_slot.max(1)) as usize);
         PoolSize::Tokens(if wanted <= fits { wanted } else { (fits / 256 * 256).max(256) })
     }
 }
 
-fn layout(config: &ModelConfig, slots: usize) -> KvLayout {
-    KvLayout { layers: config.n_layers, slots, kv_heads: config.n_kv_heads, head_dim: config.head_dim }
+/// The K/V layout of `slots` slots of a model, stored in `format`.
+pub fn kv_layout(config: &ModelConfig, slots: usize, format: KvFormat) -> KvLayout {
+    KvLayout { layers: config.n_layers, slots, kv_heads: config.n_kv_heads, head_dim: config.head_dim, format }
 }
 
 /// Broken allocator invariants, reported by `check_integrity`.
@@ -175,13 +176,23 @@ impl<B: Backend> std::fmt::Debug for KvPool<B> {
 }
 
 impl<B: Backend> KvPool<B> {
-    /// Allocates a pool of `size` for `config` on backend `b`.
+    /// Allocates a pool of `size` for `config` on backend `b`, K/V in f16.
     pub fn new(b: &B, config: &ModelConfig, size: PoolSize) -> Result<KvPool<B>, BackendError> {
-        let slots = size.slots(config);
+        KvPool::with_format(b, config, size, KvFormat::F16)
+    }
+
+    /// Allocates a pool of `size` for `config` on backend `b`, K/V stored in `format`.
+    pub fn with_format(
+        b: &B,
+        config: &ModelConfig,
+        size: PoolSize,
+        format: KvFormat,
+    ) -> Result<KvPool<B>, BackendError> {
+        let slots = size.slots(config, format);
         if slots == 0 || slots > u32::MAX as usize {
             return Err(BackendError::Unsupported(format!("a KV pool of {slots} slots")));
         }
-        let layout = layout(config, slots);
+        let layout = kv_layout(config, slots, format);
         let storage = b.kv(layout)?;
         Ok(KvPool { storage, layout, slots: Slots::new(slots) })
     }
@@ -271,15 +282,34 @@ mod tests {
         let c = ModelConfig { max_context: 4096, ..config() };
         // 2 layers × K and V × 1 head × 4 dims × 2 bytes = 32 bytes a slot.
         let per_slot = 32;
-        assert_eq!(PoolSize::Contexts(2).fit(&c, None), PoolSize::Tokens(8192));
-        assert_eq!(PoolSize::Contexts(2).fit(&c, Some(2 * 8192 * per_slot)), PoolSize::Tokens(8192));
+        assert_eq!(PoolSize::Contexts(2).fit(&c, KvFormat::F16, None), PoolSize::Tokens(8192));
+        assert_eq!(PoolSize::Contexts(2).fit(&c, KvFormat::F16, Some(2 * 8192 * per_slot)), PoolSize::Tokens(8192));
         assert_eq!(
-            PoolSize::Contexts(2).fit(&c, Some(2 * 5000 * per_slot)),
+            PoolSize::Contexts(2).fit(&c, KvFormat::F16, Some(2 * 5000 * per_slot)),
             PoolSize::Tokens(4864),
             "256-token blocks"
         );
-        assert_eq!(PoolSize::Contexts(2).fit(&c, Some(10)), PoolSize::Tokens(256), "never empty");
-        assert_eq!(PoolSize::Tokens(77).fit(&c, Some(10)), PoolSize::Tokens(77), "an explicit size is kept");
+        assert_eq!(PoolSize::Contexts(2).fit(&c, KvFormat::F16, Some(10)), PoolSize::Tokens(256), "never empty");
+        assert_eq!(
+            PoolSize::Tokens(77).fit(&c, KvFormat::F16, Some(10)),
+            PoolSize::Tokens(77),
+            "an explicit size is kept"
+        );
+    }
+
+    /// The same memory holds 2 × 16 / 17 = 1.88 times the slots in `Q8_0` (8.5 bits a value): with
+    /// heads of 32 values (the smallest a block allows), 2 layers × K and V × 34 bytes a slot.
+    #[test]
+    fn a_q8_0_pool_holds_more_slots_in_the_same_bytes() {
+        let c = ModelConfig { head_dim: 32, max_context: 4096, ..config() };
+        let bytes = 136 * 1000;
+        assert_eq!(PoolSize::Bytes(bytes).slots(&c, KvFormat::Q8_0), 1000);
+        assert_eq!(PoolSize::Bytes(bytes).slots(&c, KvFormat::F16), 531);
+        assert_eq!(PoolSize::Contexts(2).fit(&c, KvFormat::Q8_0, Some(2 * 2000 * 136)), PoolSize::Tokens(1792));
+        // A head of 4 values cannot hold a block: a clear error, not a misread pool.
+        let b = CpuBackend::new(1).unwrap();
+        let err = KvPool::with_format(&b, &config(), PoolSize::Tokens(8), KvFormat::Q8_0).unwrap_err();
+        assert!(err.to_string().contains("q8_0"), "{err}");
     }
 
     #[test]
@@ -308,7 +338,7 @@ mod tests {
     fn size_in_bytes() {
         let c = config();
         // 2 layers × (K + V) × 1 head × 4 dims × 2 bytes = 32 bytes a slot.
-        assert_eq!(PoolSize::Bytes(320).slots(&c), 10);
+        assert_eq!(PoolSize::Bytes(320).slots(&c, KvFormat::F16), 10);
         let b = CpuBackend::new(1).unwrap();
         assert!(KvPool::new(&b, &c, PoolSize::Bytes(16)).is_err(), "zero slots is an error");
     }

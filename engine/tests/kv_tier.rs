@@ -12,6 +12,7 @@ use cachet_engine::kv_transfer::{chain_key, KvRecord, RecordScope};
 use cachet_engine::radix::{Tag, TenantKey};
 use cachet_engine::runtime::{self, Completion, EngineHandle, KvTierConfig, Request, TokenSpan};
 use cachet_engine::testing::{Tiny, TinyArch};
+use cachet_kernels::backend::KvFormat;
 use cachet_kernels::cpu::CpuBackend;
 use cachet_kernels::quant::DType;
 use std::path::{Path, PathBuf};
@@ -25,8 +26,13 @@ fn model(dir: &Path, seed: u64) -> PathBuf {
 }
 
 fn engine(model: &Path, tier: Option<&Path>) -> EngineHandle {
+    engine_in(model, tier, KvFormat::F16)
+}
+
+fn engine_in(model: &Path, tier: Option<&Path>, kv_format: KvFormat) -> EngineHandle {
     let cfg = runtime::EngineConfig {
         kv_tier: tier.map(|dir| KvTierConfig { dir: dir.to_path_buf(), max_bytes: 1 << 30, chunk_tokens: CHUNK }),
+        kv_format,
         ..pool(4096)
     };
     let backend = CpuBackend::new(2).unwrap();
@@ -281,6 +287,39 @@ fn another_models_chunks_are_ignored() {
     let h = engine(&b, None);
     assert_eq!(run(&h, request("acme", &prompt)).0, out);
     assert!(chunk_file(&tier, "acme", &prompt, 0).exists(), "another model's chunks are left alone");
+}
+
+/// A pool of 8-bit K/V writes its chunks in its own format and reads them back after a restart
+/// (the same output as computing them); chunks of an f16 pool in the same directory are another
+/// format's, ignored rather than misread, and the other way round.
+#[test]
+fn a_q8_0_pool_reads_its_own_chunks_and_never_another_formats() {
+    let dir = tempfile::tempdir().unwrap();
+    let (m, tier) = (model(dir.path(), 5), dir.path().join("tier"));
+    let prompt = tokens(5, 200);
+    let h = engine_in(&m, Some(&tier), KvFormat::F16);
+    let (f16_out, _) = run(&h, request("acme", &prompt));
+    stop(h);
+    let h = engine_in(&m, Some(&tier), KvFormat::Q8_0);
+    assert_eq!(h.snapshot_blocking().unwrap().kv_tier_chunks, 0, "the f16 pool's chunks are not this pool's");
+    let (first, done) = run(&h, request("acme", &prompt));
+    assert_eq!(done.cached_tokens, 0);
+    no_leaks(&h);
+    stop(h);
+    let h = engine_in(&m, Some(&tier), KvFormat::Q8_0);
+    assert_eq!(h.snapshot_blocking().unwrap().kv_tier_chunks, 6);
+    let (again, done) = run(&h, request("acme", &prompt));
+    assert_eq!((again, done.cached_tokens), (first.clone(), 192), "loaded from disk, the same answer");
+    stop(h);
+    // The q8_0 pool's chunks took the f16 ones' names (a chunk's file is named by its tokens and
+    // scope): an f16 pool finds none it can read, and computes.
+    let h = engine_in(&m, Some(&tier), KvFormat::F16);
+    assert_eq!(h.snapshot_blocking().unwrap().kv_tier_chunks, 0, "the q8_0 pool's chunks are not this pool's");
+    let (out, done) = run(&h, request("acme", &prompt));
+    assert_eq!((out, done.cached_tokens), (f16_out, 0));
+    stop(h);
+    let h = engine_in(&m, None, KvFormat::Q8_0);
+    assert_eq!(run(&h, request("acme", &prompt)).0, first, "computed alone");
 }
 
 #[test]

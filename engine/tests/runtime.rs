@@ -12,6 +12,7 @@ use cachet_engine::runtime::{
     self, Completion, EngineConfig, EngineHandle, PublicPrefix, Request, RequestError, TokenSpan,
 };
 use cachet_engine::testing::{Tiny, TinyArch};
+use cachet_kernels::backend::KvFormat;
 use cachet_kernels::cpu::CpuBackend;
 use cachet_kernels::quant::DType;
 use std::time::Duration;
@@ -38,32 +39,41 @@ fn no_leaks(h: &EngineHandle) {
 
 #[test]
 fn concurrent_requests_match_running_alone() {
-    let prompts: Vec<Vec<u32>> = (0..8).map(|i| tokens(i, 5 + 37 * i as usize)).collect();
-    let alone: Vec<Vec<u32>> = prompts
-        .iter()
-        .map(|p| {
-            let h = tiny_engine(pool(4096));
-            run(&h, request("t", p.clone(), 16)).0
-        })
-        .collect();
-    let h = tiny_engine(EngineConfig { token_budget: 96, ..pool(4096) });
-    let streams: Vec<_> = prompts.iter().map(|p| h.submit(request("t", p.clone(), 16))).collect();
-    for (i, s) in streams.into_iter().enumerate() {
-        let out = s.collect_blocking();
-        assert!(out.result.is_ok(), "{:?}", out.result);
-        assert_eq!(out.tokens, alone[i], "request {i} changed when batched");
+    // With K/V in f16 and in 8 bits (each row quantized on its own: batching changes nothing).
+    for kv_format in KvFormat::ALL {
+        let prompts: Vec<Vec<u32>> = (0..8).map(|i| tokens(i, 5 + 37 * i as usize)).collect();
+        let alone: Vec<Vec<u32>> = prompts
+            .iter()
+            .map(|p| {
+                let h = tiny_engine(EngineConfig { kv_format, ..pool(4096) });
+                run(&h, request("t", p.clone(), 16)).0
+            })
+            .collect();
+        let h = tiny_engine(EngineConfig { token_budget: 96, kv_format, ..pool(4096) });
+        let streams: Vec<_> = prompts.iter().map(|p| h.submit(request("t", p.clone(), 16))).collect();
+        for (i, s) in streams.into_iter().enumerate() {
+            let out = s.collect_blocking();
+            assert!(out.result.is_ok(), "{:?}", out.result);
+            assert_eq!(out.tokens, alone[i], "{kv_format:?}: request {i} changed when batched");
+        }
+        no_leaks(&h);
     }
-    no_leaks(&h);
 }
 
 #[test]
 fn a_shared_prefix_is_computed_once() {
+    for kv_format in KvFormat::ALL {
+        a_shared_prefix_is_computed_once_in(EngineConfig { kv_format, ..pool(4096) });
+    }
+}
+
+fn a_shared_prefix_is_computed_once_in(config: EngineConfig) {
     let prefix = tokens(1, 1000);
     let with = |suffix: &[u32]| [prefix.clone(), suffix.to_vec()].concat();
     let (first, second) = (with(&tokens(2, 20)), with(&tokens(3, 30)));
-    let cold = run(&tiny_engine(pool(4096)), request("t", second.clone(), 12)).0;
+    let cold = run(&tiny_engine(config.clone()), request("t", second.clone(), 12)).0;
 
-    let h = tiny_engine(pool(4096));
+    let h = tiny_engine(config);
     let (_, a) = run(&h, request("t", first, 12));
     assert_eq!(a.cached_tokens, 0);
     assert_eq!(a.computed_prefill_tokens, 1020);

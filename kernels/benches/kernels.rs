@@ -9,7 +9,7 @@
 //! (`SECTIONS`: a comma-separated subset of
 //! `memory,gemv,batch,compute,gemm,expert,decode-experts,attention`; all by default)
 
-use cachet_kernels::backend::{AttnSeq, AttnShape, Backend, KvLayout};
+use cachet_kernels::backend::{AttnSeq, AttnShape, Backend, KvFormat, KvLayout};
 use cachet_kernels::cpu::{CpuBackend, SimdLevel};
 use cachet_kernels::quant::{quantize_row, DType};
 use cachet_kernels::tensor::{Bytes, HostTensor};
@@ -269,7 +269,7 @@ fn main() {
     println!("\n| decode attention, 14 heads / 2 KV heads × 64 | µs per token per layer |\n|---|---:|");
     let (heads, kv_heads, hd) = (14, 2, 64);
     for ctx in [512usize, 4096, 16384] {
-        let layout = KvLayout { layers: 1, slots: ctx, kv_heads, head_dim: hd };
+        let layout = KvLayout { layers: 1, slots: ctx, kv_heads, head_dim: hd, format: KvFormat::F16 };
         let mut kv = cpu.kv(layout).unwrap();
         let slots: Vec<u32> = (0..ctx as u32).collect();
         let (mut k, mut v, mut q, mut out) = (cpu.buf(), cpu.buf(), cpu.buf(), cpu.buf());

@@ -101,6 +101,51 @@ impl Yarn {
     }
 }
 
+/// How the KV pool stores K and V.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub enum KvFormat {
+    /// Half precision, 16 bits a value.
+    #[default]
+    F16,
+    /// GGUF's `Q8_0` blocks along each row: per 32 values an f16 scale and 32 signed bytes
+    /// (8.5 bits a value; `d = max|x| / 127`, `q = round(x / d)`), as llama.cpp's `-ctk/-ctv q8_0`.
+    Q8_0,
+}
+
+impl KvFormat {
+    /// Every format.
+    pub const ALL: [KvFormat; 2] = [KvFormat::F16, KvFormat::Q8_0];
+
+    /// The setting's name (`f16`, `q8_0`).
+    pub fn name(self) -> &'static str {
+        match self {
+            KvFormat::F16 => "f16",
+            KvFormat::Q8_0 => "q8_0",
+        }
+    }
+
+    pub fn parse(name: &str) -> Option<KvFormat> {
+        KvFormat::ALL.into_iter().find(|f| f.name() == name)
+    }
+
+    /// Values per block (the row width must be a multiple of it).
+    pub fn block(self) -> usize {
+        match self {
+            KvFormat::F16 => 1,
+            KvFormat::Q8_0 => 32,
+        }
+    }
+
+    /// 16-bit units a row of `cols` values takes (`cols` a multiple of [`KvFormat::block`]):
+    /// what [`Backend::kv_export`] gives per row.
+    pub fn row_units(self, cols: usize) -> usize {
+        match self {
+            KvFormat::F16 => cols,
+            KvFormat::Q8_0 => cols / 32 * 17,
+        }
+    }
+}
+
 /// Shape of the KV pool: K and V of every layer for `slots` token slots.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct KvLayout {
@@ -108,13 +153,37 @@ pub struct KvLayout {
     pub slots: usize,
     pub kv_heads: usize,
     pub head_dim: usize,
+    pub format: KvFormat,
 }
 
 impl KvLayout {
-    /// Checks a K/V export or import of `slots` of `layer` (`rows`: the values an import brings,
-    /// `None` for an export); returns the values of one row (`kv_heads · head_dim`).
+    /// Values of one K (or V) row: `kv_heads · head_dim`.
+    pub fn cols(&self) -> usize {
+        self.kv_heads * self.head_dim
+    }
+
+    /// 16-bit units of one stored row (see [`KvFormat::row_units`]).
+    pub fn row_units(&self) -> usize {
+        self.format.row_units(self.cols())
+    }
+
+    /// Checks that the format can hold rows of this shape (a block never spans two heads).
+    pub fn check_format(&self) -> Result<(), BackendError> {
+        if !self.head_dim.is_multiple_of(self.format.block()) {
+            return Err(BackendError::Unsupported(format!(
+                "a {} KV pool for heads of {} values (a multiple of {} is needed)",
+                self.format.name(),
+                self.head_dim,
+                self.format.block()
+            )));
+        }
+        Ok(())
+    }
+
+    /// Checks a K/V export or import of `slots` of `layer` (`rows`: the 16-bit units an import
+    /// brings, `None` for an export); returns the units of one row ([`KvLayout::row_units`]).
     pub fn check_rows(&self, layer: usize, slots: &[u32], rows: Option<usize>) -> Result<usize, BackendError> {
-        let cols = self.kv_heads * self.head_dim;
+        let units = self.row_units();
         if layer >= self.layers {
             return Err(BackendError::KvRows(format!("layer {layer} of a pool of {} layers", self.layers)));
         }
@@ -122,18 +191,19 @@ impl KvLayout {
             return Err(BackendError::KvRows(format!("slot {s} outside a pool of {} slots", self.slots)));
         }
         match rows {
-            Some(n) if n != 2 * slots.len() * cols => Err(BackendError::KvRows(format!(
-                "{n} values for {} slots of {cols} values, K and V ({} expected)",
+            Some(n) if n != 2 * slots.len() * units => Err(BackendError::KvRows(format!(
+                "{n} units for {} slots of {units} units ({} rows), K and V ({} expected)",
                 slots.len(),
-                2 * slots.len() * cols
+                self.format.name(),
+                2 * slots.len() * units
             ))),
-            _ => Ok(cols),
+            _ => Ok(units),
         }
     }
 
-    /// Bytes of one slot across layers, K and V (f16).
+    /// Bytes of one slot across layers, K and V.
     pub fn bytes_per_slot(&self) -> usize {
-        2 * self.layers * self.kv_heads * self.head_dim * 2
+        2 * self.layers * self.row_units() * 2
     }
 
     /// Bytes of the whole pool.
@@ -241,9 +311,10 @@ pub trait Backend: Send + Sync {
     fn silu_mul(&self, gate: &mut Self::Buf, up: &Self::Buf);
     /// Stores row `i` of `k` and `v` into slot `slots[i]` of `layer`.
     fn kv_store(&self, kv: &mut Self::Kv, layer: usize, k: &Self::Buf, v: &Self::Buf, slots: &[u32]);
-    /// Copies the K and V rows of `slots` of `layer` to the host as f16 bits: `out` becomes
-    /// K's rows then V's rows, `slots.len() × kv_heads·head_dim` values each (what moves a
-    /// cached prefix to disk or to another server). A slot outside the pool is an error.
+    /// Copies the K and V rows of `slots` of `layer` to the host as stored, in 16-bit units (f16
+    /// bits, or a `Q8_0` row's bytes in little-endian pairs): `out` becomes K's rows then V's rows,
+    /// `slots.len() × row_units` units each (what moves a cached prefix to disk or to another
+    /// server; [`KvLayout::row_units`]). A slot outside the pool is an error.
     fn kv_export(&self, kv: &Self::Kv, layer: usize, slots: &[u32], out: &mut Vec<u16>) -> Result<(), BackendError>;
     /// Writes rows in [`Backend::kv_export`]'s layout into `slots` of `layer`.
     fn kv_import(&self, kv: &mut Self::Kv, layer: usize, slots: &[u32], rows: &[u16]) -> Result<(), BackendError>;

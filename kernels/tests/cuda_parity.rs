@@ -358,7 +358,13 @@ fn run_attention<B: Backend>(
 ) -> (Vec<f32>, B::Kv) {
     let kv_cols = shape.n_kv_heads * shape.head_dim;
     let q_cols = shape.n_heads * shape.head_dim;
-    let layout = KvLayout { layers: 2, slots: case.kv_slots, kv_heads: shape.n_kv_heads, head_dim: shape.head_dim };
+    let layout = KvLayout {
+        layers: 2,
+        slots: case.kv_slots,
+        kv_heads: shape.n_kv_heads,
+        head_dim: shape.head_dim,
+        format: KvFormat::F16,
+    };
     let mut kv = b.kv(layout).unwrap();
     for (i, &len) in case.lens.iter().enumerate() {
         let (mut kb, mut vb) = (b.buf(), b.buf());
@@ -444,8 +450,8 @@ fn attention_matches_the_cpu_for_prefill_and_decode() {
             let (og, kvg) = run_attention(&g, &case, &shape, &k, &v, &q, &news);
             // The pools hold the same f16 bits in the same places.
             let (gk, gv) = g.read_kv(&kvg, 1);
-            assert_eq!(gk, kvc.layers[1].k, "K pool layout");
-            assert_eq!(gv, kvc.layers[1].v, "V pool layout");
+            assert_eq!(cachet_kernels::cpu::KvData::F16(gk), kvc.layers[1].k, "K pool layout");
+            assert_eq!(cachet_kernels::cpu::KvData::F16(gv), kvc.layers[1].v, "V pool layout");
             let want = reference_attention(&case, &shape, &k, &v, &q, &news);
             for (i, ((&a, &b), &w)) in og.iter().zip(&oc).zip(&want).enumerate() {
                 assert!((a - b).abs() <= 1e-4, "nh={nh} hd={hd} news={news:?} [{i}]: cuda {a} vs cpu {b}");
@@ -486,12 +492,12 @@ fn attention_rows_do_not_depend_on_the_batch_or_the_chunking() {
 #[test]
 fn kv_pool_and_memory() {
     let Some(g) = gpu(CudaOptions::default()) else { return };
-    let layout = KvLayout { layers: 3, slots: 100, kv_heads: 2, head_dim: 64 };
+    let layout = KvLayout { layers: 3, slots: 100, kv_heads: 2, head_dim: 64, format: KvFormat::F16 };
     let kv = g.kv(layout).unwrap();
     let (k, v) = g.read_kv(&kv, 2);
     assert_eq!((k.len(), v.len()), (100 * 128, 100 * 128));
     assert!(k.iter().chain(&v).all(|x| x.to_bits() == 0), "a new pool is zeroed");
-    let huge = KvLayout { layers: 1, slots: 1 << 40, kv_heads: 8, head_dim: 128 };
+    let huge = KvLayout { layers: 1, slots: 1 << 40, kv_heads: 8, head_dim: 128, format: KvFormat::F16 };
     assert!(matches!(g.kv(huge), Err(BackendError::OutOfMemory { .. }) | Err(BackendError::Device(_))));
 }
 
@@ -502,7 +508,7 @@ fn kv_rows_move_between_the_cpu_and_the_gpu_pool() {
     let Some(g) = gpu(CudaOptions::default()) else { return };
     let c = cpu();
     let mut rng = Lcg(8);
-    let layout = KvLayout { layers: 2, slots: 64, kv_heads: 2, head_dim: 64 };
+    let layout = KvLayout { layers: 2, slots: 64, kv_heads: 2, head_dim: 64, format: KvFormat::F16 };
     let cols = layout.kv_heads * layout.head_dim;
     let mut ckv = c.kv(layout).unwrap();
     let (mut kb, mut vb) = (c.buf(), c.buf());
@@ -537,7 +543,7 @@ fn a_backend_made_on_one_thread_runs_on_another() {
     let mut rng = Lcg(21);
     let (w, wf) = tensor(DType::Q8_0, 64, 256, &mut rng, 0.5);
     let weight = g.load(w).unwrap();
-    let layout = KvLayout { layers: 1, slots: 16, kv_heads: 1, head_dim: 64 };
+    let layout = KvLayout { layers: 1, slots: 16, kv_heads: 1, head_dim: 64, format: KvFormat::F16 };
     let mut kv = g.kv(layout).unwrap();
     let x = rng.vec(3 * 256, 1.0);
     let rows: Vec<Vec<f32>> = (0..3).map(|_| rng.vec(2 * 64, 1.0)).collect();

@@ -1,11 +1,11 @@
 //! Moving K/V rows out of a pool and into another (`Backend::kv_export` / `kv_import`): what a
 //! disk tier or another server needs to serve a prefix without recomputing it.
 
-use cachet_kernels::backend::{AttnSeq, AttnShape, Backend, BackendError, KvLayout};
+use cachet_kernels::backend::{AttnSeq, AttnShape, Backend, BackendError, KvFormat, KvLayout};
 use cachet_kernels::cpu::CpuBackend;
 use cachet_kernels::testing::Lcg;
 
-const LAYOUT: KvLayout = KvLayout { layers: 2, slots: 16, kv_heads: 2, head_dim: 64 };
+const LAYOUT: KvLayout = KvLayout { layers: 2, slots: 16, kv_heads: 2, head_dim: 64, format: KvFormat::F16 };
 
 /// Attention of `q` (one row per key, causal) over `slots` of layer 1 of `kv`.
 fn attend(b: &CpuBackend, kv: &<CpuBackend as Backend>::Kv, q: &[f32], slots: &[u32]) -> Vec<f32> {
@@ -23,10 +23,16 @@ fn attend(b: &CpuBackend, kv: &<CpuBackend as Backend>::Kv, q: &[f32], slots: &[
 
 #[test]
 fn exported_rows_imported_into_other_slots_of_another_pool_attend_the_same() {
+    for format in KvFormat::ALL {
+        exported_rows_attend_the_same(KvLayout { format, ..LAYOUT });
+    }
+}
+
+fn exported_rows_attend_the_same(layout: KvLayout) {
     let b = CpuBackend::new(2).unwrap();
     let mut rng = Lcg::new(41);
-    let cols = LAYOUT.kv_heads * LAYOUT.head_dim;
-    let mut kv = b.kv(LAYOUT).unwrap();
+    let cols = layout.cols();
+    let mut kv = b.kv(layout).unwrap();
     let (k, v) = (rng.vec(3 * cols, 1.5), rng.vec(3 * cols, 1.0));
     let (mut kb, mut vb) = (b.buf(), b.buf());
     b.upload(&mut kb, 3, cols, &k);
@@ -35,10 +41,12 @@ fn exported_rows_imported_into_other_slots_of_another_pool_attend_the_same() {
     b.kv_store(&mut kv, 1, &kb, &vb, &from);
     let mut rows = Vec::new();
     b.kv_export(&kv, 1, &from, &mut rows).unwrap();
-    assert_eq!(rows.len(), 2 * 3 * cols);
+    // f16: a unit per value; Q8_0: 17 per 32 values (34 bytes).
+    assert_eq!(rows.len(), 2 * 3 * layout.row_units());
+    assert_eq!(layout.row_units(), if layout.format == KvFormat::F16 { cols } else { cols / 32 * 17 });
 
     // Another pool, other slots: the same attention, bit for bit.
-    let mut other = b.kv(LAYOUT).unwrap();
+    let mut other = b.kv(layout).unwrap();
     let to = [0, 15, 1];
     b.kv_import(&mut other, 1, &to, &rows).unwrap();
     let q = rng.vec(3 * 4 * 64, 1.0);

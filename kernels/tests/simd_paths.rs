@@ -4,7 +4,7 @@
 //! integer sum exactly and then take the scalar path's float steps, so there they must agree
 //! bit for bit.
 
-use cachet_kernels::backend::{AttnSeq, AttnShape, Backend, KvLayout, RopeConfig, RopeStyle};
+use cachet_kernels::backend::{AttnSeq, AttnShape, Backend, KvFormat, KvLayout, RopeConfig, RopeStyle};
 use cachet_kernels::cpu::{CpuBackend, Kernels, SimdLevel};
 use cachet_kernels::quant::*;
 use cachet_kernels::tensor::{Bytes, HostTensor};
@@ -232,13 +232,20 @@ fn quantized_matmul_equals_the_dot_product() {
     }
 }
 
-/// Attention over a slot pool matches a naive f64 computation on the same
-/// (f16-rounded) K and V, for scattered slots and grouped heads.
+/// Attention over a slot pool matches a naive f64 computation on the same K and V as the pool
+/// holds them (f16-rounded, or `Q8_0`-quantized and dequantized by the GGUF reference code), for
+/// scattered slots and grouped heads.
 #[test]
 fn attention_matches_naive() {
+    for format in KvFormat::ALL {
+        attention_matches_naive_in(format);
+    }
+}
+
+fn attention_matches_naive_in(format: KvFormat) {
     let cpu = CpuBackend::new(2).unwrap();
     let (heads, kv_heads, hd) = (4, 2, 64);
-    let layout = KvLayout { layers: 1, slots: 64, kv_heads, head_dim: hd };
+    let layout = KvLayout { layers: 1, slots: 64, kv_heads, head_dim: hd, format };
     let mut kv = cpu.kv(layout).unwrap();
     let mut rng = Lcg(5);
     let n = 9;
@@ -252,27 +259,41 @@ fn attention_matches_naive() {
     let shape = AttnShape { n_heads: heads, n_kv_heads: kv_heads, head_dim: hd, scale: 0.125 };
     let seqs = [AttnSeq { rows: 0..n, first_pos: 0, slots: 0..n }];
     cpu.attention(&qb, &kv, 0, &seqs, &slots, &shape, &mut out);
-    let r = |x: f32| f16::from_f32(x).to_f64();
+    // What the pool holds: each value rounded to f16, or each row quantized to Q8_0.
+    let held = |x: &[f32]| -> Vec<f64> {
+        match format {
+            KvFormat::F16 => x.iter().map(|&v| f16::from_f32(v).to_f64()).collect(),
+            KvFormat::Q8_0 => {
+                let mut b = vec![0u8; DType::Q8_0.bytes_for(x.len()).unwrap()];
+                quantize_row(DType::Q8_0, x, &mut b).unwrap();
+                let mut back = vec![0f32; x.len()];
+                dequantize_row(DType::Q8_0, &b, &mut back).unwrap();
+                back.iter().map(|&v| v as f64).collect()
+            }
+        }
+    };
+    let (kh, vh) = (held(&k), held(&v));
+    let r = |x: &Vec<f64>, i: usize| x[i];
     for t in 0..n {
         for h in 0..heads {
             let g = h / 2;
             let qh = &q[t * heads * hd + h * hd..][..hd];
             let scores: Vec<f64> = (0..=t)
-                .map(|s| (0..hd).map(|d| qh[d] as f64 * r(k[s * kv_heads * hd + g * hd + d])).sum::<f64>() * 0.125)
+                .map(|s| (0..hd).map(|d| qh[d] as f64 * r(&kh, s * kv_heads * hd + g * hd + d)).sum::<f64>() * 0.125)
                 .collect();
             let max = scores.iter().cloned().fold(f64::MIN, f64::max);
             let sum: f64 = scores.iter().map(|s| (s - max).exp()).sum();
             for d in 0..hd {
                 let want: f64 =
-                    (0..=t).map(|s| (scores[s] - max).exp() / sum * r(v[s * kv_heads * hd + g * hd + d])).sum();
+                    (0..=t).map(|s| (scores[s] - max).exp() / sum * r(&vh, s * kv_heads * hd + g * hd + d)).sum();
                 let got = out.data[t * heads * hd + h * hd + d] as f64;
-                assert!((got - want).abs() < 1e-4, "t={t} h={h} d={d}: {got} vs {want}");
+                assert!((got - want).abs() < 1e-4, "{format:?} t={t} h={h} d={d}: {got} vs {want}");
             }
         }
     }
 }
 
-/// Attention rows do not depend on the batch: a 300-row prefill after 70
+/// Attention rows do not depend on the batch (K/V in f16 and in `Q8_0`): a 300-row prefill after 70
 /// cached positions, batched with a second, short sequence, gives bit for bit
 /// what each row gives alone as a one-row decode step — at every level, for
 /// head sizes 64, 128 and 80 (no tile kernel) and 1, 2 or 7 query heads per
@@ -283,9 +304,16 @@ fn attention_rows_do_not_depend_on_the_batch() {
     let mut rng = Lcg(29);
     for (kernels, cpu) in backends() {
         let level = (kernels.level, kernels.k_level);
-        for (hd, rep) in [(64, 7), (64, 1), (128, 2), (80, 2)] {
+        for (format, hd, rep) in
+            KvFormat::ALL.into_iter().flat_map(|f| [(f, 64, 7), (f, 64, 1), (f, 128, 2), (f, 80, 2)])
+        {
             let (kv_heads, heads) = (2, 2 * rep);
-            let layout = KvLayout { layers: 1, slots: 512, kv_heads, head_dim: hd };
+            let layout = KvLayout { layers: 1, slots: 512, kv_heads, head_dim: hd, format };
+            if format == KvFormat::Q8_0 && hd % 32 != 0 {
+                // A block would span two heads: refused, not misread.
+                assert!(cpu.kv(layout).is_err(), "a Q8_0 pool for heads of {hd}");
+                continue;
+            }
             let mut kv = cpu.kv(layout).unwrap();
             let (a_keys, b_keys) = (370, 5);
             let n = a_keys + b_keys;
@@ -315,7 +343,7 @@ fn attention_rows_do_not_depend_on_the_batch() {
                 assert_eq!(
                     &out.data[row * cols..(row + 1) * cols],
                     &out1.data[..],
-                    "{level:?} hd={hd} rep={rep} row {row}"
+                    "{level:?} {format:?} hd={hd} rep={rep} row {row}"
                 );
             }
         }
@@ -381,13 +409,13 @@ fn embedding_rejects_out_of_range_tokens() {
     assert!(e.to_string().contains("token id 10"), "{e}");
 }
 
-/// Every level's attention kernel against the scalar one: head sizes 64 and
-/// 128, 1 to 16 query heads per KV head, key counts around the vector widths,
-/// scattered slots. Agreement within 1e-5 of the largest |V| (different
-/// summation order and a polynomial exp).
+/// Every level's attention kernel against the scalar one, K/V in f16 and in `Q8_0`: head sizes
+/// 64 and 128, 1 to 16 query heads per KV head, key counts around the vector widths, scattered
+/// slots. Agreement within 1e-5 of the largest |V| (different summation order and a polynomial
+/// exp; every level converts K/V to the same f32 values).
 #[test]
 fn every_simd_attention_matches_scalar() {
-    use cachet_kernels::cpu::Attend;
+    use cachet_kernels::cpu::{Attend, KvRows};
     let mut rng = Lcg(17);
     let scalar = Kernels::scalar();
     for k in levels() {
@@ -397,17 +425,32 @@ fn every_simd_attention_matches_scalar() {
                     let kv_heads = 2;
                     let kv_cols = kv_heads * hd;
                     let slots = 600;
-                    let kd: Vec<f16> = rng.vec(slots * kv_cols, 1.0).iter().map(|&v| f16::from_f32(v)).collect();
-                    let vd: Vec<f16> = rng.vec(slots * kv_cols, 1.0).iter().map(|&v| f16::from_f32(v)).collect();
+                    let (kx, vx) = (rng.vec(slots * kv_cols, 1.0), rng.vec(slots * kv_cols, 1.0));
+                    let kd: Vec<f16> = kx.iter().map(|&v| f16::from_f32(v)).collect();
+                    let vd: Vec<f16> = vx.iter().map(|&v| f16::from_f32(v)).collect();
+                    let q8 = |x: &[f32]| {
+                        let mut b = vec![0u8; DType::Q8_0.bytes_for(x.len()).unwrap()];
+                        quantize_row(DType::Q8_0, x, &mut b).unwrap();
+                        b
+                    };
+                    let (kq, vq) = (q8(&kx), q8(&vx));
                     let keys: Vec<u32> = (0..n as u32).map(|i| (i * 37 + 11) % slots as u32).collect();
                     let q = rng.vec(rep * hd, 3.0);
-                    let a = Attend { q: &q, k: &kd, v: &vd, kv_cols, offset: hd, hd, rep, keys: &keys, scale: 0.1 };
-                    let mut scores = vec![0f32; rep * n];
-                    let (mut want, mut got) = (vec![0f32; rep * hd], vec![0f32; rep * hd]);
-                    (scalar.attend)(&a, &mut scores, &mut want);
-                    (k.attend)(&a, &mut scores, &mut got);
-                    for (i, (w, g)) in want.iter().zip(&got).enumerate() {
-                        assert!((w - g).abs() < 1e-5, "{:?} hd={hd} rep={rep} n={n} [{i}]: {g} vs {w}", k.level);
+                    for (format, kr, vr) in
+                        [("f16", KvRows::F16(&kd), KvRows::F16(&vd)), ("q8_0", KvRows::Q8(&kq), KvRows::Q8(&vq))]
+                    {
+                        let a = Attend { q: &q, k: kr, v: vr, kv_cols, offset: hd, hd, rep, keys: &keys, scale: 0.1 };
+                        let mut scores = vec![0f32; rep * n];
+                        let (mut want, mut got) = (vec![0f32; rep * hd], vec![0f32; rep * hd]);
+                        (scalar.attend)(&a, &mut scores, &mut want);
+                        (k.attend)(&a, &mut scores, &mut got);
+                        for (i, (w, g)) in want.iter().zip(&got).enumerate() {
+                            assert!(
+                                (w - g).abs() < 1e-5,
+                                "{:?} {format} hd={hd} rep={rep} n={n} [{i}]: {g} vs {w}",
+                                k.level
+                            );
+                        }
                     }
                 }
             }

@@ -36,6 +36,9 @@ pub struct BenchArgs {
     /// test's tokens and each sequence's decode steps come after this many (untimed) tokens.
     #[arg(long, default_value_t = 0)]
     pub depth: usize,
+    /// How the KV pool stores K and V (`f16`, `q8_0`; `[engine] kv_format`).
+    #[arg(long, default_value = "f16", value_parser = parse_kv_format)]
+    pub kv_format: cachet_kernels::backend::KvFormat,
     /// Sequences decoded together (comma-separated list).
     #[arg(long, value_delimiter = ',', default_value = "1")]
     pub batch: Vec<usize>,
@@ -65,6 +68,10 @@ pub struct BenchArgs {
     /// default).
     #[arg(long, requires = "spec", value_parser = clap::value_parser!(u32).range(1..=64))]
     pub draft_tokens: Option<u32>,
+}
+
+fn parse_kv_format(s: &str) -> Result<cachet_kernels::backend::KvFormat, String> {
+    cachet_kernels::backend::KvFormat::parse(s).ok_or_else(|| format!("unknown K/V format {s:?} (f16, q8_0)"))
 }
 
 struct Bench<B: Backend> {
@@ -315,7 +322,7 @@ fn speeds<B: Backend>(args: &BenchArgs, path: &std::path::Path, b: B, machine: M
     let loaded = cachet_engine::loader::load(path, &b).with_context(|| format!("loading {}", path.display()))?;
     let max_batch = args.batch.iter().copied().max().unwrap_or(1);
     let slots = (args.depth + args.prompt).max(max_batch * (args.depth + args.gen + 1)).max(16);
-    let pool = KvPool::new(&b, loaded.model.config(), PoolSize::Tokens(slots))?;
+    let pool = KvPool::with_format(&b, loaded.model.config(), PoolSize::Tokens(slots), args.kv_format)?;
     let scratch = ForwardScratch::new(&b);
     let mut bench = Bench { b, model: loaded.model, pool, scratch, logits: Vec::new(), rng: Rng::new(1234), depth: 0 };
 
@@ -332,7 +339,10 @@ fn speeds<B: Backend>(args: &BenchArgs, path: &std::path::Path, b: B, machine: M
     bench.prefill(args.prompt.clamp(1, 64))?;
     bench.decode(1, 2)?;
     bench.depth = args.depth;
-    let at = if args.depth > 0 { format!(" @ d{}", args.depth) } else { String::new() };
+    let mut at = if args.depth > 0 { format!(" @ d{}", args.depth) } else { String::new() };
+    if args.kv_format != cachet_kernels::backend::KvFormat::F16 {
+        at += &format!(" kv {}", args.kv_format.name());
+    }
 
     let mut rows = Vec::new();
     if args.prompt > 0 {

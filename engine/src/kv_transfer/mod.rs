@@ -30,6 +30,7 @@
 //! assert_eq!(record.key(), chain_key(&[0; 32], &scope, &tokens));
 //! ```
 
+use cachet_kernels::backend::KvFormat;
 use sha2::{Digest, Sha256};
 use std::ops::Range;
 
@@ -74,9 +75,11 @@ pub struct KvRecord {
     pub parent: [u8; 32],
     pub tokens: Vec<u32>,
     pub tags: Vec<RecordTag>,
-    /// Values of one K (or V) row: `kv_heads · head_dim`.
+    /// 16-bit units of one K (or V) row as the pool stores it: `kv_heads · head_dim` in f16,
+    /// 17 per 32 values in `Q8_0` ([`cachet_kernels::backend::KvFormat::row_units`]; the
+    /// fingerprint says which).
     pub kv_cols: u32,
-    /// Per layer, K's rows then V's rows, f16 bits (`2 · tokens · kv_cols` values).
+    /// Per layer, K's rows then V's rows as stored (`2 · tokens · kv_cols` units).
     pub layers: Vec<Vec<u16>>,
 }
 
@@ -99,9 +102,15 @@ pub enum RecordError {
 }
 
 /// The fingerprint records carry: the weights' identity ([`crate::loader::weights_fingerprint`])
-/// and the K/V layout per token (layers, K/V heads, head size; rows are f16), under this format
+/// and the K/V layout per token (layers, K/V heads, head size, the rows' format), under this format
 /// version. A pool of another size has the same fingerprint: slots are not part of a record.
-pub fn model_fingerprint(weights: &[u8; 32], layers: usize, kv_heads: usize, head_dim: usize) -> [u8; 32] {
+pub fn model_fingerprint(
+    weights: &[u8; 32],
+    layers: usize,
+    kv_heads: usize,
+    head_dim: usize,
+    format: KvFormat,
+) -> [u8; 32] {
     let mut h = Sha256::new();
     h.update(b"cachet-kv-model-1");
     h.update(weights);
@@ -109,7 +118,9 @@ pub fn model_fingerprint(weights: &[u8; 32], layers: usize, kv_heads: usize, hea
         h.update((v as u64).to_le_bytes());
     }
     h.update(FORMAT_VERSION.to_le_bytes());
-    h.update(b"f16");
+    // The K/V format's name (f16 pools keep the fingerprint they had before there was a choice):
+    // a pool reads records of its own format only.
+    h.update(format.name().as_bytes());
     h.finalize().into()
 }
 

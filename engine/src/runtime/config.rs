@@ -2,6 +2,7 @@
 //! classes and admission control.
 
 use crate::kv_pool::PoolSize;
+use cachet_kernels::backend::KvFormat;
 use std::path::PathBuf;
 use std::time::Duration;
 
@@ -56,6 +57,9 @@ pub struct SloTargets {
 pub struct EngineConfig {
     /// KV pool size.
     pub pool: PoolSize,
+    /// How the pool stores K and V: f16, or 8-bit `Q8_0` blocks (1.88× the tokens in the same
+    /// memory; the CPU backend).
+    pub kv_format: KvFormat,
     /// Most tokens (decode tokens plus prefill chunks) in one forward pass.
     pub token_budget: usize,
     /// While requests decode, size each pass to fit the tightest inter-token
@@ -107,6 +111,7 @@ impl Default for EngineConfig {
     fn default() -> Self {
         EngineConfig {
             pool: PoolSize::Tokens(16_384),
+            kv_format: KvFormat::F16,
             token_budget: 512,
             pace_prefill: true,
             pace_margin: 0.85,

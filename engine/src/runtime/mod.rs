@@ -169,9 +169,10 @@ impl<B: Backend> Engine<B> {
         cfg.validate().map_err(|e| StartError::Config(e.0))?;
         let config = loaded.model.config().clone();
         let mut cfg = cfg;
+        let format = cfg.kv_format;
         if let PoolSize::Contexts(n) = cfg.pool {
-            cfg.pool = cfg.pool.fit(&config, backend.memory_available());
-            let slots = cfg.pool.slots(&config);
+            cfg.pool = cfg.pool.fit(&config, format, backend.memory_available());
+            let slots = cfg.pool.slots(&config, format);
             let what = if slots >= n * config.max_context {
                 format!("the model's whole {}-token context {n} times over", config.max_context)
             } else {
@@ -181,28 +182,24 @@ impl<B: Backend> Engine<B> {
                     config.max_context
                 )
             };
-            tracing::info!("KV pool: {slots} tokens, {what}");
+            tracing::info!("KV pool: {slots} tokens ({}), {what}", format.name());
         }
-        let pool_bytes = cachet_kernels::backend::KvLayout {
-            layers: config.n_layers,
-            slots: cfg.pool.slots(&config),
-            kv_heads: config.n_kv_heads,
-            head_dim: config.head_dim,
-        }
-        .bytes() as u64;
+        let pool_bytes = crate::kv_pool::kv_layout(&config, cfg.pool.slots(&config, format), format).bytes() as u64;
         if let Some(available) = backend.memory_available() {
             if pool_bytes > available {
                 return Err(StartError::Memory(format!(
                 "a KV pool of {} MiB ({} tokens) does not fit next to the {} MiB model: {} MiB of memory are available; \
                  make the pool smaller",
                 pool_bytes >> 20,
-                cfg.pool.slots(&config),
+                cfg.pool.slots(&config, format),
                 loaded.file_bytes >> 20,
                 available >> 20
             )));
             }
         }
-        let pool = KvPool::new(&backend, &config, cfg.pool).map_err(|e| StartError::Backend(e.to_string()))?;
+        let pool =
+            KvPool::with_format(&backend, &config, cfg.pool, format).map_err(|e| StartError::Backend(e.to_string()))?;
+        let layout = pool.layout();
         let (slots, kv) = pool.into_parts();
         let max_context = config.max_context.min(slots.capacity());
         let tokenizer = std::sync::Arc::new(loaded.tokenizer.clone());
@@ -212,6 +209,7 @@ impl<B: Backend> Engine<B> {
             config.n_layers,
             config.n_kv_heads,
             config.head_dim,
+            format,
         );
         if let Some(t) = &cfg.kv_tier {
             let (tier, opened) = tier::Tier::open(t, fingerprint, cfg.default_share, max_context)
@@ -237,7 +235,7 @@ impl<B: Backend> Engine<B> {
             door: sched.intake.door.clone(),
             kv_fingerprint: fingerprint,
         };
-        let mut engine = Engine { sched, runner: runner::Runner::new(backend, loaded.model, kv) };
+        let mut engine = Engine { sched, runner: runner::Runner::new(backend, loaded.model, kv, layout) };
         engine.warm_up()?;
         engine.sched.publish_admission();
         Ok((engine, info))

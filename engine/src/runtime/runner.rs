@@ -38,14 +38,16 @@ pub(super) struct Runner<B: Backend> {
     backend: B,
     model: Model<B>,
     kv: B::Kv,
+    /// 16-bit units of a stored K (or V) row (the pool's format).
+    row_units: usize,
     scratch: ForwardScratch<B>,
     logits: Vec<f32>,
 }
 
 impl<B: Backend> Runner<B> {
-    pub fn new(backend: B, model: Model<B>, kv: B::Kv) -> Runner<B> {
+    pub fn new(backend: B, model: Model<B>, kv: B::Kv, layout: cachet_kernels::backend::KvLayout) -> Runner<B> {
         let scratch = ForwardScratch::new(&backend);
-        Runner { backend, model, kv, scratch, logits: Vec::new() }
+        Runner { backend, model, kv, row_units: layout.row_units(), scratch, logits: Vec::new() }
     }
 
     /// One forward pass (the logits stay in the runner).
@@ -53,8 +55,8 @@ impl<B: Backend> Runner<B> {
         self.model.forward(&self.backend, &mut self.kv, chunks, &mut self.scratch, &mut self.logits)
     }
 
-    /// Copies the K/V rows of `slots` out of the pool: values per row, and per layer K's rows
-    /// then V's rows (a [`crate::kv_transfer::KvRecord`]'s layout).
+    /// Copies the K/V rows of `slots` out of the pool: 16-bit units per row, and per layer K's
+    /// rows then V's rows as stored (a [`crate::kv_transfer::KvRecord`]'s layout).
     pub fn export(&self, slots: &[u32]) -> Result<(u32, Vec<Vec<u16>>), KvError> {
         let c = self.model.config();
         let layers = (0..c.n_layers)
@@ -64,18 +66,18 @@ impl<B: Backend> Runner<B> {
             })
             .collect::<Result<Vec<_>, _>>()
             .map_err(|e| KvError::Rows(e.to_string()))?;
-        Ok(((c.n_kv_heads * c.head_dim) as u32, layers))
+        Ok((self.row_units as u32, layers))
     }
 
     /// Writes `record`'s rows from row `skip` on into `slots` (one slot per row).
     pub fn import(&mut self, slots: &[u32], record: &crate::kv_transfer::KvRecord, skip: usize) -> Result<(), KvError> {
         let c = self.model.config();
-        let cols = c.n_kv_heads * c.head_dim;
+        let cols = self.row_units;
         let n = record.tokens.len();
         if record.kv_cols as usize != cols || record.layers.len() != c.n_layers || skip + slots.len() != n {
             return Err(KvError::Rows(format!(
-                "a chunk of {n} rows × {} values in {} layers does not fit {} slots after {skip} of a model of {cols} \
-                 values in {} layers",
+                "a chunk of {n} rows × {} units in {} layers does not fit {} slots after {skip} of a model of {cols} \
+                 units in {} layers",
                 record.kv_cols,
                 record.layers.len(),
                 slots.len(),

@@ -8,7 +8,7 @@ mod matmul;
 pub mod ops;
 mod peak;
 
-pub use attention::{Attend, AttendFn, LayerKv, Tile, TileFn, TileScratch, KEY_BLOCK};
+pub use attention::{Attend, AttendFn, KvData, KvRows, LayerKv, Tile, TileFn, TileScratch, KEY_BLOCK};
 pub use dot::{Kernels, SimdLevel};
 use matmul::{matmul_jobs, Picked, Shared};
 pub use matmul::{CpuMatrix, MatmulScratch};
@@ -17,7 +17,6 @@ pub use peak::int8_peak;
 use crate::backend::*;
 use crate::quant::{dequantize_row, DType};
 use crate::tensor::HostTensor;
-use half::f16;
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -202,15 +201,13 @@ impl Backend for CpuBackend {
     }
 
     fn kv(&self, layout: KvLayout) -> Result<CpuKv, BackendError> {
-        let per_layer = layout.slots * layout.kv_heads * layout.head_dim;
+        layout.check_format()?;
+        let per_layer = layout.slots * layout.cols();
         let mut layers = Vec::new();
         for _ in 0..layout.layers {
             let alloc = || {
-                let mut v: Vec<f16> = Vec::new();
-                v.try_reserve_exact(per_layer)
-                    .map_err(|_| BackendError::OutOfMemory { what: "KV pool", bytes: layout.bytes() })?;
-                v.resize(per_layer, f16::ZERO);
-                Ok::<_, BackendError>(v)
+                KvData::zeros(layout.format, per_layer)
+                    .ok_or(BackendError::OutOfMemory { what: "KV pool", bytes: layout.bytes() })
             };
             layers.push(LayerKv { k: alloc()?, v: alloc()? });
         }
@@ -321,29 +318,27 @@ impl Backend for CpuBackend {
     }
 
     fn kv_export(&self, kv: &CpuKv, layer: usize, slots: &[u32], out: &mut Vec<u16>) -> Result<(), BackendError> {
-        let cols = kv.layout.check_rows(layer, slots, None)?;
+        let units = kv.layout.check_rows(layer, slots, None)?;
+        let cols = kv.layout.cols();
         let l = &kv.layers[layer];
         out.clear();
-        out.reserve(2 * slots.len() * cols);
+        out.reserve(2 * slots.len() * units);
         for half in [&l.k, &l.v] {
             for &s in slots {
-                let at = s as usize * cols;
-                out.extend(half[at..at + cols].iter().map(|x| x.to_bits()));
+                half.export_row(s as usize * cols, cols, out);
             }
         }
         Ok(())
     }
 
     fn kv_import(&self, kv: &mut CpuKv, layer: usize, slots: &[u32], rows: &[u16]) -> Result<(), BackendError> {
-        let cols = kv.layout.check_rows(layer, slots, Some(rows.len()))?;
+        let units = kv.layout.check_rows(layer, slots, Some(rows.len()))?;
+        let cols = kv.layout.cols();
         let l = &mut kv.layers[layer];
-        let (k, v) = rows.split_at(slots.len() * cols);
+        let (k, v) = rows.split_at(slots.len() * units);
         for (half, src) in [(&mut l.k, k), (&mut l.v, v)] {
             for (i, &s) in slots.iter().enumerate() {
-                let at = s as usize * cols;
-                for (dst, &bits) in half[at..at + cols].iter_mut().zip(&src[i * cols..(i + 1) * cols]) {
-                    *dst = f16::from_bits(bits);
-                }
+                half.import_row(s as usize * cols, cols, &src[i * units..(i + 1) * units]);
             }
         }
         Ok(())

@@ -396,6 +396,13 @@ impl Backend for CudaBackend {
 
     fn kv(&self, layout: KvLayout) -> Result<CudaKv, BackendError> {
         let _op = self.enter("kv");
+        if layout.format != KvFormat::F16 {
+            // The kernels read f16 K/V; 8-bit K/V on the GPU (fp8 or Q8_0) is issue 54's next part.
+            return Err(BackendError::Unsupported(format!(
+                "a {} KV pool on CUDA (the CUDA backend stores f16 K/V; use kv_format = \"f16\")",
+                layout.format.name()
+            )));
+        }
         self.flush();
         let per_layer = layout.slots * layout.kv_heads * layout.head_dim;
         let oom = |e: DriverError| match e.0 {

@@ -9,7 +9,7 @@
 //!
 //! Safety: requires the features of `SimdLevel::Avx512`.
 
-use super::{tile_by_rows, Attend, Tile, TileBufs, TileScratch, KEY_BLOCK};
+use super::{tile_by_rows, Attend, KvRows, Tile, TileBufs, TileScratch, KEY_BLOCK, Q8_BLOCK_BYTES};
 use std::arch::x86_64::*;
 
 const LOG2E: f32 = std::f32::consts::LOG2_E;
@@ -87,11 +87,8 @@ unsafe fn tile_hd<const HV: usize, const HD: usize, const NQ: usize>(
         let nj4 = nj.next_multiple_of(4);
         for j in 0..nj {
             let off = *t.keys.get_unchecked(kb + j) as usize * t.kv_cols + t.offset;
-            let (kp, vp) = (t.k.as_ptr().add(off), t.v.as_ptr().add(off));
-            for c in 0..HV {
-                _mm512_storeu_ps(kf.add(j * HD + 16 * c), _mm512_cvtph_ps(_mm256_loadu_si256(kp.add(16 * c).cast())));
-                _mm512_storeu_ps(vf.add(j * HD + 16 * c), _mm512_cvtph_ps(_mm256_loadu_si256(vp.add(16 * c).cast())));
-            }
+            row_f32::<HV>(t.k, off, kf.add(j * HD));
+            row_f32::<HV>(t.v, off, vf.add(j * HD));
         }
         // Rows past the keys are zero (their scores are masked anyway).
         std::ptr::write_bytes(kf.add(nj * HD), 0, (nj4 - nj) * HD);
@@ -150,6 +147,31 @@ unsafe fn tile_hd<const HV: usize, const HD: usize, const NQ: usize>(
     }
 
     bufs.finish(t, out);
+}
+
+/// The `16 · HV` values of a head at value offset `off` of `rows`, in f32, to `dst`: the values
+/// of [`KvRows::to_f32`].
+#[inline(always)]
+unsafe fn row_f32<const HV: usize>(rows: KvRows<'_>, off: usize, dst: *mut f32) {
+    match rows {
+        KvRows::F16(h) => {
+            let p = h.as_ptr().add(off);
+            for c in 0..HV {
+                _mm512_storeu_ps(dst.add(16 * c), _mm512_cvtph_ps(_mm256_loadu_si256(p.add(16 * c).cast())));
+            }
+        }
+        KvRows::Q8(b) => {
+            let p = b.as_ptr().add(off / 32 * Q8_BLOCK_BYTES);
+            for blk in 0..HV / 2 {
+                let bp = p.add(blk * Q8_BLOCK_BYTES);
+                let d = _mm512_set1_ps(half::f16::from_bits(bp.cast::<u16>().read_unaligned().to_le()).to_f32());
+                for c in 0..2 {
+                    let q = _mm512_cvtepi8_epi32(_mm_loadu_si128(bp.add(2 + 16 * c).cast()));
+                    _mm512_storeu_ps(dst.add(32 * blk + 16 * c), _mm512_mul_ps(_mm512_cvtepi32_ps(q), d));
+                }
+            }
+        }
+    }
 }
 
 /// Scores of the query vectors `iv0..iv0 + NI` against keys `0..nj4` (4 at a

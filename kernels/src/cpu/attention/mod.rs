@@ -5,7 +5,8 @@
 //! Levels with a tile kernel (`Kernels::tile`: AVX2, AVX-512) split the work into
 //! (block of query rows, KV head) tasks computed flash-attention style: the
 //! keys in fixed blocks of [`KEY_BLOCK`] positions, each block's K and V read
-//! and converted from f16 once for all the tile's query heads, an online
+//! and converted to f32 (from f16 or from `Q8_0` blocks: [`KvRows::to_f32`]'s
+//! values) once for all the tile's query heads, an online
 //! softmax across blocks. Every query's arithmetic is the same whatever tile
 //! it is in (blocks start at fixed positions, and keys a query may not see
 //! add exact zeros), so results stay independent of batching and chunking.
@@ -20,17 +21,121 @@ pub(super) mod avx2;
 pub(super) mod avx512;
 
 use super::dot::Kernels;
-use crate::backend::{AttnSeq, AttnShape};
+use crate::backend::{AttnSeq, AttnShape, KvFormat};
 use half::f16;
 use half::slice::HalfFloatSliceExt;
 use rayon::prelude::*;
 use std::cell::RefCell;
 
-/// K and V of one layer: `slots × (kv_heads · head_dim)` f16 each.
+/// K and V of one layer: `slots` rows of `kv_heads · head_dim` values each, in the pool's format.
 #[derive(Debug)]
 pub struct LayerKv {
-    pub k: Vec<f16>,
-    pub v: Vec<f16>,
+    pub k: KvData,
+    pub v: KvData,
+}
+
+/// K or V of one layer as stored.
+#[derive(Debug, PartialEq)]
+pub enum KvData {
+    F16(Vec<f16>),
+    /// `Q8_0` blocks (34 bytes per 32 values: an f16 scale, then 32 signed bytes).
+    Q8(Vec<u8>),
+}
+
+/// Bytes of a `Q8_0` block of 32 values.
+pub const Q8_BLOCK_BYTES: usize = 34;
+
+impl KvData {
+    /// `values` zeros in `format` (an allocation failure is `None`).
+    pub fn zeros(format: KvFormat, values: usize) -> Option<KvData> {
+        fn zeroed<T: Clone>(n: usize, zero: T) -> Option<Vec<T>> {
+            let mut v = Vec::new();
+            v.try_reserve_exact(n).ok()?;
+            v.resize(n, zero);
+            Some(v)
+        }
+        Some(match format {
+            KvFormat::F16 => KvData::F16(zeroed(values, f16::ZERO)?),
+            KvFormat::Q8_0 => KvData::Q8(zeroed(values / 32 * Q8_BLOCK_BYTES, 0u8)?),
+        })
+    }
+
+    pub fn rows(&self) -> KvRows<'_> {
+        match self {
+            KvData::F16(v) => KvRows::F16(v),
+            KvData::Q8(v) => KvRows::Q8(v),
+        }
+    }
+
+    /// Stores `x` (a whole number of rows) at value offset `at` (a row start).
+    fn write(&mut self, at: usize, x: &[f32]) {
+        match self {
+            KvData::F16(v) => v[at..at + x.len()].convert_from_f32_slice(x),
+            KvData::Q8(v) => {
+                let start = at / 32 * Q8_BLOCK_BYTES;
+                let bytes = &mut v[start..start + x.len() / 32 * Q8_BLOCK_BYTES];
+                crate::quant::quantize_row(crate::quant::DType::Q8_0, x, bytes).expect("rows of whole blocks");
+            }
+        }
+    }
+
+    /// The 16-bit units of the row of `cols` values at value offset `at` (see
+    /// [`KvFormat::row_units`]), appended to `out`.
+    pub(crate) fn export_row(&self, at: usize, cols: usize, out: &mut Vec<u16>) {
+        match self {
+            KvData::F16(v) => out.extend(v[at..at + cols].iter().map(|x| x.to_bits())),
+            KvData::Q8(v) => {
+                let start = at / 32 * Q8_BLOCK_BYTES;
+                let bytes = &v[start..start + cols / 32 * Q8_BLOCK_BYTES];
+                out.extend(bytes.chunks_exact(2).map(|p| u16::from_le_bytes([p[0], p[1]])));
+            }
+        }
+    }
+
+    /// Writes a row given as [`KvData::export_row`] gives it.
+    pub(crate) fn import_row(&mut self, at: usize, cols: usize, units: &[u16]) {
+        match self {
+            KvData::F16(v) => {
+                for (dst, &bits) in v[at..at + cols].iter_mut().zip(units) {
+                    *dst = f16::from_bits(bits);
+                }
+            }
+            KvData::Q8(v) => {
+                let start = at / 32 * Q8_BLOCK_BYTES;
+                for (dst, &u) in v[start..start + cols / 32 * Q8_BLOCK_BYTES].chunks_exact_mut(2).zip(units) {
+                    dst.copy_from_slice(&u.to_le_bytes());
+                }
+            }
+        }
+    }
+}
+
+/// Rows of K or V as the kernels read them.
+#[derive(Clone, Copy, Debug)]
+pub enum KvRows<'a> {
+    F16(&'a [f16]),
+    /// `Q8_0` blocks, [`Q8_BLOCK_BYTES`] per 32 values.
+    Q8(&'a [u8]),
+}
+
+impl KvRows<'_> {
+    /// The `out.len()` values at value offset `at` (a head's start) in f32. A `Q8_0` value is
+    /// its byte times its block's scale, which f32 holds exactly (8 by 11 significant bits), so
+    /// every kernel's conversion gives these same values.
+    pub fn to_f32(self, at: usize, out: &mut [f32]) {
+        match self {
+            KvRows::F16(v) => v[at..at + out.len()].convert_to_f32_slice(out),
+            KvRows::Q8(v) => {
+                let start = at / 32 * Q8_BLOCK_BYTES;
+                for (block, dst) in v[start..].chunks_exact(Q8_BLOCK_BYTES).zip(out.chunks_mut(32)) {
+                    let d = f16::from_bits(u16::from_le_bytes([block[0], block[1]])).to_f32();
+                    for (o, &q) in dst.iter_mut().zip(&block[2..]) {
+                        *o = q as i8 as f32 * d;
+                    }
+                }
+            }
+        }
+    }
 }
 
 /// One task: `rep` query heads (contiguous in `q`, `hd` values each) attend
@@ -39,8 +144,8 @@ pub struct LayerKv {
 #[derive(Debug)]
 pub struct Attend<'a> {
     pub q: &'a [f32],
-    pub k: &'a [f16],
-    pub v: &'a [f16],
+    pub k: KvRows<'a>,
+    pub v: KvRows<'a>,
     pub kv_cols: usize,
     pub offset: usize,
     pub hd: usize,
@@ -69,8 +174,8 @@ pub struct Tile<'a> {
     pub head0: usize,
     pub rep: usize,
     pub hd: usize,
-    pub k: &'a [f16],
-    pub v: &'a [f16],
+    pub k: KvRows<'a>,
+    pub v: KvRows<'a>,
     pub kv_cols: usize,
     pub offset: usize,
     pub keys: &'a [u32],
@@ -286,8 +391,8 @@ pub fn attention(
                 head0: g * rep,
                 rep,
                 hd,
-                k: &kv.k,
-                v: &kv.v,
+                k: kv.k.rows(),
+                v: kv.v.rows(),
                 kv_cols: nkv * hd,
                 offset: g * hd,
                 keys: &slots[seq.slots.start..seq.slots.start + pos0 + rows],
@@ -315,8 +420,8 @@ pub fn attention(
         let start = row * q_cols + g * rep * hd;
         let a = Attend {
             q: &q[start..start + rep * hd],
-            k: &kv.k,
-            v: &kv.v,
+            k: kv.k.rows(),
+            v: kv.v.rows(),
             kv_cols: nkv * hd,
             offset: g * hd,
             hd,
@@ -383,8 +488,7 @@ pub fn attend_scalar(a: &Attend<'_>, scores: &mut [f32], out: &mut [f32]) {
     let mut buf = [0f32; 1024];
     let row = &mut buf[..hd];
     for (j, &slot) in a.keys.iter().enumerate() {
-        let off = slot as usize * a.kv_cols + a.offset;
-        a.k[off..off + hd].convert_to_f32_slice(row);
+        a.k.to_f32(slot as usize * a.kv_cols + a.offset, row);
         for h in 0..rep {
             let q = &a.q[h * hd..(h + 1) * hd];
             scores[h * n + j] = q.iter().zip(row.iter()).map(|(x, y)| x * y).sum::<f32>() * a.scale;
@@ -403,8 +507,7 @@ pub fn attend_scalar(a: &Attend<'_>, scores: &mut [f32], out: &mut [f32]) {
     }
     out.fill(0.0);
     for (j, &slot) in a.keys.iter().enumerate() {
-        let off = slot as usize * a.kv_cols + a.offset;
-        a.v[off..off + hd].convert_to_f32_slice(row);
+        a.v.to_f32(slot as usize * a.kv_cols + a.offset, row);
         for h in 0..rep {
             let w = scores[h * n + j];
             for (o, &v) in out[h * hd..(h + 1) * hd].iter_mut().zip(row.iter()) {
@@ -414,11 +517,12 @@ pub fn attend_scalar(a: &Attend<'_>, scores: &mut [f32], out: &mut [f32]) {
     }
 }
 
-/// Stores `k`/`v` rows (`kv_cols` wide) into their slots.
+/// Stores `k`/`v` rows (`kv_cols` wide) into their slots, each row on its own (so a row's
+/// stored bits do not depend on what it was stored with).
 pub fn store(kv: &mut LayerKv, k: &[f32], v: &[f32], kv_cols: usize, slots: &[u32]) {
     for (i, &slot) in slots.iter().enumerate() {
         let off = slot as usize * kv_cols;
-        kv.k[off..off + kv_cols].convert_from_f32_slice(&k[i * kv_cols..(i + 1) * kv_cols]);
-        kv.v[off..off + kv_cols].convert_from_f32_slice(&v[i * kv_cols..(i + 1) * kv_cols]);
+        kv.k.write(off, &k[i * kv_cols..(i + 1) * kv_cols]);
+        kv.v.write(off, &v[i * kv_cols..(i + 1) * kv_cols]);
     }
 }
