@@ -37,5 +37,5 @@ cmake -S "$LLAMA_SRC" -B "$BUILD" -DCMAKE_BUILD_TYPE=Release -DGGML_CUDA=OFF -DL
   -DGGML_AVX="$(has avx)" -DGGML_AVX2="$(has avx2)" -DGGML_FMA="$(has fma)" -DGGML_F16C="$(has f16c)" \
   -DGGML_AVX_VNNI="$(wide avx_vnni)" -DGGML_AVX512="$(wide avx512f)" -DGGML_AVX512_VBMI="$(wide avx512vbmi)" \
   -DGGML_AVX512_VNNI="$(wide avx512_vnni)" -DGGML_AVX512_BF16="$(wide avx512_bf16)" >&2
-cmake --build "$BUILD" -j "$(nproc)" --target llama-server llama-bench llama-batched-bench llama-quantize >&2
+cmake --build "$BUILD" -j "$(nproc)" --target llama-server llama-bench llama-batched-bench llama-quantize llama-perplexity >&2
 echo "$BUILD/bin"

@@ -64,6 +64,16 @@ pub struct BenchArgs {
     /// without, through the engine loop, on a code edit (a file asked back with a rename).
     #[arg(long, conflicts_with_all = ["reuse", "grammar"])]
     pub spec: bool,
+    /// Instead: the KL divergence of next-token distributions with K/V in `--kv-format` against
+    /// f16 over this text file's windows (`llama-perplexity --kl-divergence`'s figures).
+    #[arg(long, value_name = "FILE", conflicts_with_all = ["reuse", "grammar", "spec"])]
+    pub kv_kl: Option<PathBuf>,
+    /// With --kv-kl: tokens per window (llama-perplexity's `-c`).
+    #[arg(long, default_value_t = 2048)]
+    pub kl_ctx: usize,
+    /// With --kv-kl: at most this many windows (llama-perplexity's `--chunks`; 0: all the text's).
+    #[arg(long, default_value_t = 0)]
+    pub kl_windows: usize,
     /// With --spec: the longest draft per sequence and pass (`[engine] draft_tokens`; default: its
     /// default).
     #[arg(long, requires = "spec", value_parser = clap::value_parser!(u32).range(1..=64))]
@@ -227,6 +237,14 @@ pub fn run(args: BenchArgs) -> anyhow::Result<()> {
             crate::device::Device::Cpu => super::bench_spec::run(&args, &path, || Ok(CpuBackend::new(args.threads)?)),
             crate::device::Device::Cuda(info) => {
                 super::bench_spec::run(&args, &path, || crate::device::cuda_backend(&info, args.cublas_prefill))
+            }
+        };
+    }
+    if let Some(text) = &args.kv_kl {
+        return match device {
+            crate::device::Device::Cpu => super::bench_kl::run(&args, &path, text, CpuBackend::new(args.threads)?),
+            crate::device::Device::Cuda(info) => {
+                super::bench_kl::run(&args, &path, text, crate::device::cuda_backend(&info, args.cublas_prefill)?)
             }
         };
     }

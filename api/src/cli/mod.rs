@@ -3,6 +3,7 @@
 
 mod bench;
 mod bench_grammar;
+mod bench_kl;
 mod bench_spec;
 mod context;
 mod generate;
