@@ -108,7 +108,9 @@ pub enum KvFormat {
     #[default]
     F16,
     /// GGUF's `Q8_0` blocks along each row: per 32 values an f16 scale and 32 signed bytes
-    /// (8.5 bits a value; `d = max|x| / 127`, `q = round(x / d)`), as llama.cpp's `-ctk/-ctv q8_0`.
+    /// (8.5 bits a value; `d = max|x| / 127`, `q = round(x / d)`), as llama.cpp's `-ctk/-ctv q8_0`,
+    /// each head Walsh–Hadamard rotated before it is quantized (`cpu::hadamard`), as llama.cpp
+    /// rotates its quantized K/V.
     Q8_0,
 }
 

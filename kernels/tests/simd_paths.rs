@@ -259,15 +259,19 @@ fn attention_matches_naive_in(format: KvFormat) {
     let shape = AttnShape { n_heads: heads, n_kv_heads: kv_heads, head_dim: hd, scale: 0.125 };
     let seqs = [AttnSeq { rows: 0..n, first_pos: 0, slots: 0..n }];
     cpu.attention(&qb, &kv, 0, &seqs, &slots, &shape, &mut out);
-    // What the pool holds: each value rounded to f16, or each row quantized to Q8_0.
+    // What the pool holds, seen unrotated: each value rounded to f16, or each head rotated
+    // (Walsh–Hadamard), the row quantized to Q8_0, dequantized and rotated back.
     let held = |x: &[f32]| -> Vec<f64> {
         match format {
             KvFormat::F16 => x.iter().map(|&v| f16::from_f32(v).to_f64()).collect(),
             KvFormat::Q8_0 => {
+                let mut r = x.to_vec();
+                r.chunks_exact_mut(hd).for_each(cachet_kernels::cpu::hadamard);
                 let mut b = vec![0u8; DType::Q8_0.bytes_for(x.len()).unwrap()];
-                quantize_row(DType::Q8_0, x, &mut b).unwrap();
+                quantize_row(DType::Q8_0, &r, &mut b).unwrap();
                 let mut back = vec![0f32; x.len()];
                 dequantize_row(DType::Q8_0, &b, &mut back).unwrap();
+                back.chunks_exact_mut(hd).for_each(cachet_kernels::cpu::hadamard);
                 back.iter().map(|&v| v as f64).collect()
             }
         }
@@ -289,6 +293,37 @@ fn attention_matches_naive_in(format: KvFormat) {
                 let got = out.data[t * heads * hd + h * hd + d] as f64;
                 assert!((got - want).abs() < 1e-4, "{format:?} t={t} h={h} d={d}: {got} vs {want}");
             }
+        }
+    }
+}
+
+/// The rotation `Q8_0` K/V are stored in: the Walsh–Hadamard matrix (Sylvester's construction,
+/// built here in f64) over √n, on pieces of the largest power of two dividing the head; its own
+/// inverse.
+#[test]
+fn the_kv_rotation_is_the_normalized_hadamard_matrix() {
+    use cachet_kernels::cpu::{hadamard, rotation};
+    assert_eq!((rotation(64), rotation(128), rotation(96), rotation(32)), (64, 128, 32, 32));
+    let mut rng = Lcg(31);
+    for n in [32, 64, 128] {
+        // H(2m) = [[H, H], [H, −H]].
+        let mut h = vec![vec![1f64]];
+        while h.len() < n {
+            let m = h.len();
+            h = (0..2 * m)
+                .map(|i| (0..2 * m).map(|j| h[i % m][j % m] * if i >= m && j >= m { -1.0 } else { 1.0 }).collect())
+                .collect();
+        }
+        let x = rng.vec(n, 3.0);
+        let mut y = x.clone();
+        hadamard(&mut y);
+        for i in 0..n {
+            let want: f64 = (0..n).map(|j| h[i][j] * x[j] as f64).sum::<f64>() / (n as f64).sqrt();
+            assert!((y[i] as f64 - want).abs() < 1e-5, "n={n} [{i}]: {} vs {want}", y[i]);
+        }
+        hadamard(&mut y);
+        for (a, b) in y.iter().zip(&x) {
+            assert!((a - b).abs() < 1e-5, "n={n}: not its own inverse");
         }
     }
 }

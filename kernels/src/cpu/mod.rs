@@ -8,7 +8,9 @@ mod matmul;
 pub mod ops;
 mod peak;
 
-pub use attention::{Attend, AttendFn, KvData, KvRows, LayerKv, Tile, TileFn, TileScratch, KEY_BLOCK};
+pub use attention::{
+    hadamard, rotation, Attend, AttendFn, KvData, KvRows, LayerKv, Tile, TileFn, TileScratch, KEY_BLOCK,
+};
 pub use dot::{Kernels, SimdLevel};
 use matmul::{matmul_jobs, Picked, Shared};
 pub use matmul::{CpuMatrix, MatmulScratch};
@@ -345,8 +347,8 @@ impl Backend for CpuBackend {
     }
 
     fn kv_store(&self, kv: &mut CpuKv, layer: usize, k: &CpuBuf, v: &CpuBuf, slots: &[u32]) {
-        let cols = kv.layout.kv_heads * kv.layout.head_dim;
-        self.timed(|| "kv_store".into(), || attention::store(&mut kv.layers[layer], &k.data, &v.data, cols, slots));
+        let (cols, hd) = (kv.layout.cols(), kv.layout.head_dim);
+        self.timed(|| "kv_store".into(), || attention::store(&mut kv.layers[layer], &k.data, &v.data, cols, hd, slots));
     }
 
     fn attention(

@@ -67,14 +67,27 @@ impl KvData {
         }
     }
 
-    /// Stores `x` (a whole number of rows) at value offset `at` (a row start).
-    fn write(&mut self, at: usize, x: &[f32]) {
+    /// Stores the row `x` (heads of `hd` values) at value offset `at` (a row start); `Q8_0` rows
+    /// rotated head by head ([`hadamard`]), then quantized.
+    fn write(&mut self, at: usize, x: &[f32], hd: usize) {
         match self {
             KvData::F16(v) => v[at..at + x.len()].convert_from_f32_slice(x),
             KvData::Q8(v) => {
+                let mut buf = [0f32; 2048];
+                let mut heap = Vec::new();
+                let rot: &mut [f32] = if x.len() <= buf.len() {
+                    &mut buf[..x.len()]
+                } else {
+                    heap.resize(x.len(), 0.0);
+                    &mut heap
+                };
+                rot.copy_from_slice(x);
+                for head in rot.chunks_exact_mut(hd) {
+                    hadamard(head);
+                }
                 let start = at / 32 * Q8_BLOCK_BYTES;
                 let bytes = &mut v[start..start + x.len() / 32 * Q8_BLOCK_BYTES];
-                crate::quant::quantize_row(crate::quant::DType::Q8_0, x, bytes).expect("rows of whole blocks");
+                crate::quant::quantize_row(crate::quant::DType::Q8_0, rot, bytes).expect("rows of whole blocks");
             }
         }
     }
@@ -110,6 +123,40 @@ impl KvData {
     }
 }
 
+/// The orthonormal Walsh–Hadamard transform of `x` in place, in pieces of [`rotation`]`(x.len())`
+/// values: what `Q8_0` K and V rows are stored as. An outlier (a few channels of Qwen2's keys are
+/// ten times the rest) is spread over the whole piece, so the block's scale no longer crushes the
+/// other values of its block: llama.cpp does the same to its quantized K/V (Q and K, and V with
+/// the output turned back). Its own inverse (the matrix is symmetric and orthonormal), so a query
+/// rotated the same way gives the same dot products, and an output rotated again is the
+/// attention over the unrotated V.
+pub fn hadamard(x: &mut [f32]) {
+    let n = rotation(x.len());
+    let norm = 1.0 / (n as f32).sqrt();
+    for piece in x.chunks_exact_mut(n) {
+        let mut h = 1;
+        while h < n {
+            for i in (0..n).step_by(2 * h) {
+                for j in i..i + h {
+                    let (a, b) = (piece[j], piece[j + h]);
+                    piece[j] = a + b;
+                    piece[j + h] = a - b;
+                }
+            }
+            h *= 2;
+        }
+        for v in piece.iter_mut() {
+            *v *= norm;
+        }
+    }
+}
+
+/// The size of [`hadamard`]'s pieces for a head of `hd` values: the largest power of two that
+/// divides it (the whole head for 64 or 128).
+pub fn rotation(hd: usize) -> usize {
+    1 << hd.trailing_zeros().min(10)
+}
+
 /// Rows of K or V as the kernels read them.
 #[derive(Clone, Copy, Debug)]
 pub enum KvRows<'a> {
@@ -119,6 +166,11 @@ pub enum KvRows<'a> {
 }
 
 impl KvRows<'_> {
+    /// Whether rows are stored rotated ([`hadamard`], per head): `Q8_0` rows are.
+    pub fn rotated(self) -> bool {
+        matches!(self, KvRows::Q8(_))
+    }
+
     /// The `out.len()` values at value offset `at` (a head's start) in f32. A `Q8_0` value is
     /// its byte times its block's scale, which f32 holds exactly (8 by 11 significant bits), so
     /// every kernel's conversion gives these same values.
@@ -263,12 +315,20 @@ impl TileBufs {
         // SAFETY: the reads of `t.q` are within its rows and heads (the caller's promise); the
         // writes are within the buffers carved above.
         unsafe {
+            let rotated = t.k.rotated();
+            let mut head = [0f32; 1024];
             for r in 0..t.rows {
                 for h in 0..rep {
                     let i = r * rep + h;
-                    let qp = t.q.as_ptr().add(r * t.q_cols + (t.head0 + h) * hd);
-                    for d in 0..hd {
-                        *b.qt.add(d * mp + i) = *qp.add(d) * t.scale;
+                    let start = r * t.q_cols + (t.head0 + h) * hd;
+                    let q = &mut head[..hd];
+                    q.copy_from_slice(&t.q[start..start + hd]);
+                    // Rotated keys: the query rotated the same way keeps every dot product.
+                    if rotated {
+                        hadamard(q);
+                    }
+                    for (d, &v) in q.iter().enumerate() {
+                        *b.qt.add(d * mp + i) = v * t.scale;
                     }
                 }
             }
@@ -295,15 +355,22 @@ impl TileBufs {
     #[inline(always)]
     pub(super) unsafe fn finish(&self, t: &Tile<'_>, out: *mut f32) {
         let hd = t.hd;
+        let rotated = t.v.rotated();
+        let mut head = [0f32; 1024];
         for i in 0..self.m {
             let (r, h) = (i / t.rep, i % t.rep);
             // SAFETY: `sum` and `o` hold `m` queries; `out`'s span is the caller's promise.
             unsafe {
                 let inv = 1.0 / *self.sum.add(i);
-                let op = out.add(r * t.q_cols + (t.head0 + h) * hd);
-                for d in 0..hd {
-                    *op.add(d) = *self.o.add(i * hd + d) * inv;
+                let o = &mut head[..hd];
+                for (d, v) in o.iter_mut().enumerate() {
+                    *v = *self.o.add(i * hd + d) * inv;
                 }
+                // Rotated values: the output turned back.
+                if rotated {
+                    hadamard(o);
+                }
+                std::ptr::copy_nonoverlapping(o.as_ptr(), out.add(r * t.q_cols + (t.head0 + h) * hd), hd);
             }
         }
     }
@@ -487,10 +554,25 @@ pub fn attend_scalar(a: &Attend<'_>, scores: &mut [f32], out: &mut [f32]) {
     let (n, hd, rep) = (a.keys.len(), a.hd, a.rep);
     let mut buf = [0f32; 1024];
     let row = &mut buf[..hd];
+    // Rotated keys and values ([`hadamard`]): the queries rotated the same way, the output back.
+    let (mut stack, mut heap) = ([0f32; 2048], Vec::new());
+    let q_all: &[f32] = if a.k.rotated() {
+        let q: &mut [f32] = if rep * hd <= stack.len() {
+            &mut stack[..rep * hd]
+        } else {
+            heap.resize(rep * hd, 0.0);
+            &mut heap
+        };
+        q.copy_from_slice(&a.q[..rep * hd]);
+        q.chunks_exact_mut(hd).for_each(hadamard);
+        q
+    } else {
+        a.q
+    };
     for (j, &slot) in a.keys.iter().enumerate() {
         a.k.to_f32(slot as usize * a.kv_cols + a.offset, row);
         for h in 0..rep {
-            let q = &a.q[h * hd..(h + 1) * hd];
+            let q = &q_all[h * hd..(h + 1) * hd];
             scores[h * n + j] = q.iter().zip(row.iter()).map(|(x, y)| x * y).sum::<f32>() * a.scale;
         }
     }
@@ -515,14 +597,17 @@ pub fn attend_scalar(a: &Attend<'_>, scores: &mut [f32], out: &mut [f32]) {
             }
         }
     }
+    if a.v.rotated() {
+        out.chunks_exact_mut(hd).for_each(hadamard);
+    }
 }
 
-/// Stores `k`/`v` rows (`kv_cols` wide) into their slots, each row on its own (so a row's
-/// stored bits do not depend on what it was stored with).
-pub fn store(kv: &mut LayerKv, k: &[f32], v: &[f32], kv_cols: usize, slots: &[u32]) {
+/// Stores `k`/`v` rows (`kv_cols` wide, heads of `hd`) into their slots, each row on its own (so
+/// a row's stored bits do not depend on what it was stored with).
+pub fn store(kv: &mut LayerKv, k: &[f32], v: &[f32], kv_cols: usize, hd: usize, slots: &[u32]) {
     for (i, &slot) in slots.iter().enumerate() {
         let off = slot as usize * kv_cols;
-        kv.k.write(off, &k[i * kv_cols..(i + 1) * kv_cols]);
-        kv.v.write(off, &v[i * kv_cols..(i + 1) * kv_cols]);
+        kv.k.write(off, &k[i * kv_cols..(i + 1) * kv_cols], hd);
+        kv.v.write(off, &v[i * kv_cols..(i + 1) * kv_cols], hd);
     }
 }
