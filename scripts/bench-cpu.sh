@@ -66,7 +66,7 @@ done
 python3 - "$OUT" "$THREADS" "$REPS" <<'PY'
 import json, statistics, sys
 out, threads, reps = sys.argv[1:]
-llama, ours, base, read, copy, step = {}, {}, {}, [], [], None
+llama, ours, base, read, copy, step, peak, share = {}, {}, {}, [], [], None, [], {}
 for line in open(f"{out}/llama.jsonl"):
     r = json.loads(line)
     test = f"pp{r['n_prompt']}" if r["n_prompt"] else f"tg{r['n_gen']}"
@@ -79,22 +79,29 @@ for line in open(f"{out}/batched.jsonl"):
 for line in open(f"{out}/cachet.jsonl"):
     r = json.loads(line)
     read.append(r["read_gbs"]); copy.append(r["copy_gbs"]); step = r["step_bytes"]
+    if r.get("int8_peak_macs_per_second"):
+        peak.append(r["int8_peak_macs_per_second"])
     for t in r["tests"]:
         ours.setdefault((t["test"], t["batch"]), []).append(t["tokens_per_second"])
+        if t.get("of_int8_peak") is not None and t["test"].startswith("pp"):
+            share.setdefault((t["test"], t["batch"]), []).append(t["of_int8_peak"])
 for line in open(f"{out}/base.jsonl"):
     for t in json.loads(line)["tests"]:
         base.setdefault((t["test"], t["batch"]), []).append(t["tokens_per_second"])
 bw = statistics.median(read)
 print(f"{threads} threads, {reps} alternating rounds, medians. Memory bandwidth measured in the same run: "
       f"read {bw:.1f} GB/s, copy {statistics.median(copy):.1f} GB/s; a decode step reads {step / 1e6:.1f} MB of weights, "
-      f"so the bandwidth limit is {bw * 1e9 / step:.0f} steps/s.\n")
+      f"so the bandwidth limit is {bw * 1e9 / step:.0f} steps/s." +
+      (f" Int8 multiply-add peak (cachet bench, same threads): {min(peak) / 1e9:.0f}–{max(peak) / 1e9:.0f} G/s." if peak else "") + "\n")
 extra = " BASE tokens/s | cachet / BASE |" if base else ""
-print("| test | sequences | cachet tokens/s | llama.cpp tokens/s | cachet / llama.cpp | cachet decode, % of bandwidth limit |" + extra)
+print("| test | sequences | cachet tokens/s | llama.cpp tokens/s | cachet / llama.cpp | cachet decode, % of bandwidth limit; prompt, of int8 peak |" + extra)
 print("|---|---:|---:|---:|---:|---:|" + ("---:|---:|" if base else ""))
 for key in sorted(ours, key=lambda k: (k[0][:2] != "pp", k[1])):
     c = statistics.median(ours[key])
     l = statistics.median(llama[key]) if key in llama else None
     frac = f"{100 * c / key[1] * step / 1e9 / bw:.0f}%" if key[0].startswith("tg") else ""
+    if key in share:
+        frac = f"{100 * statistics.median(share[key]):.0f}% of int8 peak"
     lc = f"{l:.1f}" if l else "–"
     ratio = f"{c / l:.2f}×" if l else "–"
     row = f"| {key[0]} | {key[1]} | {c:.1f} | {lc} | {ratio} | {frac} |"

@@ -155,7 +155,7 @@ fn main() {
     }
 
     // Compute cost: one thread, a 512 KiB matrix that stays in L2, so memory bandwidth (which
-    // moves a lot on shared machines) does not enter: ns per 256 weights for 1, 4 and 16 tokens.
+    // moves a lot on shared machines) does not enter: ns per 256 weights for 1, 4, 16 and 64 tokens.
     if run("compute") {
         println!("| compute, 1 thread, L2-resident [rows × 2048] | tokens | ns per 256 weights per token |");
         println!("|---|---:|---:|");
@@ -164,7 +164,7 @@ fn main() {
         for dtype in DType::ALL.into_iter().filter(|d| d.is_quantized()) {
             let rows = (512 << 10) / dtype.bytes_for(cols).unwrap() / 4 * 4;
             let w = matrix(&one, dtype, rows, cols);
-            for t in [1usize, 4, 16] {
+            for t in [1usize, 4, 16, 64] {
                 let (mut x, mut y) = (one.buf(), one.buf());
                 one.upload(&mut x, t, cols, &random(t * cols, 3));
                 let inner = 64;

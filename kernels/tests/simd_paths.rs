@@ -12,11 +12,11 @@ use half::{bf16, f16};
 
 use cachet_kernels::testing::Lcg;
 
-/// Every kernel table this CPU runs: each level, and the AVX-512 level with the K formats'
-/// AVX2 kernels too (the per-CPU choice; `Kernels::variants`).
+/// Every kernel table this CPU runs: each level, and the AVX-512 level with the K formats' and
+/// the 32-value formats' AVX2 kernels too (the per-CPU choices; `Kernels::variants`).
 fn levels() -> Vec<Kernels> {
     let v = Kernels::variants();
-    println!("levels on this CPU: {:?}", v.iter().map(|d| (d.level, d.k_level)).collect::<Vec<_>>());
+    println!("levels on this CPU: {:?}", v.iter().map(|d| (d.level, d.k_level, d.q32_level)).collect::<Vec<_>>());
     v
 }
 
@@ -67,7 +67,7 @@ fn dot(d: &Kernels, dtype: DType, w: &Bytes, x: &[f32]) -> f32 {
 fn avx2_is_scalar(d: &Kernels, dtype: DType) -> bool {
     match dtype {
         DType::Q4_K | DType::Q5_K | DType::Q6_K => d.k_level == SimdLevel::Avx2,
-        DType::Q4_0 | DType::Q5_0 | DType::Q8_0 => d.level == SimdLevel::Avx2,
+        DType::Q4_0 | DType::Q5_0 | DType::Q8_0 => d.q32_level == SimdLevel::Avx2,
         _ => false,
     }
 }
@@ -128,7 +128,7 @@ fn matrix(cpu: &CpuBackend, dtype: DType, rows: usize, cols: usize, rng: &mut Lc
 fn matmul_rows_do_not_depend_on_the_batch() {
     let mut rng = Lcg(3);
     for (kernels, cpu) in backends() {
-        let level = (kernels.level, kernels.k_level);
+        let level = (kernels.level, kernels.k_level, kernels.q32_level);
         for (dtype, cols) in DType::ALL.into_iter().flat_map(|d| [(d, 512), (d, 544)]) {
             if cols % dtype.block_len() != 0 {
                 continue;
@@ -157,7 +157,7 @@ fn matmul_rows_do_not_depend_on_the_batch() {
 fn picked_matmuls_equal_their_own_calls() {
     let mut rng = Lcg(41);
     for (kernels, cpu) in backends() {
-        let level = (kernels.level, kernels.k_level);
+        let level = (kernels.level, kernels.k_level, kernels.q32_level);
         for dtype in DType::ALL {
             let (rows, cols) = (44, 512);
             let group = |rng: &mut Lcg| (0..5).map(|_| matrix(&cpu, dtype, rows, cols, rng)).collect::<Vec<_>>();
@@ -197,7 +197,7 @@ fn quantized_matmul_equals_the_dot_product() {
     let mut rng = Lcg(11);
     let scalar = Kernels::scalar();
     for (kernels, cpu) in backends() {
-        let level = (kernels.level, kernels.k_level);
+        let level = (kernels.level, kernels.k_level, kernels.q32_level);
         for dtype in DType::ALL.into_iter().filter(|d| d.is_quantized()) {
             for (rows, cols, t) in
                 [(203, 768, 70), (45, 2048, 9), (16, 256, 4), (203, 2048, 1), (7, 768, 2), (13, 512, 3), (11, 544, 5)]
@@ -338,7 +338,7 @@ fn the_kv_rotation_is_the_normalized_hadamard_matrix() {
 fn attention_rows_do_not_depend_on_the_batch() {
     let mut rng = Lcg(29);
     for (kernels, cpu) in backends() {
-        let level = (kernels.level, kernels.k_level);
+        let level = (kernels.level, kernels.k_level, kernels.q32_level);
         for (format, hd, rep) in
             KvFormat::ALL.into_iter().flat_map(|f| [(f, 64, 7), (f, 64, 1), (f, 128, 2), (f, 80, 2)])
         {

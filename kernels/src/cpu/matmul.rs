@@ -5,7 +5,7 @@
 //! the level's row dot product — the same call whatever the batch, so a row's
 //! result does not depend on what else is in the batch.
 
-use super::dot::{gemm_by_dot, GemmFn, GemmJob, Kernels};
+use super::dot::{gemm_by_dot, GemmFn, GemmJob, Kernels, SimdLevel};
 use super::CpuBuf;
 use crate::quant::*;
 use crate::tensor::HostTensor;
@@ -39,8 +39,25 @@ impl OutPtr {
     }
 }
 
-/// Tokens per tile: a tile's activations stay in L2 while a weight row is reused.
+/// Tokens per job for the kernels that read weights in place (register tiles of a few rows and
+/// tokens): a tile's activations stay in L2 while a weight row is reused.
 const TOKEN_TILE: usize = 64;
+
+/// Tokens per job for the kernels that repack each group of weight rows once per job (the AVX2
+/// level's quantized GEMMs, and at the AVX-512 level the VNNI 16-row tiles that give the same
+/// bits): a whole prompt pass's tokens, so the repacking is not repeated for every 64 of them.
+/// The 1.5B's pp512 at the AVX2 level: 105 → 112–121 tokens/s over 64-token jobs (Intel Xeon,
+/// 2026-12-07, `docs/performance.md`).
+const PACKED_TOKEN_TILE: usize = 512;
+
+/// The token tile for kernels of `level` (see [`TOKEN_TILE`], [`PACKED_TOKEN_TILE`]).
+fn token_tile(level: SimdLevel) -> usize {
+    if level == SimdLevel::Avx2 {
+        PACKED_TOKEN_TILE
+    } else {
+        TOKEN_TILE
+    }
+}
 
 /// One job's share of a call's parallel region: tasks `start..start + tasks` of the region are
 /// its row ranges of `rows_per_task` rows.
@@ -58,7 +75,7 @@ impl std::fmt::Debug for OutPtr {
     }
 }
 
-/// Rows `rows` of `w` (`n` rows) against the `t` activation rows `x`, in token tiles.
+/// Rows `rows` of `w` (`n` rows) against the `t` activation rows `x`, in token tiles of `tile`.
 #[allow(clippy::too_many_arguments)]
 fn run_task<W: Block, A: Sync>(
     w: &[W],
@@ -69,11 +86,11 @@ fn run_task<W: Block, A: Sync>(
     out: OutPtr,
     dot: fn(&[W], &[A]) -> f32,
     gemm: Option<GemmFn<W, A>>,
+    tile: usize,
 ) {
     let (wpr, apr) = (w.len() / n, x.len() / t);
-    for t0 in (0..t).step_by(TOKEN_TILE) {
-        let job =
-            GemmJob { w, wpr, x, apr, rows: rows.clone(), toks: t0..(t0 + TOKEN_TILE).min(t), out: out.get(), ldo: n };
+    for t0 in (0..t).step_by(tile) {
+        let job = GemmJob { w, wpr, x, apr, rows: rows.clone(), toks: t0..(t0 + tile).min(t), out: out.get(), ldo: n };
         // SAFETY: the job's rows and tokens are inside the output (t × n), and no other task
         // writes these rows; the kernels come from `Kernels`, which checked the CPU.
         // `GemmFn` also needs `apr >= wpr` (the SIMD kernels read `wpr` blocks of every
@@ -238,16 +255,17 @@ pub(crate) fn matmul_jobs(kernels: &Kernels, jobs: &mut impl Jobs, s: &mut Matmu
         let xa = || &q8a[a0..a0 + x.data.len() / 32];
         let xk = || &q8k[k0..k0 + x.data.len() / 256];
         let x = x.data.as_slice();
+        let (q32, qk) = (token_tile(kernels.q32_level), token_tile(kernels.k_level));
         match w.tensor.dtype {
-            DType::F32 => run_task(view::<f32>(bytes), x, t, n, rows, p.out, kernels.f32, None),
-            DType::F16 => run_task(view::<f16>(bytes), x, t, n, rows, p.out, kernels.f16, None),
-            DType::BF16 => run_task(view::<bf16>(bytes), x, t, n, rows, p.out, kernels.bf16, None),
-            DType::Q4_0 => run_task(view(bytes), xa(), t, n, rows, p.out, kernels.q4_0, kernels.gemm_q4_0),
-            DType::Q5_0 => run_task(view(bytes), xa(), t, n, rows, p.out, kernels.q5_0, kernels.gemm_q5_0),
-            DType::Q8_0 => run_task(view(bytes), xa(), t, n, rows, p.out, kernels.q8_0, kernels.gemm_q8_0),
-            DType::Q4_K => run_task(view(bytes), xk(), t, n, rows, p.out, kernels.q4_k, kernels.gemm_q4_k),
-            DType::Q5_K => run_task(view(bytes), xk(), t, n, rows, p.out, kernels.q5_k, kernels.gemm_q5_k),
-            DType::Q6_K => run_task(view(bytes), xk(), t, n, rows, p.out, kernels.q6_k, kernels.gemm_q6_k),
+            DType::F32 => run_task(view::<f32>(bytes), x, t, n, rows, p.out, kernels.f32, None, TOKEN_TILE),
+            DType::F16 => run_task(view::<f16>(bytes), x, t, n, rows, p.out, kernels.f16, None, TOKEN_TILE),
+            DType::BF16 => run_task(view::<bf16>(bytes), x, t, n, rows, p.out, kernels.bf16, None, TOKEN_TILE),
+            DType::Q4_0 => run_task(view(bytes), xa(), t, n, rows, p.out, kernels.q4_0, kernels.gemm_q4_0, q32),
+            DType::Q5_0 => run_task(view(bytes), xa(), t, n, rows, p.out, kernels.q5_0, kernels.gemm_q5_0, q32),
+            DType::Q8_0 => run_task(view(bytes), xa(), t, n, rows, p.out, kernels.q8_0, kernels.gemm_q8_0, q32),
+            DType::Q4_K => run_task(view(bytes), xk(), t, n, rows, p.out, kernels.q4_k, kernels.gemm_q4_k, qk),
+            DType::Q5_K => run_task(view(bytes), xk(), t, n, rows, p.out, kernels.q5_k, kernels.gemm_q5_k, qk),
+            DType::Q6_K => run_task(view(bytes), xk(), t, n, rows, p.out, kernels.q6_k, kernels.gemm_q6_k, qk),
         }
     });
 }

@@ -154,11 +154,14 @@ impl Backend for CpuBackend {
 
     fn name(&self) -> String {
         let k = self.kernels;
-        if k.k_level == k.level {
-            format!("cpu ({}, {} threads)", k.level.name(), self.threads())
-        } else {
-            format!("cpu ({}, K formats {}, {} threads)", k.level.name(), k.k_level.name(), self.threads())
+        let mut choices = String::new();
+        if k.k_level != k.level {
+            choices += &format!(", K formats {}", k.k_level.name());
         }
+        if k.q32_level != k.level {
+            choices += &format!(", 32-value formats {}", k.q32_level.name());
+        }
+        format!("cpu ({}{choices}, {} threads)", k.level.name(), self.threads())
     }
 
     fn load(&self, t: HostTensor) -> Result<CpuMatrix, BackendError> {

@@ -184,13 +184,31 @@ impl SimdLevel {
 /// inside the AVX-512 level (`docs/performance.md`, Emerald Rapids); on AMD's Zen 4/5 the AVX-512
 /// kernels are the faster ones. `CACHET_SIMD_K=avx2|avx512` overrides.
 pub fn k_formats_level(level: SimdLevel) -> SimdLevel {
+    choose(level, "CACHET_SIMD_K", SimdLevel::Avx2)
+}
+
+/// The level whose kernels the 32-value formats (`Q4_0`, `Q5_0`, `Q8_0`; dot products and GEMMs
+/// together, as for [`k_formats_level`]) use at `level` on this CPU: the AVX-512 level's own
+/// (`vpdpbusd`, two blocks per 512-bit step) or AVX2's (8 rows side by side in a register's
+/// lanes, the next group prefetched). `CACHET_SIMD_Q32=avx2|avx512` overrides; the default on
+/// Intel is what measured faster on the Emerald Rapids (`docs/performance.md`).
+pub fn q32_formats_level(level: SimdLevel) -> SimdLevel {
+    choose(level, "CACHET_SIMD_Q32", INTEL_Q32)
+}
+
+/// The 32-value formats' level at the AVX-512 level on Intel CPUs (see [`q32_formats_level`]).
+const INTEL_Q32: SimdLevel = SimdLevel::Avx2;
+
+/// A per-format-family choice at the AVX-512 level: the override in `var`, else `intel` on Intel
+/// CPUs and the AVX-512 kernels elsewhere. Other levels keep their own kernels.
+fn choose(level: SimdLevel, var: &str, intel: SimdLevel) -> SimdLevel {
     if level != SimdLevel::Avx512 {
         return level;
     }
-    match std::env::var("CACHET_SIMD_K").ok().as_deref().map(str::trim) {
+    match std::env::var(var).ok().as_deref().map(str::trim) {
         Some("avx2") => SimdLevel::Avx2,
         Some("avx512") => SimdLevel::Avx512,
-        _ if cpu_vendor() == *b"GenuineIntel" => SimdLevel::Avx2,
+        _ if cpu_vendor() == *b"GenuineIntel" => intel,
         _ => SimdLevel::Avx512,
     }
 }
@@ -216,6 +234,8 @@ pub struct Kernels {
     pub level: SimdLevel,
     /// The level of the K formats' kernels (see [`k_formats_level`]).
     pub k_level: SimdLevel,
+    /// The level of the 32-value formats' kernels (see [`q32_formats_level`]).
+    pub q32_level: SimdLevel,
     pub q4_0: fn(&[BlockQ4_0], &[BlockQ8A]) -> f32,
     pub q5_0: fn(&[BlockQ5_0], &[BlockQ8A]) -> f32,
     pub q8_0: fn(&[BlockQ8_0], &[BlockQ8A]) -> f32,
@@ -291,6 +311,7 @@ macro_rules! safe_table {
         Kernels {
             level: $level,
             k_level: $level,
+            q32_level: $level,
             q4_0: safe::q4_0,
             q5_0: safe::q5_0,
             q8_0: safe::q8_0,
@@ -387,6 +408,7 @@ impl Kernels {
         Kernels {
             level: SimdLevel::Scalar,
             k_level: SimdLevel::Scalar,
+            q32_level: SimdLevel::Scalar,
             q4_0: scalar::q4_0,
             q5_0: scalar::q5_0,
             q8_0: scalar::q8_0,
@@ -410,24 +432,31 @@ impl Kernels {
         }
     }
 
-    /// The kernels of `level` with this CPU's choice for the K formats ([`k_formats_level`]),
-    /// or `None` when this CPU cannot run them.
+    /// The kernels of `level` with this CPU's choices for the K formats ([`k_formats_level`])
+    /// and the 32-value formats ([`q32_formats_level`]), or `None` when this CPU cannot run them.
     pub fn for_level(level: SimdLevel) -> Option<Kernels> {
-        Kernels::with_k_level(level, k_formats_level(level))
+        Kernels::with_levels(level, k_formats_level(level), q32_formats_level(level))
     }
 
     /// Every kernel table this CPU can run: each level, and the AVX-512 level with either
-    /// choice for the K formats (what the tests compare).
+    /// choice for the K formats and for the 32-value formats (what the tests compare).
     pub fn variants() -> Vec<Kernels> {
-        let mut v: Vec<Kernels> = SimdLevel::ALL.iter().filter_map(|&l| Kernels::with_k_level(l, l)).collect();
-        v.extend(Kernels::with_k_level(SimdLevel::Avx512, SimdLevel::Avx2));
+        use SimdLevel::{Avx2, Avx512};
+        let mut v: Vec<Kernels> = SimdLevel::ALL.iter().filter_map(|&l| Kernels::with_levels(l, l, l)).collect();
+        v.extend(
+            [(Avx2, Avx512), (Avx512, Avx2), (Avx2, Avx2)]
+                .into_iter()
+                .filter_map(|(k, q)| Kernels::with_levels(Avx512, k, q)),
+        );
         v
     }
 
-    /// The kernels of `level`, the K formats' from `k_level` (`level`, or AVX2 at the AVX-512
-    /// level); `None` when this CPU cannot run them or the pair is not one of those.
-    pub fn with_k_level(level: SimdLevel, k_level: SimdLevel) -> Option<Kernels> {
-        if !level.is_supported() || !(k_level == level || (level, k_level) == (SimdLevel::Avx512, SimdLevel::Avx2)) {
+    /// The kernels of `level`, the K formats' from `k_level` and the 32-value formats' from
+    /// `q32_level` (each `level`, or AVX2 at the AVX-512 level); `None` when this CPU cannot run
+    /// them or the choice is not one of those.
+    pub fn with_levels(level: SimdLevel, k_level: SimdLevel, q32_level: SimdLevel) -> Option<Kernels> {
+        let allowed = |l: SimdLevel| l == level || (level, l) == (SimdLevel::Avx512, SimdLevel::Avx2);
+        if !level.is_supported() || !allowed(k_level) || !allowed(q32_level) {
             return None;
         }
         match level {
@@ -448,18 +477,26 @@ impl Kernels {
                 ..safe_table!(SimdLevel::Avx2, avx2)
             }),
             #[cfg(target_arch = "x86_64")]
-            SimdLevel::Avx512 if k_level == SimdLevel::Avx2 => {
-                let k = Kernels::with_k_level(SimdLevel::Avx2, SimdLevel::Avx2)?;
-                Some(Kernels {
-                    k_level,
-                    q4_k: k.q4_k,
-                    q5_k: k.q5_k,
-                    q6_k: k.q6_k,
-                    gemm_q4_k: k.gemm_q4_k,
-                    gemm_q5_k: k.gemm_q5_k,
-                    gemm_q6_k: k.gemm_q6_k,
-                    ..Kernels::avx512()
-                })
+            SimdLevel::Avx512 if k_level != level || q32_level != level => {
+                let avx2 = Kernels::with_levels(SimdLevel::Avx2, SimdLevel::Avx2, SimdLevel::Avx2)?;
+                let mut k = Kernels { k_level, q32_level, ..Kernels::avx512() };
+                if k_level == SimdLevel::Avx2 {
+                    // The AVX2 dot products, and prompt-sized jobs through the AVX-512 VNNI 16-row
+                    // tiles (`avx512/qk16.rs`), which give the same bits (the scalar path's).
+                    (k.q4_k, k.q5_k, k.q6_k) = (avx2.q4_k, avx2.q5_k, avx2.q6_k);
+                    k.gemm_q4_k = Some(avx512::gemm16_q4_k);
+                    k.gemm_q5_k = Some(avx512::gemm16_q5_k);
+                    k.gemm_q6_k = Some(avx512::gemm16_q6_k);
+                }
+                if q32_level == SimdLevel::Avx2 {
+                    // As for the K formats: AVX2's dot products, AVX-512 VNNI 16-row tiles
+                    // (`avx512/q32x16.rs`) for prompt-sized jobs, the same bits.
+                    (k.q4_0, k.q5_0, k.q8_0) = (avx2.q4_0, avx2.q5_0, avx2.q8_0);
+                    k.gemm_q4_0 = Some(avx512::gemm16_q4_0);
+                    k.gemm_q5_0 = Some(avx512::gemm16_q5_0);
+                    k.gemm_q8_0 = Some(avx512::gemm16_q8_0);
+                }
+                Some(k)
             }
             #[cfg(target_arch = "x86_64")]
             SimdLevel::Avx512 => Some(Kernels::avx512()),

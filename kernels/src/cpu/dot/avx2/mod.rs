@@ -30,9 +30,9 @@ macro_rules! each {
     };
 }
 
-mod q32;
-mod qk;
-mod qk8;
+pub(in crate::cpu::dot) mod q32;
+pub(in crate::cpu::dot) mod qk;
+pub(in crate::cpu::dot) mod qk8;
 
 use super::GemmJob;
 use crate::quant::*;

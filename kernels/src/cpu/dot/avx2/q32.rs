@@ -21,7 +21,7 @@ use super::qk8::transpose8;
 use super::*;
 
 /// A 32-value block as these kernels use it.
-pub(super) trait Block32: Block {
+pub(in crate::cpu::dot) trait Block32: Block {
     /// Subtracted from every weight's stored value (corrected with the activations' block sums).
     const OFFSET: i32;
     /// `maddubs` results (pair sums, at most 2 · max|w| · 128) that add up in i16 before they
@@ -175,7 +175,7 @@ unsafe fn pair_halves(a: __m256i, b: __m256i, i16: bool) -> __m256i {
 
 /// The 8 rows' scales of block `s` as f32.
 #[inline(always)]
-unsafe fn scales8<B: Block32>(rows: &[&[B]; 8], s: usize) -> __m256 {
+pub(in crate::cpu::dot) unsafe fn scales8<B: Block32>(rows: &[&[B]; 8], s: usize) -> __m256 {
     // SAFETY: the callers pass `s` below every row's length; the conversion needs F16C (module contract).
     unsafe {
         // Inserted one by one: 8 two-byte stores read back as one vector would stall the load.

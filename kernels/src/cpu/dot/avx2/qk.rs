@@ -11,7 +11,7 @@ use super::*;
 /// One block's weights, unpacked: chunk `k` holds the values `32k..32k + 32` (unsigned) and the
 /// scale of each i16 lane of `maddubs`' result.
 #[derive(Clone, Copy)]
-pub(super) struct Chunks {
+pub(in crate::cpu::dot) struct Chunks {
     w: [__m256i; 8],
     sc: [__m256i; 8],
     /// `Q4_K`/`Q5_K`: the 8 sub-block mins (i16).
@@ -26,7 +26,7 @@ pub(super) struct Chunks {
 // SAFETY: every field is a vector or a float, for which all-zero bits are valid.
 const EMPTY: Chunks = unsafe { std::mem::zeroed() };
 
-pub(super) trait KBlock: Block {
+pub(in crate::cpu::dot) trait KBlock: Block {
     /// The block's scales (spread per chunk), mins and float scales; no weights yet.
     unsafe fn head(&self) -> Chunks;
     /// The unsigned weights of chunks `2j` and `2j + 1` (`j < 4`).

@@ -21,22 +21,22 @@ use super::*;
 /// One block of an 8-row group.
 #[derive(Clone, Copy)]
 #[repr(C, align(32))]
-pub(super) struct Pack {
+pub(in crate::cpu::dot) struct Pack {
     /// Register `8k + g`, 32-bit lane `i`: row `i`'s values `32k + 4g .. + 4` (unsigned).
-    w: [__m256i; 64],
+    pub(in crate::cpu::dot) w: [__m256i; 64],
     /// Per scale, lane `i`: row `i`'s scale in both i16 halves (`madd` with the pair sums).
-    sc: [[u32; 8]; 16],
+    pub(in crate::cpu::dot) sc: [[u32; 8]; 16],
     /// Lane `i` of register `q`: the two i16 factors of bsums `2q` and `2q + 1` for row `i`
     /// (`Q4_K`/`Q5_K`: mins `m_q`, `m_q`; `Q6_K`: scales `2q`, `2q + 1`).
-    mo: [[u32; 8]; 8],
-    d: [f32; 8],
-    dmin: [f32; 8],
+    pub(in crate::cpu::dot) mo: [[u32; 8]; 8],
+    pub(in crate::cpu::dot) d: [f32; 8],
+    pub(in crate::cpu::dot) dmin: [f32; 8],
 }
 
 // SAFETY: vectors, integers and floats, for which all-zero bits are valid.
-const EMPTY: Pack = unsafe { std::mem::zeroed() };
+pub(in crate::cpu::dot) const EMPTY: Pack = unsafe { std::mem::zeroed() };
 
-pub(super) trait KBlock8: KBlock {
+pub(in crate::cpu::dot) trait KBlock8: KBlock {
     /// How many `maddubs` results (groups of 4 values) add up in i16 before the scale `madd`.
     const SPAN: usize;
     /// The block's 16 scale bytes: `Q4_K`/`Q5_K` the 8 sub-block scales then the 8 mins
@@ -191,7 +191,13 @@ impl KBlock8 for BlockQ6K {
         // SAFETY: `store` gets the 16 rows of `p.sc` and the 8 of `p.mo`, aligned as it needs; `column`
         // gets `g < 16`; the CPU has AVX2 (module contract).
         unsafe {
-            let sc: [__m256i; 16] = std::array::from_fn(|g| twice(_mm256_cvtepi8_epi32(column(&cols, g))));
+            // A loop, not `from_fn`: a closure here could be left out of line without the caller's
+            // target features, every intrinsic in it a call (as it was once the AVX-512 16-row tiles
+            // called this).
+            let mut sc = [_mm256_setzero_si256(); 16];
+            for (g, v) in sc.iter_mut().enumerate() {
+                *v = twice(_mm256_cvtepi8_epi32(column(&cols, g)));
+            }
             for (dst, v) in p.sc.iter_mut().zip(sc) {
                 store(dst, v);
             }
@@ -219,7 +225,7 @@ impl KBlock8 for BlockQ6K {
 
 /// `t[g]` lane `i` = `v[i]` lane `g` (8 × 8 32-bit lanes).
 #[inline(always)]
-pub(super) unsafe fn transpose8(v: [__m256i; 8]) -> [__m256i; 8] {
+pub(in crate::cpu::dot) unsafe fn transpose8(v: [__m256i; 8]) -> [__m256i; 8] {
     let a: [__m256i; 8] = each!(8, |j| {
         let (x, y) = (v[j & !1], v[j | 1]);
         if j.is_multiple_of(2) {
@@ -250,7 +256,7 @@ pub(super) unsafe fn transpose8(v: [__m256i; 8]) -> [__m256i; 8] {
 
 /// Block `s` of the 8 rows, repacked.
 #[inline(always)]
-unsafe fn pack<B: KBlock8>(rows: [&[B]; 8], s: usize, p: &mut Pack) {
+pub(in crate::cpu::dot) unsafe fn pack<B: KBlock8>(rows: [&[B]; 8], s: usize, p: &mut Pack) {
     // SAFETY: `s` is below every row's length (`gemm8` passes `s < n` and rows of `n` blocks), so
     // `get_unchecked(s)` is in bounds; `pair` gets `j < 4`; the 16-byte loads read the `[u16; 8]`
     // arrays `d`/`dmin`, and the aligned stores write `p.d`/`p.dmin`, 32-byte aligned fields of the

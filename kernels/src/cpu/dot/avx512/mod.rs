@@ -13,7 +13,9 @@ use half::{bf16, f16};
 use std::arch::x86_64::*;
 
 mod q32;
+mod q32x16;
 mod qk;
+mod qk16;
 
 use q32::Q32;
 use qk::QK;
@@ -346,4 +348,44 @@ pub unsafe fn q6_k(w: &[BlockQ6K], x: &[BlockQ8K]) -> f32 {
 pub unsafe fn gemm_q6_k(job: &GemmJob<'_, BlockQ6K, BlockQ8K>) {
     // SAFETY: as in `gemm_q4_k`: the caller's `GemmFn` contract is `gemmk`'s.
     unsafe { qk::gemmk::<BlockQ6K>(job) }
+}
+
+#[target_feature(enable = "avx512f,avx512bw,avx512dq,avx512vl,avx512vnni,avx2,fma,f16c")]
+pub unsafe fn gemm16_q4_k(job: &GemmJob<'_, BlockQ4K, BlockQ8K>) {
+    // SAFETY: the caller upholds the `GemmFn` contract (output, rows, CPU features), which is all
+    // `gemm16` requires.
+    unsafe { qk16::gemm16::<BlockQ4K>(job) }
+}
+
+#[target_feature(enable = "avx512f,avx512bw,avx512dq,avx512vl,avx512vnni,avx2,fma,f16c")]
+pub unsafe fn gemm16_q5_k(job: &GemmJob<'_, BlockQ5K, BlockQ8K>) {
+    // SAFETY: as in `gemm16_q4_k`.
+    unsafe { qk16::gemm16::<BlockQ5K>(job) }
+}
+
+#[target_feature(enable = "avx512f,avx512bw,avx512dq,avx512vl,avx512vnni,avx2,fma,f16c")]
+pub unsafe fn gemm16_q6_k(job: &GemmJob<'_, BlockQ6K, BlockQ8K>) {
+    // SAFETY: as in `gemm16_q4_k`.
+    unsafe { qk16::gemm16::<BlockQ6K>(job) }
+}
+
+#[target_feature(enable = "avx512f,avx512bw,avx512dq,avx512vl,avx512vnni,avx2,fma,f16c")]
+pub unsafe fn gemm16_q4_0(job: &GemmJob<'_, BlockQ4_0, BlockQ8A>) {
+    // SAFETY: the caller upholds the `GemmFn` contract (output, rows, CPU features), which is all
+    // `q32x16::gemm16` requires.
+    unsafe { q32x16::gemm16::<BlockQ4_0>(job) }
+}
+
+#[target_feature(enable = "avx512f,avx512bw,avx512dq,avx512vl,avx512vnni,avx2,fma,f16c")]
+pub unsafe fn gemm16_q5_0(job: &GemmJob<'_, BlockQ5_0, BlockQ8A>) {
+    // SAFETY: the caller upholds the `GemmFn` contract (output, rows, CPU features), which is all
+    // `q32x16::gemm16` requires.
+    unsafe { q32x16::gemm16::<BlockQ5_0>(job) }
+}
+
+#[target_feature(enable = "avx512f,avx512bw,avx512dq,avx512vl,avx512vnni,avx2,fma,f16c")]
+pub unsafe fn gemm16_q8_0(job: &GemmJob<'_, BlockQ8_0, BlockQ8A>) {
+    // SAFETY: the caller upholds the `GemmFn` contract (output, rows, CPU features), which is all
+    // `q32x16::gemm16` requires.
+    unsafe { q32x16::gemm16::<BlockQ8_0>(job) }
 }

@@ -1,0 +1,281 @@
+//! The K formats' GEMM for prompt-sized jobs with AVX-512 VNNI, giving the scalar path's bits:
+//! 16 weight rows side by side in the 32-bit lanes of a register, as the AVX2 level's
+//! [`qk8`](super::super::avx2::qk8) puts 8, with `vpdpbusd` where AVX2 needs `maddubs` and
+//! `madd`.
+//!
+//! A job's 16-row groups are repacked once for all its tokens: two AVX2 [`Pack`]s (rows 0..8 and
+//! 8..16) joined, so register `8k + g` holds values `32k + 4g .. + 4` of row `i` (unsigned) in
+//! lane `i`. A token's 4 activations at that position are broadcast (a load folded into the
+//! instruction), and one `vpdpbusd` adds 64 products for 16 rows into their i32 lanes: a
+//! sub-block's (`Q6_K`: a group's) 32 (16) values take 8 (4) of them, then one `vpmulld` by the
+//! rows' scales and an add give the exact scaled sum. The mins (`Q6_K`: the +32 offsets) are 8
+//! `vpdpwssd` with the token's bsums. Per 4,096 products: 64 `vpdpbusd`, 8 `vpmulld`, 8
+//! `vpdpwssd` and the block's float steps, where the 512-bit `maddubs` kernels needed twice the
+//! multiplies and Intel's port 5 for their lane crossings.
+//!
+//! Every row's block sum is exact and its float steps are the scalar path's, in the same order
+//! and without fused multiply-adds, so every element is bit for bit what the scalar dot product
+//! gives — and the AVX2 kernels that take the one-token and few-token jobs of the same table
+//! (batch invariance across paths).
+
+use super::super::avx2::qk8::{pack, KBlock8, Pack, EMPTY};
+use super::*;
+
+/// One block of a 16-row group.
+#[derive(Clone, Copy)]
+#[repr(C, align(64))]
+pub(super) struct Pack16 {
+    /// Register `8k + g`, 32-bit lane `i`: row `i`'s values `32k + 4g .. + 4` (unsigned).
+    w: [__m512i; 64],
+    /// Per scale index, lane `i`: row `i`'s scale (i32).
+    sc: [__m512i; 16],
+    /// Lane `i` of register `q`: the two i16 factors of bsums `2q` and `2q + 1` for row `i`.
+    mo: [__m512i; 8],
+    d: __m512,
+    dmin: __m512,
+}
+
+// SAFETY: vectors only, for which all-zero bits are valid.
+const EMPTY16: Pack16 = unsafe { std::mem::zeroed() };
+
+/// What the 16-row tile needs of a K format beyond [`KBlock8`].
+pub(super) trait KBlock16: KBlock8 {
+    /// Groups of 4 values under one scale: 8 (a 32-value sub-block) or 4 (`Q6_K`'s 16).
+    const GROUPS: usize;
+    /// The block's float steps per row lane from the exact sums, the scalar path's operations in
+    /// its order (as `KBlock8::finish8`).
+    unsafe fn finish16(p: &Pack16, sumi: __m512i, corr: __m512i, a: &BlockQ8K, acc: __m512) -> __m512;
+    /// The AVX2 kernel of the format (jobs too small for 16-row groups, rows left over).
+    unsafe fn small(job: &GemmJob<'_, Self, BlockQ8K>)
+    where
+        Self: Sized;
+}
+
+/// `Q4_K`/`Q5_K`: `acc + (d_x · d) · sumi − (d_x · dmin) · summ`.
+#[inline(always)]
+unsafe fn finish_k4(p: &Pack16, sumi: __m512i, summ: __m512i, a: &BlockQ8K, acc: __m512) -> __m512 {
+    let ad = _mm512_set1_ps(a.d);
+    let d = _mm512_mul_ps(ad, p.d);
+    let dmin = _mm512_mul_ps(ad, p.dmin);
+    let acc = _mm512_add_ps(acc, _mm512_mul_ps(d, _mm512_cvtepi32_ps(sumi)));
+    _mm512_sub_ps(acc, _mm512_mul_ps(dmin, _mm512_cvtepi32_ps(summ)))
+}
+
+macro_rules! k4_block16 {
+    ($block:ty, $small:ident) => {
+        impl KBlock16 for $block {
+            const GROUPS: usize = 8;
+            #[inline(always)]
+            unsafe fn finish16(p: &Pack16, sumi: __m512i, corr: __m512i, a: &BlockQ8K, acc: __m512) -> __m512 {
+                // SAFETY: registers only; the CPU has the AVX-512 level's features (module contract).
+                unsafe { finish_k4(p, sumi, corr, a, acc) }
+            }
+            #[inline(always)]
+            unsafe fn small(job: &GemmJob<'_, Self, BlockQ8K>) {
+                // SAFETY: the caller's `GemmFn` contract, and the AVX-512 level includes AVX2/FMA/F16C.
+                unsafe { super::super::avx2::$small(job) }
+            }
+        }
+    };
+}
+
+k4_block16!(BlockQ4K, gemm_q4_k);
+k4_block16!(BlockQ5K, gemm_q5_k);
+
+impl KBlock16 for BlockQ6K {
+    const GROUPS: usize = 4;
+    /// `acc + (d_x · d) · (sumi − 32 · Σ sc_g · bsum_g)`.
+    #[inline(always)]
+    unsafe fn finish16(p: &Pack16, sumi: __m512i, corr: __m512i, a: &BlockQ8K, acc: __m512) -> __m512 {
+        let d = _mm512_mul_ps(_mm512_set1_ps(a.d), p.d);
+        let sumi = _mm512_sub_epi32(sumi, _mm512_slli_epi32::<5>(corr));
+        _mm512_add_ps(acc, _mm512_mul_ps(d, _mm512_cvtepi32_ps(sumi)))
+    }
+    #[inline(always)]
+    unsafe fn small(job: &GemmJob<'_, Self, BlockQ8K>) {
+        // SAFETY: as for the other formats.
+        unsafe { super::super::avx2::gemm_q6_k(job) }
+    }
+}
+
+/// An AVX2 pack's 8 lanes (32-byte aligned; not a closure: intrinsics in a closure made here
+/// could be left out of line without the caller's features).
+#[inline(always)]
+unsafe fn ld(v: &[u32; 8]) -> __m256i {
+    // SAFETY: `v` is a 32-byte aligned row of an `align(32)` `Pack`; the CPU has AVX2 (module contract).
+    unsafe { _mm256_load_si256(v.as_ptr().cast()) }
+}
+
+/// Two packs' 8 floats as 16 lanes, `a`'s low.
+#[inline(always)]
+unsafe fn ps(a: &[f32; 8], b: &[f32; 8]) -> __m512 {
+    // SAFETY: as for `ld`.
+    unsafe { _mm512_insertf32x8::<1>(_mm512_castps256_ps512(_mm256_load_ps(a.as_ptr())), _mm256_load_ps(b.as_ptr())) }
+}
+
+/// Two 8-row packs of a block as one 16-row pack.
+#[inline(always)]
+unsafe fn join16(lo: &Pack, hi: &Pack, p: &mut Pack16) {
+    // SAFETY: the aligned loads read whole `[u32; 8]` / `[f32; 8]` rows of the `align(32)` AVX2 packs,
+    // each at a multiple of 32 bytes; the CPU has the AVX-512 level's features (module contract).
+    unsafe {
+        for (x, w) in p.w.iter_mut().enumerate() {
+            *w = join(lo.w[x], hi.w[x]);
+        }
+        // `Pack::sc` holds each scale in both i16 halves of its lane; the arithmetic shift leaves it
+        // as an i32, its sign kept (`Q6_K`'s scales are signed).
+        for (j, sc) in p.sc.iter_mut().enumerate() {
+            *sc = _mm512_srai_epi32::<16>(join(ld(&lo.sc[j]), ld(&hi.sc[j])));
+        }
+        for (q, mo) in p.mo.iter_mut().enumerate() {
+            *mo = join(ld(&lo.mo[q]), ld(&hi.mo[q]));
+        }
+        p.d = ps(&lo.d, &hi.d);
+        p.dmin = ps(&lo.dmin, &hi.dmin);
+    }
+}
+
+/// 16 rows (packed blocks `packs`) × `C` tokens: `out[c]` holds the 16 rows' results for token
+/// `c`.
+#[inline(always)]
+unsafe fn tile16<B: KBlock16, const C: usize>(packs: &[Pack16], x: [&[BlockQ8K]; C]) -> [__m512; C] {
+    let mut acc = [_mm512_setzero_ps(); C];
+    // SAFETY: every `x[c]` holds at least `packs.len()` blocks (`gemm16` passes activation rows of
+    // `apr >= wpr = packs.len()` blocks), so `get_unchecked(s)` is in bounds; the 4-byte unaligned
+    // reads are `qs[32k + 4g..32k + 4g + 4]` (`k, g < 8`: inside its 256 bytes) and bsums pairs
+    // `q < 8` (inside its 16 × i16); `scale_index` is below 16; the CPU has the AVX-512 level's
+    // features (module contract).
+    unsafe {
+        for (s, p) in packs.iter().enumerate() {
+            let mut a: [&BlockQ8K; C] = [x[0].get_unchecked(s); C];
+            for c in 1..C {
+                a[c] = x[c].get_unchecked(s);
+            }
+            let mut sumi = [_mm512_setzero_si512(); C];
+            for k in 0..8 {
+                for h in 0..8 / B::GROUPS {
+                    let mut t = [_mm512_setzero_si512(); C];
+                    for g in h * B::GROUPS..(h + 1) * B::GROUPS {
+                        let wv = p.w[8 * k + g];
+                        for c in 0..C {
+                            let q = a[c].qs.as_ptr().add(32 * k + 4 * g);
+                            let xb = _mm512_set1_epi32(q.cast::<i32>().read_unaligned());
+                            t[c] = _mm512_dpbusd_epi32(t[c], wv, xb);
+                        }
+                    }
+                    let sc = p.sc[B::scale_index(k, h * B::GROUPS)];
+                    for c in 0..C {
+                        sumi[c] = _mm512_add_epi32(sumi[c], _mm512_mullo_epi32(t[c], sc));
+                    }
+                }
+            }
+            for c in 0..C {
+                let bs = a[c].bsums.as_ptr().cast::<i32>();
+                let mut corr = _mm512_setzero_si512();
+                for q in 0..8 {
+                    corr = _mm512_dpwssd_epi32(corr, p.mo[q], _mm512_set1_epi32(bs.add(q).read_unaligned()));
+                }
+                acc[c] = B::finish16(p, sumi[c], corr, a[c], acc[c]);
+            }
+        }
+    }
+    acc
+}
+
+thread_local! {
+    /// The packed blocks of `gemm16`'s current 16-row group (per thread).
+    static PACKS: std::cell::RefCell<Vec<Pack16>> = const { std::cell::RefCell::new(Vec::new()) };
+}
+
+/// 16-row groups packed together, each token tile run against all of them: a long row's
+/// activations (the FFN down projection's 4,864 or 8,960 values per token, ~2.8 MB for 512 tokens)
+/// are then read from beyond L2 once per 64 rows instead of once per 16.
+const ROW_GROUPS: usize = 4;
+
+/// Jobs with fewer tokens than this go to the AVX2 kernels (which take up to 4 tokens without
+/// repacking): the 16-row repacking costs about what 8 tokens' products do.
+const MIN_TOKENS: usize = 8;
+
+/// The GEMM of a K format: up to [`ROW_GROUPS`] 16-row groups at a time through [`tile16`], in tiles
+/// of 8, 4, 2 and 1 tokens;
+/// small jobs and the rows left over through the AVX2 kernels. All give the same bits.
+#[inline(always)]
+pub(super) unsafe fn gemm16<B: KBlock16>(job: &GemmJob<'_, B, BlockQ8K>) {
+    let (toks, n) = (job.toks.len(), job.wpr);
+    if toks < MIN_TOKENS || job.rows.len() < 16 || n == 0 {
+        // SAFETY: the caller's `GemmFn` contract is all the AVX2 kernel requires.
+        return unsafe { B::small(job) };
+    }
+    // Out of the thread-local while in use (a job never nests another).
+    let mut packs = PACKS.with(|cell| std::mem::take(&mut *cell.borrow_mut()));
+    let (mut lo, mut hi) = (EMPTY, EMPTY);
+    // SAFETY: by the `GemmFn` contract `job.w` holds the job's rows of `n = wpr` blocks, `job.x` its
+    // tokens with `apr >= n` blocks, and `job.out` may be written at `t * ldo + r` for them; `packs`
+    // holds `groups` chunks of `n` entries (resized above), so `pack` gets `s < n`; group `gi`'s
+    // 16-float stores cover rows `r + 16 gi..r + 16 (gi + 1) <= job.rows.end` of tokens inside
+    // `job.toks`; the CPU has the AVX-512 level's features (module contract).
+    unsafe {
+        let xrow = |t: usize| job.x.get_unchecked(t * job.apr..(t + 1) * job.apr);
+        let wrow = |r: usize| job.w.get_unchecked(r * n..(r + 1) * n);
+        let mut r = job.rows.start;
+        while r + 16 <= job.rows.end {
+            let groups = ((job.rows.end - r) / 16).min(ROW_GROUPS);
+            packs.resize(groups * n, EMPTY16);
+            for (gi, group) in packs.chunks_exact_mut(n).enumerate() {
+                let r = r + 16 * gi;
+                let w0 = [
+                    wrow(r),
+                    wrow(r + 1),
+                    wrow(r + 2),
+                    wrow(r + 3),
+                    wrow(r + 4),
+                    wrow(r + 5),
+                    wrow(r + 6),
+                    wrow(r + 7),
+                ];
+                let w1 = [
+                    wrow(r + 8),
+                    wrow(r + 9),
+                    wrow(r + 10),
+                    wrow(r + 11),
+                    wrow(r + 12),
+                    wrow(r + 13),
+                    wrow(r + 14),
+                    wrow(r + 15),
+                ];
+                for (s, p) in group.iter_mut().enumerate() {
+                    pack(w0, s, &mut lo);
+                    pack(w1, s, &mut hi);
+                    join16(&lo, &hi, p);
+                }
+            }
+            let mut t = job.toks.start;
+            macro_rules! tiles {
+                ($c:literal) => {
+                    while job.toks.end - t >= $c {
+                        let mut xs = [xrow(t); $c];
+                        for (j, x) in xs.iter_mut().enumerate().skip(1) {
+                            *x = xrow(t + j);
+                        }
+                        for (gi, group) in packs.chunks_exact(n).enumerate() {
+                            for (j, v) in tile16::<B, $c>(group, xs).iter().enumerate() {
+                                _mm512_storeu_ps(job.out.add((t + j) * job.ldo + r + 16 * gi), *v);
+                            }
+                        }
+                        t += $c;
+                    }
+                };
+            }
+            tiles!(8);
+            tiles!(4);
+            tiles!(2);
+            tiles!(1);
+            r += 16 * groups;
+        }
+        if r < job.rows.end {
+            let rest = GemmJob { rows: r..job.rows.end, toks: job.toks.clone(), ..*job };
+            B::small(&rest);
+        }
+    }
+    PACKS.with(|cell| *cell.borrow_mut() = packs);
+}
