@@ -16,6 +16,7 @@ mod q32;
 mod q32x16;
 mod qk;
 mod qk16;
+mod rows16;
 
 use q32::Q32;
 use qk::QK;

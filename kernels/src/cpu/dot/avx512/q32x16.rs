@@ -13,6 +13,7 @@
 
 use super::super::avx2::q32::{scales8, Block32};
 use super::super::avx2::qk8::transpose8;
+use super::rows16::{self, Rows16};
 use super::*;
 
 /// One block of a 16-row group.
@@ -57,7 +58,7 @@ block16!(BlockQ8_0, 128, gemm_q8_0);
 
 /// Block `s` of 16 rows, repacked.
 #[inline(always)]
-unsafe fn pack<B: Block16>(lo: &[&[B]; 8], hi: &[&[B]; 8], s: usize, p: &mut Pack16) {
+unsafe fn pack16<B: Block16>(lo: &[&[B]; 8], hi: &[&[B]; 8], s: usize, p: &mut Pack16) {
     // SAFETY: the caller passes `s` below every row's length; the CPU has the AVX-512 level's features
     // (module contract).
     unsafe {
@@ -81,7 +82,7 @@ unsafe fn pack<B: Block16>(lo: &[&[B]; 8], hi: &[&[B]; 8], s: usize, p: &mut Pac
 #[inline(always)]
 unsafe fn tile16<B: Block16, const C: usize>(packs: &[Pack16], x: [&[BlockQ8A]; C]) -> [__m512; C] {
     let mut acc = [_mm512_setzero_ps(); C];
-    // SAFETY: every `x[c]` holds at least `packs.len()` blocks (`gemm16` passes activation rows of
+    // SAFETY: every `x[c]` holds at least `packs.len()` blocks (`rows16::gemm` passes activation rows of
     // `apr >= wpr = packs.len()` blocks), so `get_unchecked(s)` is in bounds; the 4-byte unaligned
     // reads are `qs[4g..4g + 4]` (`g < 8`: inside its 32 bytes); the CPU has the AVX-512 level's
     // features (module contract).
@@ -112,75 +113,46 @@ unsafe fn tile16<B: Block16, const C: usize>(packs: &[Pack16], x: [&[BlockQ8A]; 
 }
 
 thread_local! {
-    /// The packed blocks of `gemm16`'s current 16-row group (per thread).
+    /// The packed blocks of the current job's 16-row groups (per thread).
     static PACKS: std::cell::RefCell<Vec<Pack16>> = const { std::cell::RefCell::new(Vec::new()) };
 }
 
-/// Jobs with fewer tokens than this go to the AVX2 kernels.
-const MIN_TOKENS: usize = 8;
+/// The 32-value formats as a [`Rows16`] kernel.
+pub(super) struct Q16<B>(std::marker::PhantomData<B>);
 
-/// The GEMM of a 32-value format: 16-row groups through [`tile16`] in tiles of 8, 4, 2 and 1
-/// tokens; small jobs and the rows left over through the AVX2 kernels. All give the same bits.
+impl<B: Block16> Rows16 for Q16<B> {
+    type W = B;
+    type A = BlockQ8A;
+    type Pack = Pack16;
+    type Scratch = ();
+    const EMPTY: Pack16 = EMPTY;
+    // One group's packed blocks stay in L1 (the default model's rows: 28 blocks, 16 KiB).
+    const ROW_GROUPS: usize = 1;
+    const MIN_TOKENS: usize = 8;
+    fn scratch() {}
+    #[inline(always)]
+    unsafe fn pack(lo: [&[B]; 8], hi: [&[B]; 8], s: usize, _: &mut (), p: &mut Pack16) {
+        // SAFETY: the trait's contract is `pack16`'s.
+        unsafe { pack16(&lo, &hi, s, p) }
+    }
+    #[inline(always)]
+    unsafe fn tile<const C: usize>(packs: &[Pack16], x: [&[BlockQ8A]; C]) -> [__m512; C] {
+        // SAFETY: the trait's contract is `tile16`'s.
+        unsafe { tile16::<B, C>(packs, x) }
+    }
+    #[inline(always)]
+    unsafe fn small(job: &GemmJob<'_, B, BlockQ8A>) {
+        // SAFETY: the `GemmFn` contract.
+        unsafe { B::small(job) }
+    }
+}
+
+/// The GEMM of a 32-value format ([`rows16::gemm`]): all paths give the same bits.
 #[inline(always)]
 pub(super) unsafe fn gemm16<B: Block16>(job: &GemmJob<'_, B, BlockQ8A>) {
-    let (toks, n) = (job.toks.len(), job.wpr);
-    if toks < MIN_TOKENS || job.rows.len() < 16 || n == 0 {
-        // SAFETY: the caller's `GemmFn` contract is all the AVX2 kernel requires.
-        return unsafe { B::small(job) };
-    }
     // Out of the thread-local while in use (a job never nests another).
     let mut packs = PACKS.with(|cell| std::mem::take(&mut *cell.borrow_mut()));
-    packs.resize(n, EMPTY);
-    // SAFETY: by the `GemmFn` contract `job.w` holds the job's rows of `n = wpr` blocks, `job.x` its
-    // tokens with `apr >= n` blocks, and `job.out` may be written at `t * ldo + r` for them; `packs`
-    // has `n` entries (resized above), so `pack` gets `s < n`; the 16-float stores cover rows
-    // `r..r + 16 <= job.rows.end` of tokens inside `job.toks`; the CPU has the AVX-512 level's
-    // features (module contract).
-    unsafe {
-        let xrow = |t: usize| job.x.get_unchecked(t * job.apr..(t + 1) * job.apr);
-        let wrow = |r: usize| job.w.get_unchecked(r * n..(r + 1) * n);
-        let mut r = job.rows.start;
-        while r + 16 <= job.rows.end {
-            let lo =
-                [wrow(r), wrow(r + 1), wrow(r + 2), wrow(r + 3), wrow(r + 4), wrow(r + 5), wrow(r + 6), wrow(r + 7)];
-            let hi = [
-                wrow(r + 8),
-                wrow(r + 9),
-                wrow(r + 10),
-                wrow(r + 11),
-                wrow(r + 12),
-                wrow(r + 13),
-                wrow(r + 14),
-                wrow(r + 15),
-            ];
-            for (s, p) in packs.iter_mut().enumerate() {
-                pack(&lo, &hi, s, p);
-            }
-            let mut t = job.toks.start;
-            macro_rules! tiles {
-                ($c:literal) => {
-                    while job.toks.end - t >= $c {
-                        let mut xs = [xrow(t); $c];
-                        for (j, x) in xs.iter_mut().enumerate().skip(1) {
-                            *x = xrow(t + j);
-                        }
-                        for (j, v) in tile16::<B, $c>(&packs, xs).iter().enumerate() {
-                            _mm512_storeu_ps(job.out.add((t + j) * job.ldo + r), *v);
-                        }
-                        t += $c;
-                    }
-                };
-            }
-            tiles!(8);
-            tiles!(4);
-            tiles!(2);
-            tiles!(1);
-            r += 16;
-        }
-        if r < job.rows.end {
-            let rest = GemmJob { rows: r..job.rows.end, toks: job.toks.clone(), ..*job };
-            B::small(&rest);
-        }
-    }
+    // SAFETY: the caller's `GemmFn` contract and the CPU's features are what `rows16::gemm` needs.
+    unsafe { rows16::gemm::<Q16<B>>(job, &mut packs) };
     PACKS.with(|cell| *cell.borrow_mut() = packs);
 }

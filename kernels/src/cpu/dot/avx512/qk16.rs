@@ -19,6 +19,7 @@
 //! (batch invariance across paths).
 
 use super::super::avx2::qk8::{pack, KBlock8, Pack, EMPTY};
+use super::rows16::{self, Rows16};
 use super::*;
 
 /// One block of a 16-row group.
@@ -140,7 +141,7 @@ unsafe fn join16(lo: &Pack, hi: &Pack, p: &mut Pack16) {
 #[inline(always)]
 unsafe fn tile16<B: KBlock16, const C: usize>(packs: &[Pack16], x: [&[BlockQ8K]; C]) -> [__m512; C] {
     let mut acc = [_mm512_setzero_ps(); C];
-    // SAFETY: every `x[c]` holds at least `packs.len()` blocks (`gemm16` passes activation rows of
+    // SAFETY: every `x[c]` holds at least `packs.len()` blocks (`rows16::gemm` passes activation rows of
     // `apr >= wpr = packs.len()` blocks), so `get_unchecked(s)` is in bounds; the 4-byte unaligned
     // reads are `qs[32k + 4g..32k + 4g + 4]` (`k, g < 8`: inside its 256 bytes) and bsums pairs
     // `q < 8` (inside its 16 × i16); `scale_index` is below 16; the CPU has the AVX-512 level's
@@ -183,99 +184,56 @@ unsafe fn tile16<B: KBlock16, const C: usize>(packs: &[Pack16], x: [&[BlockQ8K];
 }
 
 thread_local! {
-    /// The packed blocks of `gemm16`'s current 16-row group (per thread).
+    /// The packed blocks of the current job's 16-row groups (per thread).
     static PACKS: std::cell::RefCell<Vec<Pack16>> = const { std::cell::RefCell::new(Vec::new()) };
 }
 
-/// 16-row groups packed together, each token tile run against all of them: a long row's
-/// activations (the FFN down projection's 4,864 or 8,960 values per token, ~2.8 MB for 512 tokens)
-/// are then read from beyond L2 once per 64 rows instead of once per 16.
-const ROW_GROUPS: usize = 4;
+/// The K formats as a [`Rows16`] kernel.
+pub(super) struct K16<B>(std::marker::PhantomData<B>);
 
-/// Jobs with fewer tokens than this go to the AVX2 kernels (which take up to 4 tokens without
-/// repacking): the 16-row repacking costs about what 8 tokens' products do.
-const MIN_TOKENS: usize = 8;
+impl<B: KBlock16> Rows16 for K16<B> {
+    type W = B;
+    type A = BlockQ8K;
+    type Pack = Pack16;
+    /// The two 8-row halves of a block, packed as the AVX2 level packs them.
+    type Scratch = (Pack, Pack);
+    const EMPTY: Pack16 = EMPTY16;
+    // A long row's activations (the FFN down projection's 4,864 or 8,960 values per token, ~2.8 MB
+    // for 512 tokens) are read from beyond L2 once per 64 rows instead of once per 16.
+    const ROW_GROUPS: usize = 4;
+    // Fewer tokens go to the AVX2 kernels (which take up to 4 tokens without repacking): the
+    // 16-row repacking costs about what 8 tokens' products do.
+    const MIN_TOKENS: usize = 8;
+    fn scratch() -> (Pack, Pack) {
+        (EMPTY, EMPTY)
+    }
+    #[inline(always)]
+    unsafe fn pack(lo: [&[B]; 8], hi: [&[B]; 8], s: usize, sc: &mut (Pack, Pack), p: &mut Pack16) {
+        // SAFETY: the trait's contract (`s` inside every row, the CPU's features) is `pack`'s.
+        unsafe {
+            pack(lo, s, &mut sc.0);
+            pack(hi, s, &mut sc.1);
+            join16(&sc.0, &sc.1, p);
+        }
+    }
+    #[inline(always)]
+    unsafe fn tile<const C: usize>(packs: &[Pack16], x: [&[BlockQ8K]; C]) -> [__m512; C] {
+        // SAFETY: the trait's contract is `tile16`'s.
+        unsafe { tile16::<B, C>(packs, x) }
+    }
+    #[inline(always)]
+    unsafe fn small(job: &GemmJob<'_, B, BlockQ8K>) {
+        // SAFETY: the `GemmFn` contract.
+        unsafe { B::small(job) }
+    }
+}
 
-/// The GEMM of a K format: up to [`ROW_GROUPS`] 16-row groups at a time through [`tile16`], in tiles
-/// of 8, 4, 2 and 1 tokens;
-/// small jobs and the rows left over through the AVX2 kernels. All give the same bits.
+/// The GEMM of a K format ([`rows16::gemm`]): all paths give the same bits.
 #[inline(always)]
 pub(super) unsafe fn gemm16<B: KBlock16>(job: &GemmJob<'_, B, BlockQ8K>) {
-    let (toks, n) = (job.toks.len(), job.wpr);
-    if toks < MIN_TOKENS || job.rows.len() < 16 || n == 0 {
-        // SAFETY: the caller's `GemmFn` contract is all the AVX2 kernel requires.
-        return unsafe { B::small(job) };
-    }
     // Out of the thread-local while in use (a job never nests another).
     let mut packs = PACKS.with(|cell| std::mem::take(&mut *cell.borrow_mut()));
-    let (mut lo, mut hi) = (EMPTY, EMPTY);
-    // SAFETY: by the `GemmFn` contract `job.w` holds the job's rows of `n = wpr` blocks, `job.x` its
-    // tokens with `apr >= n` blocks, and `job.out` may be written at `t * ldo + r` for them; `packs`
-    // holds `groups` chunks of `n` entries (resized above), so `pack` gets `s < n`; group `gi`'s
-    // 16-float stores cover rows `r + 16 gi..r + 16 (gi + 1) <= job.rows.end` of tokens inside
-    // `job.toks`; the CPU has the AVX-512 level's features (module contract).
-    unsafe {
-        let xrow = |t: usize| job.x.get_unchecked(t * job.apr..(t + 1) * job.apr);
-        let wrow = |r: usize| job.w.get_unchecked(r * n..(r + 1) * n);
-        let mut r = job.rows.start;
-        while r + 16 <= job.rows.end {
-            let groups = ((job.rows.end - r) / 16).min(ROW_GROUPS);
-            packs.resize(groups * n, EMPTY16);
-            for (gi, group) in packs.chunks_exact_mut(n).enumerate() {
-                let r = r + 16 * gi;
-                let w0 = [
-                    wrow(r),
-                    wrow(r + 1),
-                    wrow(r + 2),
-                    wrow(r + 3),
-                    wrow(r + 4),
-                    wrow(r + 5),
-                    wrow(r + 6),
-                    wrow(r + 7),
-                ];
-                let w1 = [
-                    wrow(r + 8),
-                    wrow(r + 9),
-                    wrow(r + 10),
-                    wrow(r + 11),
-                    wrow(r + 12),
-                    wrow(r + 13),
-                    wrow(r + 14),
-                    wrow(r + 15),
-                ];
-                for (s, p) in group.iter_mut().enumerate() {
-                    pack(w0, s, &mut lo);
-                    pack(w1, s, &mut hi);
-                    join16(&lo, &hi, p);
-                }
-            }
-            let mut t = job.toks.start;
-            macro_rules! tiles {
-                ($c:literal) => {
-                    while job.toks.end - t >= $c {
-                        let mut xs = [xrow(t); $c];
-                        for (j, x) in xs.iter_mut().enumerate().skip(1) {
-                            *x = xrow(t + j);
-                        }
-                        for (gi, group) in packs.chunks_exact(n).enumerate() {
-                            for (j, v) in tile16::<B, $c>(group, xs).iter().enumerate() {
-                                _mm512_storeu_ps(job.out.add((t + j) * job.ldo + r + 16 * gi), *v);
-                            }
-                        }
-                        t += $c;
-                    }
-                };
-            }
-            tiles!(8);
-            tiles!(4);
-            tiles!(2);
-            tiles!(1);
-            r += 16 * groups;
-        }
-        if r < job.rows.end {
-            let rest = GemmJob { rows: r..job.rows.end, toks: job.toks.clone(), ..*job };
-            B::small(&rest);
-        }
-    }
+    // SAFETY: the caller's `GemmFn` contract and the CPU's features are what `rows16::gemm` needs.
+    unsafe { rows16::gemm::<K16<B>>(job, &mut packs) };
     PACKS.with(|cell| *cell.borrow_mut() = packs);
 }
