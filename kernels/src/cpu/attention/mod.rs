@@ -73,18 +73,8 @@ impl KvData {
         match self {
             KvData::F16(v) => v[at..at + x.len()].convert_from_f32_slice(x),
             KvData::Q8(v) => {
-                let mut buf = [0f32; 2048];
-                let mut heap = Vec::new();
-                let rot: &mut [f32] = if x.len() <= buf.len() {
-                    &mut buf[..x.len()]
-                } else {
-                    heap.resize(x.len(), 0.0);
-                    &mut heap
-                };
-                rot.copy_from_slice(x);
-                for head in rot.chunks_exact_mut(hd) {
-                    hadamard(head);
-                }
+                let (mut stack, mut heap) = ([0f32; 2048], Vec::new());
+                let rot = rotated(x, hd, &mut stack, &mut heap);
                 let start = at / 32 * Q8_BLOCK_BYTES;
                 let bytes = &mut v[start..start + x.len() / 32 * Q8_BLOCK_BYTES];
                 crate::quant::quantize_row(crate::quant::DType::Q8_0, rot, bytes).expect("rows of whole blocks");
@@ -149,6 +139,20 @@ pub fn hadamard(x: &mut [f32]) {
             *v *= norm;
         }
     }
+}
+
+/// `x` copied with each head of `hd` values rotated ([`hadamard`]): into `stack` when it fits,
+/// else into `heap`.
+fn rotated<'a>(x: &[f32], hd: usize, stack: &'a mut [f32], heap: &'a mut Vec<f32>) -> &'a mut [f32] {
+    let out = if x.len() <= stack.len() {
+        &mut stack[..x.len()]
+    } else {
+        heap.resize(x.len(), 0.0);
+        &mut heap[..]
+    };
+    out.copy_from_slice(x);
+    out.chunks_exact_mut(hd).for_each(hadamard);
+    out
 }
 
 /// The size of [`hadamard`]'s pieces for a head of `hd` values: the largest power of two that
@@ -556,19 +560,7 @@ pub fn attend_scalar(a: &Attend<'_>, scores: &mut [f32], out: &mut [f32]) {
     let row = &mut buf[..hd];
     // Rotated keys and values ([`hadamard`]): the queries rotated the same way, the output back.
     let (mut stack, mut heap) = ([0f32; 2048], Vec::new());
-    let q_all: &[f32] = if a.k.rotated() {
-        let q: &mut [f32] = if rep * hd <= stack.len() {
-            &mut stack[..rep * hd]
-        } else {
-            heap.resize(rep * hd, 0.0);
-            &mut heap
-        };
-        q.copy_from_slice(&a.q[..rep * hd]);
-        q.chunks_exact_mut(hd).for_each(hadamard);
-        q
-    } else {
-        a.q
-    };
+    let q_all: &[f32] = if a.k.rotated() { rotated(&a.q[..rep * hd], hd, &mut stack, &mut heap) } else { a.q };
     for (j, &slot) in a.keys.iter().enumerate() {
         a.k.to_f32(slot as usize * a.kv_cols + a.offset, row);
         for h in 0..rep {
