@@ -15,6 +15,7 @@ use super::bench::BenchArgs;
 use anyhow::Context;
 use cachet_engine::kv_pool::{KvPool, PoolSize, SlotId};
 use cachet_engine::model::{ForwardScratch, LogitsFor, SeqChunk};
+use cachet_engine::sampler::argmax;
 use cachet_kernels::backend::{Backend, KvFormat};
 use std::path::Path;
 
@@ -24,10 +25,6 @@ fn log_softmax(x: &[f32]) -> Vec<f64> {
     let sum: f64 = x.iter().map(|&v| (v as f64 - max).exp()).sum();
     let log_sum = sum.ln() + max;
     x.iter().map(|&v| v as f64 - log_sum).collect()
-}
-
-fn argmax(x: &[f32]) -> usize {
-    x.iter().enumerate().fold((0, f32::NEG_INFINITY), |(bi, bv), (i, &v)| if v > bv { (i, v) } else { (bi, bv) }).0
 }
 
 /// `KL(p ‖ q)` from log-probabilities.
