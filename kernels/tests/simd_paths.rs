@@ -199,9 +199,16 @@ fn quantized_matmul_equals_the_dot_product() {
     for (kernels, cpu) in backends() {
         let level = (kernels.level, kernels.k_level, kernels.q32_level);
         for dtype in DType::ALL.into_iter().filter(|d| d.is_quantized()) {
-            for (rows, cols, t) in
-                [(203, 768, 70), (45, 2048, 9), (16, 256, 4), (203, 2048, 1), (7, 768, 2), (13, 512, 3), (11, 544, 5)]
-            {
+            for (rows, cols, t) in [
+                (203, 768, 70),
+                (45, 2048, 9),
+                (37, 768, 6),
+                (16, 256, 4),
+                (203, 2048, 1),
+                (7, 768, 2),
+                (13, 512, 3),
+                (11, 544, 5),
+            ] {
                 if cols % dtype.block_len() != 0 {
                     continue;
                 }
