@@ -289,17 +289,22 @@ impl SamplingDefaults {
     }
 }
 
-/// `[engine] kv_format`: how the KV pool stores K and V.
+/// `[engine] kv_format`: how the KV pool stores K and V (`None`: `auto`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct KvFormatSetting(pub cachet_kernels::backend::KvFormat);
+pub struct KvFormatSetting(pub Option<cachet_kernels::backend::KvFormat>);
 
 impl std::str::FromStr for KvFormatSetting {
     type Err = cachet_tenants::UnknownWord;
     fn from_str(s: &str) -> Result<KvFormatSetting, cachet_tenants::UnknownWord> {
-        cachet_kernels::backend::KvFormat::parse(s).map(KvFormatSetting).ok_or_else(|| cachet_tenants::UnknownWord {
-            what: "K/V format",
-            input: s.chars().take(64).collect(),
-            expected: "f16 q8_0",
+        if s == "auto" {
+            return Ok(KvFormatSetting(None));
+        }
+        cachet_kernels::backend::KvFormat::parse(s).map(|f| KvFormatSetting(Some(f))).ok_or_else(|| {
+            cachet_tenants::UnknownWord {
+                what: "K/V format",
+                input: s.chars().take(64).collect(),
+                expected: "auto f16 q8_0",
+            }
         })
     }
 }
@@ -310,6 +315,9 @@ pub struct EngineSettings {
     /// KV pool size in tokens; 0: the model's whole context twice over, within half the
     /// free memory (logged at start).
     pub pool_tokens: usize,
+    /// KV pool size as memory, in MiB (instead of `pool_tokens`): the tokens it holds follow from
+    /// the model and `kv_format` (`q8_0` holds 1.88× what `f16` does); 0: `pool_tokens` decides.
+    pub pool_mib: usize,
     /// Most tokens per forward pass.
     pub token_budget: usize,
     /// While requests decode, size passes to their inter-token target.
@@ -397,6 +405,7 @@ impl Default for EngineSettings {
         let d = cachet_engine::runtime::EngineConfig::default();
         EngineSettings {
             pool_tokens: 0,
+            pool_mib: 0,
             token_budget: d.token_budget,
             pace_prefill: d.pace_prefill,
             pace_margin: d.pace_margin,
@@ -531,9 +540,11 @@ impl Settings {
         use std::time::Duration;
         let e = &self.engine;
         let cfg = EngineConfig {
-            pool: match e.pool_tokens {
-                0 => cachet_engine::kv_pool::PoolSize::Contexts(2),
-                n => cachet_engine::kv_pool::PoolSize::Tokens(n),
+            pool: match (e.pool_tokens, e.pool_mib) {
+                (0, 0) => cachet_engine::kv_pool::PoolSize::Contexts(2),
+                (n, 0) => cachet_engine::kv_pool::PoolSize::Tokens(n),
+                (0, mib) => cachet_engine::kv_pool::PoolSize::Bytes(mib.saturating_mul(1 << 20)),
+                _ => return Err(ConfigError::from("engine.pool_tokens and engine.pool_mib both set: set one of them")),
             },
             token_budget: e.token_budget,
             pace_prefill: e.pace_prefill,
@@ -716,7 +727,13 @@ mod tests {
         assert_eq!(s.model.device, DeviceChoice::Cuda(1));
         assert_eq!(load("").expect("valid").engine.policy, Policy::Slo);
         let q8 = load("[engine]\nkv_format = \"q8_0\"\n").expect("valid");
-        assert_eq!(q8.engine_config().unwrap().kv_format, cachet_kernels::backend::KvFormat::Q8_0);
+        assert_eq!(q8.engine_config().unwrap().kv_format, Some(cachet_kernels::backend::KvFormat::Q8_0));
+        let auto = load("[engine]\nkv_format = \"auto\"\n").expect("valid");
+        assert_eq!(auto.engine_config().unwrap().kv_format, None);
+        let mib = load("[engine]\npool_mib = 96\n").expect("valid").engine_config().unwrap();
+        assert!(matches!(mib.pool, cachet_engine::kv_pool::PoolSize::Bytes(b) if b == 96 << 20), "{:?}", mib.pool);
+        let e = load("[engine]\npool_mib = 96\npool_tokens = 4096\n").unwrap_err();
+        assert!(e.contains("pool_tokens") && e.contains("pool_mib"), "{e}");
         for (toml, key, value) in [
             ("[engine]\npolicy = \"fsfc\"\n", "policy", "fsfc"),
             ("[engine]\nkv_format = \"q4_0\"\n", "kv_format", "q4_0"),

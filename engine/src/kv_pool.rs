@@ -312,6 +312,18 @@ mod tests {
         assert!(err.to_string().contains("q8_0"), "{err}");
     }
 
+    /// `kv_format = "auto"`: `Q8_0` where the backend stores it and a head is whole blocks, else
+    /// f16; a format chosen is kept.
+    #[test]
+    fn auto_takes_q8_0_where_the_backend_and_the_heads_allow_it() {
+        use crate::runtime::resolve_kv_format;
+        let b = CpuBackend::new(1).unwrap();
+        assert_eq!(resolve_kv_format(None, &b, &config()), KvFormat::F16, "heads of 4 values");
+        let wide = ModelConfig { head_dim: 64, ..config() };
+        assert_eq!(resolve_kv_format(None, &b, &wide), KvFormat::Q8_0);
+        assert_eq!(resolve_kv_format(Some(KvFormat::F16), &b, &wide), KvFormat::F16);
+    }
+
     #[test]
     fn allocate_and_free_keep_the_pool_consistent() {
         let b = CpuBackend::new(1).unwrap();

@@ -32,7 +32,7 @@ fn engine(model: &Path, tier: Option<&Path>) -> EngineHandle {
 fn engine_in(model: &Path, tier: Option<&Path>, kv_format: KvFormat) -> EngineHandle {
     let cfg = runtime::EngineConfig {
         kv_tier: tier.map(|dir| KvTierConfig { dir: dir.to_path_buf(), max_bytes: 1 << 30, chunk_tokens: CHUNK }),
-        kv_format,
+        kv_format: Some(kv_format),
         ..pool(4096)
     };
     let backend = CpuBackend::new(2).unwrap();

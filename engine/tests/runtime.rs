@@ -45,11 +45,11 @@ fn concurrent_requests_match_running_alone() {
         let alone: Vec<Vec<u32>> = prompts
             .iter()
             .map(|p| {
-                let h = tiny_engine(EngineConfig { kv_format, ..pool(4096) });
+                let h = tiny_engine(EngineConfig { kv_format: Some(kv_format), ..pool(4096) });
                 run(&h, request("t", p.clone(), 16)).0
             })
             .collect();
-        let h = tiny_engine(EngineConfig { token_budget: 96, kv_format, ..pool(4096) });
+        let h = tiny_engine(EngineConfig { token_budget: 96, kv_format: Some(kv_format), ..pool(4096) });
         let streams: Vec<_> = prompts.iter().map(|p| h.submit(request("t", p.clone(), 16))).collect();
         for (i, s) in streams.into_iter().enumerate() {
             let out = s.collect_blocking();
@@ -63,7 +63,7 @@ fn concurrent_requests_match_running_alone() {
 #[test]
 fn a_shared_prefix_is_computed_once() {
     for kv_format in KvFormat::ALL {
-        a_shared_prefix_is_computed_once_in(EngineConfig { kv_format, ..pool(4096) });
+        a_shared_prefix_is_computed_once_in(EngineConfig { kv_format: Some(kv_format), ..pool(4096) });
     }
 }
 

@@ -262,6 +262,10 @@ pub trait Backend: Send + Sync {
     fn download(&self, b: &Self::Buf, out: &mut Vec<f32>);
     /// Allocates the KV pool.
     fn kv(&self, layout: KvLayout) -> Result<Self::Kv, BackendError>;
+    /// The K/V formats [`Backend::kv`] can store (f16 everywhere).
+    fn kv_formats(&self) -> &'static [KvFormat] {
+        &[KvFormat::F16]
+    }
     /// Memory available for more allocations (the KV pool), if known.
     fn memory_available(&self) -> Option<u64> {
         None

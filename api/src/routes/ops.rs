@@ -56,6 +56,7 @@ pub async fn metrics(state: web::Data<AppState>, req: HttpRequest) -> Result<Htt
         if let Some(s) = served.engine.snapshot().await {
             ::metrics::gauge!("cachet:prefix_cache_slots").set(s.cached_slots as f64);
             ::metrics::gauge!("cachet:kv_cache_usage_ratio").set(s.kv_used as f64 / s.kv_capacity.max(1) as f64);
+            ::metrics::gauge!("cachet:kv_cache_capacity_tokens").set(s.kv_capacity as f64);
         }
     }
     Ok(HttpResponse::Ok().content_type("text/plain; version=0.0.4").body(state.ops.metrics.render()))

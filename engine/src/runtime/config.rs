@@ -58,8 +58,9 @@ pub struct EngineConfig {
     /// KV pool size.
     pub pool: PoolSize,
     /// How the pool stores K and V: f16, or 8-bit `Q8_0` blocks (1.88× the tokens in the same
-    /// memory; the CPU backend).
-    pub kv_format: KvFormat,
+    /// memory; the CPU backend). `None`: `Q8_0` where the backend stores it and a head is whole
+    /// blocks, else f16 ([`resolve_kv_format`]).
+    pub kv_format: Option<KvFormat>,
     /// Most tokens (decode tokens plus prefill chunks) in one forward pass.
     pub token_budget: usize,
     /// While requests decode, size each pass to fit the tightest inter-token
@@ -111,7 +112,7 @@ impl Default for EngineConfig {
     fn default() -> Self {
         EngineConfig {
             pool: PoolSize::Tokens(16_384),
-            kv_format: KvFormat::F16,
+            kv_format: Some(KvFormat::F16),
             token_budget: 512,
             pace_prefill: true,
             pace_margin: 0.85,
@@ -197,4 +198,22 @@ impl KvTierConfig {
         }
         Ok(())
     }
+}
+
+/// The K/V format a pool for `config` on `backend` takes: `chosen`, or where that is `None`,
+/// `Q8_0` when the backend stores it and a head is a whole number of its blocks, else f16.
+pub fn resolve_kv_format<B: cachet_kernels::backend::Backend>(
+    chosen: Option<KvFormat>,
+    backend: &B,
+    config: &crate::config::ModelConfig,
+) -> KvFormat {
+    chosen.unwrap_or_else(|| {
+        let q8 = KvFormat::Q8_0;
+        let fits = crate::kv_pool::kv_layout(config, 1, q8).check_format().is_ok();
+        if fits && backend.kv_formats().contains(&q8) {
+            q8
+        } else {
+            KvFormat::F16
+        }
+    })
 }

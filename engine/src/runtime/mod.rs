@@ -30,7 +30,7 @@ mod stats;
 mod step;
 mod tier;
 
-pub use config::{ConfigError, EngineConfig, KvTierConfig, Policy, SloClass, SloTargets};
+pub use config::{resolve_kv_format, ConfigError, EngineConfig, KvTierConfig, Policy, SloClass, SloTargets};
 pub use handle::{EngineHandle, RequestStream};
 pub use kv::KvError;
 pub use remote::{RemoteFeed, RemoteKv};
@@ -169,7 +169,10 @@ impl<B: Backend> Engine<B> {
         cfg.validate().map_err(|e| StartError::Config(e.0))?;
         let config = loaded.model.config().clone();
         let mut cfg = cfg;
-        let format = cfg.kv_format;
+        let format = config::resolve_kv_format(cfg.kv_format, &backend, &config);
+        if cfg.kv_format.is_none() {
+            tracing::info!("K/V stored as {} (kv_format = \"auto\")", format.name());
+        }
         if let PoolSize::Contexts(n) = cfg.pool {
             cfg.pool = cfg.pool.fit(&config, format, backend.memory_available());
             let slots = cfg.pool.slots(&config, format);
@@ -183,6 +186,10 @@ impl<B: Backend> Engine<B> {
                 )
             };
             tracing::info!("KV pool: {slots} tokens ({}), {what}", format.name());
+        }
+        if let PoolSize::Bytes(b) = cfg.pool {
+            let slots = cfg.pool.slots(&config, format);
+            tracing::info!("KV pool: {slots} tokens ({}) in {} MiB", format.name(), b >> 20);
         }
         let pool_bytes = crate::kv_pool::kv_layout(&config, cfg.pool.slots(&config, format), format).bytes() as u64;
         if let Some(available) = backend.memory_available() {

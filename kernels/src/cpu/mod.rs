@@ -219,6 +219,10 @@ impl Backend for CpuBackend {
         Ok(CpuKv { layout, layers })
     }
 
+    fn kv_formats(&self) -> &'static [KvFormat] {
+        &KvFormat::ALL
+    }
+
     fn memory_available(&self) -> Option<u64> {
         let info = std::fs::read_to_string("/proc/meminfo").ok()?;
         let line = info.lines().find(|l| l.starts_with("MemAvailable:"))?;
