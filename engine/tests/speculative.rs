@@ -130,3 +130,108 @@ fn drafted_outputs_under_a_grammar_are_those_of_decoding_one_token_at_a_time() {
     assert!(s.accepted_tokens > before.accepted_tokens, "no draft was confirmed under a grammar: {s:?}");
     spec.check_integrity_blocking().unwrap();
 }
+
+/// The tokens of one sampled request (seeded with `seed`).
+fn sampled(h: &EngineHandle, prompt: &[u32], params: &GenerateParams, seed: u64) -> Vec<u32> {
+    let mut p = params.clone();
+    p.sampling.seed = Some(seed);
+    // A tenant of its own: no earlier answer to draft from (see the test below).
+    let mut s = h.submit(Request::new(TenantKey::new(format!("t{seed}").as_str()), prompt.to_vec(), p));
+    let mut out = Vec::new();
+    while let Some(e) = s.blocking_next() {
+        match e {
+            Event::Token { id, .. } => out.push(id),
+            Event::Done(_) => break,
+            Event::Error(e) => panic!("request failed: {e}"),
+        }
+    }
+    out
+}
+
+/// A de Bruijn sequence of order 4 over `alphabet`: every 4 tokens (so every 2 and 3) occur in it,
+/// so that whatever a request writes in that alphabet, the drafter finds its last tokens in the
+/// prompt and drafts what followed them there, a guess unrelated to the model's distribution.
+fn de_bruijn(alphabet: &[u32]) -> Vec<u32> {
+    fn db(t: usize, p: usize, k: usize, a: &mut [usize; 5], out: &mut Vec<usize>) {
+        if t > 4 {
+            if 4 % p == 0 {
+                out.extend_from_slice(&a[1..=p]);
+            }
+            return;
+        }
+        a[t] = a[t - p];
+        db(t + 1, p, k, a, out);
+        for j in a[t - p] + 1..k {
+            a[t] = j;
+            db(t + 1, t, k, a, out);
+        }
+    }
+    let mut seq = Vec::new();
+    db(1, 1, alphabet.len(), &mut [0; 5], &mut seq);
+    let wrap: Vec<usize> = seq[..3].to_vec();
+    seq.extend(wrap);
+    seq.into_iter().map(|i| alphabet[i]).collect()
+}
+
+/// The distribution of sampled tokens is unchanged by drafting, as a statistical test. The
+/// prompt holds every 4-token sequence of a 3-token alphabet and `logit_bias` keeps the output
+/// within it, so a draft is there at nearly every position, and it is the prompt's continuation,
+/// not a sample of the model's distribution. `N` requests with drafting and `N` without, on
+/// seeds that do not overlap (two independent samples; each request a tenant of its own, so no
+/// earlier answer is drafted from), and a two-sample χ² test on the pairs (token before, token) at
+/// each position at a significance of 0.001 (critical values from Wilson–Hilferty). A kept draft
+/// that was not the token sampled moves the pairs towards the prompt's continuations: breaking
+/// the rule on purpose (a draft kept whenever it was the likeliest token) failed this test.
+#[test]
+fn sampled_tokens_follow_the_same_distribution_with_drafting() {
+    const N: u64 = 3000;
+    let plain = tiny_engine(EngineConfig { draft_tokens: 0, ..pool(8192) });
+    let spec = tiny_engine(EngineConfig { draft_tokens: 16, ..pool(8192) });
+    let alphabet = [5, 17, 42];
+    let prompt = de_bruijn(&alphabet);
+    assert_eq!(prompt.len(), 84);
+    let params = GenerateParams {
+        max_tokens: 6,
+        ignore_eos: true,
+        sampling: SamplingParams {
+            temperature: 1.0,
+            logit_bias: alphabet.iter().map(|&t| (t, 100.0)).collect(),
+            ..Default::default()
+        },
+        ..Default::default()
+    };
+    // Waves of concurrent requests (both engines batch them).
+    let run = |h: &EngineHandle, seeds: std::ops::Range<u64>| -> Vec<Vec<u32>> {
+        let seeds: Vec<u64> = seeds.collect();
+        let mut out = Vec::new();
+        for wave in seeds.chunks(16) {
+            std::thread::scope(|scope| {
+                let (prompt, params) = (&prompt, &params);
+                let runs: Vec<_> = wave.iter().map(|&s| scope.spawn(move || sampled(h, prompt, params, s))).collect();
+                out.extend(runs.into_iter().map(|r| r.join().unwrap()));
+            });
+        }
+        out
+    };
+    let (a, b) = (run(&plain, 0..N), run(&spec, N..2 * N));
+    let s = spec.snapshot_blocking().unwrap();
+    assert!(s.accepted_tokens > N / 4, "too few drafts confirmed for the test to see their effect: {s:?}");
+    assert!(a.iter().chain(&b).all(|o| o.len() == 6 && o.iter().all(|t| alphabet.contains(t))), "outside the alphabet");
+    for pos in 1..6 {
+        let mut counts: std::collections::BTreeMap<(u32, u32), (f64, f64)> = Default::default();
+        for out in &a {
+            counts.entry((out[pos - 1], out[pos])).or_default().0 += 1.0;
+        }
+        for out in &b {
+            counts.entry((out[pos - 1], out[pos])).or_default().1 += 1.0;
+        }
+        // Equal sample sizes: χ² = Σ (x − y)² / (x + y), with k − 1 degrees of freedom.
+        let chi2: f64 = counts.values().map(|(x, y)| (x - y) * (x - y) / (x + y)).sum();
+        let df = (counts.len() - 1).max(1) as f64;
+        let z = 3.09; // the 0.999 quantile of the standard normal
+        let h = 2.0 / (9.0 * df);
+        let critical = df * (1.0 - h + z * h.sqrt()).powi(3);
+        assert!(chi2 < critical, "position {pos}: χ² {chi2:.1} ≥ {critical:.1} ({df} degrees of freedom)");
+    }
+    spec.check_integrity_blocking().unwrap();
+}
