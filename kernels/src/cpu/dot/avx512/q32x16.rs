@@ -128,10 +128,6 @@ impl<B: Block16> Rows16 for Q16<B> {
     const EMPTY: Pack16 = EMPTY;
     // One group's packed blocks stay in L1 (the default model's rows: 28 blocks, 16 KiB).
     const ROW_GROUPS: usize = 1;
-    // As the K formats' tiles (`qk16`): from 5 tokens, where the AVX2 level's kernels would repack
-    // into 8-row groups (the default model's 5- and 7-token passes: 105.8 / 140.9 → 123.1 / 156.6
-    // tokens/s).
-    const MIN_TOKENS: usize = 5;
     fn scratch() {}
     #[inline(always)]
     unsafe fn pack(lo: [&[B]; 8], hi: [&[B]; 8], s: usize, _: &mut (), p: &mut Pack16) {

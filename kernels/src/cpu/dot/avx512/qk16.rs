@@ -201,11 +201,6 @@ impl<B: KBlock16> Rows16 for K16<B> {
     // A long row's activations (the FFN down projection's 4,864 or 8,960 values per token, ~2.8 MB
     // for 512 tokens) are read from beyond L2 once per 64 rows instead of once per 16.
     const ROW_GROUPS: usize = 4;
-    // Fewer tokens go to the AVX2 kernels (up to 4 without repacking). From 5 the AVX2 level would
-    // repack too, into 8-row groups, which were slower: 5- and 7-token passes (verifying drafts,
-    // decoding 5–7 sequences) went from 23.6 / 41.3 to 33.8 / 48.4 tokens/s on the 1.5B with the
-    // tiles taking them (Intel Xeon Emerald Rapids, `cachet bench --prompt 5 --gen 0`).
-    const MIN_TOKENS: usize = 5;
     fn scratch() -> (Pack, Pack) {
         (EMPTY, EMPTY)
     }

@@ -5,6 +5,14 @@
 
 use super::*;
 
+/// Jobs with fewer tokens go to the AVX2 kernels ([`Rows16::small`], up to 4 tokens without
+/// repacking). From 5 the AVX2 level repacks too, into 8-row groups, which were slower than these
+/// tiles: 5- and 7-token passes (verifying drafts, decoding 5–7 sequences) went from 23.6 / 41.3 to
+/// 33.8 / 48.4 tokens/s on the 1.5B (K formats) and from 105.8 / 140.9 to 123.1 / 156.6 on the
+/// default model (32-value formats) with the tiles taking them (Intel Xeon Emerald Rapids,
+/// `cachet bench --prompt 5 --gen 0`).
+const MIN_TOKENS: usize = 5;
+
 /// A 16-row tile kernel: how block `s` of 16 rows is packed and how a tile of tokens runs
 /// against a group's packed blocks.
 pub(super) trait Rows16 {
@@ -17,8 +25,6 @@ pub(super) trait Rows16 {
     const EMPTY: Self::Pack;
     /// Groups packed together, each token tile run against all of them.
     const ROW_GROUPS: usize;
-    /// Jobs with fewer tokens than this go to [`Rows16::small`].
-    const MIN_TOKENS: usize;
     fn scratch() -> Self::Scratch;
     /// Block `s` of the rows `lo` (0..8) and `hi` (8..16), repacked into `p`.
     ///
@@ -45,7 +51,7 @@ pub(super) trait Rows16 {
 #[inline(always)]
 pub(super) unsafe fn gemm<K: Rows16>(job: &GemmJob<'_, K::W, K::A>, packs: &mut Vec<K::Pack>) {
     let (toks, n) = (job.toks.len(), job.wpr);
-    if toks < K::MIN_TOKENS || job.rows.len() < 16 || n == 0 {
+    if toks < MIN_TOKENS || job.rows.len() < 16 || n == 0 {
         // SAFETY: the caller's `GemmFn` contract is all the AVX2 kernel requires.
         return unsafe { K::small(job) };
     }
