@@ -143,31 +143,47 @@ pub(crate) fn grammar(
             let more =
                 if parallel { format!(" (WS \"<tool_call>\" call){{0,{}}}", MAX_CALLS - 1) } else { String::new() };
             let hermes = format == CallFormat::Hermes;
+            // Small models also drop the tags around a `<function=NAME>` call (a custom tool's in
+            // every format, any tool's in the XML one): an answer starting with one is a call
+            // too (and free text may not begin like one).
+            let bare: Vec<String> = if auto && answer.is_none() {
+                let fns = if hermes { 0 } else { chosen.len() };
+                (0..fns)
+                    .map(|i| format!("bare_fn_{i}"))
+                    .chain((0..customs.len()).map(|j| format!("bare_{j}")))
+                    .collect()
+            } else {
+                Vec::new()
+            };
+            let bare_calls =
+                if bare.is_empty() { String::new() } else { format!(" | ({}){more} WS", bare.join(" | ")) };
             let start = match (auto, answer) {
                 // Small models often write the call as a bare or fenced JSON object instead of in
                 // its tags: those starts are calls too (and free text may not begin like one).
                 (true, None) if hermes && has_fn => {
                     let lines: String = (0..chosen.len()).map(|i| format!(" | line{i}")).collect();
-                    format!("TEXT | call_hd call{more} WS | FENCE jcall FENCE_END WS | LEAD? jcall WS{lines}")
+                    format!(
+                        "TEXT | call_hd call{more} WS | FENCE jcall FENCE_END WS | LEAD? jcall WS{lines}{bare_calls}"
+                    )
                 }
-                (true, None) => format!("TEXT | call_hd call{more} WS"),
+                (true, None) => format!("TEXT | call_hd call{more} WS{bare_calls}"),
                 (true, Some(_)) => format!("answer | \"<tool_call>\" call{more} WS"),
                 (false, _) => format!("\"<tool_call>\" call{more} WS"),
             };
             g.push_str(&format!("start: {start}\n"));
-            text_lexemes(&mut g, hermes && has_fn);
+            text_lexemes(&mut g, hermes && has_fn, !bare.is_empty());
             // Whitespace between and after calls is bounded: a model that would rather write
             // another call than end (with parallel_tool_calls false) must end, not pad to max_tokens.
             g.push_str("WS: /[ \\t\\r\\n]{0,4}/\ncall_hd[lazy]: TEXT \"<tool_call>\"\n");
             if hermes && auto && answer.is_none() && has_fn {
-                line_calls(&mut g, &chosen);
+                line_calls(&mut g, &chosen, !bare.is_empty());
             }
             if hermes {
                 hermes_calls(&mut g, &chosen, customs.len());
             } else {
-                xml_calls(&mut g, &chosen, customs.len());
+                xml_calls(&mut g, &chosen, customs.len(), !bare.is_empty());
             }
-            custom_calls(&mut g, &customs);
+            custom_calls(&mut g, &customs, !bare.is_empty());
         }
         CallFormat::LlamaJson => {
             let any: Vec<Value> = chosen.iter().map(|(n, p)| call_schema(n, p, "parameters")).collect();
@@ -184,33 +200,36 @@ pub(crate) fn grammar(
     g
 }
 
-/// The free-text lexeme and, where a bare or fenced JSON call is recognised (`json_calls`), the
-/// lexemes around one.
-fn text_lexemes(g: &mut String, json_calls: bool) {
+/// The free-text lexeme and, where a bare or fenced JSON call (`json_calls`) or a call's
+/// `<function=` without its tags (`bare_calls`, [`bare_open`]) is recognised, the lexemes
+/// around one.
+fn text_lexemes(g: &mut String, json_calls: bool, bare_calls: bool) {
     // Free text may not start with `<tools>`: small models copy the template's list of tools
-    // (which the prompt shows in those tags) as their answer.
+    // (which the prompt shows in those tags) as their answer. Nor with `{` (alone or in a JSON
+    // fence) or `<function=` where those start a call. (Each way out of TEXT ends one byte
+    // before TEXT dies, as llguidance's lexer needs.)
+    g.push_str("TEXT: /(.|\\n)*/");
     if json_calls {
-        // Free text may not start with `{` (alone or in a JSON fence): that starts a call.
-        // (Each way out of TEXT ends one byte before TEXT dies, as llguidance's lexer needs.)
-        g.push_str(concat!(
-            "TEXT: /(.|\\n)*/ & ~/[ \\t\\r\\n]*(```(json)?[ \\t]*\\n[ \\t\\r\\n]*)?\\{(.|\\n)*/",
-            " & ~/[ \\t\\r\\n]*<tools>(.|\\n)*/\n",
-            "FENCE: /[ \\t\\r\\n]*```(json)?[ \\t]*\\n[ \\t\\r\\n]*/\n",
-            "FENCE_END: /[ \\t\\r\\n]*```/\n",
-            "LEAD: /[ \\t\\r\\n]+/\n",
-        ));
-    } else {
-        g.push_str("TEXT: /(.|\\n)*/ & ~/[ \\t\\r\\n]*<tools>(.|\\n)*/\n");
+        g.push_str(" & ~/[ \\t\\r\\n]*(```(json)?[ \\t]*\\n[ \\t\\r\\n]*)?\\{(.|\\n)*/");
+    }
+    if bare_calls {
+        g.push_str(" & ~/[ \\t\\r\\n]*<function=(.|\\n)*/");
+    }
+    g.push_str(" & ~/[ \\t\\r\\n]*<tools>(.|\\n)*/\n");
+    if json_calls {
+        g.push_str("FENCE: /[ \\t\\r\\n]*```(json)?[ \\t]*\\n[ \\t\\r\\n]*/\nFENCE_END: /[ \\t\\r\\n]*```/\n");
+        g.push_str("LEAD: /[ \\t\\r\\n]+/\n");
     }
 }
 
 /// Hermes calls after prose, each on its own line (`line{i}` for tool `i`).
-fn line_calls(g: &mut String, chosen: &[&(String, Value)]) {
+fn line_calls(g: &mut String, chosen: &[&(String, Value)], bare_calls: bool) {
     // A call on its own line after prose: the trigger runs from the prose to the
     // arguments' value, whose schema then holds (the name is in the trigger). It ends
     // on a fixed character (`": "`): a lazy lexeme ends at its shortest match.
     // Prose: something other than whitespace, not starting like a leading call.
-    g.push_str("PROSE: /(.|\\n)*[^ \\t\\r\\n](.|\\n)*/ & ~/[ \\t\\r\\n]*(```|\\{|<tools>)(.|\\n)*/\n");
+    let bare = if bare_calls { "|<function=" } else { "" };
+    g.push_str(&format!("PROSE: /(.|\\n)*[^ \\t\\r\\n](.|\\n)*/ & ~/[ \\t\\r\\n]*(```|\\{{|<tools>{bare})(.|\\n)*/\n"));
     for (i, (name, params)) in chosen.iter().enumerate() {
         g.push_str(&format!(
             "line{i}: line_hd{i} args{i} /[ \\t\\r\\n]*\\}}/ FENCE_END? WS\n\
@@ -238,7 +257,7 @@ fn hermes_calls(g: &mut String, tools: &[&(String, Value)], customs: usize) {
 
 /// Qwen3-Coder's calls: `<function=NAME>` then the parameters in their declared
 /// order (required ones always), string values verbatim, others as JSON.
-fn xml_calls(g: &mut String, tools: &[&(String, Value)], customs: usize) {
+fn xml_calls(g: &mut String, tools: &[&(String, Value)], customs: usize, bare: bool) {
     let mut fns: Vec<String> = (0..tools.len()).map(|i| format!("fn_{i}")).collect();
     fns.extend((0..customs).map(|j| format!("custom_{j}")));
     g.push_str(&format!("call: \"\\n\" ({}) \"\\n</tool_call>\"\n", fns.join(" | ")));
@@ -262,29 +281,43 @@ fn xml_calls(g: &mut String, tools: &[&(String, Value)], customs: usize) {
             parts.push(if required.contains(&param.as_str()) { rule } else { format!("{rule}?") });
         }
         let open = lit(&format!("<function={name}>\n"));
-        g.push_str(&format!("fn_{i}: {open} {} \"</function>\"\n", parts.join(" ")));
+        g.push_str(&format!("fn_{i}: {open} fnbody_{i}\nfnbody_{i}: {} \"</function>\"\n", parts.join(" ")));
+        if bare {
+            g.push_str(&format!("bare_fn_{i}: {} fnbody_{i}\n", bare_open(name)));
+        }
     }
+}
+
+/// The opening of a call without its `<tool_call>` tags, at the start of an answer: one lexeme
+/// with the blank space before it (free text, which may not start like it, lives as long as that
+/// space does).
+fn bare_open(name: &str) -> String {
+    format!("/[ \\t\\r\\n]*<function={}>\\n/", regex_escape(name))
 }
 
 /// Custom tools' calls, `custom_J`: `<function=NAME>`, a newline, the input, `\n</function>`.
 /// Text is anything up to the first `\n</function>`; a regex is matched the same way (one lazy
 /// lexeme: it ends at the first place the expression and the closing tag both can); a Lark
 /// grammar is nested whole (`%lark { … }`, its own rules and lexer).
-fn custom_calls(g: &mut String, customs: &[&CustomTool]) {
+fn custom_calls(g: &mut String, customs: &[&CustomTool], bare: bool) {
     for (j, tool) in customs.iter().enumerate() {
         let open = lit(&format!("<function={}>\n", tool.name));
+        g.push_str(&format!("custom_{j}: {open} cbody_{j}\n"));
+        if bare {
+            g.push_str(&format!("bare_{j}: {} cbody_{j}\n", bare_open(&tool.name)));
+        }
         match &tool.format {
             CustomFormat::Text => {
-                g.push_str(&format!("custom_{j}: {open} ctext_{j}\nctext_{j}[lazy]: /(.|\\n)*\\n<\\/function>/\n"));
+                g.push_str(&format!("cbody_{j}: ctext_{j}\nctext_{j}[lazy]: /(.|\\n)*\\n<\\/function>/\n"));
             }
             CustomFormat::Regex(re) => {
                 g.push_str(&format!(
-                    "custom_{j}: {open} cregex_{j}\ncregex_{j}[lazy]: /(?:{})\\n<\\/function>/\n",
+                    "cbody_{j}: cregex_{j}\ncregex_{j}[lazy]: /(?:{})\\n<\\/function>/\n",
                     lark_regex(re)
                 ));
             }
             CustomFormat::Lark(def) => {
-                g.push_str(&format!("custom_{j}: {open} %lark {{\n{def}\n}} \"\\n</function>\"\n"));
+                g.push_str(&format!("cbody_{j}: %lark {{\n{def}\n}} \"\\n</function>\"\n"));
             }
         }
     }

@@ -14,6 +14,9 @@
 //!   (Qwen3-Coder's XML form; values are JSON when the parameter's schema is not a string);
 //! - `<tool_call>\n<function=NAME>\nINPUT\n</function>\n</tool_call>` for a custom tool (in
 //!   every tagged format): INPUT is the call's free-form input, streamed as it comes;
+//! - an output that starts with such a `<function=NAME>` call without its `<tool_call>` tags,
+//!   NAME one of the request's tools (small models drop the tags: the Qwen2.5-Coder 1.5B
+//!   answered Codex that way in 7 of 24 repository tasks), and more of them after it;
 //! - an output that starts with a bare `{"name": …, "arguments"|"parameters": …}`
 //!   object (Llama 3's format, and what small models often write), or with
 //!   such an object (or a list of them) in a ```` ```json ```` fence — only
@@ -114,6 +117,10 @@ impl ToolSet {
 }
 
 const OPEN: &str = "<tool_call>";
+/// A call's body in the XML forms (and a custom tool's in every tagged one).
+const FUNCTION: &str = "<function=";
+/// The longest tool name a bare `<function=` waits for before it is taken as content.
+const MAX_NAME: usize = 128;
 /// Where a custom tool's input ends.
 const RAW_END: &str = "\n</function>";
 const CLOSE: &str = "</tool_call>";
@@ -274,6 +281,9 @@ impl CallParser {
             if trimmed.starts_with('{') || trimmed.starts_with('[') {
                 return (State::BareProbe, true);
             }
+            if trimmed.starts_with(FUNCTION) || (!trimmed.is_empty() && FUNCTION.starts_with(trimmed)) {
+                return self.bare_function(end);
+            }
             if trimmed.starts_with("```") {
                 return (State::FenceProbe, true);
             }
@@ -311,6 +321,22 @@ impl CallParser {
         let emit: String = self.buf.drain(..self.buf.len() - keep).collect();
         self.content(&emit);
         (State::Text { fresh: false }, false)
+    }
+
+    /// A leading `<function=`: a call without its `<tool_call>` tags when the name that follows is
+    /// one of the request's tools; otherwise content.
+    fn bare_function(&mut self, end: bool) -> (State, bool) {
+        let trimmed = self.buf.trim_start();
+        let lead = self.buf.len() - trimmed.len();
+        let name = trimmed.strip_prefix(FUNCTION).and_then(|rest| rest.find('>').map(|gt| rest[..gt].trim()));
+        match name {
+            None if !end && trimmed.len() < FUNCTION.len() + MAX_NAME => (State::Text { fresh: true }, false),
+            Some(name) if self.tools.is_custom(name) || self.tools.knows(name) => {
+                self.buf.drain(..lead);
+                (State::Xml(XmlCall { bare: true, ..XmlCall::default() }), true)
+            }
+            _ => (State::Text { fresh: false }, true),
+        }
     }
 
     /// A leading `{`/`[`: a call when its first key is `"name"` naming a known tool.
@@ -423,12 +449,12 @@ impl CallParser {
             self.buf.drain(..lead + usize::from(list));
             return (State::Json { call: JsonCall::new(list), tagged: true }, true);
         }
-        if trimmed.starts_with("<function=") {
+        if trimmed.starts_with(FUNCTION) {
             let lead = self.buf.len() - trimmed.len();
             self.buf.drain(..lead);
             return (State::Xml(XmlCall::default()), true);
         }
-        let undecided = trimmed.is_empty() || "<function=".starts_with(trimmed);
+        let undecided = trimmed.is_empty() || FUNCTION.starts_with(trimmed);
         if undecided && !end {
             return (State::TagBody, false);
         }
@@ -499,7 +525,7 @@ impl CallParser {
         loop {
             if call.name.is_none() {
                 let Some(gt) = self.buf.find('>') else { break };
-                let name = self.buf["<function=".len()..gt].trim().to_string();
+                let name = self.buf[FUNCTION.len()..gt].trim().to_string();
                 self.buf.drain(..gt + 1);
                 call.raw = self.tools.is_custom(&name).then_some(false);
                 call.index = Some(self.start_call(name.clone()));
@@ -521,7 +547,7 @@ impl CallParser {
                     let input = self.buf[..at].to_string();
                     self.args(index, &input);
                     self.buf.drain(..at + RAW_END.len());
-                    return (State::AfterCall, true);
+                    return (call.after(), true);
                 }
                 // What may be the start of `\n</function>` waits; at the end (the token limit cut the
                 // call off) it is markup, dropped.
@@ -538,7 +564,7 @@ impl CallParser {
             if trimmed.starts_with("</function>") {
                 self.buf.drain(..lead + "</function>".len());
                 self.finish_xml(&call);
-                return (State::AfterCall, true);
+                return (call.after(), true);
             }
             if trimmed.starts_with("<parameter=") {
                 let Some(gt) = trimmed.find('>') else { break };
@@ -608,7 +634,11 @@ impl CallParser {
                 }
             }
         }
-        if trimmed.starts_with('{') || trimmed.starts_with('[') || trimmed.starts_with("```") {
+        if trimmed.starts_with('{')
+            || trimmed.starts_with('[')
+            || trimmed.starts_with("```")
+            || trimmed.starts_with(FUNCTION)
+        {
             // Perhaps another bare call.
             self.buf.drain(..lead);
             return (State::Text { fresh: true }, true);
@@ -626,8 +656,8 @@ impl CallParser {
             }
             return (State::Between, false);
         }
-        if !end && "```".starts_with(trimmed) {
-            // Perhaps a fence (another call in one).
+        if !end && ("```".starts_with(trimmed) || FUNCTION.starts_with(trimmed)) {
+            // Perhaps a fence (another call in one), or another bare `<function=` call.
             return (State::Between, false);
         }
         // Prose after the calls is content.
@@ -716,6 +746,19 @@ struct XmlCall {
     /// after the opening tag is dropped).
     raw: Option<bool>,
     params: Vec<(String, String)>,
+    /// Written without `<tool_call>` (then no `</tool_call>` follows either).
+    bare: bool,
+}
+
+impl XmlCall {
+    /// Where the parser goes once the call's body is complete.
+    fn after(&self) -> State {
+        if self.bare {
+            State::Between
+        } else {
+            State::AfterCall
+        }
+    }
 }
 
 #[cfg(test)]

@@ -250,6 +250,21 @@ fn custom_tools_are_held_to_their_grammars() {
         let both = format!("{}\n{}", custom_call("note", "a"), custom_call("ticket", "AB-1"));
         assert_eq!(check(&plan, &both), Ok(true), "parallel custom calls");
     }
+    // Without their `<tool_call>` tags (small models drop them), at the start of the answer: still
+    // calls, held to their grammars; prose may not start like one.
+    for template in [HERMES, XML] {
+        let plan = plan(fields(&t, None), template).unwrap();
+        let bare = |name: &str, input: &str| format!("<function={name}>\n{input}\n</function>");
+        let patch = "*** Begin Patch\n*** Add File: sub.py\n+def subfactorial(n):\n+    return n\n*** End Patch";
+        assert_eq!(check(&plan, &bare("apply_patch", patch)), Ok(true), "{template}");
+        assert_eq!(check(&plan, &format!("\n{}", bare("ticket", "AB-3"))), Ok(true), "{template}");
+        assert!(check(&plan, &bare("apply_patch", "newlines")).is_err(), "{template}: the patch grammar holds");
+        assert!(check(&plan, &bare("launch", "x")).is_err(), "{template}: only the request's tools");
+        assert_eq!(check(&plan, "Call <function=apply_patch> like this."), Ok(true), "{template}");
+        assert_eq!(check(&plan, "<functional> programming"), Ok(true), "{template}");
+        let then = format!("{}\n{}", bare("note", "a"), custom_call("ticket", "AB-1"));
+        assert_eq!(check(&plan, &then), Ok(true), "{template}: a tagged call after it");
+    }
     // The function tool keeps its JSON calls beside them.
     let plan = plan(fields(&t, None), HERMES).unwrap();
     let shell = "<tool_call>\n{\"name\": \"shell\", \"arguments\": {\"command\": [\"ls\"]}}\n</tool_call>";

@@ -291,3 +291,44 @@ fn custom_tool_input_is_taken_verbatim_and_streamed() {
     let (_, calls) = parse_all(&tools(), "<tool_call>\n<function=apply_patch>\nx\n</function>\n</tool_call>");
     assert!(calls[0].custom);
 }
+
+/// What the Qwen2.5-Coder 1.5B answered Codex with in 7 of 24 repository tasks: a custom tool's
+/// `<function=NAME>` call without its `<tool_call>` tags. It is a call when NAME is one of the
+/// request's tools; otherwise, and anywhere but at the start or after a call, it is content.
+#[test]
+fn a_call_without_its_tool_call_tags() {
+    let patch = "*** Begin Patch\n*** Update File: more.py\n@@\n-    pass\n+    return 1\n*** End Patch";
+    assert_eq!(
+        parse(&format!("<function=apply_patch>\n{patch}\n</function>")),
+        (String::new(), vec![call("apply_patch", patch)])
+    );
+    assert_eq!(
+        parse(&format!("\n <function=apply_patch>\n{patch}\n</function>\n")).1,
+        vec![call("apply_patch", patch)]
+    );
+    // A function tool's, in the XML form; then another call, tagged or not, and prose after.
+    let text = format!(
+        "<function=read_file>\n<parameter=path>\na.py\n</parameter>\n</function>\n\
+         <function=apply_patch>\n{patch}\n</function>\nDone."
+    );
+    let (content, calls) = parse(&text);
+    assert_eq!(calls, vec![call("read_file", r#"{"path":"a.py"}"#), call("apply_patch", patch)]);
+    assert_eq!(content, "\nDone.");
+    // Cut off by the token limit: the input so far.
+    assert_eq!(
+        parse("<function=apply_patch>\n*** Begin Patch\n*** Add").1,
+        vec![call("apply_patch", "*** Begin Patch\n*** Add")]
+    );
+    // Not a call: an unknown name, a tag that never closes, the tag after prose.
+    for text in [
+        "<function=launch_rocket>\nnow\n</function>",
+        "<function=",
+        "<functi",
+        "<func>tion</func>",
+        "Call it like this: <function=apply_patch>\nx\n</function>",
+    ] {
+        assert_eq!(parse(text), (text.to_string(), vec![]), "{text}");
+    }
+    let long = format!("<function={}", "a".repeat(200));
+    assert_eq!(parse(&long), (long.clone(), vec![]));
+}
