@@ -9,7 +9,8 @@
 #   REPO_TASKS=bench/repo-tasks/more-itertools.json CLIENTS="codex qwen" TARGETS=cachet scripts/agent-bench.sh
 #       multi-file tasks from a repository's history (scripts/repo_tasks.py), each client without and
 #       with the repository context (BIND="off on"); REPO_GIT is a clone of the repository (cloned
-#       from the task list's URL when unset)
+#       from the task list's URL when unset); bound runs start on a pre-warmed repository (an earlier
+#       one-turn session of the same client first; PREWARM=0: cold)
 #
 # Settings (environment): CLIENTS (aider-whole aider-diff codex qwen), TARGETS (cachet llama),
 # MODEL (a `cachet models list` name, default qwen2.5-coder-1.5b), LIMIT (exercises, 0: all a-m),
@@ -39,6 +40,7 @@ OUT=$ROOT/target/agent-bench
 mkdir -p "$TOOLS" "$OUT"
 REPO_TASKS=${REPO_TASKS:-}
 BIND=${BIND:-off on}
+PREWARM=${PREWARM:-1}
 STATE=$OUT/state
 mkdir -p "$STATE"
 # Repository tasks register their working trees with cachet (watched): they live under its root.
@@ -113,6 +115,7 @@ run_target() { # target: starts it, runs every client, stops it
       for bind in $BIND; do
         local how=()
         [ "$bind" = on ] && [ "$target" = cachet ] && how=(--bind)
+        [ "$bind" = on ] && [ "$target" = cachet ] && [ "$PREWARM" = 1 ] && how+=(--prewarm)
         [ "$bind" = on ] && [ "$target" != cachet ] && continue
         python3 scripts/agent_bench.py --client "$client" --base "$base" --key "$key" --model default \
           --timeout "${TIMEOUT:-900}" --retries "${RETRIES:-1}" \

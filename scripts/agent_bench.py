@@ -33,7 +33,13 @@ success. With `--bind`, each task's working tree is registered with cachet as a 
 "Repository context for any client": Qwen Code and aider by the model name, Codex by the
 `X-Cachet-Repository` header), so its prompts carry the repository context and follow its edits.
 Each row then also has the first turn's time to first byte and the bytes of tool output the client
-sent back (what its tools read).
+sent back (what its tools read). With `--prewarm` (and `--bind`), an earlier session of the same
+client on the same repository comes first — one turn asking for a one-word answer, its work-tree
+changes undone — so the measured session is a new session on a pre-warmed repository, as a
+developer's second session of the day is; and once the tests have run, one more turn of the
+measured session (a one-word answer again) is a warm follow-up turn. Each row then has the
+warm-up's first-turn TTFT, the measured session's, the median TTFT of its own later turns and
+the follow-up turn's (`probe_ttft_s`).
 """
 import argparse
 import http.client
@@ -49,6 +55,9 @@ import threading
 import time
 import urllib.parse
 import urllib.request
+
+WARMUP_PROMPT = "Reply with the single word: ready. Do not call any tool and do not change any file."
+FOLLOWUP_PROMPT = "Reply with the single word: done. Do not call any tool and do not change any file."
 
 REPO_PROMPT = """{message}
 
@@ -348,7 +357,7 @@ def client_command(args, work, files, message, base, task, resume=None, repo=Non
         env.update(OPENAI_BASE_URL=base, OPENAI_API_KEY=args.key, OPENAI_MODEL=model, HOME=home,
                    QWEN_SYSTEM_MD=system, QWEN_CODE_TOOL_CALL_STYLE="qwen-vl")
         cmd = [os.path.join(tools, "node_modules", ".bin", "qwen"), "--auth-type", "openai", "--approval-mode",
-               "yolo", "--bare", f"--prompt={message}"]
+               "yolo", "--bare", *(["--continue"] if resume else []), f"--prompt={message}"]
         return cmd, env
     raise SystemExit(f"unknown client {args.client}")
 
@@ -432,6 +441,52 @@ def bind(args, work, name):
     return repo["id"]
 
 
+def warm_up(args, meter, work, base, repo):
+    """An earlier session of the client on the bound repository (one turn, a one-word answer), so
+    that the repository part is in the tenant's cache behind this client's preamble; whatever it
+    changed in the work tree is undone. Returns what it cost."""
+    meter.reset(None)
+    started = time.monotonic()
+    cmd, env = client_command(args, work, [], WARMUP_PROMPT, base, None, repo=repo)
+    try:
+        subprocess.run(cmd, cwd=work, env=env, stdin=subprocess.DEVNULL, capture_output=True, text=True,
+                       timeout=args.timeout)
+    except subprocess.TimeoutExpired:
+        pass
+    git(work, "reset", "-q", "--hard")
+    git(work, "clean", "-qfd")
+    snap = meter.snapshot()
+    return {"warmup_wall_s": round(time.monotonic() - started, 1), "warmup_requests": snap["requests"],
+            "warmup_ttft_s": snap["ttft_s"][0] if snap["ttft_s"] else None,
+            "warmup_prompt_tokens": snap["prompt_tokens"], "warmup_cached_tokens": snap["cached_tokens"]}
+
+
+def follow_up(args, meter, work, base, repo, snap):
+    """One more turn of the measured session once its tests have run (Codex: `exec resume`, Qwen
+    Code: `--continue`), asking for a one-word answer: a warm follow-up turn's time to first byte,
+    which a new session's first turn on a pre-warmed repository is compared with. `probe_continued`:
+    its prompt was longer than the session's first (it carried the conversation)."""
+    sessions = list(meter.client_sessions)
+    if args.client == "codex" and not sessions:
+        return {}
+    first_prompt = snap["prompt_tokens"] / max(snap["requests"], 1)
+    # The tests were copied in and out of the watched tree: their snapshots' pre-warms settle first.
+    time.sleep(5)
+    meter.reset(None)
+    cmd, env = client_command(args, work, [], FOLLOWUP_PROMPT, base, None,
+                              resume=sessions[0] if sessions else "last", repo=repo)
+    try:
+        subprocess.run(cmd, cwd=work, env=env, stdin=subprocess.DEVNULL, capture_output=True, text=True,
+                       timeout=args.timeout)
+    except subprocess.TimeoutExpired:
+        pass
+    got = meter.snapshot()
+    per_request = got["prompt_tokens"] / max(got["requests"], 1)
+    return {"probe_ttft_s": got["ttft_s"][0] if got["ttft_s"] else None, "probe_requests": got["requests"],
+            "probe_prompt_tokens": got["prompt_tokens"], "probe_cached_tokens": got["cached_tokens"],
+            "probe_continued": per_request > first_prompt}
+
+
 def one_repo_task(args, spec, meter, base, attempt_no):
     """A repository task (scripts/repo_tasks.py): the client changes the repository at the
     commit's parent; the commit's tests decide."""
@@ -442,6 +497,9 @@ def one_repo_task(args, spec, meter, base, attempt_no):
     if args.bind:
         name = f"task-{spec['id']}-{args.client}-{attempt_no}"
         repo_id = bind(args, work, name)
+    warm = {}
+    if args.bind and args.prewarm:
+        warm = warm_up(args, meter, work, base, name)
     task = None
     if args.cachet and args.client != "codex":
         task = cachet_call(args, "POST", "/tasks", {"title": f"{args.client} {spec['id']}"})["id"]
@@ -458,9 +516,12 @@ def one_repo_task(args, spec, meter, base, attempt_no):
     ok, output, tries, log = attempts(args, meter, work, spec["sources"], message, base, task, check, repo=name)
     wall = time.monotonic() - started
     snap = meter.snapshot()
+    probe = follow_up(args, meter, work, base, name, snap) if args.bind and args.prewarm else {}
     row = {"task": spec["id"], "commit": spec["commit"], "client": args.client, "target": args.target,
            "model": args.model, "bound": bool(args.bind), "solved": ok, "tries": tries, "wall_s": round(wall, 1),
-           "first_turn_ttft_s": snap["ttft_s"][0] if snap["ttft_s"] else None, **snap}
+           "first_turn_ttft_s": snap["ttft_s"][0] if snap["ttft_s"] else None,
+           "followup_ttft_s": statistics.median(snap["ttft_s"][1:]) if len(snap["ttft_s"]) > 1 else None,
+           **warm, **probe, **snap}
     if task:
         cachet_call(args, "POST", f"/tasks/{task}/outcome",
                     {"status": "succeeded" if ok else "failed",
@@ -491,6 +552,11 @@ def summary(rows):
         "tool_output_bytes": sum(r.get("tool_output_bytes", 0) for r in rows),
         "median_first_turn_ttft_s": statistics.median(
             [r["first_turn_ttft_s"] for r in rows if r.get("first_turn_ttft_s") is not None] or [0]),
+        "median_followup_ttft_s": statistics.median(
+            [r["followup_ttft_s"] for r in rows if r.get("followup_ttft_s") is not None] or [0]),
+        "median_probe_ttft_s": statistics.median(
+            [r["probe_ttft_s"] for r in rows if r.get("probe_ttft_s") is not None and r.get("probe_continued")]
+            or [0]),
         "wall_s": round(sum(r["wall_s"] for r in rows), 1),
     }
     costs = [r.get("ledger_cost") for r in rows if r.get("ledger_cost") is not None]
@@ -512,6 +578,8 @@ def main():
     ap.add_argument("--repo-git", help="with --repo-tasks: a clone of their repository")
     ap.add_argument("--bind", action="store_true",
                     help="with --repo-tasks and --cachet: the client gets the repository context (a watched repository)")
+    ap.add_argument("--prewarm", action="store_true",
+                    help="with --bind: an earlier one-turn session of the client on the repository first")
     ap.add_argument("--letters", default="a-m", help="first letters of the exercises (default a-m; n-z are held out)")
     ap.add_argument("--names", default="", help="only these exercises (comma-separated)")
     ap.add_argument("--limit", type=int, default=0)
@@ -535,7 +603,7 @@ def main():
             row = one_repo_task(args, spec, meter, base, n)
             rows.append(row)
             print(json.dumps({k: row[k] for k in ("task", "bound", "solved", "tries", "wall_s", "requests",
-                                                  "tool_calls", "first_turn_ttft_s")}), flush=True)
+                                                  "tool_calls", "first_turn_ttft_s", "followup_ttft_s")}), flush=True)
             with open(args.out, "a") as f:
                 f.write(json.dumps(row) + "\n")
         print(json.dumps({"client": args.client, "target": args.target, "model": args.model,
