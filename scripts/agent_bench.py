@@ -441,21 +441,27 @@ def bind(args, work, name):
     return repo["id"]
 
 
-def warm_up(args, meter, work, base, repo):
-    """An earlier session of the client on the bound repository (one turn, a one-word answer), so
-    that the repository part is in the tenant's cache behind this client's preamble; whatever it
-    changed in the work tree is undone. Returns what it cost."""
+def one_turn(args, meter, work, base, repo, message, resume=None):
+    """The client once on `message` outside the measured attempts (its output unused); what the
+    proxy saw of it."""
     meter.reset(None)
-    started = time.monotonic()
-    cmd, env = client_command(args, work, [], WARMUP_PROMPT, base, None, repo=repo)
+    cmd, env = client_command(args, work, [], message, base, None, resume=resume, repo=repo)
     try:
         subprocess.run(cmd, cwd=work, env=env, stdin=subprocess.DEVNULL, capture_output=True, text=True,
                        timeout=args.timeout)
     except subprocess.TimeoutExpired:
         pass
+    return meter.snapshot()
+
+
+def warm_up(args, meter, work, base, repo):
+    """An earlier session of the client on the bound repository (one turn, a one-word answer), so
+    that the repository part is in the tenant's cache behind this client's preamble; whatever it
+    changed in the work tree is undone. Returns what it cost."""
+    started = time.monotonic()
+    snap = one_turn(args, meter, work, base, repo, WARMUP_PROMPT)
     git(work, "reset", "-q", "--hard")
     git(work, "clean", "-qfd")
-    snap = meter.snapshot()
     return {"warmup_wall_s": round(time.monotonic() - started, 1), "warmup_requests": snap["requests"],
             "warmup_ttft_s": snap["ttft_s"][0] if snap["ttft_s"] else None,
             "warmup_prompt_tokens": snap["prompt_tokens"], "warmup_cached_tokens": snap["cached_tokens"]}
@@ -472,15 +478,7 @@ def follow_up(args, meter, work, base, repo, snap):
     first_prompt = snap["prompt_tokens"] / max(snap["requests"], 1)
     # The tests were copied in and out of the watched tree: their snapshots' pre-warms settle first.
     time.sleep(5)
-    meter.reset(None)
-    cmd, env = client_command(args, work, [], FOLLOWUP_PROMPT, base, None,
-                              resume=sessions[0] if sessions else "last", repo=repo)
-    try:
-        subprocess.run(cmd, cwd=work, env=env, stdin=subprocess.DEVNULL, capture_output=True, text=True,
-                       timeout=args.timeout)
-    except subprocess.TimeoutExpired:
-        pass
-    got = meter.snapshot()
+    got = one_turn(args, meter, work, base, repo, FOLLOWUP_PROMPT, resume=sessions[0] if sessions else "last")
     per_request = got["prompt_tokens"] / max(got["requests"], 1)
     return {"probe_ttft_s": got["ttft_s"][0] if got["ttft_s"] else None, "probe_requests": got["requests"],
             "probe_prompt_tokens": got["prompt_tokens"], "probe_cached_tokens": got["cached_tokens"],

@@ -295,15 +295,14 @@ for client in "${CLIENTS[@]}"; do
   for try in $(seq "$ATTEMPTS"); do
     echo "== $client (try $try)" >&2
     attempt "$client" "$try"
-    # Qwen Code exits 1 when an answer has neither text nor a call ("Model stream ended with empty
-    # response text"): the 0.5B model's draw, as a run with no tool call is; another try.
-    if [ "$RC" = 1 ] && [ "$try" -lt "$ATTEMPTS" ] && grep -q "Model stream ended with empty response text" "$DATA/$client.out"; then
-      continue
-    fi
-    # Codex exits 1 when an answer runs to its token limit ("Incomplete response returned, reason:
-    # max_output_tokens"): the 0.5B model caught in a loop of the same two sentences, a draw too
-    # (CI at 2828499 on 2026-12-07, its first try); another try.
-    if [ "$RC" = 1 ] && [ "$try" -lt "$ATTEMPTS" ] && grep -q "Incomplete response returned, reason: max_output_tokens" "$DATA/$client.out"; then
+    # Exit 1 for a model's draw gets another try, as a run with no tool call does: Qwen Code's
+    # answer with neither text nor a call ("Model stream ended with empty response text"), and
+    # Codex's answer run to its token limit ("Incomplete response returned, reason:
+    # max_output_tokens": the 0.5B model caught in a loop of the same two sentences, CI at 2828499
+    # on 2026-12-07, its first try).
+    if [ "$RC" = 1 ] && [ "$try" -lt "$ATTEMPTS" ] && grep -qE \
+      "Model stream ended with empty response text|Incomplete response returned, reason: max_output_tokens" \
+      "$DATA/$client.out"; then
       continue
     fi
     why=()

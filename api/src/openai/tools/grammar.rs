@@ -155,8 +155,8 @@ pub(crate) fn grammar(
             } else {
                 Vec::new()
             };
-            let bare_calls =
-                if bare.is_empty() { String::new() } else { format!(" | ({}){more} WS", bare.join(" | ")) };
+            let has_bare = !bare.is_empty();
+            let bare_calls = if has_bare { format!(" | ({}){more} WS", bare.join(" | ")) } else { String::new() };
             let start = match (auto, answer) {
                 // Small models often write the call as a bare or fenced JSON object instead of in
                 // its tags: those starts are calls too (and free text may not begin like one).
@@ -171,19 +171,19 @@ pub(crate) fn grammar(
                 (false, _) => format!("\"<tool_call>\" call{more} WS"),
             };
             g.push_str(&format!("start: {start}\n"));
-            text_lexemes(&mut g, hermes && has_fn, !bare.is_empty());
+            text_lexemes(&mut g, hermes && has_fn, has_bare);
             // Whitespace between and after calls is bounded: a model that would rather write
             // another call than end (with parallel_tool_calls false) must end, not pad to max_tokens.
             g.push_str("WS: /[ \\t\\r\\n]{0,4}/\ncall_hd[lazy]: TEXT \"<tool_call>\"\n");
             if hermes && auto && answer.is_none() && has_fn {
-                line_calls(&mut g, &chosen, !bare.is_empty());
+                line_calls(&mut g, &chosen, has_bare);
             }
             if hermes {
                 hermes_calls(&mut g, &chosen, customs.len());
             } else {
-                xml_calls(&mut g, &chosen, customs.len(), !bare.is_empty());
+                xml_calls(&mut g, &chosen, customs.len(), has_bare);
             }
-            custom_calls(&mut g, &customs, !bare.is_empty());
+            custom_calls(&mut g, &customs, has_bare);
         }
         CallFormat::LlamaJson => {
             let any: Vec<Value> = chosen.iter().map(|(n, p)| call_schema(n, p, "parameters")).collect();
