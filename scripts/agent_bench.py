@@ -112,6 +112,7 @@ class Meter:
             self.cached = 0
             self.output = 0
             self.ttft = []
+            self.prompts = []
             self.client_sessions = []
             self.tool_bytes = 0
             self.tool_ids = set()
@@ -121,12 +122,15 @@ class Meter:
             return {"requests": self.requests, "http_errors": self.errors, "tool_calls": self.tool_calls,
                     "apply_patch_calls": self.patches,
                     "prompt_tokens": self.prompt, "cached_tokens": self.cached, "output_tokens": self.output,
-                    "ttft_s": [round(t, 3) for t in self.ttft], "tool_output_bytes": self.tool_bytes}
+                    "ttft_s": [round(t, 3) for t in self.ttft], "prompt_tokens_each": list(self.prompts),
+                    "tool_output_bytes": self.tool_bytes}
 
     def usage(self, u):
         if not isinstance(u, dict):
             return
-        self.prompt += u.get("prompt_tokens") or u.get("input_tokens") or 0
+        prompt = u.get("prompt_tokens") or u.get("input_tokens") or 0
+        self.prompt += prompt
+        self.prompts.append(prompt)
         self.output += u.get("completion_tokens") or u.get("output_tokens") or 0
         details = u.get("prompt_tokens_details") or u.get("input_tokens_details") or {}
         self.cached += (details or {}).get("cached_tokens") or 0
@@ -475,14 +479,14 @@ def follow_up(args, meter, work, base, repo, snap):
     sessions = list(meter.client_sessions)
     if args.client == "codex" and not sessions:
         return {}
-    first_prompt = snap["prompt_tokens"] / max(snap["requests"], 1)
+    first_prompt = snap["prompt_tokens_each"][0] if snap["prompt_tokens_each"] else 0
     # The tests were copied in and out of the watched tree: their snapshots' pre-warms settle first.
     time.sleep(5)
     got = one_turn(args, meter, work, base, repo, FOLLOWUP_PROMPT, resume=sessions[0] if sessions else "last")
-    per_request = got["prompt_tokens"] / max(got["requests"], 1)
+    probe_prompt = got["prompt_tokens_each"][0] if got["prompt_tokens_each"] else 0
     return {"probe_ttft_s": got["ttft_s"][0] if got["ttft_s"] else None, "probe_requests": got["requests"],
             "probe_prompt_tokens": got["prompt_tokens"], "probe_cached_tokens": got["cached_tokens"],
-            "probe_continued": per_request > first_prompt}
+            "probe_continued": probe_prompt > first_prompt}
 
 
 def one_repo_task(args, spec, meter, base, attempt_no):
