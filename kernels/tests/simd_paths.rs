@@ -16,7 +16,10 @@ use cachet_kernels::testing::Lcg;
 /// the 32-value formats' AVX2 kernels too (the per-CPU choices; `Kernels::variants`).
 fn levels() -> Vec<Kernels> {
     let v = Kernels::variants();
-    println!("levels on this CPU: {:?}", v.iter().map(|d| (d.level, d.k_level, d.q32_level)).collect::<Vec<_>>());
+    println!(
+        "levels on this CPU: {:?}",
+        v.iter().map(|d| (d.level, d.k_level, d.q32_level, d.few_level)).collect::<Vec<_>>()
+    );
     v
 }
 

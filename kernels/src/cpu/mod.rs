@@ -161,6 +161,9 @@ impl Backend for CpuBackend {
         if k.q32_level != k.level {
             choices += &format!(", 32-value formats {}", k.q32_level.name());
         }
+        if k.few_level != k.level {
+            choices += &format!(", few-token {}", k.few_level.name());
+        }
         format!("cpu ({}{choices}, {} threads)", k.level.name(), self.threads())
     }
 

@@ -178,30 +178,37 @@ impl SimdLevel {
 
 /// The level whose kernels the K formats (`Q4_K`, `Q5_K`, `Q6_K`: dot products and GEMMs
 /// together, so that one token and a tile of tokens still give the same bits) use at `level` on
-/// this CPU: a per-CPU choice at the AVX-512 level. On Intel cores 512-bit integer work issues on
-/// two ports (0 and 5, port 5 shared with every lane crossing) where 256-bit work has three, and
-/// the AVX2 K kernels (8-row GEMM, one-token rows 4 at a time) were 1.10–1.38× faster there
-/// inside the AVX-512 level (`docs/performance.md`, Emerald Rapids); on AMD's Zen 4/5 the AVX-512
-/// kernels are the faster ones. `CACHET_SIMD_K=avx2|avx512` overrides.
+/// this CPU: at the AVX-512 level, the AVX-512 level's own kernels (float steps per lane, FMA) or
+/// the exact ones (AVX2: the scalar path's bits; prompt-sized jobs through the AVX-512 VNNI
+/// 16-row tiles, `avx512/qk16.rs`). The exact ones are the default on every CPU: their prompt
+/// passes ran 1.7× (Intel Emerald Rapids) and 2.2× (AMD Zen 4, the 1.5B) as fast as the AVX-512
+/// level's own (`docs/performance.md`). `CACHET_SIMD_K=avx2|avx512` overrides.
 pub fn k_formats_level(level: SimdLevel) -> SimdLevel {
-    choose(level, "CACHET_SIMD_K", SimdLevel::Avx2)
+    choose(level, "CACHET_SIMD_K", SimdLevel::Avx2, SimdLevel::Avx2)
 }
 
 /// The level whose kernels the 32-value formats (`Q4_0`, `Q5_0`, `Q8_0`; dot products and GEMMs
 /// together, as for [`k_formats_level`]) use at `level` on this CPU: the AVX-512 level's own
-/// (`vpdpbusd`, two blocks per 512-bit step) or AVX2's (8 rows side by side in a register's
-/// lanes, the next group prefetched). `CACHET_SIMD_Q32=avx2|avx512` overrides; the default on
-/// Intel is what measured faster on the Emerald Rapids (`docs/performance.md`).
+/// (`vpdpbusd`, two blocks per 512-bit step) or the exact ones (AVX2's, 8 rows side by side in a
+/// register's lanes, and the AVX-512 VNNI 16-row tiles for prompt-sized jobs). The exact ones are
+/// the default on every CPU (the default model's pp512 1.9× on Zen 4 with both families exact).
+/// `CACHET_SIMD_Q32=avx2|avx512` overrides.
 pub fn q32_formats_level(level: SimdLevel) -> SimdLevel {
-    choose(level, "CACHET_SIMD_Q32", INTEL_Q32)
+    choose(level, "CACHET_SIMD_Q32", SimdLevel::Avx2, SimdLevel::Avx2)
 }
 
-/// The 32-value formats' level at the AVX-512 level on Intel CPUs (see [`q32_formats_level`]).
-const INTEL_Q32: SimdLevel = SimdLevel::Avx2;
+/// The level of the kernels that take jobs of 1–4 tokens (a decode step's) where the K formats
+/// use the exact kernels at the AVX-512 level ([`k_formats_level`] AVX2): AVX2's, or the AVX-512
+/// ones beside the 16-row tiles (`avx512/qk.rs`, `gemv_exact`), which give the same bits. On
+/// Intel the AVX2 ones (port 5, as above); elsewhere the AVX-512 ones, which decoded the 1.5B's
+/// K formats faster on Zen 4 (`docs/performance.md`). `CACHET_SIMD_FEW=avx2|avx512` overrides.
+pub fn few_tokens_level(level: SimdLevel) -> SimdLevel {
+    choose(level, "CACHET_SIMD_FEW", SimdLevel::Avx2, SimdLevel::Avx512)
+}
 
-/// A per-format-family choice at the AVX-512 level: the override in `var`, else `intel` on Intel
-/// CPUs and the AVX-512 kernels elsewhere. Other levels keep their own kernels.
-fn choose(level: SimdLevel, var: &str, intel: SimdLevel) -> SimdLevel {
+/// A per-CPU choice at the AVX-512 level: the override in `var`, else `intel` on Intel CPUs and
+/// `other` elsewhere. Other levels keep their own kernels.
+fn choose(level: SimdLevel, var: &str, intel: SimdLevel, other: SimdLevel) -> SimdLevel {
     if level != SimdLevel::Avx512 {
         return level;
     }
@@ -209,7 +216,7 @@ fn choose(level: SimdLevel, var: &str, intel: SimdLevel) -> SimdLevel {
         Some("avx2") => SimdLevel::Avx2,
         Some("avx512") => SimdLevel::Avx512,
         _ if cpu_vendor() == *b"GenuineIntel" => intel,
-        _ => SimdLevel::Avx512,
+        _ => other,
     }
 }
 
@@ -236,6 +243,9 @@ pub struct Kernels {
     pub k_level: SimdLevel,
     /// The level of the 32-value formats' kernels (see [`q32_formats_level`]).
     pub q32_level: SimdLevel,
+    /// Where a family takes the exact kernels at the AVX-512 level (`k_level` AVX2 there): the
+    /// level of its kernel for jobs of 1–4 tokens (see [`few_tokens_level`]); else `level`.
+    pub few_level: SimdLevel,
     pub q4_0: fn(&[BlockQ4_0], &[BlockQ8A]) -> f32,
     pub q5_0: fn(&[BlockQ5_0], &[BlockQ8A]) -> f32,
     pub q8_0: fn(&[BlockQ8_0], &[BlockQ8A]) -> f32,
@@ -312,6 +322,7 @@ macro_rules! safe_table {
             level: $level,
             k_level: $level,
             q32_level: $level,
+            few_level: $level,
             q4_0: safe::q4_0,
             q5_0: safe::q5_0,
             q8_0: safe::q8_0,
@@ -409,6 +420,7 @@ impl Kernels {
             level: SimdLevel::Scalar,
             k_level: SimdLevel::Scalar,
             q32_level: SimdLevel::Scalar,
+            few_level: SimdLevel::Scalar,
             q4_0: scalar::q4_0,
             q5_0: scalar::q5_0,
             q8_0: scalar::q8_0,
@@ -435,7 +447,37 @@ impl Kernels {
     /// The kernels of `level` with this CPU's choices for the K formats ([`k_formats_level`])
     /// and the 32-value formats ([`q32_formats_level`]), or `None` when this CPU cannot run them.
     pub fn for_level(level: SimdLevel) -> Option<Kernels> {
-        Kernels::with_levels(level, k_formats_level(level), q32_formats_level(level))
+        Kernels::with_levels(level, k_formats_level(level), q32_formats_level(level))?.with_few(few_tokens_level(level))
+    }
+
+    /// This table with the exact families' jobs of 1–4 tokens through `few`'s kernels (AVX2's, or
+    /// the AVX-512 ones that give the same bits); `None` where the choice does not apply (a
+    /// table without an exact family at the AVX-512 level takes only its own level).
+    pub fn with_few(self, few: SimdLevel) -> Option<Kernels> {
+        use SimdLevel::{Avx2, Avx512};
+        let exact = self.level == Avx512 && (self.k_level == Avx2 || self.q32_level == Avx2);
+        match few {
+            // The exact families' tables come with AVX2's few-token kernels (`with_levels`).
+            Avx2 if exact => Some(self),
+            #[cfg(target_arch = "x86_64")]
+            Avx512 if exact => {
+                let mut k = Kernels { few_level: few, ..self };
+                if k.k_level == Avx2 {
+                    k.gemm_q4_k = Some(avx512::gemm16w_q4_k);
+                    k.gemm_q5_k = Some(avx512::gemm16w_q5_k);
+                    k.gemm_q6_k = Some(avx512::gemm16w_q6_k);
+                }
+                if k.q32_level == Avx2 {
+                    k.gemm_q4_0 = Some(avx512::gemm16w_q4_0);
+                    k.gemm_q5_0 = Some(avx512::gemm16w_q5_0);
+                    k.gemm_q8_0 = Some(avx512::gemm16w_q8_0);
+                }
+                Some(k)
+            }
+            // Nothing to choose: no exact family (its own few-token kernels), or its level's.
+            _ if !exact && (few == self.level || self.level == Avx512) => Some(self),
+            _ => None,
+        }
     }
 
     /// Every kernel table this CPU can run: each level, and the AVX-512 level with either
@@ -448,6 +490,10 @@ impl Kernels {
                 .into_iter()
                 .filter_map(|(k, q)| Kernels::with_levels(Avx512, k, q)),
         );
+        // The exact kernels with the AVX-512 few-token kernels too (the AVX2 ones are above).
+        let exact: Vec<Kernels> =
+            v.iter().filter(|k| k.level == Avx512 && (k.k_level == Avx2 || k.q32_level == Avx2)).copied().collect();
+        v.extend(exact.into_iter().filter_map(|k| k.with_few(Avx512)));
         v
     }
 
@@ -479,7 +525,8 @@ impl Kernels {
             #[cfg(target_arch = "x86_64")]
             SimdLevel::Avx512 if k_level != level || q32_level != level => {
                 let avx2 = Kernels::with_levels(SimdLevel::Avx2, SimdLevel::Avx2, SimdLevel::Avx2)?;
-                let mut k = Kernels { k_level, q32_level, ..Kernels::avx512() };
+                // The exact families' few-token jobs go through AVX2's kernels here (`with_few`).
+                let mut k = Kernels { k_level, q32_level, few_level: SimdLevel::Avx2, ..Kernels::avx512() };
                 if k_level == SimdLevel::Avx2 {
                     // The AVX2 dot products, and prompt-sized jobs through the AVX-512 VNNI 16-row
                     // tiles (`avx512/qk16.rs`), which give the same bits (the scalar path's).

@@ -19,8 +19,8 @@ pub(in crate::cpu::dot) struct Chunks {
     /// `Q6_K`: the 16 sub-block scales (i16).
     sc16: __m256i,
     /// The block's scales as f32 (`d`, and `dmin` where there is one).
-    d: f32,
-    dmin: f32,
+    pub(in crate::cpu::dot) d: f32,
+    pub(in crate::cpu::dot) dmin: f32,
 }
 
 // SAFETY: every field is a vector or a float, for which all-zero bits are valid.
@@ -352,7 +352,7 @@ unsafe fn lanes<B: KBlock>(b: &B, h: &Chunks, a: &BlockQ8K) -> __m256i {
 /// the block is kept beyond its scales): the same integer sums and float steps as the 1 × 1 tile
 /// of [`tilek`], so the same bits.
 #[inline(always)]
-pub(super) unsafe fn rowdot<B: KBlock>(w: &[B], x: &[BlockQ8K]) -> f32 {
+pub(in crate::cpu::dot) unsafe fn rowdot<B: KBlock>(w: &[B], x: &[BlockQ8K]) -> f32 {
     let mut acc = 0f32;
     // SAFETY: `zip` yields only blocks of both slices, and `head`, `finish`, `token` and `lanes` read
     // only the blocks they are given; AVX2/FMA/F16C per the module contract.
@@ -382,7 +382,7 @@ unsafe fn hsum4<const C: usize>(v: &[__m256i; C]) -> [i32; 4] {
 
 /// The lane sums of 4 vectors, in the lanes of one.
 #[inline(always)]
-unsafe fn sums4(v: [__m256i; 4]) -> __m128i {
+pub(in crate::cpu::dot) unsafe fn sums4(v: [__m256i; 4]) -> __m128i {
     let s = _mm256_hadd_epi32(_mm256_hadd_epi32(v[0], v[1]), _mm256_hadd_epi32(v[2], v[3]));
     _mm_add_epi32(_mm256_castsi256_si128(s), _mm256_extracti128_si256(s, 1))
 }

@@ -355,38 +355,80 @@ pub unsafe fn gemm_q6_k(job: &GemmJob<'_, BlockQ6K, BlockQ8K>) {
 pub unsafe fn gemm16_q4_k(job: &GemmJob<'_, BlockQ4K, BlockQ8K>) {
     // SAFETY: the caller upholds the `GemmFn` contract (output, rows, CPU features), which is all
     // `gemm16` requires.
-    unsafe { qk16::gemm16::<BlockQ4K>(job) }
+    unsafe { qk16::gemm16::<BlockQ4K, false>(job) }
 }
 
 #[target_feature(enable = "avx512f,avx512bw,avx512dq,avx512vl,avx512vnni,avx2,fma,f16c")]
 pub unsafe fn gemm16_q5_k(job: &GemmJob<'_, BlockQ5K, BlockQ8K>) {
     // SAFETY: as in `gemm16_q4_k`.
-    unsafe { qk16::gemm16::<BlockQ5K>(job) }
+    unsafe { qk16::gemm16::<BlockQ5K, false>(job) }
 }
 
 #[target_feature(enable = "avx512f,avx512bw,avx512dq,avx512vl,avx512vnni,avx2,fma,f16c")]
 pub unsafe fn gemm16_q6_k(job: &GemmJob<'_, BlockQ6K, BlockQ8K>) {
     // SAFETY: as in `gemm16_q4_k`.
-    unsafe { qk16::gemm16::<BlockQ6K>(job) }
+    unsafe { qk16::gemm16::<BlockQ6K, false>(job) }
 }
 
 #[target_feature(enable = "avx512f,avx512bw,avx512dq,avx512vl,avx512vnni,avx2,fma,f16c")]
 pub unsafe fn gemm16_q4_0(job: &GemmJob<'_, BlockQ4_0, BlockQ8A>) {
     // SAFETY: the caller upholds the `GemmFn` contract (output, rows, CPU features), which is all
     // `q32x16::gemm16` requires.
-    unsafe { q32x16::gemm16::<BlockQ4_0>(job) }
+    unsafe { q32x16::gemm16::<BlockQ4_0, false>(job) }
 }
 
 #[target_feature(enable = "avx512f,avx512bw,avx512dq,avx512vl,avx512vnni,avx2,fma,f16c")]
 pub unsafe fn gemm16_q5_0(job: &GemmJob<'_, BlockQ5_0, BlockQ8A>) {
     // SAFETY: the caller upholds the `GemmFn` contract (output, rows, CPU features), which is all
     // `q32x16::gemm16` requires.
-    unsafe { q32x16::gemm16::<BlockQ5_0>(job) }
+    unsafe { q32x16::gemm16::<BlockQ5_0, false>(job) }
 }
 
 #[target_feature(enable = "avx512f,avx512bw,avx512dq,avx512vl,avx512vnni,avx2,fma,f16c")]
 pub unsafe fn gemm16_q8_0(job: &GemmJob<'_, BlockQ8_0, BlockQ8A>) {
     // SAFETY: the caller upholds the `GemmFn` contract (output, rows, CPU features), which is all
     // `q32x16::gemm16` requires.
-    unsafe { q32x16::gemm16::<BlockQ8_0>(job) }
+    unsafe { q32x16::gemm16::<BlockQ8_0, false>(job) }
+}
+
+/// `gemm16_q4_k` with jobs of up to 4 tokens through the AVX-512 exact kernel (the same bits).
+#[target_feature(enable = "avx512f,avx512bw,avx512dq,avx512vl,avx512vnni,avx2,fma,f16c")]
+pub unsafe fn gemm16w_q4_k(job: &GemmJob<'_, BlockQ4K, BlockQ8K>) {
+    // SAFETY: as in `gemm16_q4_k`.
+    unsafe { qk16::gemm16::<BlockQ4K, true>(job) }
+}
+
+/// `gemm16_q5_k` with jobs of up to 4 tokens through the AVX-512 exact kernel (the same bits).
+#[target_feature(enable = "avx512f,avx512bw,avx512dq,avx512vl,avx512vnni,avx2,fma,f16c")]
+pub unsafe fn gemm16w_q5_k(job: &GemmJob<'_, BlockQ5K, BlockQ8K>) {
+    // SAFETY: as in `gemm16_q4_k`.
+    unsafe { qk16::gemm16::<BlockQ5K, true>(job) }
+}
+
+/// `gemm16_q6_k` with jobs of up to 4 tokens through the AVX-512 exact kernel (the same bits).
+#[target_feature(enable = "avx512f,avx512bw,avx512dq,avx512vl,avx512vnni,avx2,fma,f16c")]
+pub unsafe fn gemm16w_q6_k(job: &GemmJob<'_, BlockQ6K, BlockQ8K>) {
+    // SAFETY: as in `gemm16_q4_k`.
+    unsafe { qk16::gemm16::<BlockQ6K, true>(job) }
+}
+
+/// `gemm16_q4_0` with jobs of one token through the AVX-512 exact kernel (the same bits).
+#[target_feature(enable = "avx512f,avx512bw,avx512dq,avx512vl,avx512vnni,avx2,fma,f16c")]
+pub unsafe fn gemm16w_q4_0(job: &GemmJob<'_, BlockQ4_0, BlockQ8A>) {
+    // SAFETY: as in `gemm16_q4_0`.
+    unsafe { q32x16::gemm16::<BlockQ4_0, true>(job) }
+}
+
+/// `gemm16_q5_0` with jobs of one token through the AVX-512 exact kernel (the same bits).
+#[target_feature(enable = "avx512f,avx512bw,avx512dq,avx512vl,avx512vnni,avx2,fma,f16c")]
+pub unsafe fn gemm16w_q5_0(job: &GemmJob<'_, BlockQ5_0, BlockQ8A>) {
+    // SAFETY: as in `gemm16_q4_0`.
+    unsafe { q32x16::gemm16::<BlockQ5_0, true>(job) }
+}
+
+/// `gemm16_q8_0` with jobs of one token through the AVX-512 exact kernel (the same bits).
+#[target_feature(enable = "avx512f,avx512bw,avx512dq,avx512vl,avx512vnni,avx2,fma,f16c")]
+pub unsafe fn gemm16w_q8_0(job: &GemmJob<'_, BlockQ8_0, BlockQ8A>) {
+    // SAFETY: as in `gemm16_q4_0`.
+    unsafe { q32x16::gemm16::<BlockQ8_0, true>(job) }
 }

@@ -18,6 +18,7 @@
 //! gives — and the AVX2 kernels that take the one-token and few-token jobs of the same table
 //! (batch invariance across paths).
 
+use super::super::avx2::qk as x2;
 use super::super::avx2::qk8::{pack, KBlock8, Pack, EMPTY};
 use super::rows16::{self, Rows16};
 use super::*;
@@ -188,10 +189,11 @@ thread_local! {
     static PACKS: std::cell::RefCell<Vec<Pack16>> = const { std::cell::RefCell::new(Vec::new()) };
 }
 
-/// The K formats as a [`Rows16`] kernel.
-pub(super) struct K16<B>(std::marker::PhantomData<B>);
+/// The K formats as a [`Rows16`] kernel; `WIDE`: jobs of up to 4 tokens through the AVX-512
+/// exact kernel ([`super::qk::gemv_exact`]) instead of the AVX2 one (the same bits either way).
+pub(super) struct K16<B, const WIDE: bool>(std::marker::PhantomData<B>);
 
-impl<B: KBlock16> Rows16 for K16<B> {
+impl<B: KBlock16 + super::qk::KBlock + x2::KBlock, const WIDE: bool> Rows16 for K16<B, WIDE> {
     type W = B;
     type A = BlockQ8K;
     type Pack = Pack16;
@@ -220,17 +222,26 @@ impl<B: KBlock16> Rows16 for K16<B> {
     }
     #[inline(always)]
     unsafe fn small(job: &GemmJob<'_, B, BlockQ8K>) {
-        // SAFETY: the `GemmFn` contract.
-        unsafe { B::small(job) }
+        // SAFETY: the `GemmFn` contract, which is what both kernels need (the CPU has the AVX-512
+        // level's features, as every `Rows16` kernel requires).
+        unsafe {
+            if WIDE && job.toks.len() < 5 {
+                super::qk::gemv_exact(job)
+            } else {
+                B::small(job)
+            }
+        }
     }
 }
 
 /// The GEMM of a K format ([`rows16::gemm`]): all paths give the same bits.
 #[inline(always)]
-pub(super) unsafe fn gemm16<B: KBlock16>(job: &GemmJob<'_, B, BlockQ8K>) {
+pub(super) unsafe fn gemm16<B: KBlock16 + super::qk::KBlock + x2::KBlock, const WIDE: bool>(
+    job: &GemmJob<'_, B, BlockQ8K>,
+) {
     // Out of the thread-local while in use (a job never nests another).
     let mut packs = PACKS.with(|cell| std::mem::take(&mut *cell.borrow_mut()));
     // SAFETY: the caller's `GemmFn` contract and the CPU's features are what `rows16::gemm` needs.
-    unsafe { rows16::gemm::<K16<B>>(job, &mut packs) };
+    unsafe { rows16::gemm::<K16<B, WIDE>>(job, &mut packs) };
     PACKS.with(|cell| *cell.borrow_mut() = packs);
 }
