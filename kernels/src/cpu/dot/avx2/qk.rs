@@ -394,16 +394,15 @@ pub(in crate::cpu::dot) unsafe fn sums4(v: [__m256i; 4]) -> __m128i {
 /// one-token block's operations were the horizontal sums and the scalar steps). Per token the
 /// same exact sums and float steps as [`rowdot`], so the same bits.
 #[inline(always)]
-unsafe fn gemv4c<B: KBlock, const C: usize>(w: [&[B]; 4], x: [&[BlockQ8K]; C]) -> [__m128; C] {
+unsafe fn gemv4c<B: KBlock, L: Lanes<B>, const C: usize>(w: [&[B]; 4], x: [&[BlockQ8K]; C]) -> [__m128; C] {
     let mut acc = [_mm_setzero_ps(); C];
     // The 4 rows are contiguous, and so are the next 4: the hardware sees 4 strided streams, so
     // fetch the next group's bytes in step (one group ahead, `4 · size_of::<B>()` per block).
     let ahead = w[3].as_ptr().wrapping_add(w[3].len()).cast::<u8>();
     let step = 4 * std::mem::size_of::<B>();
     // SAFETY: the four `w[r]` and every `x[c]` hold at least `w[0].len()` blocks (`gemv` cuts each
-    // weight row and token row to `n = wpr` blocks), so `get_unchecked(s)` is in bounds; `pair` gets
-    // `j < 4`; the activation loads read `qs[64j..64j + 64]` inside its 256 bytes and
-    // `_mm_loadu_ps` the 4-float arrays `d`/`dmin`; a prefetch is only a hint (its pointer, made
+    // weight row and token row to `n = wpr` blocks), so `get_unchecked(s)` is in bounds; `lanes`
+    // reads only the blocks it is given and `_mm_loadu_ps` the 4-float arrays `d`/`dmin`; a prefetch is only a hint (its pointer, made
     // with `wrapping_add`, is never dereferenced); the CPU has AVX2/FMA/F16C (module contract).
     unsafe {
         for s in 0..w[0].len() {
@@ -418,17 +417,9 @@ unsafe fn gemv4c<B: KBlock, const C: usize>(w: [&[B]; 4], x: [&[BlockQ8K]; C]) -
             for r in 0..4 {
                 let b = w[r].get_unchecked(s);
                 let h = b.head();
-                for j in 0..4 {
-                    let [w0, w1] = b.pair(j);
-                    for c in 0..C {
-                        let x0 = load256(a[c].qs.as_ptr().add(64 * j).cast());
-                        let x1 = load256(a[c].qs.as_ptr().add(64 * j + 32).cast());
-                        let p0 = _mm256_madd_epi16(_mm256_maddubs_epi16(w0, x0), h.sc[2 * j]);
-                        let p1 = _mm256_madd_epi16(_mm256_maddubs_epi16(w1, x1), h.sc[2 * j + 1]);
-                        sums[c][r] = _mm256_add_epi32(sums[c][r], _mm256_add_epi32(p0, p1));
-                    }
-                }
+                let lanes = L::lanes::<C>(b, &h, &a);
                 for c in 0..C {
+                    sums[c][r] = lanes[c];
                     corr[c][r] = B::corr(&h, B::token(a[c]));
                 }
                 (d[r], dmin[r]) = (h.d, h.dmin);
@@ -442,22 +433,68 @@ unsafe fn gemv4c<B: KBlock, const C: usize>(w: [&[B]; 4], x: [&[BlockQ8K]; C]) -
     acc
 }
 
+/// How a row's block meets `C` tokens in the few-token kernel ([`gemv4c`]): per token, 8 i32
+/// lanes whose sum is the block's exact scaled integer sum (`h`: the block's head).
+pub(in crate::cpu::dot) trait Lanes<B> {
+    /// # Safety
+    /// The CPU has the implementation's features (AVX2 at least).
+    unsafe fn lanes<const C: usize>(b: &B, h: &Chunks, a: &[&BlockQ8K; C]) -> [__m256i; C];
+}
+
+/// This level's [`Lanes`]: each chunk pair unpacked right before its products, `maddubs` and
+/// `madd` with the scales.
+pub(in crate::cpu::dot) struct Avx2Lanes;
+
+impl<B: KBlock> Lanes<B> for Avx2Lanes {
+    #[inline(always)]
+    unsafe fn lanes<const C: usize>(b: &B, h: &Chunks, a: &[&BlockQ8K; C]) -> [__m256i; C] {
+        let mut sums = [_mm256_setzero_si256(); C];
+        // SAFETY: `pair` gets `j < 4`; the loads read `a[c].qs[64j..64j + 64]` inside its 256 bytes;
+        // the CPU has AVX2 (the trait's contract).
+        unsafe {
+            for j in 0..4 {
+                let [w0, w1] = b.pair(j);
+                for c in 0..C {
+                    let x0 = load256(a[c].qs.as_ptr().add(64 * j).cast());
+                    let x1 = load256(a[c].qs.as_ptr().add(64 * j + 32).cast());
+                    let p0 = _mm256_madd_epi16(_mm256_maddubs_epi16(w0, x0), h.sc[2 * j]);
+                    let p1 = _mm256_madd_epi16(_mm256_maddubs_epi16(w1, x1), h.sc[2 * j + 1]);
+                    sums[c] = _mm256_add_epi32(sums[c], _mm256_add_epi32(p0, p1));
+                }
+            }
+        }
+        sums
+    }
+}
+
 /// A job of a few tokens (a decode step's): rows 4 at a time against up to 4 tokens at once
 /// ([`gemv4c`]), the rest through [`rowdot`].
 #[inline(always)]
 pub(super) unsafe fn gemv<B: KBlock>(job: &GemmJob<'_, B, BlockQ8K>) {
+    // SAFETY: the caller's `GemmFn` contract is `gemv_by`'s, and the CPU has AVX2/FMA/F16C.
+    unsafe { gemv_by::<B, Avx2Lanes>(job) }
+}
+
+/// A job of a few tokens: rows 4 at a time against up to 4 tokens at once ([`gemv4c`] with the
+/// blocks' lanes from `L`), the rows left over through [`rowdot`] (the same bits).
+///
+/// # Safety
+/// The `GemmFn` contract; the CPU has AVX2/FMA/F16C and `L`'s features.
+#[inline(always)]
+pub(in crate::cpu::dot) unsafe fn gemv_by<B: KBlock, L: Lanes<B>>(job: &GemmJob<'_, B, BlockQ8K>) {
     let n = job.wpr;
     // SAFETY: by the `GemmFn` contract `job.w` holds the job's rows of `n = wpr` blocks, `job.x` its
     // tokens with `apr >= n` blocks (`x(t)` takes the first `n`), and `job.out` may be written at
     // `t * ldo + r` for them: the 4-float stores cover rows `r..r + 4 <= job.rows.end` of token
-    // `t + j` inside `job.toks` (`token_tiles!`); the CPU has AVX2/FMA/F16C (module contract).
+    // `t + j` inside `job.toks` (`token_tiles!`); the CPU has AVX2/FMA/F16C (module contract) and
+    // `L`'s features (the caller's).
     unsafe {
         let x = |t: usize| job.x.get_unchecked(t * job.apr..t * job.apr + n);
         let mut r = job.rows.start;
         while r + 4 <= job.rows.end {
             let w: [&[B]; 4] = std::array::from_fn(|i| job.w.get_unchecked((r + i) * n..(r + i + 1) * n));
             token_tiles!(job.toks.clone(), |t, C| {
-                for (j, v) in gemv4c::<B, C>(w, std::array::from_fn(|j| x(t + j))).iter().enumerate() {
+                for (j, v) in gemv4c::<B, L, C>(w, std::array::from_fn(|j| x(t + j))).iter().enumerate() {
                     _mm_storeu_ps(job.out.add((t + j) * job.ldo + r), *v);
                 }
             });

@@ -309,96 +309,45 @@ pub(super) unsafe fn gemmk<B: KBlock>(job: &GemmJob<'_, B, BlockQ8K>) {
     PREPS.with(|cell| *cell.borrow_mut() = preps);
 }
 
-/// `C` tokens against 4 rows with the scalar path's bits, for jobs of a few tokens (a decode
-/// step's) beside the exact 16-row tiles ([`super::qk16`]): each row's block unpacked as the
-/// tiles above unpack it ([`KBlock::prep`]: 4 `vpdpbusd` of 64 values, two `vpackssdw`, one
-/// `vpmaddwd` and one `vpdpwssd` with the sub-block scales give exact i32 lanes), where the AVX2
-/// kernel ([`x2::rowdot`]'s 4-row form) needs 8 `vpmaddubsw` + 8 `vpmaddwd`; then, as there, the
-/// 4 rows' integer sums and corrections reduced together and their float steps done side by side
-/// in the scalar path's order. Integer sums are exact in any order, so every element is the
-/// scalar dot product's, and the AVX2 kernels' (`kernels/tests/simd_paths.rs`).
-#[inline(always)]
-unsafe fn gemv4c<B: KBlock + x2::KBlock, const C: usize>(w: [&[B]; 4], x: [&[BlockQ8K]; C]) -> [__m128; C] {
-    let mut acc = [_mm_setzero_ps(); C];
-    // The 4 rows are contiguous, and so are the next 4: fetch the next group's bytes in step (the
-    // AVX2 kernel's reason: four strided streams leave the hardware prefetcher behind).
-    let ahead = w[3].as_ptr().wrapping_add(w[3].len()).cast::<u8>();
-    let step = 4 * std::mem::size_of::<B>();
-    // SAFETY: the four `w[r]` and every `x[c]` hold at least `w[0].len()` blocks (`gemv` cuts each
-    // weight row and token row to `n = wpr` blocks), so `get_unchecked(s)` is in bounds; the 64-byte
-    // activation loads read `qs[64j..64j + 64]`, `j < 4`, inside its 256 bytes; `prep`, `head`,
-    // `token` and `corr` read only the blocks they are given; a prefetch is only a hint (its pointer,
-    // made with `wrapping_add`, is never dereferenced); the CPU has the AVX-512 level's features
-    // (module contract).
-    unsafe {
-        for s in 0..w[0].len() {
-            let p = ahead.wrapping_add(s * step);
-            for line in (0..step).step_by(64) {
-                _mm_prefetch::<_MM_HINT_T0>(p.wrapping_add(line).cast());
-            }
-            let a: [&BlockQ8K; C] = std::array::from_fn(|c| x[c].get_unchecked(s));
-            let mut tok = [_mm256_setzero_si256(); C];
+/// The few-token kernel's block lanes ([`x2::Lanes`]) beside the exact 16-row tiles
+/// ([`super::qk16`]): each row's block unpacked as the tiles above unpack it ([`KBlock::prep`]:
+/// 4 `vpdpbusd` of 64 values, two `vpackssdw`, one `vpmaddwd` and one `vpdpwssd` with the
+/// sub-block scales give exact i32 lanes, where AVX2 needs 8 `vpmaddubsw` + 8 `vpmaddwd`). The
+/// rest is AVX2's [`x2::gemv_by`]: 4 rows at a time, their integer sums and corrections reduced
+/// together, the float steps in the scalar path's order. Integer sums are exact in any order, so
+/// every element is the scalar dot product's (`kernels/tests/simd_paths.rs`).
+struct WideLanes;
+
+impl<B: KBlock + x2::KBlock> x2::Lanes<B> for WideLanes {
+    #[inline(always)]
+    unsafe fn lanes<const C: usize>(b: &B, _: &x2::Chunks, a: &[&BlockQ8K; C]) -> [__m256i; C] {
+        let mut sums = [_mm256_setzero_si256(); C];
+        // SAFETY: `prep` reads only the block it is given; the 64-byte activation loads read
+        // `qs[64j..64j + 64]`, `j < 4`, inside its 256 bytes; the callers run with the AVX-512 level's
+        // features (the trait's contract).
+        unsafe {
+            let pr = b.prep();
             for c in 0..C {
-                tok[c] = <B as x2::KBlock>::token(a[c]);
-            }
-            let mut sums = [[_mm256_setzero_si256(); 4]; C];
-            let mut corr = [[_mm256_setzero_si256(); 4]; C];
-            let (mut d, mut dmin) = ([0f32; 4], [0f32; 4]);
-            for r in 0..4 {
-                let b = w[r].get_unchecked(s);
-                let h = <B as x2::KBlock>::head(b);
-                let pr = <B as KBlock>::prep(b);
-                for c in 0..C {
-                    let mut dd = [_mm512_setzero_si512(); 4];
-                    for (j, dd) in dd.iter_mut().enumerate() {
-                        let xv = _mm512_loadu_si512(a[c].qs.as_ptr().add(64 * j).cast());
-                        *dd = _mm512_dpbusd_epi32(_mm512_setzero_si512(), pr.wv[j], xv);
-                    }
-                    let lanes = _mm512_madd_epi16(_mm512_packs_epi32(dd[0], dd[1]), pr.sc[0]);
-                    let lanes = dpwssd(lanes, _mm512_packs_epi32(dd[2], dd[3]), pr.sc[1]);
-                    sums[c][r] = _mm256_add_epi32(_mm512_castsi512_si256(lanes), _mm512_extracti64x4_epi64::<1>(lanes));
-                    corr[c][r] = <B as x2::KBlock>::corr(&h, tok[c]);
+                let mut dd = [_mm512_setzero_si512(); 4];
+                for (j, dd) in dd.iter_mut().enumerate() {
+                    let xv = _mm512_loadu_si512(a[c].qs.as_ptr().add(64 * j).cast());
+                    *dd = _mm512_dpbusd_epi32(_mm512_setzero_si512(), pr.wv[j], xv);
                 }
-                (d[r], dmin[r]) = (h.d, h.dmin);
-            }
-            let (d, dmin) = (_mm_loadu_ps(d.as_ptr()), _mm_loadu_ps(dmin.as_ptr()));
-            for c in 0..C {
-                acc[c] = <B as x2::KBlock>::finish4(acc[c], a[c].d, d, dmin, x2::sums4(sums[c]), x2::sums4(corr[c]));
+                let lanes = _mm512_madd_epi16(_mm512_packs_epi32(dd[0], dd[1]), pr.sc[0]);
+                let lanes = dpwssd(lanes, _mm512_packs_epi32(dd[2], dd[3]), pr.sc[1]);
+                sums[c] = _mm256_add_epi32(_mm512_castsi512_si256(lanes), _mm512_extracti64x4_epi64::<1>(lanes));
             }
         }
+        sums
     }
-    acc
 }
 
-/// A job of a few tokens with the scalar path's bits: rows 4 at a time against up to 4 tokens
-/// at once ([`gemv4c`]), the rows left over through the AVX2 single dot product (the same bits).
+/// A job of a few tokens with the scalar path's bits ([`WideLanes`]).
 ///
 /// # Safety
 /// The `GemmFn` contract; the CPU has the AVX-512 level's features.
 #[inline(always)]
 pub(super) unsafe fn gemv_exact<B: KBlock + x2::KBlock>(job: &GemmJob<'_, B, BlockQ8K>) {
-    let n = job.wpr;
-    // SAFETY: by the `GemmFn` contract `job.w` holds the job's rows of `n = wpr` blocks, `job.x` its
-    // tokens with `apr >= n` blocks (`x(t)` takes the first `n`), and `job.out` may be written at
-    // `t * ldo + r` for them: the 4-float stores cover rows `r..r + 4 <= job.rows.end` of token
-    // `t + j` inside `job.toks` (`token_tiles!`); the CPU has the AVX-512 level's features, which
-    // include AVX2/FMA/F16C (module contract).
-    unsafe {
-        let x = |t: usize| job.x.get_unchecked(t * job.apr..t * job.apr + n);
-        let mut r = job.rows.start;
-        while r + 4 <= job.rows.end {
-            let w: [&[B]; 4] = std::array::from_fn(|i| job.w.get_unchecked((r + i) * n..(r + i + 1) * n));
-            token_tiles!(job.toks.clone(), |t, C| {
-                for (j, v) in gemv4c::<B, C>(w, std::array::from_fn(|j| x(t + j))).iter().enumerate() {
-                    _mm_storeu_ps(job.out.add((t + j) * job.ldo + r), *v);
-                }
-            });
-            r += 4;
-        }
-        for r in r..job.rows.end {
-            for t in job.toks.clone() {
-                *job.out.add(t * job.ldo + r) = x2::rowdot(job.w.get_unchecked(r * n..(r + 1) * n), x(t));
-            }
-        }
-    }
+    // SAFETY: the caller's contract is `gemv_by`'s, with `WideLanes`' features (the AVX-512 level's).
+    unsafe { x2::gemv_by::<B, WideLanes>(job) }
 }
