@@ -197,9 +197,10 @@ pub fn q32_formats_level(level: SimdLevel) -> SimdLevel {
     choose(level, "CACHET_SIMD_Q32", SimdLevel::Avx2, SimdLevel::Avx2)
 }
 
-/// The level of the kernels that take jobs of 1–4 tokens (a decode step's) where the K formats
-/// use the exact kernels at the AVX-512 level ([`k_formats_level`] AVX2): AVX2's, or the AVX-512
-/// ones beside the 16-row tiles (`avx512/qk.rs`, `gemv_exact`), which give the same bits. On
+/// The level of the kernels that take jobs of 1–4 tokens (a decode step's) where a format family
+/// uses the exact kernels at the AVX-512 level ([`k_formats_level`], [`q32_formats_level`] AVX2):
+/// AVX2's, or the AVX-512 ones beside the 16-row tiles (`avx512/qk.rs` `gemv_exact`,
+/// `avx512/q32x16.rs` `gemv16`), which give the same bits. On
 /// Intel the AVX2 ones (port 5, as above); elsewhere the AVX-512 ones, which decoded the 1.5B's
 /// K formats faster on Zen 4 (`docs/performance.md`). `CACHET_SIMD_FEW=avx2|avx512` overrides.
 pub fn few_tokens_level(level: SimdLevel) -> SimdLevel {
@@ -243,8 +244,8 @@ pub struct Kernels {
     pub k_level: SimdLevel,
     /// The level of the 32-value formats' kernels (see [`q32_formats_level`]).
     pub q32_level: SimdLevel,
-    /// Where a family takes the exact kernels at the AVX-512 level (`k_level` AVX2 there): the
-    /// level of its kernel for jobs of 1–4 tokens (see [`few_tokens_level`]); else `level`.
+    /// Where a family takes the exact kernels at the AVX-512 level ([`Kernels::has_exact`]): the
+    /// level of their kernels for jobs of 1–4 tokens (see [`few_tokens_level`]); else `level`.
     pub few_level: SimdLevel,
     pub q4_0: fn(&[BlockQ4_0], &[BlockQ8A]) -> f32,
     pub q5_0: fn(&[BlockQ5_0], &[BlockQ8A]) -> f32,
@@ -455,12 +456,15 @@ impl Kernels {
     /// table without an exact family at the AVX-512 level takes only its own level).
     pub fn with_few(self, few: SimdLevel) -> Option<Kernels> {
         use SimdLevel::{Avx2, Avx512};
-        let exact = self.level == Avx512 && (self.k_level == Avx2 || self.q32_level == Avx2);
+        if !self.has_exact() {
+            // Nothing to choose: the table's own few-token kernels.
+            return (few == self.level || self.level == Avx512).then_some(self);
+        }
         match few {
             // The exact families' tables come with AVX2's few-token kernels (`with_levels`).
-            Avx2 if exact => Some(self),
+            Avx2 => Some(self),
             #[cfg(target_arch = "x86_64")]
-            Avx512 if exact => {
+            Avx512 => {
                 let mut k = Kernels { few_level: few, ..self };
                 if k.k_level == Avx2 {
                     k.gemm_q4_k = Some(avx512::gemm16w_q4_k);
@@ -474,10 +478,14 @@ impl Kernels {
                 }
                 Some(k)
             }
-            // Nothing to choose: no exact family (its own few-token kernels), or its level's.
-            _ if !exact && (few == self.level || self.level == Avx512) => Some(self),
             _ => None,
         }
+    }
+
+    /// Whether a format family of this table takes the exact kernels at the AVX-512 level.
+    pub fn has_exact(&self) -> bool {
+        use SimdLevel::{Avx2, Avx512};
+        self.level == Avx512 && (self.k_level == Avx2 || self.q32_level == Avx2)
     }
 
     /// Every kernel table this CPU can run: each level, and the AVX-512 level with either
@@ -491,8 +499,7 @@ impl Kernels {
                 .filter_map(|(k, q)| Kernels::with_levels(Avx512, k, q)),
         );
         // The exact kernels with the AVX-512 few-token kernels too (the AVX2 ones are above).
-        let exact: Vec<Kernels> =
-            v.iter().filter(|k| k.level == Avx512 && (k.k_level == Avx2 || k.q32_level == Avx2)).copied().collect();
+        let exact: Vec<Kernels> = v.iter().filter(|k| k.has_exact()).copied().collect();
         v.extend(exact.into_iter().filter_map(|k| k.with_few(Avx512)));
         v
     }

@@ -225,7 +225,7 @@ impl<B: KBlock16 + super::qk::KBlock + x2::KBlock, const WIDE: bool> Rows16 for 
         // SAFETY: the `GemmFn` contract, which is what both kernels need (the CPU has the AVX-512
         // level's features, as every `Rows16` kernel requires).
         unsafe {
-            if WIDE && job.toks.len() < 5 {
+            if WIDE && job.toks.len() < rows16::MIN_TOKENS {
                 super::qk::gemv_exact(job)
             } else {
                 B::small(job)

@@ -11,7 +11,7 @@ use super::*;
 /// 33.8 / 48.4 tokens/s on the 1.5B (K formats) and from 105.8 / 140.9 to 123.1 / 156.6 on the
 /// default model (32-value formats) with the tiles taking them (Intel Xeon Emerald Rapids,
 /// `cachet bench --prompt 5 --gen 0`).
-const MIN_TOKENS: usize = 5;
+pub(super) const MIN_TOKENS: usize = 5;
 
 /// A 16-row tile kernel: how block `s` of 16 rows is packed and how a tile of tokens runs
 /// against a group's packed blocks.
