@@ -89,7 +89,8 @@ pub struct BlockQ8A {
 /// Activations quantized for the K formats: 256 values, `d * q`, with the sum
 /// of every 16 values in `bsums` (as llama.cpp's `block_q8_K`), and
 /// `msum[j] = d * (bsums[2j] + bsums[2j+1])`, the dequantized sum of each
-/// 32-value sub-block (what the mins of `Q4_K`/`Q5_K` multiply).
+/// 32-value sub-block (what the mins of `Q4_K`/`Q5_K` multiply), and the same sums as
+/// integers in `ssums` (two to a 32-bit word for the AVX-512 tiles' `vpdpwssd`).
 #[derive(Clone, Copy, Debug)]
 #[repr(C)]
 pub struct BlockQ8K {
@@ -97,11 +98,12 @@ pub struct BlockQ8K {
     pub qs: [i8; 256],
     pub bsums: [i16; 16],
     pub msum: [f32; 8],
+    pub ssums: [i16; 8],
 }
 
 impl Default for BlockQ8K {
     fn default() -> Self {
-        Self { d: 0.0, qs: [0; 256], bsums: [0; 16], msum: [0.0; 8] }
+        Self { d: 0.0, qs: [0; 256], bsums: [0; 16], msum: [0.0; 8], ssums: [0; 8] }
     }
 }
 
@@ -112,7 +114,7 @@ const _: () = assert!(std::mem::size_of::<BlockQ4K>() == 144);
 const _: () = assert!(std::mem::size_of::<BlockQ5K>() == 176);
 const _: () = assert!(std::mem::size_of::<BlockQ6K>() == 210);
 const _: () = assert!(std::mem::size_of::<BlockQ8A>() == 40);
-const _: () = assert!(std::mem::size_of::<BlockQ8K>() == 324);
+const _: () = assert!(std::mem::size_of::<BlockQ8K>() == 340);
 
 // SAFETY: all of these are #[repr(C)] aggregates of integers and f16/f32 with
 // no padding (the size assertions above equal the sums of the field sizes).
@@ -145,7 +147,7 @@ unsafe impl Block for BlockQ6K {
 unsafe impl Block for BlockQ8A {
     const LEN: usize = 32;
 }
-// SAFETY: as above: `#[repr(C)]` f32 + [i8; 256] + [i16; 16] + [f32; 8] = 324 bytes, the asserted
+// SAFETY: as above: `#[repr(C)]` f32 + [i8; 256] + [i16; 16] + [f32; 8] + [i16; 8] = 340 bytes, the asserted
 // size (each field lands aligned, so nothing is padded).
 unsafe impl Block for BlockQ8K {
     const LEN: usize = 256;

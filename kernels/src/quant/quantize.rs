@@ -250,7 +250,7 @@ pub fn quantize_q8a(x: &[f32], out: &mut [BlockQ8A]) {
 }
 
 /// Quantizes activations for the K formats: per 256 values, `d = amax/127`,
-/// `q = round(x/d)`, and the sum of every 16 `q`. Inlined into each SIMD level's copy (see
+/// `q = round(x/d)`, and the sum of every 16 and every 32 `q`. Inlined into each SIMD level's copy (see
 /// `simd`).
 #[inline(always)]
 pub fn quantize_q8k(x: &[f32], out: &mut [BlockQ8K]) {
@@ -264,8 +264,10 @@ pub fn quantize_q8k(x: &[f32], out: &mut [BlockQ8K]) {
         for (s, g) in b.bsums.iter_mut().zip(b.qs.chunks_exact(16)) {
             *s = g.iter().map(|&q| q as i16).sum();
         }
-        for (m, pair) in b.msum.iter_mut().zip(b.bsums.chunks_exact(2)) {
+        for ((m, s), pair) in b.msum.iter_mut().zip(&mut b.ssums).zip(b.bsums.chunks_exact(2)) {
             *m = d * (pair[0] as i32 + pair[1] as i32) as f32;
+            // At most 32 · 128 in magnitude.
+            *s = pair[0] + pair[1];
         }
         b.d = d;
     }

@@ -161,7 +161,7 @@ impl KBlock for BlockQ6K {
 /// into `vpmaddwd` + `vpaddd` (one more uop per 64 values; the kernels' hottest instruction).
 #[inline]
 #[target_feature(enable = "avx512f,avx512vnni")]
-unsafe fn dpwssd(acc: __m512i, a: __m512i, b: __m512i) -> __m512i {
+pub(super) unsafe fn dpwssd(acc: __m512i, a: __m512i, b: __m512i) -> __m512i {
     let mut acc = acc;
     // SAFETY: a register-only instruction of AVX-512 VNNI, which the callers' levels require.
     unsafe {

@@ -13,6 +13,18 @@
 //! `vpdpwssd` and the block's float steps, where the 512-bit `maddubs` kernels needed twice the
 //! multiplies and Intel's port 5 for their lane crossings.
 //!
+//! `Q4_K` (the catalogue's main format) takes a cheaper route to the same sums, the *paired*
+//! layout ([`sums_paired`]): each row's 8 values at a position sit in two neighbouring lanes of
+//! one register (rows 0, 1, 4, 5, … in one, 2, 3, 6, 7, … in the other), so one broadcast of 8
+//! activations serves two `vpdpbusd`, and each lane sums 16 of a sub-block's 32 values — at most
+//! 16 · 15 · 128 = 30,720, an i16. `vpackssdw` of the two registers then leaves every row's two
+//! half sums side by side, in row order, and one `vpdpwssd` with the scale in both halves adds
+//! `scale · sum` to the row's i32 (where `vpmulld` is two µops on Intel and needs an add), and the
+//! mins take 4 `vpdpwssd` against the activations' 32-value sums (`BlockQ8K::ssums`) instead of 8.
+//! Per 4,096 products: 64 `vpdpbusd`, 8 `vpackssdw`, 12 `vpdpwssd` and the float steps — 1.2–1.3×
+//! the plain tile's speed on an Intel Xeon (Emerald Rapids), where the `vpdpbusd` ports were the
+//! limit. (`Q5_K`'s and `Q6_K`'s half sums do not fit in i16.)
+//!
 //! Every row's block sum is exact and its float steps are the scalar path's, in the same order
 //! and without fused multiply-adds, so every element is bit for bit what the scalar dot product
 //! gives — and the AVX2 kernels that take the one-token and few-token jobs of the same table
@@ -20,6 +32,7 @@
 
 use super::super::avx2::qk as x2;
 use super::super::avx2::qk8::{pack, KBlock8, Pack, EMPTY};
+use super::qk::dpwssd;
 use super::rows16::{self, Rows16};
 use super::*;
 
@@ -44,6 +57,9 @@ const EMPTY16: Pack16 = unsafe { std::mem::zeroed() };
 pub(super) trait KBlock16: KBlock8 {
     /// Groups of 4 values under one scale: 8 (a 32-value sub-block) or 4 (`Q6_K`'s 16).
     const GROUPS: usize;
+    /// Whether a sub-block's two halves' sums fit in i16 (`Q4_K`: 16 × 15 × 128 < 2^15), so that
+    /// the scale is applied by `vpackssdw` + `vpdpwssd` on the packed halves (the paired layout).
+    const PAIRED: bool = false;
     /// The block's float steps per row lane from the exact sums, the scalar path's operations in
     /// its order (as `KBlock8::finish8`).
     unsafe fn finish16(p: &Pack16, sumi: __m512i, corr: __m512i, a: &BlockQ8K, acc: __m512) -> __m512;
@@ -64,9 +80,10 @@ unsafe fn finish_k4(p: &Pack16, sumi: __m512i, summ: __m512i, a: &BlockQ8K, acc:
 }
 
 macro_rules! k4_block16 {
-    ($block:ty, $small:ident) => {
+    ($block:ty, $small:ident, $paired:expr) => {
         impl KBlock16 for $block {
             const GROUPS: usize = 8;
+            const PAIRED: bool = $paired;
             #[inline(always)]
             unsafe fn finish16(p: &Pack16, sumi: __m512i, corr: __m512i, a: &BlockQ8K, acc: __m512) -> __m512 {
                 // SAFETY: registers only; the CPU has the AVX-512 level's features (module contract).
@@ -81,8 +98,8 @@ macro_rules! k4_block16 {
     };
 }
 
-k4_block16!(BlockQ4K, gemm_q4_k);
-k4_block16!(BlockQ5K, gemm_q5_k);
+k4_block16!(BlockQ4K, gemm_q4_k, true);
+k4_block16!(BlockQ5K, gemm_q5_k, false);
 
 impl KBlock16 for BlockQ6K {
     const GROUPS: usize = 4;
@@ -115,22 +132,48 @@ unsafe fn ps(a: &[f32; 8], b: &[f32; 8]) -> __m512 {
     unsafe { _mm512_insertf32x8::<1>(_mm512_castps256_ps512(_mm256_load_ps(a.as_ptr())), _mm256_load_ps(b.as_ptr())) }
 }
 
-/// Two 8-row packs of a block as one 16-row pack.
+/// Two 8-row packs of a block as one 16-row pack. Paired layout: register `8k + 2m` holds rows
+/// 0, 1, 4, 5, 8, 9, 12, 13 and `8k + 2m + 1` rows 2, 3, 6, 7, 10, 11, 14, 15, each row in two
+/// lanes — values `32k + 8m .. + 4` and `32k + 8m + 4 .. + 8` — so one broadcast of 8 activations
+/// serves both, and `vpackssdw` of the two registers' sums puts each row's two halves side by side
+/// in row order.
 #[inline(always)]
-unsafe fn join16(lo: &Pack, hi: &Pack, p: &mut Pack16) {
+unsafe fn join16<B: KBlock16>(lo: &Pack, hi: &Pack, p: &mut Pack16) {
     // SAFETY: the aligned loads read whole `[u32; 8]` / `[f32; 8]` rows of the `align(32)` AVX2 packs,
     // each at a multiple of 32 bytes; the CPU has the AVX-512 level's features (module contract).
     unsafe {
-        for (x, w) in p.w.iter_mut().enumerate() {
-            *w = join(lo.w[x], hi.w[x]);
+        if B::PAIRED {
+            for x in (0..64).step_by(2) {
+                let (l0, l1, h0, h1) = (lo.w[x], lo.w[x + 1], hi.w[x], hi.w[x + 1]);
+                p.w[x] = join(_mm256_unpacklo_epi32(l0, l1), _mm256_unpacklo_epi32(h0, h1));
+                p.w[x + 1] = join(_mm256_unpackhi_epi32(l0, l1), _mm256_unpackhi_epi32(h0, h1));
+            }
+            // The scale in both i16 halves of its lane, as `vpdpwssd` takes it.
+            for (j, sc) in p.sc.iter_mut().enumerate() {
+                *sc = join(ld(&lo.sc[j]), ld(&hi.sc[j]));
+            }
+        } else {
+            for (x, w) in p.w.iter_mut().enumerate() {
+                *w = join(lo.w[x], hi.w[x]);
+            }
+            // `Pack::sc` holds each scale in both i16 halves of its lane; the arithmetic shift leaves it
+            // as an i32, its sign kept (`Q6_K`'s scales are signed).
+            for (j, sc) in p.sc.iter_mut().enumerate() {
+                *sc = _mm512_srai_epi32::<16>(join(ld(&lo.sc[j]), ld(&hi.sc[j])));
+            }
         }
-        // `Pack::sc` holds each scale in both i16 halves of its lane; the arithmetic shift leaves it
-        // as an i32, its sign kept (`Q6_K`'s scales are signed).
-        for (j, sc) in p.sc.iter_mut().enumerate() {
-            *sc = _mm512_srai_epi32::<16>(join(ld(&lo.sc[j]), ld(&hi.sc[j])));
-        }
-        for (q, mo) in p.mo.iter_mut().enumerate() {
-            *mo = join(ld(&lo.mo[q]), ld(&hi.mo[q]));
+        if B::PAIRED {
+            // Lane `i` of register `q < 4`: mins `2q` and `2q + 1` of row `i` as i16, for the
+            // sub-block sums `ssums` (`Pack::mo` holds each min in both halves).
+            for q in 0..4 {
+                let l = _mm256_blend_epi16::<0b1010_1010>(ld(&lo.mo[2 * q]), ld(&lo.mo[2 * q + 1]));
+                let h = _mm256_blend_epi16::<0b1010_1010>(ld(&hi.mo[2 * q]), ld(&hi.mo[2 * q + 1]));
+                p.mo[q] = join(l, h);
+            }
+        } else {
+            for (q, mo) in p.mo.iter_mut().enumerate() {
+                *mo = join(ld(&lo.mo[q]), ld(&hi.mo[q]));
+            }
         }
         p.d = ps(&lo.d, &hi.d);
         p.dmin = ps(&lo.dmin, &hi.dmin);
@@ -144,44 +187,92 @@ unsafe fn tile16<B: KBlock16, const C: usize>(packs: &[Pack16], x: [&[BlockQ8K];
     let mut acc = [_mm512_setzero_ps(); C];
     // SAFETY: every `x[c]` holds at least `packs.len()` blocks (`rows16::gemm` passes activation rows of
     // `apr >= wpr = packs.len()` blocks), so `get_unchecked(s)` is in bounds; the 4-byte unaligned
-    // reads are `qs[32k + 4g..32k + 4g + 4]` (`k, g < 8`: inside its 256 bytes) and bsums pairs
-    // `q < 8` (inside its 16 × i16); `scale_index` is below 16; the CPU has the AVX-512 level's
-    // features (module contract).
+    // reads are bsums pairs `q < 8` (inside its 16 × i16) and `ssums` pairs `q < 4` (inside its
+    // 8 × i16); the CPU has the AVX-512 level's features (module contract).
     unsafe {
         for (s, p) in packs.iter().enumerate() {
             let mut a: [&BlockQ8K; C] = [x[0].get_unchecked(s); C];
             for c in 1..C {
                 a[c] = x[c].get_unchecked(s);
             }
-            let mut sumi = [_mm512_setzero_si512(); C];
-            for k in 0..8 {
-                for h in 0..8 / B::GROUPS {
-                    let mut t = [_mm512_setzero_si512(); C];
-                    for g in h * B::GROUPS..(h + 1) * B::GROUPS {
-                        let wv = p.w[8 * k + g];
-                        for c in 0..C {
-                            let q = a[c].qs.as_ptr().add(32 * k + 4 * g);
-                            let xb = _mm512_set1_epi32(q.cast::<i32>().read_unaligned());
-                            t[c] = _mm512_dpbusd_epi32(t[c], wv, xb);
-                        }
-                    }
-                    let sc = p.sc[B::scale_index(k, h * B::GROUPS)];
-                    for c in 0..C {
-                        sumi[c] = _mm512_add_epi32(sumi[c], _mm512_mullo_epi32(t[c], sc));
-                    }
-                }
-            }
+            let sumi = if B::PAIRED { sums_paired::<B, C>(p, &a) } else { sums::<B, C>(p, &a) };
             for c in 0..C {
-                let bs = a[c].bsums.as_ptr().cast::<i32>();
                 let mut corr = _mm512_setzero_si512();
-                for q in 0..8 {
-                    corr = _mm512_dpwssd_epi32(corr, p.mo[q], _mm512_set1_epi32(bs.add(q).read_unaligned()));
+                if B::PAIRED {
+                    let ss = a[c].ssums.as_ptr().cast::<i32>();
+                    for q in 0..4 {
+                        corr = dpwssd(corr, p.mo[q], _mm512_set1_epi32(ss.add(q).read_unaligned()));
+                    }
+                } else {
+                    let bs = a[c].bsums.as_ptr().cast::<i32>();
+                    for q in 0..8 {
+                        corr = _mm512_dpwssd_epi32(corr, p.mo[q], _mm512_set1_epi32(bs.add(q).read_unaligned()));
+                    }
                 }
                 acc[c] = B::finish16(p, sumi[c], corr, a[c], acc[c]);
             }
         }
     }
     acc
+}
+
+/// A block's exact scaled sums for `C` tokens: per scale, the `vpdpbusd` chain of its groups, one
+/// `vpmulld` by the rows' scales and an add.
+#[inline(always)]
+unsafe fn sums<B: KBlock16, const C: usize>(p: &Pack16, a: &[&BlockQ8K; C]) -> [__m512i; C] {
+    let mut sumi = [_mm512_setzero_si512(); C];
+    // SAFETY: the 4-byte unaligned reads are `qs[32k + 4g..32k + 4g + 4]` (`k, g < 8`: inside its
+    // 256 bytes); `scale_index` is below 16; the CPU has the AVX-512 level's features (module
+    // contract).
+    unsafe {
+        for k in 0..8 {
+            for h in 0..8 / B::GROUPS {
+                let mut t = [_mm512_setzero_si512(); C];
+                for g in h * B::GROUPS..(h + 1) * B::GROUPS {
+                    let wv = p.w[8 * k + g];
+                    for c in 0..C {
+                        let q = a[c].qs.as_ptr().add(32 * k + 4 * g);
+                        let xb = _mm512_set1_epi32(q.cast::<i32>().read_unaligned());
+                        t[c] = _mm512_dpbusd_epi32(t[c], wv, xb);
+                    }
+                }
+                let sc = p.sc[B::scale_index(k, h * B::GROUPS)];
+                for c in 0..C {
+                    sumi[c] = _mm512_add_epi32(sumi[c], _mm512_mullo_epi32(t[c], sc));
+                }
+            }
+        }
+    }
+    sumi
+}
+
+/// [`sums`] for the paired layout (`KBlock16::PAIRED`; see the module doc): per sub-block and
+/// token, 8 `vpdpbusd` in two chains, one `vpackssdw` and one `vpdpwssd`.
+#[inline(always)]
+unsafe fn sums_paired<B: KBlock16, const C: usize>(p: &Pack16, a: &[&BlockQ8K; C]) -> [__m512i; C] {
+    let mut sumi = [_mm512_setzero_si512(); C];
+    // SAFETY: the 8-byte unaligned reads are `qs[32k + 8m..32k + 8m + 8]` (`k < 8`, `m < 4`: inside
+    // its 256 bytes); the CPU has the AVX-512 level's features (module contract).
+    unsafe {
+        for k in 0..8 {
+            let mut tx = [_mm512_setzero_si512(); C];
+            let mut ty = [_mm512_setzero_si512(); C];
+            for m in 0..4 {
+                let (wx, wy) = (p.w[8 * k + 2 * m], p.w[8 * k + 2 * m + 1]);
+                for c in 0..C {
+                    let q = a[c].qs.as_ptr().add(32 * k + 8 * m);
+                    let xb = _mm512_set1_epi64(q.cast::<i64>().read_unaligned());
+                    tx[c] = _mm512_dpbusd_epi32(tx[c], wx, xb);
+                    ty[c] = _mm512_dpbusd_epi32(ty[c], wy, xb);
+                }
+            }
+            let sc = p.sc[B::scale_index(k, 0)];
+            for c in 0..C {
+                sumi[c] = dpwssd(sumi[c], _mm512_packs_epi32(tx[c], ty[c]), sc);
+            }
+        }
+    }
+    sumi
 }
 
 thread_local! {
@@ -212,7 +303,7 @@ impl<B: KBlock16 + super::qk::KBlock + x2::KBlock, const WIDE: bool> Rows16 for 
         unsafe {
             pack(lo, s, &mut sc.0);
             pack(hi, s, &mut sc.1);
-            join16(&sc.0, &sc.1, p);
+            join16::<B>(&sc.0, &sc.1, p);
         }
     }
     #[inline(always)]
