@@ -282,4 +282,25 @@ fn main() {
         let d = best(reps, || cpu.attention(&q, &kv, 0, &seqs, &slots, &shape, &mut out));
         println!("| context {ctx} | {:.0} |", d.as_secs_f64() * 1e6);
     }
+
+    // Prefill attention: the last 512 rows of a causal prompt of `ctx` tokens, the 1.5B's heads
+    // (12 / 2 KV × 128), as a long agent prompt's chunks meet it.
+    println!("\n| prefill attention, 512 rows, 12 heads / 2 KV heads × 128 | ms per layer | G multiply-adds/s |\n|---|---:|---:|");
+    let (heads, kv_heads, hd, rows) = (12, 2, 128, 512);
+    for ctx in [512usize, 4096] {
+        let layout = KvLayout { layers: 1, slots: ctx, kv_heads, head_dim: hd, format: KvFormat::F16 };
+        let mut kv = cpu.kv(layout).unwrap();
+        let slots: Vec<u32> = (0..ctx as u32).collect();
+        let (mut k, mut v, mut q, mut out) = (cpu.buf(), cpu.buf(), cpu.buf(), cpu.buf());
+        cpu.upload(&mut k, ctx, kv_heads * hd, &random(ctx * kv_heads * hd, 1));
+        cpu.upload(&mut v, ctx, kv_heads * hd, &random(ctx * kv_heads * hd, 2));
+        cpu.kv_store(&mut kv, 0, &k, &v, &slots);
+        cpu.upload(&mut q, rows, heads * hd, &random(rows * heads * hd, 3));
+        let shape = AttnShape { n_heads: heads, n_kv_heads: kv_heads, head_dim: hd, scale: 0.088 };
+        let seqs = [AttnSeq { rows: 0..rows, first_pos: ctx - rows, slots: 0..ctx }];
+        let d = best(reps, || cpu.attention(&q, &kv, 0, &seqs, &slots, &shape, &mut out));
+        // Q·K and P·V over the keys each row sees.
+        let macs: f64 = (0..rows).map(|r| (ctx - rows + r + 1) as f64).sum::<f64>() * (2 * heads * hd) as f64;
+        println!("| context {ctx} | {:.2} | {:.1} |", d.as_secs_f64() * 1e3, macs / d.as_secs_f64() / 1e9);
+    }
 }

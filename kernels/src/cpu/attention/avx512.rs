@@ -64,7 +64,7 @@ pub unsafe fn attend(a: &Attend<'_>, _scores: &mut [f32], out: &mut [f32]) {
 pub unsafe fn tile(t: &Tile<'_>, sc: &mut TileScratch, out: *mut f32) {
     match t.hd {
         64 => tile_hd::<4, 64, 6>(t, sc, out),
-        128 => tile_hd::<8, 128, 2>(t, sc, out),
+        128 => tile_hd::<8, 128, 4>(t, sc, out),
         _ => tile_by_rows(t, sc, out, super::attend_scalar),
     }
 }
@@ -90,18 +90,18 @@ unsafe fn tile_hd<const HV: usize, const HD: usize, const NQ: usize>(
             row_f32::<HV>(t.k, off, kf.add(j * HD));
             row_f32::<HV>(t.v, off, vf.add(j * HD));
         }
+        // Keys in steps of 8 for the scores (at most `KB`, a multiple of 8).
+        let nj8 = nj.next_multiple_of(8);
         // Rows past the keys are zero (their scores are masked anyway).
-        std::ptr::write_bytes(kf.add(nj * HD), 0, (nj4 - nj) * HD);
+        std::ptr::write_bytes(kf.add(nj * HD), 0, (nj8 - nj) * HD);
         std::ptr::write_bytes(vf.add(nj * HD), 0, (nj4 - nj) * HD);
 
         let mut iv = 0;
         while iv < mv {
-            let ni = (mv - iv).min(4);
+            let ni = (mv - iv).min(2);
             match ni {
-                4 => scores::<HD, 4>(qt, kf, s, mp, iv, nj4),
-                3 => scores::<HD, 3>(qt, kf, s, mp, iv, nj4),
-                2 => scores::<HD, 2>(qt, kf, s, mp, iv, nj4),
-                _ => scores::<HD, 1>(qt, kf, s, mp, iv, nj4),
+                2 => scores::<HD, 2>(qt, kf, s, mp, iv, nj8),
+                _ => scores::<HD, 1>(qt, kf, s, mp, iv, nj8),
             }
             iv += ni;
         }
@@ -130,18 +130,23 @@ unsafe fn tile_hd<const HV: usize, const HD: usize, const NQ: usize>(
             _mm512_storeu_ps(alpha.add(16 * iv), a);
         }
 
-        let mut i = 0;
-        while i < m {
-            let nq = (m - i).min(NQ);
-            match nq {
-                6 => values::<HV, HD, 6>(s, vf, o, alpha, mp, i, nj4),
-                5 => values::<HV, HD, 5>(s, vf, o, alpha, mp, i, nj4),
-                4 => values::<HV, HD, 4>(s, vf, o, alpha, mp, i, nj4),
-                3 => values::<HV, HD, 3>(s, vf, o, alpha, mp, i, nj4),
-                2 => values::<HV, HD, 2>(s, vf, o, alpha, mp, i, nj4),
-                _ => values::<HV, HD, 1>(s, vf, o, alpha, mp, i, nj4),
+        // V in column slices of 4 vectors (64 values), so that more queries share each loaded
+        // slice (a 128-value head's whole rows for 2 queries at a time read V from L2 faster than
+        // the multiplies used it).
+        for c0 in (0..HV).step_by(4) {
+            let mut i = 0;
+            while i < m {
+                let nq = (m - i).min(NQ);
+                match nq {
+                    6 => values::<HD, 6>(s, vf, o, alpha, mp, i, nj4, c0),
+                    5 => values::<HD, 5>(s, vf, o, alpha, mp, i, nj4, c0),
+                    4 => values::<HD, 4>(s, vf, o, alpha, mp, i, nj4, c0),
+                    3 => values::<HD, 3>(s, vf, o, alpha, mp, i, nj4, c0),
+                    2 => values::<HD, 2>(s, vf, o, alpha, mp, i, nj4, c0),
+                    _ => values::<HD, 1>(s, vf, o, alpha, mp, i, nj4, c0),
+                }
+                i += nq;
             }
-            i += nq;
         }
         kb += KB;
     }
@@ -174,8 +179,11 @@ unsafe fn row_f32<const HV: usize>(rows: KvRows<'_>, off: usize, dst: *mut f32) 
     }
 }
 
-/// Scores of the query vectors `iv0..iv0 + NI` against keys `0..nj4` (4 at a
+/// Scores of the query vectors `iv0..iv0 + NI` against keys `0..nj8` (8 at a
 /// time): `s[j][i] = Σ_d qt[d][i] · kf[j][d]`, summed in `d` order from zero.
+/// 8 keys × 2 query vectors per step (rather than 4 × 4) read the transposed
+/// queries half as often, and a decode step's single query vector still has 8
+/// independent chains.
 #[inline(always)]
 unsafe fn scores<const HD: usize, const NI: usize>(
     qt: *const f32,
@@ -183,11 +191,11 @@ unsafe fn scores<const HD: usize, const NI: usize>(
     s: *mut f32,
     mp: usize,
     iv0: usize,
-    nj4: usize,
+    nj8: usize,
 ) {
     let mut j = 0;
-    while j < nj4 {
-        let mut acc = [[_mm512_setzero_ps(); NI]; 4];
+    while j < nj8 {
+        let mut acc = [[_mm512_setzero_ps(); NI]; 8];
         for d in 0..HD {
             let mut qv = [_mm512_setzero_ps(); NI];
             for (c, q) in qv.iter_mut().enumerate() {
@@ -205,13 +213,15 @@ unsafe fn scores<const HD: usize, const NI: usize>(
                 _mm512_storeu_ps(s.add((j + jj) * mp + 16 * (iv0 + c)), *a);
             }
         }
-        j += 4;
+        j += 8;
     }
 }
 
-/// `o[i] = o[i] · alpha[i] + Σ_j s[j][i] · vf[j]` for queries `i0..i0 + NQ`.
+/// `o[i] = o[i] · alpha[i] + Σ_j s[j][i] · vf[j]` for queries `i0..i0 + NQ`, in the 4 vectors of
+/// columns from vector `c0` (each element's sum in `j` order, whatever the slicing).
+#[allow(clippy::too_many_arguments)]
 #[inline(always)]
-unsafe fn values<const HV: usize, const HD: usize, const NQ: usize>(
+unsafe fn values<const HD: usize, const NQ: usize>(
     s: *const f32,
     vf: *const f32,
     o: *mut f32,
@@ -219,7 +229,10 @@ unsafe fn values<const HV: usize, const HD: usize, const NQ: usize>(
     mp: usize,
     i0: usize,
     nj4: usize,
+    c0: usize,
 ) {
+    const HV: usize = 4;
+    let (o, vf) = (o.add(16 * c0), vf.add(16 * c0));
     let mut acc = [[_mm512_setzero_ps(); HV]; NQ];
     for (q, acc_q) in acc.iter_mut().enumerate() {
         let a = _mm512_set1_ps(*alpha.add(i0 + q));
