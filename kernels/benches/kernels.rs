@@ -267,40 +267,41 @@ fn main() {
         return;
     }
     println!("\n| decode attention, 14 heads / 2 KV heads × 64 | µs per token per layer |\n|---|---:|");
-    let (heads, kv_heads, hd) = (14, 2, 64);
     for ctx in [512usize, 4096, 16384] {
-        let layout = KvLayout { layers: 1, slots: ctx, kv_heads, head_dim: hd, format: KvFormat::F16 };
-        let mut kv = cpu.kv(layout).unwrap();
-        let slots: Vec<u32> = (0..ctx as u32).collect();
-        let (mut k, mut v, mut q, mut out) = (cpu.buf(), cpu.buf(), cpu.buf(), cpu.buf());
-        cpu.upload(&mut k, ctx, kv_heads * hd, &random(ctx * kv_heads * hd, 1));
-        cpu.upload(&mut v, ctx, kv_heads * hd, &random(ctx * kv_heads * hd, 2));
-        cpu.kv_store(&mut kv, 0, &k, &v, &slots);
-        cpu.upload(&mut q, 1, heads * hd, &random(heads * hd, 3));
-        let shape = AttnShape { n_heads: heads, n_kv_heads: kv_heads, head_dim: hd, scale: 0.125 };
-        let seqs = [AttnSeq { rows: 0..1, first_pos: ctx - 1, slots: 0..ctx }];
-        let d = best(reps, || cpu.attention(&q, &kv, 0, &seqs, &slots, &shape, &mut out));
+        let d = attention_time(&cpu, reps, (14, 2, 64), ctx, 1);
         println!("| context {ctx} | {:.0} |", d.as_secs_f64() * 1e6);
     }
 
     // Prefill attention: the last 512 rows of a causal prompt of `ctx` tokens, the 1.5B's heads
     // (12 / 2 KV × 128), as a long agent prompt's chunks meet it.
     println!("\n| prefill attention, 512 rows, 12 heads / 2 KV heads × 128 | ms per layer | G multiply-adds/s |\n|---|---:|---:|");
-    let (heads, kv_heads, hd, rows) = (12, 2, 128, 512);
+    let (heads, hd, rows) = (12, 128, 512);
     for ctx in [512usize, 4096] {
-        let layout = KvLayout { layers: 1, slots: ctx, kv_heads, head_dim: hd, format: KvFormat::F16 };
-        let mut kv = cpu.kv(layout).unwrap();
-        let slots: Vec<u32> = (0..ctx as u32).collect();
-        let (mut k, mut v, mut q, mut out) = (cpu.buf(), cpu.buf(), cpu.buf(), cpu.buf());
-        cpu.upload(&mut k, ctx, kv_heads * hd, &random(ctx * kv_heads * hd, 1));
-        cpu.upload(&mut v, ctx, kv_heads * hd, &random(ctx * kv_heads * hd, 2));
-        cpu.kv_store(&mut kv, 0, &k, &v, &slots);
-        cpu.upload(&mut q, rows, heads * hd, &random(rows * heads * hd, 3));
-        let shape = AttnShape { n_heads: heads, n_kv_heads: kv_heads, head_dim: hd, scale: 0.088 };
-        let seqs = [AttnSeq { rows: 0..rows, first_pos: ctx - rows, slots: 0..ctx }];
-        let d = best(reps, || cpu.attention(&q, &kv, 0, &seqs, &slots, &shape, &mut out));
+        let d = attention_time(&cpu, reps, (heads, 2, hd), ctx, rows);
         // Q·K and P·V over the keys each row sees.
         let macs: f64 = (0..rows).map(|r| (ctx - rows + r + 1) as f64).sum::<f64>() * (2 * heads * hd) as f64;
         println!("| context {ctx} | {:.2} | {:.1} |", d.as_secs_f64() * 1e3, macs / d.as_secs_f64() / 1e9);
     }
+}
+
+/// Best time of one layer's attention for the last `rows` rows of a `ctx`-token sequence, with
+/// `(query heads, KV heads, head size)`, the K/V cache (f16) holding all `ctx` positions.
+fn attention_time(
+    cpu: &CpuBackend,
+    reps: usize,
+    (heads, kv_heads, hd): (usize, usize, usize),
+    ctx: usize,
+    rows: usize,
+) -> Duration {
+    let layout = KvLayout { layers: 1, slots: ctx, kv_heads, head_dim: hd, format: KvFormat::F16 };
+    let mut kv = cpu.kv(layout).unwrap();
+    let slots: Vec<u32> = (0..ctx as u32).collect();
+    let (mut k, mut v, mut q, mut out) = (cpu.buf(), cpu.buf(), cpu.buf(), cpu.buf());
+    cpu.upload(&mut k, ctx, kv_heads * hd, &random(ctx * kv_heads * hd, 1));
+    cpu.upload(&mut v, ctx, kv_heads * hd, &random(ctx * kv_heads * hd, 2));
+    cpu.kv_store(&mut kv, 0, &k, &v, &slots);
+    cpu.upload(&mut q, rows, heads * hd, &random(rows * heads * hd, 3));
+    let shape = AttnShape { n_heads: heads, n_kv_heads: kv_heads, head_dim: hd, scale: 1.0 / (hd as f32).sqrt() };
+    let seqs = [AttnSeq { rows: 0..rows, first_pos: ctx - rows, slots: 0..ctx }];
+    best(reps, || cpu.attention(&q, &kv, 0, &seqs, &slots, &shape, &mut out))
 }

@@ -60,7 +60,12 @@ pub(crate) fn warm_thread(level: SimdLevel) {
         #[cfg(target_arch = "x86_64")]
         SimdLevel::Avx2 => avx2::reserve(GEMV_LAYOUT_BYTES),
         #[cfg(target_arch = "x86_64")]
-        SimdLevel::Avx512 => avx512::reserve(GEMV_LAYOUT_BYTES),
+        // The AVX-512 level's tables hold AVX2 kernels too (the exact families' jobs of 2–4 tokens:
+        // several sequences' decode steps), whose buffers a worker must not grow mid-step either.
+        SimdLevel::Avx512 => {
+            avx512::reserve(GEMV_LAYOUT_BYTES);
+            avx2::reserve(GEMV_LAYOUT_BYTES);
+        }
         _ => {}
     }
 }
