@@ -265,9 +265,9 @@ pub fn quantize_q8k(x: &[f32], out: &mut [BlockQ8K]) {
             *s = g.iter().map(|&q| q as i16).sum();
         }
         for ((m, s), pair) in b.msum.iter_mut().zip(&mut b.ssums).zip(b.bsums.chunks_exact(2)) {
-            *m = d * (pair[0] as i32 + pair[1] as i32) as f32;
             // At most 32 · 128 in magnitude.
             *s = pair[0] + pair[1];
+            *m = d * *s as f32;
         }
         b.d = d;
     }

@@ -152,6 +152,13 @@ unsafe fn join16<B: KBlock16>(lo: &Pack, hi: &Pack, p: &mut Pack16) {
             for (j, sc) in p.sc.iter_mut().enumerate() {
                 *sc = join(ld(&lo.sc[j]), ld(&hi.sc[j]));
             }
+            // Lane `i` of register `q < 4`: mins `2q` and `2q + 1` of row `i` as i16, for the
+            // sub-block sums `ssums` (`Pack::mo` holds each min in both halves).
+            for q in 0..4 {
+                let l = _mm256_blend_epi16::<0b1010_1010>(ld(&lo.mo[2 * q]), ld(&lo.mo[2 * q + 1]));
+                let h = _mm256_blend_epi16::<0b1010_1010>(ld(&hi.mo[2 * q]), ld(&hi.mo[2 * q + 1]));
+                p.mo[q] = join(l, h);
+            }
         } else {
             for (x, w) in p.w.iter_mut().enumerate() {
                 *w = join(lo.w[x], hi.w[x]);
@@ -161,16 +168,6 @@ unsafe fn join16<B: KBlock16>(lo: &Pack, hi: &Pack, p: &mut Pack16) {
             for (j, sc) in p.sc.iter_mut().enumerate() {
                 *sc = _mm512_srai_epi32::<16>(join(ld(&lo.sc[j]), ld(&hi.sc[j])));
             }
-        }
-        if B::PAIRED {
-            // Lane `i` of register `q < 4`: mins `2q` and `2q + 1` of row `i` as i16, for the
-            // sub-block sums `ssums` (`Pack::mo` holds each min in both halves).
-            for q in 0..4 {
-                let l = _mm256_blend_epi16::<0b1010_1010>(ld(&lo.mo[2 * q]), ld(&lo.mo[2 * q + 1]));
-                let h = _mm256_blend_epi16::<0b1010_1010>(ld(&hi.mo[2 * q]), ld(&hi.mo[2 * q + 1]));
-                p.mo[q] = join(l, h);
-            }
-        } else {
             for (q, mo) in p.mo.iter_mut().enumerate() {
                 *mo = join(ld(&lo.mo[q]), ld(&hi.mo[q]));
             }
